@@ -1,0 +1,47 @@
+"""The project's error hierarchy; the CLI maps each class to an exit code."""
+
+import os
+
+
+class NodeAgentError(Exception):
+    """Base of every error the agent raises on purpose."""
+
+    exit_code = 1
+
+
+class ConfigError(NodeAgentError):
+    """The configuration cannot be used; the message names option, value and fix.
+
+    ``problems`` holds every problem found, so an operator fixes them all in
+    one edit instead of one per run.
+    """
+
+    exit_code = getattr(os, "EX_CONFIG", 78)
+
+    def __init__(self, problems):
+        if isinstance(problems, str):
+            problems = [problems]
+        self.problems = tuple(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class DiscoveryError(NodeAgentError):
+    """The host could not be read (sysfs, libvirt, psutil)."""
+
+    exit_code = 69  # EX_UNAVAILABLE
+
+
+class ParseError(DiscoveryError):
+    """A host-provided text (sysfs file, XML) is malformed."""
+
+
+class PlacementError(NodeAgentError):
+    """Placement refused a request or could not be reached."""
+
+    exit_code = 75  # EX_TEMPFAIL
+
+
+class ReshapeError(NodeAgentError):
+    """A reshape cannot be computed or was refused."""
+
+    exit_code = 70  # EX_SOFTWARE
