@@ -1,0 +1,74 @@
+"""The one gateway to sysfs: every file the agent reads under ``/sys`` goes through here.
+
+The mount point is a value (``[host] sysfs_root``), so the whole agent can
+run against a captured tree. This module only fetches text; parsing lives
+with the callers' pure parsers.
+
+Contract shared by all methods: a path that does not exist is "not present"
+(None, logged at DEBUG) because many sysfs files are optional; any other
+failure (permission denied, a directory where a file should be, I/O error)
+raises DiscoveryError naming the full path, so a failed read is never
+mistaken for an absent feature.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+
+from node_agent.errors import DiscoveryError
+
+LOG = logging.getLogger(__name__)
+
+# ENOENT: the path is absent. ENOTDIR: a parent is a plain file, so the
+# path cannot exist either. Both mean "not present", nothing more.
+_ABSENT = (errno.ENOENT, errno.ENOTDIR)
+
+
+class SysFS:
+    """Read-only access to a sysfs tree rooted at ``root`` (``/sys`` on a host)."""
+
+    def __init__(self, root: str):
+        self.root = os.fspath(root)
+
+    def __repr__(self) -> str:
+        return f"SysFS({self.root!r})"
+
+    def path(self, relpath: str) -> str:
+        """The full path of ``relpath`` (relative to the root), for messages."""
+        if os.path.isabs(relpath) or ".." in relpath.split("/"):
+            raise ValueError(f"sysfs path must stay under the root: {relpath!r}")
+        return os.path.join(self.root, relpath)
+
+    def read(self, relpath: str) -> str | None:
+        """The file's text, or None when it does not exist."""
+        full = self.path(relpath)
+        try:
+            with open(full, "rb") as handle:
+                data = handle.read()
+        except OSError as exc:
+            if exc.errno in _ABSENT:
+                LOG.debug("%s is absent", full)
+                return None
+            raise DiscoveryError(f"cannot read {full}: {exc.strerror or exc}") from exc
+        try:
+            return data.decode("ascii")
+        except UnicodeDecodeError as exc:
+            # sysfs attributes are ASCII; binary content means the wrong file.
+            raise DiscoveryError(f"{full} is not text: {exc}") from exc
+
+    def listdir(self, relpath: str) -> list[str] | None:
+        """Sorted entry names of a directory, or None when it does not exist."""
+        full = self.path(relpath)
+        try:
+            return sorted(os.listdir(full))
+        except OSError as exc:
+            if exc.errno == errno.ENOENT:
+                LOG.debug("%s is absent", full)
+                return None
+            raise DiscoveryError(f"cannot list {full}: {exc.strerror or exc}") from exc
+
+    def exists(self, relpath: str) -> bool:
+        """True when ``relpath`` exists (following symlinks, as sysfs readers do)."""
+        return os.path.exists(self.path(relpath))
