@@ -1,0 +1,85 @@
+"""Desired provider tree from a host snapshot, its CPU partition and settings.
+
+Pure: the same inputs always give the same tree. Classes whose total is 0
+are left out, as Placement has no use for an empty inventory.
+"""
+
+from __future__ import annotations
+
+import math
+
+import os_resource_classes as orc
+import os_traits
+
+from node_agent.errors import ConfigError
+from node_agent.partition import CpuPartition
+from node_agent.provider_tree import Inventory, Provider, ProviderTree
+from node_agent.settings import Settings
+from node_agent.topology import HostSnapshot
+
+# libvirt/uname architecture names -> os-traits HW_ARCH_* names.
+_ARCH_ALIASES = {"i386": "i686", "i486": "i686", "i586": "i686", "amd64": "x86_64",
+                 "arm64": "aarch64", "armv6l": "armv6", "armv7l": "armv7"}
+
+
+def arch_trait(arch: str | None) -> str | None:
+    if not arch:
+        return None
+    name = "HW_ARCH_" + _ARCH_ALIASES.get(arch, arch).upper()
+    return name if hasattr(os_traits, name) else None
+
+
+def check_reserved(settings: Settings, host: HostSnapshot) -> None:
+    """Reserved memory and disk must leave something for guests."""
+    problems = []
+    if host.memory_mb and settings.reserved_host_memory_mb >= host.memory_mb:
+        problems.append(
+            f"[compute] reserved_host_memory_mb = {settings.reserved_host_memory_mb} is not "
+            f"below the host's {host.memory_mb} MiB of memory. Lower it.")
+    reserved_gb = disk_reserved_gb(settings)
+    if host.disk_gb and reserved_gb >= host.disk_gb:
+        problems.append(
+            f"[compute] reserved_host_disk_mb = {settings.reserved_host_disk_mb} "
+            f"({reserved_gb} GiB) is not below the {host.disk_gb} GiB of the filesystem "
+            f"holding instances_path = '{settings.instances_path}'. Lower it.")
+    if problems:
+        raise ConfigError(problems)
+
+
+def disk_reserved_gb(settings: Settings) -> int:
+    return math.ceil(settings.reserved_host_disk_mb / 1024)
+
+
+def root_inventories(settings: Settings, host: HostSnapshot,
+                     partition: CpuPartition) -> dict[str, Inventory]:
+    candidates = {
+        orc.VCPU: Inventory(total=len(partition.shared), reserved=partition.vcpu_reserved,
+                            allocation_ratio=settings.cpu_allocation_ratio),
+        orc.PCPU: Inventory(total=len(partition.pcpu)),
+        orc.MEMORY_MB: Inventory(total=host.memory_mb,
+                                 reserved=settings.reserved_host_memory_mb,
+                                 allocation_ratio=settings.ram_allocation_ratio),
+        orc.DISK_GB: Inventory(total=host.disk_gb, reserved=disk_reserved_gb(settings),
+                               allocation_ratio=settings.disk_allocation_ratio),
+    }
+    return {rc: inv for rc, inv in candidates.items() if inv.total > 0}
+
+
+def root_traits(host: HostSnapshot) -> dict[str, bool]:
+    """Traits the agent decides about on the root: {trait: present?}."""
+    traits = {os_traits.COMPUTE_NODE: True,
+              os_traits.HW_CPU_HYPERTHREADING: host.has_smt}
+    arch = arch_trait(host.cpu_model.arch)
+    if arch:
+        traits[arch] = True
+    return traits
+
+
+def build_tree(settings: Settings, host: HostSnapshot, partition: CpuPartition) -> ProviderTree:
+    check_reserved(settings, host)
+    root = Provider(
+        name=settings.host,
+        inventories=root_inventories(settings, host, partition),
+        traits=root_traits(host),
+    )
+    return ProviderTree((root,))

@@ -1,0 +1,167 @@
+"""``node-agent``: the command line. A table of contents of what the agent does.
+
+    node-agent --once --dry-run [--output json]   show what would be reported
+    node-agent --once                             one sync, then exit
+    node-agent --check-config                     validate and show the CPU split
+    node-agent                                    run as a service
+
+Exit codes: 0 success; 78 bad configuration; 69 the host could not be read;
+75 Placement refused or was unreachable; 1 Placement does not match the host
+after a sync.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from typing import Optional, Sequence
+
+from node_agent import render
+from node_agent.configfile import load_conf
+from node_agent.cycle import compute_desired
+from node_agent.errors import NodeAgentError
+from node_agent.partition import node_split
+from node_agent.settings import load_settings
+
+LOG = logging.getLogger("node_agent")
+EX_NOT_IN_SYNC = 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="node-agent",
+        description="Report this compute node's resources to OpenStack Placement.",
+        epilog="Config files: --config-file FILE (repeatable) or --config-dir DIR; "
+               "default /etc/node-agent/node-agent.conf.")
+    parser.add_argument("--config-file", action="append", default=[], metavar="FILE",
+                        help="config file; repeat to layer several (later ones win)")
+    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
+                        help="directory of *.conf files, read after --config-file")
+    parser.add_argument("--once", action="store_true", help="run one cycle and exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="write nothing anywhere; print the tree and the planned requests")
+    parser.add_argument("--output", choices=["text", "json"], default="text",
+                        help="output format of --dry-run and --check-config")
+    parser.add_argument("--check-config", action="store_true",
+                        help="validate the configuration against this host and print "
+                             "the CPU partition per NUMA node")
+    parser.add_argument("--debug", action="store_true", help="log at DEBUG level")
+    return parser
+
+
+def _setup_logging(debug: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr)
+    # The agent's own warnings are printed in its report; keep stderr for
+    # what goes wrong unless --debug asks for everything.
+    if not debug:
+        logging.getLogger("node_agent.discover").setLevel(logging.ERROR)
+
+
+def _placement_configured(conf) -> bool:
+    group = conf.placement
+    return bool(group.auth_type or group.endpoint_override)
+
+
+def _check_config(settings, output: str) -> int:
+    desired = compute_desired(settings)
+    split = node_split(desired.partition, desired.host)
+    if output == "json":
+        print(json.dumps({"nodes": split, "warnings": list(desired.warnings)},
+                         indent=2, sort_keys=True))
+        return 0
+    print("Configuration is valid for this host. CPU partition of online CPUs:")
+    for row in split:
+        where = "host" if row["node"] is None else f"NUMA node {row['node']}"
+        print(f"  {where}: dedicated [{row['dedicated']}]  shared [{row['shared']}]  "
+              f"unused [{row['unused']}]")
+    for warning in desired.warnings:
+        print(f"warning: {warning}")
+    return 0
+
+
+def _syncer(conf, settings):
+    from pathlib import Path
+
+    from node_agent.placement import PlacementClient
+    from node_agent.state import StateStore
+    from node_agent.sync import TreeSyncer
+
+    client = PlacementClient.from_conf(conf)
+    client.check_version()
+    return TreeSyncer(client, StateStore(Path(settings.state_path)),
+                      full_verify_interval=settings.full_verify_interval)
+
+
+def _run_once(conf, settings, dry_run: bool, output: str) -> int:
+    desired = compute_desired(settings)
+    changes = None
+    if _placement_configured(conf):
+        syncer = _syncer(conf, settings)
+        if dry_run:
+            changes = syncer.plan(desired.tree)
+        else:
+            result = syncer.sync(desired.tree)
+            for error in result.errors:
+                print(f"node-agent: {error}", file=sys.stderr)
+            LOG.info("sync: %d change(s) applied, %s", len(result.applied),
+                     "in sync" if result.ok else "NOT in sync")
+            changes = result.applied
+            if not result.ok:
+                return EX_NOT_IN_SYNC
+    elif not dry_run:
+        raise NodeAgentError("no Placement is configured ([placement] auth_type); "
+                             "use --dry-run to only show the tree")
+    report = render.report_dict(desired.tree, desired.warnings, changes)
+    if dry_run or output == "json":
+        print(render.as_json(report) if output == "json" else render.as_text(report), end="")
+    return 0
+
+
+def _error_text(exc: NodeAgentError) -> str:
+    problems = getattr(exc, "problems", None) or (str(exc),)
+    if len(problems) == 1:
+        return f"node-agent: error: {problems[0]}"
+    lines = [f"node-agent: error: {len(problems)} problems in the configuration:"]
+    return "\n".join(lines + [f"  - {p}" for p in problems])
+
+
+def _oslo_args(args) -> list[str]:
+    out = []
+    for path in args.config_file:
+        out += ["--config-file", path]
+    for path in args.config_dir:
+        out += ["--config-dir", path]
+    return out
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["check-config"]:
+        argv = argv[1:] + ["--check-config"]
+    args = _parser().parse_args(argv)
+    _setup_logging(args.debug)
+    try:
+        conf = load_conf(_oslo_args(args))
+        settings = load_settings(conf)
+        if args.check_config:
+            return _check_config(settings, args.output)
+        if args.once or args.dry_run:
+            return _run_once(conf, settings, args.dry_run, args.output)
+        while True:  # the service loop proper is in node_agent.service (later)
+            _run_once(conf, settings, False, args.output)
+            time.sleep(settings.report_interval)
+    except NodeAgentError as exc:
+        print(_error_text(exc), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

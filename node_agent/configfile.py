@@ -1,0 +1,106 @@
+"""Load the config files into a ConfigOpts and refuse what oslo.config would ignore.
+
+oslo.config silently ignores unknown options and sections; for an operator a
+typo ("cpu_dedicated_sets") is then a setting that quietly does nothing. This
+module reports them, together with unreadable or unparsable files, as one
+ConfigError.
+"""
+
+from __future__ import annotations
+
+import configparser
+import glob
+import os
+from typing import Sequence
+
+from keystoneauth1 import loading as ks_loading
+from oslo_config import cfg
+
+from node_agent import conf as conf_mod
+from node_agent.errors import ConfigError
+
+PROJECT = "node-agent"
+# keystoneauth1 auth plugins whose options may appear in [placement].
+AUTH_PLUGINS = ("password", "v3password", "v2password", "token", "v3token",
+                "v3applicationcredential", "admin_token", "none", "http_basic",
+                "v3oidcpassword", "v3totp")
+# Sections that belong to libraries; their keys are theirs to check.
+_LIBRARY_SECTION_PREFIXES = ("oslo_", "keystone_authtoken", "ssl")
+
+
+def _known_keys(conf: cfg.ConfigOpts) -> dict[str, set[str]]:
+    known: dict[str, set[str]] = {}
+    for group, opts in conf_mod.list_opts():
+        names = known.setdefault(group, set())
+        for opt in opts:
+            names.add(opt.dest)
+            names.add(opt.name.replace("-", "_"))
+            for old in opt.deprecated_opts:
+                if old.name and (old.group in (None, group)):
+                    names.add(old.name.replace("-", "_"))
+    placement = known.setdefault(conf_mod.PLACEMENT_GROUP, set())
+    for name in AUTH_PLUGINS:
+        try:
+            for opt in ks_loading.get_plugin_options(name):
+                placement.add(opt.dest)
+        except Exception:  # a broken third-party plugin must not block config checks
+            continue
+    known["DEFAULT"] |= {"config_file", "config_dir"}
+    return known
+
+
+def _files(conf: cfg.ConfigOpts) -> list[str]:
+    files = list(conf.config_file or [])
+    for directory in conf.config_dir or []:
+        files += sorted(glob.glob(os.path.join(directory, "*.conf")))
+    return files
+
+
+def unknown_options(conf: cfg.ConfigOpts) -> list[str]:
+    known = _known_keys(conf)
+    problems = []
+    for path in _files(conf):
+        parser = configparser.RawConfigParser(strict=False, interpolation=None)
+        parser.optionxform = str
+        try:
+            parser.read(path)
+        except configparser.Error:
+            continue  # oslo.config already parsed it; its grammar is slightly wider
+        for section in parser.sections() + ["DEFAULT"]:
+            if section not in known:
+                if not section.startswith(_LIBRARY_SECTION_PREFIXES):
+                    problems.append(f"{path}: unknown section [{section}]. Check the "
+                                    "spelling against etc/node-agent.conf.sample.")
+                continue
+            keys = parser.defaults() if section == "DEFAULT" else parser[section]
+            own = keys.keys() if section == "DEFAULT" else (
+                set(keys.keys()) - set(parser.defaults().keys()))
+            for key in own:
+                if key.replace("-", "_") not in known[section]:
+                    problems.append(f"{path}: unknown option [{section}] {key}. Check the "
+                                    "spelling against etc/node-agent.conf.sample.")
+    return problems
+
+
+def load_conf(args: Sequence[str]) -> cfg.ConfigOpts:
+    """Parse ``--config-file``/``--config-dir`` arguments into a checked ConfigOpts."""
+    conf = cfg.ConfigOpts()
+    conf_mod.register_opts(conf)
+    try:
+        conf(list(args), project=PROJECT, default_config_files=None,
+             use_env=False)
+    except cfg.ConfigFilesNotFoundError as exc:
+        raise ConfigError(f"config file not found or unreadable: {', '.join(exc.config_files)}. "
+                          "Check the path and that the service user can read it.") from None
+    except cfg.ConfigFilesPermissionDeniedError as exc:
+        raise ConfigError(f"permission denied reading config file "
+                          f"{', '.join(exc.config_files)}. Make it readable by the service "
+                          "user (for example chmod 0640 and chgrp node-agent).") from None
+    except cfg.ConfigFileParseError as exc:
+        raise ConfigError(f"config file {exc.config_file} cannot be parsed: {exc.msg}") from None
+    except cfg.Error as exc:
+        raise ConfigError(f"configuration error: {exc}") from None
+    problems = unknown_options(conf)
+    if problems:
+        raise ConfigError(problems)
+    return conf

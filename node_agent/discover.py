@@ -1,0 +1,127 @@
+"""Discovery: read sysfs, libvirt and psutil, return one HostSnapshot.
+
+This is the shell's only entry into the host. sysfs (the kernel) is the
+authority on topology; libvirt adds the CPU model, page sizes and guests,
+and where the two disagree about topology the kernel wins and the
+difference is reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+from pathlib import Path
+from typing import Callable, Optional
+
+import psutil
+
+from node_agent.errors import DiscoveryError
+from node_agent.settings import Settings
+from node_agent.sysfs import SysFS
+from node_agent.sysfs_topology import SysfsTopology, read_topology
+from node_agent.topology import HostCpuModel, HostSnapshot
+
+LOG = logging.getLogger(__name__)
+GIB = 1024 ** 3
+
+
+def _existing_ancestor(path: str) -> Path:
+    candidate = Path(path).absolute()
+    while not candidate.exists() and candidate != candidate.parent:
+        candidate = candidate.parent
+    return candidate
+
+
+def disk_gb(instances_path: str) -> tuple[int, list[str]]:
+    """Size in whole GiB of the filesystem holding ``instances_path``."""
+    where = _existing_ancestor(instances_path)
+    warnings = []
+    if str(where) != str(Path(instances_path).absolute()):
+        warnings.append(f"instances_path '{instances_path}' does not exist; DISK_GB is the "
+                        f"size of the filesystem holding '{where}'.")
+    try:
+        return psutil.disk_usage(str(where)).total // GIB, warnings
+    except OSError as exc:
+        raise DiscoveryError(f"cannot size the filesystem of '{where}': {exc}") from exc
+
+
+def memory_mb(topology: SysfsTopology) -> int:
+    """MemTotal summed over NUMA nodes when sysfs has it, else psutil's total."""
+    if topology.memory_kb:
+        return topology.memory_kb // 1024
+    return psutil.virtual_memory().total // (1024 * 1024)
+
+
+class LibvirtFacts:
+    """What one libvirt read gives: CPU model, page sizes, guests, cells."""
+
+    def __init__(self, cpu_model=HostCpuModel(), page_sizes_kb=(), guests=(), cells=()):
+        self.cpu_model = cpu_model
+        self.page_sizes_kb = tuple(page_sizes_kb)
+        self.guests = tuple(guests)
+        self.cells = tuple(cells)
+
+
+def read_libvirt(hypervisor) -> LibvirtFacts:
+    from node_agent.capabilities import parse_capabilities
+    from node_agent.domain import parse_domain
+
+    caps = parse_capabilities(hypervisor.capabilities_xml())
+    guests = [parse_domain(xml, running) for xml, running in hypervisor.domain_xmls()]
+    return LibvirtFacts(caps.cpu_model, caps.page_sizes_kb, guests, caps.cells)
+
+
+def topology_differences(topology: SysfsTopology, cells) -> list[str]:
+    """Where libvirt's NUMA cells disagree with the kernel's nodes."""
+    if not cells:
+        return []
+    kernel = {node.id: set(node.cpus) for node in topology.nodes}
+    libvirt = {cell.id: set(cell.cpus) for cell in cells}
+    if not kernel:
+        kernel = {0: set(topology.present)}
+    if kernel == libvirt:
+        return []
+    return [f"libvirt reports NUMA cells {sorted(libvirt)} with CPUs that differ from "
+            f"sysfs nodes {sorted(kernel)}; using sysfs (the kernel's view)."]
+
+
+def discover(settings: Settings,
+             hypervisor_factory: Optional[Callable[[str], object]] = None) -> HostSnapshot:
+    """Read the host once. Raises DiscoveryError when a required source fails."""
+    topology = read_topology(SysFS(settings.sysfs_root))
+    warnings = list(topology.warnings)
+    facts = LibvirtFacts()
+    if settings.libvirt_uri:
+        if hypervisor_factory is None:
+            from node_agent.hypervisor import Hypervisor as hypervisor_factory
+        hypervisor = hypervisor_factory(settings.libvirt_uri)
+        try:
+            facts = read_libvirt(hypervisor)
+        finally:
+            hypervisor.close()
+        warnings += topology_differences(topology, facts.cells)
+    else:
+        warnings.append("[libvirt] connection_uri is empty: no hypervisor, so no guests "
+                        "and no CPU model; topology comes from sysfs alone.")
+    cpu_model = facts.cpu_model
+    if not cpu_model.arch and os.path.realpath(settings.sysfs_root) == "/sys":
+        cpu_model = HostCpuModel(platform.machine(), cpu_model.model,
+                                 cpu_model.vendor, cpu_model.features)
+    size_gb, disk_warnings = disk_gb(settings.instances_path)
+    for warning in warnings + disk_warnings:
+        LOG.warning("%s", warning)
+    return HostSnapshot(
+        hostname=settings.host,
+        present=topology.present,
+        online=topology.online,
+        isolated=topology.isolated,
+        cpus=topology.cpus,
+        nodes=topology.nodes,
+        memory_mb=memory_mb(topology),
+        disk_gb=size_gb,
+        cpu_model=cpu_model,
+        page_sizes_kb=facts.page_sizes_kb,
+        guests=facts.guests,
+        warnings=tuple(warnings + disk_warnings),
+    )

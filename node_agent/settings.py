@@ -1,0 +1,139 @@
+"""The agent's configuration, validated once and frozen.
+
+``load_settings(conf)`` turns a parsed ``ConfigOpts`` into :class:`Settings`,
+collecting every problem it can see without looking at the host. Checks that
+need the host (CPUs present and online, reserved below total) live in
+:mod:`node_agent.partition`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from oslo_config import cfg
+
+from node_agent import conf as conf_mod
+from node_agent.cpuset import CpuSet, CpuSetSyntaxError, parse_cpu_spec
+from node_agent.errors import ConfigError
+
+CPU_SPEC_HELP = ("a comma list of N, A-B, ^N or ^A-B, for example '2-7,^4'")
+
+
+class _Group:
+    def __init__(self, get: "_Reader", group: str):
+        self._get = get
+        self._group = group
+
+    def __getattr__(self, name):
+        return self._get(self._group, name, fallback=_FALLBACKS.get(name))
+
+
+_FALLBACKS = {"reserved_host_cpus": 0, "reserved_host_memory_mb": 0,
+              "reserved_host_disk_mb": 0, "report_interval": 60,
+              "full_verify_interval": 300, "pcpu_transition_mode": False}
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str
+    state_path: str
+    sysfs_root: str
+    libvirt_uri: str
+    cpu_dedicated_set: Optional[CpuSet]
+    cpu_shared_set: Optional[CpuSet]
+    vcpu_pin_set: Optional[CpuSet]
+    reserved_host_cpus: int
+    reserved_host_memory_mb: int
+    reserved_host_disk_mb: int
+    cpu_allocation_ratio: float
+    ram_allocation_ratio: float
+    disk_allocation_ratio: float
+    instances_path: str
+    pcpu_transition_mode: bool = False
+    report_interval: int = 60
+    full_verify_interval: int = 300
+
+
+def _cpu_spec(group: str, name: str, value: Optional[str], problems: list) -> Optional[CpuSet]:
+    if value is None:
+        return None
+    try:
+        cpus = parse_cpu_spec(value)
+    except CpuSetSyntaxError as exc:
+        problems.append(f"[{group}] {name} = '{value}' is not a CPU spec: {exc}. "
+                        f"Write {CPU_SPEC_HELP}, or remove the option.")
+        return None
+    if not cpus:
+        problems.append(f"[{group}] {name} = '{value}' leaves no CPU after exclusions. "
+                        "List at least one CPU, or remove the option.")
+        return None
+    return cpus
+
+
+def _ratio(group: str, name: str, value: Optional[float], initial_name: str,
+           initial: float, problems: list) -> float:
+    chosen, chosen_name = (value, name) if value is not None else (initial, initial_name)
+    if chosen is None or chosen <= 0:
+        problems.append(f"[{group}] {chosen_name} = {chosen} must be greater than 0 "
+                        "(1.0 means no overcommit).")
+        return 1.0
+    return float(chosen)
+
+
+class _Reader:
+    """Reads options, turning oslo's type and range errors into problems."""
+
+    def __init__(self, conf, problems: list):
+        self._conf = conf
+        self._problems = problems
+
+    def __call__(self, group: str, name: str, fallback=None):
+        try:
+            return getattr(getattr(self._conf, group), name)
+        except (cfg.ConfigFileValueError, ValueError) as exc:
+            detail = str(exc).split(" is not valid: ")[-1]
+            self._problems.append(f"[{group}] {name} has an invalid value: {detail}. "
+                                  "See etc/node-agent.conf.sample for what it accepts.")
+            return fallback
+
+
+def load_settings(conf) -> Settings:
+    """Validate the option values that need no host knowledge.
+
+    Raises ConfigError listing every problem found.
+    """
+    problems: list[str] = []
+    get = _Reader(conf, problems)
+    compute = _Group(get, "compute")
+    agent = _Group(get, "agent")
+    values = dict(
+        cpu_dedicated_set=_cpu_spec("compute", "cpu_dedicated_set",
+                                    compute.cpu_dedicated_set, problems),
+        cpu_shared_set=_cpu_spec("compute", "cpu_shared_set",
+                                 compute.cpu_shared_set, problems),
+        vcpu_pin_set=_cpu_spec("compute", "vcpu_pin_set", compute.vcpu_pin_set, problems),
+        reserved_host_cpus=compute.reserved_host_cpus,
+        reserved_host_memory_mb=compute.reserved_host_memory_mb,
+        reserved_host_disk_mb=compute.reserved_host_disk_mb,
+        instances_path=compute.instances_path,
+        pcpu_transition_mode=compute.pcpu_transition_mode,
+        report_interval=agent.report_interval,
+        full_verify_interval=agent.full_verify_interval,
+        state_path=conf.state_path,
+        sysfs_root=conf.host.sysfs_root,
+        libvirt_uri=(conf.libvirt.connection_uri or "").strip(),
+    )
+    for kind in ("cpu", "ram", "disk"):
+        values[f"{kind}_allocation_ratio"] = _ratio(
+            "compute", f"{kind}_allocation_ratio",
+            getattr(compute, f"{kind}_allocation_ratio"),
+            f"initial_{kind}_allocation_ratio",
+            getattr(compute, f"initial_{kind}_allocation_ratio"), problems)
+    host = conf_mod.default_host(conf)
+    if not host or not host.strip():
+        problems.append("[DEFAULT] host is empty. Set it to this node's name, "
+                        "or remove it to use the machine's hostname.")
+    if problems:
+        raise ConfigError(problems)
+    return Settings(host=host.strip(), **values)
