@@ -1,0 +1,136 @@
+"""Hypervisor + parsers against libvirt's real test driver (libvirt-python).
+
+tests/data/libvirt/host.xml describes the guests and node devices; each
+open re-reads that file, so nothing here changes state between tests.
+"""
+
+from pathlib import Path
+
+import pytest
+
+from node_agent.capabilities import parse_capabilities
+from node_agent.cpuset import CpuSet
+from node_agent.domain import parse_domain
+from node_agent.errors import DiscoveryError
+from node_agent.hypervisor import Hypervisor
+from node_agent.nodedev import parse_node_device
+
+pytestmark = pytest.mark.integration
+
+HOST_XML = Path(__file__).resolve().parents[1] / "data" / "libvirt" / "host.xml"
+URI = f"test://{HOST_XML}"
+
+
+@pytest.fixture
+def hypervisor():
+    hv = Hypervisor(URI)
+    yield hv
+    hv.close()
+
+
+@pytest.fixture
+def guests(hypervisor):
+    parsed = [parse_domain(xml, running) for xml, running in hypervisor.domain_xmls()]
+    return {guest.name: guest for guest in parsed}
+
+
+@pytest.fixture
+def devices(hypervisor):
+    parsed = [parse_node_device(xml) for xml in hypervisor.node_device_xmls()]
+    return {dev.name: dev for dev in parsed}
+
+
+def test_running_and_defined_guests_are_all_listed(guests):
+    assert sorted(guests) == [f"instance-0000000{i}" for i in range(1, 7)]
+    running = {name for name, guest in guests.items() if guest.running}
+    assert running == {"instance-00000001", "instance-00000003",
+                       "instance-00000005", "instance-00000006"}
+
+
+def test_pinned_and_unpinned_guests_are_told_apart(guests):
+    pinned = {name for name, guest in guests.items() if guest.pinned}
+    assert pinned == {"instance-00000001", "instance-00000002"}
+
+
+def test_pins_to_cpus_above_seven_are_read_from_the_xml(guests):
+    # vcpuPinInfo() would show CPUs >= 8 as unpinned on the test driver.
+    assert guests["instance-00000001"].vcpupin == (
+        (0, CpuSet({2})), (1, CpuSet({10})), (2, CpuSet({3})), (3, CpuSet({11})))
+    assert guests["instance-00000002"].pinned_cpus == CpuSet({4, 12})
+    assert not guests["instance-00000002"].running
+
+
+def test_nova_metadata_survives_the_round_trip(guests):
+    meta = dict(guests["instance-00000001"].metadata)
+    assert meta["nova:name"] == "pinned-running"
+    assert meta["flavor:name"] == "m1.pinned"
+    assert meta["hw:cpu_policy"] == "dedicated"
+
+
+def test_hugepage_guest_with_numatune(guests):
+    guest = guests["instance-00000005"]
+    assert guest.hugepages
+    assert guest.numa_nodes == frozenset({1})
+    assert guest.vcpus == 2  # current='2' of 4
+    assert not guests["instance-00000003"].hugepages
+
+
+def test_memory_units_are_normalised(guests):
+    assert guests["instance-00000002"].memory_kb == 2 * 1024 * 1024  # 2048 MiB
+    assert guests["instance-00000004"].memory_kb == 1024 * 1024  # 1 GiB
+
+
+def test_mdev_guest_uuid_matches_an_mdev_node_device(guests, devices):
+    (mdev,) = guests["instance-00000006"].mdevs
+    assert mdev.uuid == "4b20d080-1b54-4048-85b3-a6a62d165c01"
+    owners = [d for d in devices.values() if d.mdev_uuid == mdev.uuid]
+    assert [d.parent for d in owners] == ["pci_0000_81_00_0"]
+    assert owners[0].mdev_type == "nvidia-222"
+
+
+def test_gpu_reports_mdev_types_with_available_instances(devices):
+    gpu = devices["pci_0000_81_00_0"]
+    assert gpu.pci_address == "0000:81:00.0"
+    assert gpu.numa_node == 1
+    assert {(t.id, t.available_instances) for t in gpu.mdev_types} == {
+        ("nvidia-222", 15), ("nvidia-223", 8)}
+
+
+def test_sriov_pf_and_vf_are_linked(devices):
+    pf = devices["pci_0000_02_00_0"]
+    vf = devices["pci_0000_02_10_0"]
+    assert pf.vf_max_count == 7
+    assert pf.virt_functions == (vf.pci_address,)
+    assert vf.phys_function == pf.pci_address
+
+
+def test_node_devices_can_be_filtered_by_capability(hypervisor):
+    pci = {parse_node_device(x).name for x in hypervisor.node_device_xmls("pci")}
+    assert pci == {"pci_0000_02_00_0", "pci_0000_02_10_0", "pci_0000_81_00_0"}
+    mdev_parents = [parse_node_device(x).name for x in hypervisor.node_device_xmls("mdev_types")]
+    assert mdev_parents == ["pci_0000_81_00_0"]
+
+
+def test_test_driver_capabilities_parse_with_no_cells(hypervisor):
+    # A file-based test driver has no NUMA cells; the host comes from sysfs.
+    caps = parse_capabilities(hypervisor.capabilities_xml())
+    assert caps.cells == ()
+
+
+def test_closed_hypervisor_reopens_on_next_use(hypervisor):
+    first = len(hypervisor.domain_xmls())
+    hypervisor.close()
+    assert len(hypervisor.domain_xmls()) == first
+
+
+def test_unreadable_host_file_is_a_discovery_error_naming_the_uri():
+    uri = "test:///nonexistent/file.xml"
+    hv = Hypervisor(uri)
+    with pytest.raises(DiscoveryError, match="test:///nonexistent/file.xml") as raised:
+        hv.domain_xmls()
+    assert "cannot connect" in str(raised.value)
+
+
+def test_empty_uri_is_refused():
+    with pytest.raises(ValueError):
+        Hypervisor("")
