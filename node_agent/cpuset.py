@@ -143,7 +143,9 @@ def parse_cpu_spec(text: str) -> CpuSet:
     if not body:
         raise CpuSetSyntaxError("the CPU spec is empty")
     for raw in body.split(","):
-        token = "".join(raw.split())
+        # Whitespace may surround items, '-' and '^', never split a number.
+        token = re.sub(r"\s*-\s*", "-", raw.strip())
+        token = re.sub(r"^\^\s*", "^", token)
         if not token:
             raise CpuSetSyntaxError(f"empty item between commas in '{body}'")
         if token.startswith("^"):

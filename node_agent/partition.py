@@ -113,11 +113,12 @@ def partition_cpus(settings: Settings, host: HostSnapshot) -> CpuPartition:
     dedicated = settings.cpu_dedicated_set or CpuSet()
     shared = _shared_pool(settings, host)
     reserved = settings.reserved_host_cpus
-    if reserved and shared and reserved >= len(shared):
+    legacy = settings.cpu_dedicated_set is None and settings.cpu_shared_set is None
+    if legacy and reserved and shared and reserved >= len(shared):
         problems.append(
             f"[compute] reserved_host_cpus = {reserved} is not below the {len(shared)} "
             f"CPUs reported as VCPU ({shared}). Lower it so guests can run.")
-    if reserved and not shared and not settings.cpu_dedicated_set:
+    if legacy and reserved and not shared:
         problems.append(
             f"[compute] reserved_host_cpus = {reserved} but the host has no online CPU.")
     if problems:

@@ -1,0 +1,48 @@
+# node-agent: set-up, tests and the embedded demo run.
+#   make install   system packages (when missing), .venv, requirements, the package
+#   make test      install when needed, then the whole test suite
+#   make run       install when needed, then the README's run (see README)
+#   make config    regenerate etc/node-agent.conf.sample (never edit it by hand)
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+# Debian packages: libvirt-python builds against libvirt-dev via pkg-config;
+# rabbitmq-server is started by the messaging tests themselves.
+DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev rabbitmq-server
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: install system-packages test run config clean
+
+install: $(STAMP)
+
+system-packages:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "Installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -q && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q $$missing; \
+	fi
+
+$(STAMP): requirements.txt test-requirements.txt pyproject.toml
+	$(MAKE) system-packages
+	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt -r test-requirements.txt
+	$(PY) -m pip install -q --no-deps -e .
+	touch $(STAMP)
+
+test: install
+	$(PY) -m pytest -q
+
+run: install
+	$(PY) -m node_agent.demo
+
+config: install
+	$(VENV)/bin/oslo-config-generator --namespace node_agent \
+	  --output-file etc/node-agent.conf.sample --wrap-width 79
+
+clean:
+	rm -rf $(VENV) build *.egg-info
