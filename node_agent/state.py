@@ -1,0 +1,136 @@
+"""The agent's local state: one versioned, checksummed JSON file.
+
+The file is a cache of facts Placement also holds (the root provider's uuid,
+the children the agent created). Losing it is safe, so a damaged file is
+never "repaired": it is reported and the caller rebuilds from Placement.
+
+Writes follow the kubelet's checkpoint recipe: a temp file in the same
+directory, fsync, rename over the old file, fsync the directory. A crash
+at any point leaves either the old file or the new one, never a mix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+from node_agent.errors import NodeAgentError
+
+FILE_NAME = "state.json"
+FORMAT_VERSION = 1
+FILE_MODE = 0o600
+
+
+class StateCorrupt(NodeAgentError):
+    """The state file exists but cannot be trusted (garbage, bad checksum,
+    unknown format version)."""
+
+
+def _canonical(data: dict) -> str:
+    # Sorted keys and fixed separators make the checksum independent of
+    # dict order, so the same data always hashes the same.
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+def _checksum(payload_text: str) -> str:
+    return hashlib.sha256(payload_text.encode("utf-8")).hexdigest()
+
+
+def encode(data: dict) -> str:
+    """The file's text for ``data``; raises TypeError/ValueError if ``data``
+    is not JSON-serialisable."""
+    payload = _canonical(data)
+    return json.dumps({"version": FORMAT_VERSION,
+                       "sha256": _checksum(payload),
+                       "payload": data}, sort_keys=True, indent=1) + "\n"
+
+
+def decode(text: str, where: str = FILE_NAME) -> dict:
+    """The dict stored in ``text``; raises :class:`StateCorrupt`."""
+    try:
+        envelope = json.loads(text)
+    except ValueError as exc:
+        raise StateCorrupt(f"state file {where} is not valid JSON ({exc}); "
+                           "it will be rebuilt from Placement") from exc
+    if not isinstance(envelope, dict) or "version" not in envelope:
+        raise StateCorrupt(f"state file {where} has no format version; "
+                           "it will be rebuilt from Placement")
+    if envelope["version"] != FORMAT_VERSION:
+        raise StateCorrupt(
+            f"state file {where} has format version {envelope['version']!r}, "
+            f"this agent reads version {FORMAT_VERSION}; "
+            "it will be rebuilt from Placement")
+    payload = envelope.get("payload")
+    if not isinstance(payload, dict):
+        raise StateCorrupt(f"state file {where} has no payload object; "
+                           "it will be rebuilt from Placement")
+    if envelope.get("sha256") != _checksum(_canonical(payload)):
+        raise StateCorrupt(f"state file {where} fails its sha256 checksum "
+                           "(truncated or edited); it will be rebuilt "
+                           "from Placement")
+    return payload
+
+
+class StateStore:
+    """``state.json`` in ``directory``; the directory is created on save."""
+
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.path = self.directory / FILE_NAME
+
+    def load(self) -> dict:
+        """The saved dict; ``{}`` when there is no file yet.
+
+        Raises :class:`StateCorrupt` for a file that cannot be trusted.
+        """
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            return {}
+        except UnicodeDecodeError as exc:
+            raise StateCorrupt(f"state file {self.path} is not UTF-8 text; "
+                               "it will be rebuilt from Placement") from exc
+        return decode(text, str(self.path))
+
+    def load_or_empty(self, log: logging.Logger) -> dict:
+        """:meth:`load`, but a corrupt file is logged and treated as absent."""
+        try:
+            return self.load()
+        except StateCorrupt as exc:
+            log.warning("%s", exc)
+            return {}
+
+    def save(self, data: dict) -> None:
+        """Replace the file with ``data`` atomically, mode 0600.
+
+        Serialisation happens before any file is touched, so unserialisable
+        data raises (TypeError/ValueError) and leaves the old file as it was.
+        """
+        text = encode(data)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".tmp",
+                                   dir=self.directory)
+        try:
+            os.fchmod(fd, FILE_MODE)
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        _fsync_directory(self.directory)
+
+
+def _fsync_directory(directory: Path) -> None:
+    # The rename is durable only once the directory entry is on disk.
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

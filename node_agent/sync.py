@@ -1,0 +1,703 @@
+"""Make Placement hold the desired provider tree, with as few requests as we can.
+
+Two halves:
+
+* :func:`plan_changes` (pure) compares the desired :class:`ProviderTree`
+  with what Placement holds and returns the ordered requests that close the
+  gap: custom resource classes and traits first, missing providers top-down,
+  inventories, traits, then deletion of children the agent created and no
+  longer wants, bottom-up. It never touches aggregates, never removes a
+  trait the agent has no opinion on, never deletes a provider it did not
+  create.
+* :class:`TreeSyncer` (shell) reads what it must, applies the plan and keeps
+  a cache of what Placement holds, so a cycle where nothing changed sends no
+  request at all. A full re-read every ``full_verify_interval`` seconds
+  catches changes made behind its back.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid as uuidlib
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable, Mapping, Optional
+from urllib.parse import quote
+
+import tenacity
+
+from node_agent.placement import (DuplicateName, GenerationConflict,
+                                  InventoryInUse, NotFound, PlacementError)
+from node_agent.provider_tree import Provider, ProviderTree
+from node_agent.state import StateStore
+
+LOG = logging.getLogger(__name__)
+
+CUSTOM = "CUSTOM_"
+# Each attempt after a 409 concurrent_update re-reads one provider; the
+# scheduler bumping a generation twice in a row is rare, three times is a storm.
+CONFLICT_ATTEMPTS = 3
+# Allocation ratios are floats in Placement's database (FLOAT columns can
+# round 1.1 to 1.10000002); closer than this is the same ratio.
+RATIO_TOLERANCE = 1e-6
+INVENTORY_FIELDS = ("total", "reserved", "min_unit", "max_unit", "step_size",
+                    "allocation_ratio")
+
+# What an operator can do when a resource class is still in use.
+_IN_USE_HINT = {
+    "VCPU": "or keep those CPUs in cpu_shared_set",
+    "PCPU": "or keep those CPUs in cpu_dedicated_set",
+    "MEMORY_MB": "or lower reserved_host_memory_mb / keep the huge pages",
+}
+
+
+# ---------------------------------------------------------------- pure core
+
+@dataclass(frozen=True)
+class Change:
+    """One HTTP request of a plan; ``provider`` is the provider's name."""
+
+    method: str
+    path: str
+    summary: str
+    body: Optional[dict] = None
+    provider: Optional[str] = None
+
+    @property
+    def kind(self) -> str:
+        if self.path.startswith("/resource_classes/"):
+            return "resource_class"
+        if self.path.startswith("/traits/"):
+            return "trait"
+        if self.method == "POST":
+            return "create"
+        if self.method == "DELETE":
+            return "delete"
+        if self.path.endswith("/inventories"):
+            return "inventories"
+        if self.path.endswith("/traits"):
+            return "traits"
+        return "update"
+
+
+@dataclass(frozen=True)
+class ProviderState:
+    """One provider as Placement holds it (inventories as Placement spells them)."""
+
+    uuid: str
+    name: str
+    generation: int
+    parent_uuid: Optional[str]
+    inventories: Mapping[str, dict] = field(default_factory=dict)
+    traits: frozenset = frozenset()
+
+
+def inventory_equal(a: Mapping, b: Mapping) -> bool:
+    """Two Placement inventory records are the same (ratios compared as floats)."""
+    for name in INVENTORY_FIELDS:
+        x, y = a.get(name), b.get(name)
+        if name == "allocation_ratio":
+            if x is None or y is None or not math.isclose(
+                    float(x), float(y), rel_tol=RATIO_TOLERANCE):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def inventories_equal(a: Mapping[str, Mapping], b: Mapping[str, Mapping]) -> bool:
+    return set(a) == set(b) and all(inventory_equal(a[rc], b[rc]) for rc in a)
+
+
+def wanted_inventories(provider: Provider) -> dict[str, dict]:
+    return {rc: inv.as_placement() for rc, inv in provider.inventories.items()}
+
+
+def merged_traits(current: Iterable[str], provider: Provider) -> frozenset:
+    """``current`` with the agent's opinions applied; others' traits kept."""
+    unwanted = {t for t, on in provider.traits.items() if not on}
+    return (frozenset(current) - unwanted) | provider.wanted_traits
+
+
+def capacity(record: Mapping) -> int:
+    """Placement's capacity of an inventory record: (total - reserved) * ratio."""
+    return int((record["total"] - record["reserved"])
+               * float(record["allocation_ratio"]))
+
+
+def _fmt(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def describe_inventory_diff(old: Mapping[str, Mapping],
+                            new: Mapping[str, Mapping]) -> list[str]:
+    """Human phrases such as ``set VCPU total 16→32``, sorted by class."""
+    phrases = []
+    for rc in sorted(set(old) | set(new)):
+        if rc not in old:
+            phrases.append(f"add {rc} total {new[rc]['total']}")
+        elif rc not in new:
+            phrases.append(f"remove {rc}")
+        elif not inventory_equal(old[rc], new[rc]):
+            fields = ", ".join(
+                f"{f} {_fmt(old[rc].get(f))}→{_fmt(new[rc][f])}"
+                for f in INVENTORY_FIELDS
+                if not inventory_equal({**old[rc], f: new[rc][f]}, old[rc]))
+            phrases.append(f"set {rc} {fields}")
+    return phrases
+
+
+def _ensure_custom_changes(desired: ProviderTree,
+                           actual: Mapping[str, ProviderState],
+                           known_classes: Iterable[str],
+                           known_traits: Iterable[str]) -> list[Change]:
+    known_rc = set(known_classes).union(
+        *(s.inventories for s in actual.values()))
+    known_tr = set(known_traits).union(*(s.traits for s in actual.values()))
+    classes = sorted({rc for p in desired.providers for rc in p.inventories
+                      if rc.startswith(CUSTOM)} - known_rc)
+    traits = sorted({t for p in desired.providers for t in p.wanted_traits
+                     if t.startswith(CUSTOM)} - known_tr)
+    return ([Change("PUT", f"/resource_classes/{rc}",
+                    f"define resource class {rc}") for rc in classes]
+            + [Change("PUT", f"/traits/{t}", f"define trait {t}")
+               for t in traits])
+
+
+def _parent_uuid(desired: ProviderTree, provider: Provider) -> Optional[str]:
+    if provider.parent is None:
+        return None
+    return desired.by_name(provider.parent).uuid
+
+
+def _create_change(desired: ProviderTree, provider: Provider) -> Change:
+    parent = _parent_uuid(desired, provider)
+    body = {"name": provider.name, "uuid": provider.uuid}
+    if parent is not None:
+        body["parent_provider_uuid"] = parent
+    where = f" under {provider.parent}" if provider.parent else ""
+    return Change("POST", "/resource_providers",
+                  f"create provider {provider.name}{where}", body,
+                  provider.name)
+
+
+def _update_change(desired: ProviderTree, provider: Provider,
+                   state: ProviderState) -> Optional[Change]:
+    parent = _parent_uuid(desired, provider)
+    if state.name == provider.name and state.parent_uuid == parent:
+        return None
+    return Change("PUT", f"/resource_providers/{provider.uuid}",
+                  f"rename/re-parent provider {state.name} as "
+                  f"{provider.name}",
+                  {"name": provider.name, "parent_provider_uuid": parent},
+                  provider.name)
+
+
+def _inventory_change(provider: Provider, state: ProviderState,
+                      generation: int) -> Optional[Change]:
+    wanted = wanted_inventories(provider)
+    if inventories_equal(state.inventories, wanted):
+        return None
+    phrases = describe_inventory_diff(state.inventories, wanted)
+    return Change("PUT", f"/resource_providers/{provider.uuid}/inventories",
+                  f"{'; '.join(phrases)} on {provider.name}",
+                  {"resource_provider_generation": generation,
+                   "inventories": wanted}, provider.name)
+
+
+def _traits_change(provider: Provider, state: ProviderState,
+                   generation: int) -> Optional[Change]:
+    merged = merged_traits(state.traits, provider)
+    if merged == state.traits:
+        return None
+    added = sorted(merged - state.traits)
+    removed = sorted(state.traits - merged)
+    what = " ".join([f"+{t}" for t in added] + [f"-{t}" for t in removed])
+    return Change("PUT", f"/resource_providers/{provider.uuid}/traits",
+                  f"traits {what} on {provider.name}",
+                  {"resource_provider_generation": generation,
+                   "traits": sorted(merged)}, provider.name)
+
+
+def _depth(uuid: str, actual: Mapping[str, ProviderState]) -> int:
+    depth, seen = 0, set()
+    while uuid in actual and actual[uuid].parent_uuid and uuid not in seen:
+        seen.add(uuid)
+        uuid, depth = actual[uuid].parent_uuid, depth + 1
+    return depth
+
+
+def _delete_changes(desired: ProviderTree,
+                    actual: Mapping[str, ProviderState],
+                    owned_children: set[str]) -> list[Change]:
+    keep = {p.uuid for p in desired.providers}
+    doomed = {u for u in owned_children
+              if u in actual and u not in keep and actual[u].parent_uuid}
+    # Placement refuses to delete a parent; a doomed provider with a child we
+    # keep (a foreign one, say) stays, and so do its ancestors.
+    changed = True
+    while changed:
+        blocked = {s.parent_uuid for s in actual.values()
+                   if s.parent_uuid in doomed and s.uuid not in doomed}
+        changed = bool(blocked)
+        doomed -= blocked
+    order = sorted(doomed, key=lambda u: (-_depth(u, actual), actual[u].name))
+    return [Change("DELETE", f"/resource_providers/{u}",
+                   f"delete provider {actual[u].name} (no longer on the host)",
+                   provider=actual[u].name) for u in order]
+
+
+def plan_changes(desired: ProviderTree, actual: Mapping[str, ProviderState],
+                 owned_children: set[str], *,
+                 known_resource_classes: Iterable[str] = (),
+                 known_traits: Iterable[str] = ()) -> list[Change]:
+    """The ordered requests that make Placement hold ``desired``.
+
+    ``desired`` must carry a uuid on every provider, parents before children;
+    ``actual`` maps uuid -> what Placement holds for the tree. Custom classes
+    and traits are defined unless known (given, or seen in ``actual``).
+    Inventory and trait bodies carry the generation ``actual`` shows (0 for a
+    provider this plan creates, plus one per earlier write in the plan); the
+    shell re-reads and retries when Placement answers 409 concurrent_update.
+    Only providers in ``owned_children`` are ever deleted.
+    """
+    missing = [p.name for p in desired.providers if not p.uuid]
+    if missing:
+        raise ValueError(f"providers without uuid: {', '.join(missing)}")
+    changes = _ensure_custom_changes(desired, actual, known_resource_classes,
+                                     known_traits)
+    states, generations = {}, {}
+    for provider in desired.providers:
+        state = actual.get(provider.uuid)
+        if state is None:
+            changes.append(_create_change(desired, provider))
+            state = ProviderState(provider.uuid, provider.name, 0,
+                                  _parent_uuid(desired, provider))
+        else:
+            update = _update_change(desired, provider, state)
+            changes += [update] if update else []
+        states[provider.uuid], generations[provider.uuid] = state, state.generation
+    for step in (_inventory_change, _traits_change):
+        for provider in desired.providers:
+            change = step(provider, states[provider.uuid],
+                          generations[provider.uuid])
+            if change:
+                changes.append(change)
+                generations[provider.uuid] += 1
+    return changes + _delete_changes(desired, actual, owned_children)
+
+
+# ---------------------------------------------------------------- shell
+
+@dataclass
+class SyncReport:
+    """What one :meth:`TreeSyncer.sync` did."""
+
+    applied: list[Change] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    reads: int = 0
+    writes: int = 0
+    full_verify: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    @property
+    def requests(self) -> int:
+        return self.reads + self.writes
+
+    def summary(self) -> str:
+        """The one INFO line of a cycle."""
+        if not self.applied and self.ok:
+            return f"no change ({self.requests} requests)"
+        parts = [c.summary for c in self.applied] + [
+            f"ERROR {e}" for e in self.errors]
+        return f"{'; '.join(parts)} ({self.requests} requests)"
+
+
+class _Replan(Exception):
+    """Placement's tree is not what the cache says; read it again."""
+
+
+@dataclass
+class _Context:
+    tree: ProviderTree            # desired, with uuids
+    actual: dict                  # uuid -> ProviderState, as read for this plan
+    created: set = field(default_factory=set)
+    failed: set = field(default_factory=set)  # names whose changes are skipped
+
+
+def _in_use_message(rc: str, provider: str, used: int, new_cap: int) -> str:
+    hint = _IN_USE_HINT.get(rc, "or restore that inventory")
+    return (f"cannot lower {rc} on {provider} to capacity {new_cap}: "
+            f"{used} {rc} in use; migrate or delete instances using "
+            f"{used} {rc}, {hint}")
+
+
+class TreeSyncer:
+    """Keeps one provider tree in Placement equal to the desired one.
+
+    The state store keeps the uuids (the root's above all: it must never
+    change) and the children the agent created; the in-memory cache keeps
+    what Placement held after the last write. :meth:`sync` raises
+    :class:`~node_agent.placement.Unavailable` or ``AuthError`` when Placement
+    cannot be used; the state file is then left as it was and the next cycle
+    re-reads the tree. Refusals that concern one provider (inventory in use,
+    a delete refused) are reported in :attr:`SyncReport.errors` and the rest
+    of the tree is still synced.
+    """
+
+    def __init__(self, client, store: StateStore,
+                 full_verify_interval: float = 300,
+                 clock: Callable[[], float] = time.monotonic):
+        self.client = client
+        self.store = store
+        self.full_verify_interval = full_verify_interval
+        self.clock = clock
+        self._state = store.load_or_empty(LOG)
+        self._cache: Optional[dict[str, ProviderState]] = None
+        self._verified_at: Optional[float] = None
+        self._known_classes: set[str] = set()
+        self._known_traits: set[str] = set()
+
+    # -- reading
+
+    def _verify_due(self) -> bool:
+        return (self._cache is None or self._verified_at is None
+                or self.clock() - self._verified_at >= self.full_verify_interval)
+
+    def _lookup_by_name(self, name: str) -> Optional[dict]:
+        found = self.client.get(
+            f"/resource_providers?name={quote(name)}")["resource_providers"]
+        return found[0] if found else None
+
+    def _read_provider(self, rp: dict) -> ProviderState:
+        base = f"/resource_providers/{rp['uuid']}"
+        inventories = self.client.get(f"{base}/inventories")
+        traits = self.client.get(f"{base}/traits")
+        return ProviderState(rp["uuid"], rp["name"],
+                             traits["resource_provider_generation"],
+                             rp.get("parent_provider_uuid"),
+                             inventories["inventories"],
+                             frozenset(traits["traits"]))
+
+    def _full_read(self, root_uuid: str) -> dict[str, ProviderState]:
+        """GET the tree; inventories and traits only of providers whose
+        generation moved since we last saw them."""
+        listing = self.client.get(
+            f"/resource_providers?in_tree={root_uuid}")["resource_providers"]
+        old = self._cache or {}
+        actual = {}
+        for rp in listing:
+            known = old.get(rp["uuid"])
+            if known is not None and known.generation == rp["generation"]:
+                actual[rp["uuid"]] = replace(
+                    known, name=rp["name"],
+                    parent_uuid=rp.get("parent_provider_uuid"))
+            else:
+                actual[rp["uuid"]] = self._read_provider(rp)
+        return actual
+
+    def _root_uuid(self, desired: ProviderTree) -> Optional[str]:
+        if self._state.get("root_uuid"):
+            return self._state["root_uuid"]
+        found = self._lookup_by_name(desired.root.name)
+        return found["uuid"] if found else None
+
+    def _actual(self, root_uuid: Optional[str]) -> dict[str, ProviderState]:
+        if not self._verify_due():
+            return dict(self._cache)
+        actual = self._full_read(root_uuid) if root_uuid else {}
+        self._cache, self._verified_at = dict(actual), self.clock()
+        return actual
+
+    def _prepare(self, desired: ProviderTree) -> _Context:
+        root_uuid = self._root_uuid(desired)
+        actual = self._actual(root_uuid)
+        by_name = {s.name: s.uuid for s in actual.values()}
+        saved = self._state.get("providers", {})
+        uuids = {p.name: by_name.get(p.name) or saved.get(p.name)
+                 or str(uuidlib.uuid4()) for p in desired.providers}
+        if root_uuid:
+            uuids[desired.root.name] = root_uuid
+        return _Context(desired.with_uuids(uuids), actual)
+
+    def _owned(self, ctx: _Context) -> set[str]:
+        """Children we created, plus children in the tree bearing a name we
+        want (ours even if the state file was lost)."""
+        wanted = {p.uuid for p in ctx.tree.providers[1:]}
+        found = {u for u in wanted if u in ctx.actual}
+        return set(self._state.get("owned_children", [])) | found
+
+    def _plan(self, ctx: _Context) -> list[Change]:
+        return plan_changes(ctx.tree, ctx.actual, self._owned(ctx),
+                            known_resource_classes=self._known_classes,
+                            known_traits=self._known_traits)
+
+    def plan(self, desired: ProviderTree) -> list[Change]:
+        """The changes :meth:`sync` would apply now. Reads, never writes.
+
+        Providers unknown to the state and to Placement get a fresh uuid4 in
+        the plan; it is not saved.
+        """
+        return self._plan(self._prepare(desired))
+
+    # -- writing
+
+    def sync(self, desired: ProviderTree) -> SyncReport:
+        """Apply the plan; see the class docstring for the failure contract."""
+        start_reads, start_writes = self.client.stats.reads, self.client.stats.writes
+        report = SyncReport(full_verify=self._verify_due())
+        try:
+            for attempt in range(2):
+                ctx = self._prepare(desired)
+                try:
+                    self._apply(ctx, self._plan(ctx), report, attempt)
+                except _Replan:
+                    self._cache = None
+                    continue
+                self._save_state(ctx)
+                break
+            else:
+                report.errors.append(
+                    "the tree changed in Placement while it was being synced; "
+                    "it will be read again next cycle")
+        except BaseException:
+            self._cache = None  # unknown how far we got: re-read next time
+            raise
+        finally:
+            report.reads = self.client.stats.reads - start_reads
+            report.writes = self.client.stats.writes - start_writes
+        log = LOG.warning if report.errors else LOG.info
+        log("placement sync: %s", report.summary())
+        return report
+
+    def _save_state(self, ctx: _Context) -> None:
+        created_or_found = {p.uuid for p in ctx.tree.providers[1:]
+                            if p.uuid in self._cache}
+        owned = (set(self._state.get("owned_children", [])) | created_or_found)
+        owned &= set(self._cache)
+        root = ctx.tree.root.uuid
+        new = {"root_uuid": root if root in self._cache else
+               self._state.get("root_uuid"),
+               "providers": {p.name: p.uuid for p in ctx.tree.providers
+                             if p.uuid in self._cache},
+               "owned_children": sorted(owned)}
+        if new != self._state:
+            self.store.save(new)
+            self._state = new
+
+    def _apply(self, ctx: _Context, changes: list[Change], report: SyncReport,
+               attempt: int) -> None:
+        handlers = {"resource_class": self._define, "trait": self._define,
+                    "create": self._create, "update": self._update,
+                    "inventories": self._put_inventories,
+                    "traits": self._put_traits, "delete": self._delete}
+        for change in changes:
+            if self._blocked(ctx, change):
+                report.errors.append(f"skipped ({change.summary}): its "
+                                     "provider or parent could not be created")
+                continue
+            try:
+                applied, errors = handlers[change.kind](ctx, change, attempt)
+            except NotFound:
+                raise _Replan() from None
+            except (GenerationConflict, InventoryInUse, DuplicateName) as exc:
+                applied, errors = False, [f"{change.summary}: {exc}"]
+            except PlacementError as exc:
+                if getattr(exc, "status", None) is None or exc.status >= 500 \
+                        or exc.status in (401, 403):
+                    raise
+                applied, errors = False, [f"{change.summary}: {exc}"]
+            if applied:
+                report.applied.append(change)
+            if errors and change.kind == "create":
+                ctx.failed.add(change.provider)
+            report.errors += errors
+
+    def _blocked(self, ctx: _Context, change: Change) -> bool:
+        if change.provider is None:
+            return False
+        if change.provider in ctx.failed:
+            return True
+        provider = ctx.tree.by_name(change.provider)
+        if provider is not None and provider.parent in ctx.failed:
+            ctx.failed.add(change.provider)
+            return True
+        return False
+
+    def _define(self, ctx, change, attempt):
+        self.client.put(change.path, None)
+        name = change.path.rsplit("/", 1)[1]
+        (self._known_classes if change.kind == "resource_class"
+         else self._known_traits).add(name)
+        return True, []
+
+    def _create(self, ctx, change, attempt):
+        """POST the provider. 409 duplicate name: adopt the provider of that
+        name if it is our root or in our tree, then re-plan; else an error."""
+        try:
+            created = self.client.post(change.path, change.body) or {}
+        except DuplicateName:
+            return False, self._adopt(ctx, change, attempt)
+        body = change.body
+        self._cache[body["uuid"]] = ProviderState(
+            body["uuid"], body["name"], created.get("generation", 0),
+            body.get("parent_provider_uuid"))
+        ctx.created.add(body["uuid"])
+        return True, []
+
+    def _adopt(self, ctx, change, attempt) -> list[str]:
+        name = change.body["name"]
+        found = self._lookup_by_name(name)
+        root = ctx.tree.root
+        ours = found is not None and (
+            name == root.name
+            or found.get("root_provider_uuid") == root.uuid)
+        if ours and attempt == 0:
+            if name == root.name:
+                self._state = {**self._state, "root_uuid": found["uuid"]}
+            self._state = {**self._state, "providers": {
+                **self._state.get("providers", {}), name: found["uuid"]}}
+            LOG.info("adopting existing provider %s (%s)", name, found["uuid"])
+            raise _Replan()
+        where = (f"uuid {found['uuid']}, tree {found.get('root_provider_uuid')}"
+                 if found else f"uuid {change.body['uuid']} is taken")
+        return [f"cannot create provider {name}: a provider with that name or "
+                f"uuid already exists outside this host's tree ({where}); "
+                "rename or delete it"]
+
+    def _update(self, ctx, change, attempt):
+        result = self.client.put(change.path, change.body) or {}
+        uuid = change.path.rsplit("/", 1)[1]
+        self._cache[uuid] = replace(
+            self._cache[uuid], name=change.body["name"],
+            parent_uuid=change.body["parent_provider_uuid"],
+            generation=result.get("generation", self._cache[uuid].generation))
+        return True, []
+
+    def _delete(self, ctx, change, attempt):
+        """DELETE an owned child. 409 (allocations, or children): an error
+        naming the provider; it stays owned and is retried next cycle."""
+        uuid = change.path.rsplit("/", 1)[1]
+        try:
+            self.client.delete(change.path)
+        except PlacementError as exc:
+            if getattr(exc, "status", None) != 409:
+                raise
+            return False, [f"cannot delete provider {change.provider}: "
+                           f"{exc}; move or delete what uses it"]
+        self._cache.pop(uuid, None)
+        self._state = {**self._state, "owned_children": [
+            u for u in self._state.get("owned_children", []) if u != uuid]}
+        return True, []
+
+    # -- inventories
+
+    def _retrying(self):
+        return tenacity.Retrying(
+            stop=tenacity.stop_after_attempt(CONFLICT_ATTEMPTS),
+            retry=tenacity.retry_if_exception_type(GenerationConflict),
+            reraise=True)
+
+    def _reread_inventories(self, uuid: str) -> ProviderState:
+        got = self.client.get(f"/resource_providers/{uuid}/inventories")
+        state = replace(self._cache[uuid],
+                        generation=got["resource_provider_generation"],
+                        inventories=got["inventories"])
+        self._cache[uuid] = state
+        return state
+
+    def _put_inventories(self, ctx, change, attempt):
+        """PUT the whole inventory with the cached generation.
+
+        409 concurrent_update: re-read this provider's inventories and retry
+        (bounded). Classes whose usage exceeds the new capacity (409
+        inventory.inuse, or a shrink below usage that Placement would only
+        log) keep their current record and are reported; the others apply.
+        """
+        uuid = change.path.split("/")[2]
+        wanted_all = change.body["inventories"]
+        errors: list[str] = []
+        for try_ in self._retrying():
+            with try_:
+                state = self._cache[uuid]
+                if try_.retry_state.attempt_number > 1:
+                    state = self._reread_inventories(uuid)
+                wanted, errors = self._guard_usage(change, state, wanted_all)
+                if inventories_equal(state.inventories, wanted):
+                    return False, errors
+                try:
+                    result = self.client.put(change.path, {
+                        "resource_provider_generation": state.generation,
+                        "inventories": wanted})
+                except InventoryInUse:
+                    return False, self._in_use_errors(change, state, wanted_all)
+        self._cache[uuid] = replace(
+            state, generation=result["resource_provider_generation"],
+            inventories=result["inventories"])
+        return True, errors
+
+    def _shrinks(self, old: Mapping, new: Mapping) -> bool:
+        return any(rc not in new or capacity(new[rc]) < capacity(old[rc])
+                   for rc in old)
+
+    def _usages(self, uuid: str) -> dict[str, int]:
+        return self.client.get(f"/resource_providers/{uuid}/usages")["usages"]
+
+    def _over_used(self, usages: Mapping[str, int],
+                   wanted: Mapping[str, Mapping]) -> dict[str, tuple[int, int]]:
+        """rc -> (used, new capacity) for classes the change would starve."""
+        over = {}
+        for rc, used in usages.items():
+            new_cap = capacity(wanted[rc]) if rc in wanted else 0
+            if used and used > new_cap:
+                over[rc] = (used, new_cap)
+        return over
+
+    def _guard_usage(self, change, state, wanted_all):
+        if not self._shrinks(state.inventories, wanted_all):
+            return wanted_all, []
+        over = self._over_used(self._usages(state.uuid), wanted_all)
+        wanted = dict(wanted_all)
+        for rc in over:
+            if rc in state.inventories:
+                wanted[rc] = state.inventories[rc]
+        return wanted, [_in_use_message(rc, change.provider, used, cap)
+                        for rc, (used, cap) in sorted(over.items())]
+
+    def _in_use_errors(self, change, state, wanted_all) -> list[str]:
+        over = self._over_used(self._usages(state.uuid), wanted_all)
+        return [_in_use_message(rc, change.provider, used, cap)
+                for rc, (used, cap) in sorted(over.items())] or [
+            f"{change.summary}: Placement reports inventory in use"]
+
+    # -- traits
+
+    def _put_traits(self, ctx, change, attempt):
+        """GET the provider's traits, then PUT them with the agent's traits
+        merged in; traits the agent has no opinion on are kept. 409
+        concurrent_update: GET again and retry (bounded). A provider created
+        in this cycle has no traits yet, so its GET is skipped."""
+        uuid = change.path.split("/")[2]
+        provider = ctx.tree.by_name(change.provider)
+        for try_ in self._retrying():
+            with try_:
+                state = self._cache[uuid]
+                if uuid not in ctx.created or try_.retry_state.attempt_number > 1:
+                    got = self.client.get(change.path)
+                    state = replace(state, traits=frozenset(got["traits"]),
+                                    generation=got["resource_provider_generation"])
+                    self._cache[uuid] = state
+                merged = merged_traits(state.traits, provider)
+                if merged == state.traits:
+                    return False, []
+                result = self.client.put(change.path, {
+                    "resource_provider_generation": state.generation,
+                    "traits": sorted(merged)})
+        self._cache[uuid] = replace(
+            state, generation=result["resource_provider_generation"],
+            traits=frozenset(result["traits"]))
+        return True, []
