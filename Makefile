@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed
 DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev rabbitmq-server
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-packages test run config clean
+.PHONY: install system-packages test run stop config clean
 
 install: $(STAMP)
 
@@ -39,6 +39,12 @@ test: install
 
 run: install
 	$(PY) -m node_agent.demo
+
+stop:
+	@if [ -f run/placement/server.pid ]; then \
+	  kill $$(cat run/placement/server.pid) 2>/dev/null && echo "embedded Placement stopped"; \
+	  rm -f run/placement/server.pid run/placement/url; \
+	else echo "no embedded Placement is running"; fi
 
 config: install
 	$(VENV)/bin/oslo-config-generator --namespace node_agent \

@@ -61,6 +61,7 @@ def _setup_logging(debug: bool) -> None:
     # what goes wrong unless --debug asks for everything.
     if not debug:
         logging.getLogger("node_agent.discover").setLevel(logging.ERROR)
+        logging.getLogger("oslo_service").setLevel(logging.WARNING)
 
 
 def _placement_configured(conf) -> bool:
@@ -101,12 +102,14 @@ def _syncer(conf, settings):
 def _run_once(conf, settings, dry_run: bool, output: str) -> int:
     desired = compute_desired(settings)
     changes = None
+    tree = desired.tree
     if _placement_configured(conf):
         syncer = _syncer(conf, settings)
         if dry_run:
-            changes = syncer.plan(desired.tree)
+            tree, changes = syncer.plan_with_tree(desired.tree)
         else:
             result = syncer.sync(desired.tree)
+            tree = result.tree or tree
             for error in result.errors:
                 print(f"node-agent: {error}", file=sys.stderr)
             LOG.info("sync: %d change(s) applied, %s", len(result.applied),
@@ -117,9 +120,8 @@ def _run_once(conf, settings, dry_run: bool, output: str) -> int:
     elif not dry_run:
         raise NodeAgentError("no Placement is configured ([placement] auth_type); "
                              "use --dry-run to only show the tree")
-    report = render.report_dict(desired.tree, desired.warnings, changes)
-    if dry_run or output == "json":
-        print(render.as_json(report) if output == "json" else render.as_text(report), end="")
+    report = render.report_dict(tree, desired.warnings, changes)
+    print(render.as_json(report) if output == "json" else render.as_text(report), end="")
     return 0
 
 

@@ -155,7 +155,9 @@ class EmbeddedPlacement:
     """A placement subprocess; ``restart`` keeps its port and database."""
 
     def __init__(self, workdir: Path, port: int = 0, host: str = "127.0.0.1",
-                 timeout: float = 30):
+                 timeout: float = 30, detach: bool = False):
+        # detach: own session, so the server outlives the command that started it.
+        self.detach = detach
         self.workdir = Path(workdir).resolve()
         self.host = host
         self.port = port
@@ -175,7 +177,8 @@ class EmbeddedPlacement:
                 [sys.executable, "-m", "node_agent.embedded_placement",
                  "--workdir", str(self.workdir), "--host", self.host,
                  "--port", str(self.port), "--port-file", str(port_file)],
-                stdout=out, stderr=subprocess.STDOUT)
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                start_new_session=self.detach)
         self.port = self._wait_for_port(port_file)
         self._wait_until_answering()
         return self
@@ -230,10 +233,10 @@ class EmbeddedPlacement:
 
 
 def start_subprocess(workdir: Path, timeout: float = 30, port: int = 0,
-                     host: str = "127.0.0.1") -> EmbeddedPlacement:
+                     host: str = "127.0.0.1", detach: bool = False) -> EmbeddedPlacement:
     """Start placement in a child process and wait until ``GET /`` answers."""
-    return EmbeddedPlacement(workdir, port=port, host=host,
-                             timeout=timeout).start()
+    return EmbeddedPlacement(workdir, port=port, host=host, timeout=timeout,
+                             detach=detach).start()
 
 
 if __name__ == "__main__":

@@ -299,6 +299,7 @@ class SyncReport:
     reads: int = 0
     writes: int = 0
     full_verify: bool = False
+    tree: Optional[ProviderTree] = None  # the desired tree with its uuids
 
     @property
     def ok(self) -> bool:
@@ -442,7 +443,12 @@ class TreeSyncer:
         Providers unknown to the state and to Placement get a fresh uuid4 in
         the plan; it is not saved.
         """
-        return self._plan(self._prepare(desired))
+        return self.plan_with_tree(desired)[1]
+
+    def plan_with_tree(self, desired: ProviderTree) -> tuple[ProviderTree, list[Change]]:
+        """Like :meth:`plan`, also returning the tree with the uuids it would use."""
+        ctx = self._prepare(desired)
+        return ctx.tree, self._plan(ctx)
 
     # -- writing
 
@@ -459,6 +465,7 @@ class TreeSyncer:
                     self._cache = None
                     continue
                 self._save_state(ctx)
+                report.tree = ctx.tree
                 break
             else:
                 report.errors.append(
