@@ -2,17 +2,27 @@
 
 Pure: the same inputs always give the same tree. Classes whose total is 0
 are left out, as Placement has no use for an empty inventory.
+
+The tree: the root (CPUs, memory, disk, or one unit in whole-node mode),
+then NUMA children (:mod:`node_agent.numa_tree`), GPU and SR-IOV children
+(:mod:`node_agent.pci_tree`), and finally the operator's provider files
+(:mod:`node_agent.provider_config`) layered on top.
 """
 
 from __future__ import annotations
 
 import math
+from typing import Mapping, Optional, Sequence, Set
 
 import os_resource_classes as orc
 import os_traits
 
+from node_agent.cpu_traits import feature_traits
 from node_agent.errors import ConfigError
+from node_agent.numa_tree import split_by_numa
 from node_agent.partition import CpuPartition
+from node_agent.pci_tree import gpu_children, sriov_children
+from node_agent.provider_config import ProviderConfig, apply_provider_configs
 from node_agent.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.settings import Settings
 from node_agent.topology import HostSnapshot
@@ -66,20 +76,52 @@ def root_inventories(settings: Settings, host: HostSnapshot,
 
 
 def root_traits(host: HostSnapshot) -> dict[str, bool]:
-    """Traits the agent decides about on the root: {trait: present?}."""
+    """Traits the agent decides about on the root: {trait: present?}.
+
+    CPU feature traits come from :mod:`node_agent.cpu_traits`: every trait
+    of its table is decided (absent features are False) once libvirt has
+    described the CPU.
+    """
     traits = {os_traits.COMPUTE_NODE: True,
               os_traits.HW_CPU_HYPERTHREADING: host.has_smt}
     arch = arch_trait(host.cpu_model.arch)
     if arch:
         traits[arch] = True
+    traits.update(feature_traits(host.cpu_model))
     return traits
 
 
-def build_tree(settings: Settings, host: HostSnapshot, partition: CpuPartition) -> ProviderTree:
+def whole_node_inventories(resource_class: str) -> dict[str, Inventory]:
+    """Bare-metal (Ironic) model: one node, one unit, nothing else."""
+    return {resource_class: Inventory(total=1, max_unit=1)}
+
+
+def build_tree(settings: Settings, host: HostSnapshot, partition: CpuPartition,
+               operator: Sequence[ProviderConfig] = (),
+               previously_applied: Optional[Mapping[str, Set[str]]] = None) -> ProviderTree:
+    """The desired tree. ``operator`` are the parsed provider config files
+    (:func:`node_agent.provider_config.load_provider_configs`);
+    ``previously_applied`` is what those files added last time, by provider
+    name, so traits dropped from a file are removed (see
+    :func:`node_agent.provider_config.apply_provider_configs`)."""
+    if settings.node_resource_class:
+        root = Provider(name=settings.host,
+                        inventories=whole_node_inventories(settings.node_resource_class),
+                        traits=root_traits(host))
+        tree = ProviderTree((root,))
+    else:
+        tree = _resource_tree(settings, host, partition)
+    return apply_provider_configs(tree, operator, previously_applied or {})
+
+
+def _resource_tree(settings: Settings, host: HostSnapshot,
+                   partition: CpuPartition) -> ProviderTree:
     check_reserved(settings, host)
-    root = Provider(
-        name=settings.host,
-        inventories=root_inventories(settings, host, partition),
-        traits=root_traits(host),
-    )
-    return ProviderTree((root,))
+    inventories = root_inventories(settings, host, partition)
+    children: tuple[Provider, ...] = ()
+    if settings.numa_in_placement and host.nodes:
+        split = split_by_numa(settings, host, partition, inventories)
+        inventories, children = split.root_inventories, split.children
+    root = Provider(name=settings.host, inventories=inventories, traits=root_traits(host))
+    children += gpu_children(settings, host) + sriov_children(settings, host)
+    return ProviderTree((root,) + children)

@@ -111,6 +111,63 @@ COMPUTE_OPTS = [
              "CPUs are then counted twice: keep pinned and unpinned guests "
              "on separate hosts (aggregates) and switch this off once "
              "cpu_dedicated_set is configured everywhere."),
+    # --- nested providers (numa_tree, provider_config) ---
+    cfg.BoolOpt(
+        "numa_in_placement",
+        default=False,
+        help="Report each NUMA node as a child provider <host>_NUMA_<id> "
+             "(trait HW_NUMA_ROOT) holding its PCPU, VCPU, MEMORY_MB and huge "
+             "pages (CUSTOM_MEMORY_PAGE_<KiB>); the root keeps DISK_GB. Host "
+             "reservations are charged to the lowest node first. Turning it "
+             "on while guests run needs a reshape."),
+    cfg.MultiStrOpt(
+        "reserved_huge_pages",
+        default=[],
+        help="Huge pages held back for the host, one line per node and size, "
+             "in nova's format node:N,size:S,count:C. size is KiB (2048) or "
+             "has a unit (2M, 1G). Used with numa_in_placement."),
+    cfg.StrOpt(
+        "provider_config_location",
+        default="/etc/node-agent/provider_config/",
+        help="Directory of *.yaml files in nova's provider.yaml schema 1.0 "
+             "adding CUSTOM_ inventories and traits to providers. Re-read "
+             "every cycle. A missing directory means no files."),
+]
+
+DEVICES_OPTS = [
+    cfg.ListOpt(
+        "enabled_mdev_types",
+        default=[],
+        help="mdev types (as in mdev_supported_types, e.g. nvidia-35) "
+             "reported as VGPU. Each GPU offering one of them becomes a child "
+             "<host>_pci_<domain>_<bus>_<slot>_<function>. A GPU uses the "
+             "first listed type it already has mdevs of, else the first "
+             "listed type it offers. Empty: no VGPU."),
+]
+
+PCI_OPTS = [
+    cfg.MultiStrOpt(
+        "device_spec",
+        default=[],
+        help="One JSON object per line, as nova's: "
+             '{"address": "0000:81:00.0", "physical_network": "physnet1"} '
+             'or {"devname": "enp129s0f0", "physical_network": "physnet1"}. '
+             "SR-IOV PFs matched by a spec with a physical_network become "
+             "children <host>_<PF address> with SRIOV_NET_VF and trait "
+             "CUSTOM_PHYSNET_<NAME>."),
+    cfg.BoolOpt(
+        "report_sriov_numvfs",
+        default=False,
+        help="Report the VFs enabled now (sriov_numvfs) instead of the most "
+             "the PF supports (sriov_totalvfs)."),
+]
+
+NODE_OPTS = [
+    cfg.StrOpt(
+        "resource_class",
+        help="Whole-node (bare-metal) mode: report this host as exactly one "
+             "unit of this custom class (for example CUSTOM_BAREMETAL_GOLD) "
+             "and no other inventory. Unset: report CPUs, memory and disk."),
 ]
 
 AGENT_OPTS = [
@@ -125,6 +182,43 @@ AGENT_OPTS = [
         min=0,
         help="Seconds between full re-reads of the tree from Placement, "
              "which catch changes made out of band. 0 verifies every cycle."),
+    cfg.IntOpt(
+        "startup_splay",
+        default=30,
+        min=0,
+        help="The service waits a random 0 to startup_splay seconds before "
+             "its first cycle, so a fleet restarted together does not reach "
+             "Placement all at once. 0 starts at once."),
+    cfg.FloatOpt(
+        "interval_jitter",
+        default=0.1,
+        min=0,
+        max=0.5,
+        help="Each wait between cycles is report_interval times a random "
+             "factor in 1 +/- interval_jitter, so agents drift apart."),
+    cfg.IntOpt(
+        "retry_max_interval",
+        default=300,
+        min=1,
+        help="While Placement or the host cannot be read, the wait between "
+             "cycles doubles from report_interval up to this many seconds "
+             "(never less than report_interval)."),
+    cfg.IntOpt(
+        "metrics_port",
+        default=0,
+        min=0,
+        max=65535,
+        help="Serve Prometheus metrics over HTTP on this port "
+             "(metrics_host). 0 serves none."),
+    cfg.StrOpt(
+        "metrics_host",
+        default="127.0.0.1",
+        help="Address the metrics endpoint listens on."),
+    cfg.StrOpt(
+        "metrics_textfile",
+        help="Also write the metrics after each cycle to this file, for "
+             "node_exporter's textfile collector (a path ending in .prom). "
+             "Unset writes none."),
 ]
 
 PLACEMENT_GROUP = "placement"
@@ -136,6 +230,9 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
     conf.register_opts(LIBVIRT_OPTS, group="libvirt")
     conf.register_opts(COMPUTE_OPTS, group="compute")
     conf.register_opts(AGENT_OPTS, group="agent")
+    conf.register_opts(DEVICES_OPTS, group="devices")
+    conf.register_opts(PCI_OPTS, group="pci")
+    conf.register_opts(NODE_OPTS, group="node")
     ks_loading.register_session_conf_options(conf, PLACEMENT_GROUP)
     ks_loading.register_auth_conf_options(conf, PLACEMENT_GROUP)
     ks_loading.register_adapter_conf_options(conf, PLACEMENT_GROUP)
@@ -165,13 +262,30 @@ def _placement_opts():
     return list(unique.values())
 
 
+def messaging_default_opts() -> list:
+    """oslo.messaging's ``[DEFAULT]`` options (``transport_url``...). They are
+    registered by oslo.messaging itself when a transport is made; listed here
+    so config checks and the sample file know them."""
+    import warnings
+    with warnings.catch_warnings():
+        # oslo.messaging imports oslo.service, which warns about eventlet
+        # even though the agent never uses it.
+        warnings.simplefilter("ignore")
+        from oslo_messaging import opts as messaging_opts
+    return [opt for group, opts in messaging_opts.list_opts() if group is None
+            for opt in opts]
+
+
 def list_opts():
     """Entry point for oslo-config-generator (namespace ``node_agent``)."""
     return [
-        ("DEFAULT", DEFAULT_OPTS),
+        ("DEFAULT", DEFAULT_OPTS + messaging_default_opts()),
         ("host", HOST_OPTS),
         ("libvirt", LIBVIRT_OPTS),
         ("compute", COMPUTE_OPTS),
         ("agent", AGENT_OPTS),
+        ("devices", DEVICES_OPTS),
+        ("pci", PCI_OPTS),
+        ("node", NODE_OPTS),
         (PLACEMENT_GROUP, _placement_opts()),
     ]

@@ -17,6 +17,7 @@ from typing import Callable, Optional
 import psutil
 
 from node_agent.errors import DiscoveryError
+from node_agent.pci import read_pci, with_mdev_parents
 from node_agent.settings import Settings
 from node_agent.sysfs import SysFS
 from node_agent.sysfs_topology import SysfsTopology, read_topology
@@ -46,11 +47,22 @@ def disk_gb(instances_path: str) -> tuple[int, list[str]]:
         raise DiscoveryError(f"cannot size the filesystem of '{where}': {exc}") from exc
 
 
-def memory_mb(topology: SysfsTopology) -> int:
-    """MemTotal summed over NUMA nodes when sysfs has it, else psutil's total."""
-    if topology.memory_kb:
-        return topology.memory_kb // 1024
-    return psutil.virtual_memory().total // (1024 * 1024)
+def memory_mb(topology: SysfsTopology, real_host: bool) -> tuple[int, list[str]]:
+    """Host memory in MiB.
+
+    On the real host the kernel's MemTotal (/proc/meminfo, via psutil) is the
+    total; the per-node sums only split it. On a fixture root, psutil knows
+    nothing of the fixture, so the node sums are used, and psutil only when
+    the tree has no node meminfo.
+    """
+    nodes_mb = topology.memory_kb // 1024 if topology.memory_kb else None
+    if nodes_mb is not None and not real_host:
+        return nodes_mb, []
+    total_mb = psutil.virtual_memory().total // (1024 * 1024)
+    if nodes_mb is not None and abs(nodes_mb - total_mb) > total_mb // 10:
+        return total_mb, [f"NUMA node meminfo sums to {nodes_mb} MiB but the kernel's "
+                          f"MemTotal is {total_mb} MiB; reporting MemTotal."]
+    return total_mb, []
 
 
 class LibvirtFacts:
@@ -86,10 +98,18 @@ def topology_differences(topology: SysfsTopology, cells) -> list[str]:
             f"sysfs nodes {sorted(kernel)}; using sysfs (the kernel's view)."]
 
 
+def _read_devices(settings: Settings):
+    """GPUs and SR-IOV PFs, read only when an option asks for them."""
+    if not settings.enabled_mdev_types and not settings.pci_device_specs:
+        return (), ()
+    return read_pci(SysFS(settings.sysfs_root))
+
+
 def discover(settings: Settings,
              hypervisor_factory: Optional[Callable[[str], object]] = None) -> HostSnapshot:
     """Read the host once. Raises DiscoveryError when a required source fails."""
     topology = read_topology(SysFS(settings.sysfs_root))
+    gpus, sriov_pfs = _read_devices(settings)
     warnings = list(topology.warnings)
     facts = LibvirtFacts()
     if settings.libvirt_uri:
@@ -104,11 +124,14 @@ def discover(settings: Settings,
     else:
         warnings.append("[libvirt] connection_uri is empty: no hypervisor, so no guests "
                         "and no CPU model; topology comes from sysfs alone.")
+    real_host = os.path.realpath(settings.sysfs_root) == "/sys"
     cpu_model = facts.cpu_model
-    if not cpu_model.arch and os.path.realpath(settings.sysfs_root) == "/sys":
+    if not cpu_model.arch and real_host:
         cpu_model = HostCpuModel(platform.machine(), cpu_model.model,
                                  cpu_model.vendor, cpu_model.features)
     size_gb, disk_warnings = disk_gb(settings.instances_path)
+    total_mb, memory_warnings = memory_mb(topology, real_host)
+    disk_warnings += memory_warnings
     for warning in warnings + disk_warnings:
         LOG.warning("%s", warning)
     return HostSnapshot(
@@ -118,10 +141,12 @@ def discover(settings: Settings,
         isolated=topology.isolated,
         cpus=topology.cpus,
         nodes=topology.nodes,
-        memory_mb=memory_mb(topology),
+        memory_mb=total_mb,
         disk_gb=size_gb,
         cpu_model=cpu_model,
         page_sizes_kb=facts.page_sizes_kb,
-        guests=facts.guests,
+        guests=with_mdev_parents(facts.guests, gpus),
         warnings=tuple(warnings + disk_warnings),
+        gpus=gpus,
+        sriov_pfs=sriov_pfs,
     )

@@ -8,14 +8,18 @@ need the host (CPUs present and online, reserved below total) live in
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional
 
+import os_resource_classes as orc
 from oslo_config import cfg
 
 from node_agent import conf as conf_mod
 from node_agent.cpuset import CpuSet, CpuSetSyntaxError, parse_cpu_spec
+from node_agent.device_spec import PciDeviceSpec, parse_device_specs
 from node_agent.errors import ConfigError
+from node_agent.hugepages import ReservedPages, parse_reserved_huge_pages
 
 CPU_SPEC_HELP = ("a comma list of N, A-B, ^N or ^A-B, for example '2-7,^4'")
 
@@ -31,7 +35,9 @@ class _Group:
 
 _FALLBACKS = {"reserved_host_cpus": 0, "reserved_host_memory_mb": 0,
               "reserved_host_disk_mb": 0, "report_interval": 60,
-              "full_verify_interval": 300, "pcpu_transition_mode": False}
+              "full_verify_interval": 300, "pcpu_transition_mode": False,
+              "startup_splay": 30, "interval_jitter": 0.1,
+              "retry_max_interval": 300}
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,17 @@ class Settings:
     pcpu_transition_mode: bool = False
     report_interval: int = 60
     full_verify_interval: int = 300
+    startup_splay: int = 30
+    interval_jitter: float = 0.1
+    retry_max_interval: int = 300
+    # Nested providers (numa_tree, pci_tree, provider_config, whole-node mode).
+    numa_in_placement: bool = False
+    reserved_huge_pages: tuple[ReservedPages, ...] = ()
+    provider_config_location: str = "/etc/node-agent/provider_config/"
+    enabled_mdev_types: tuple[str, ...] = ()
+    pci_device_specs: tuple[PciDeviceSpec, ...] = ()
+    report_sriov_numvfs: bool = False
+    node_resource_class: Optional[str] = None
 
 
 def _cpu_spec(group: str, name: str, value: Optional[str], problems: list) -> Optional[CpuSet]:
@@ -98,6 +115,39 @@ class _Reader:
             return fallback
 
 
+_CUSTOM_NAME = re.compile(r"^CUSTOM_[A-Z0-9_]+$")
+
+
+def _node_resource_class(value: Optional[str], problems: list) -> Optional[str]:
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    if not _CUSTOM_NAME.match(value):
+        suggestion = value if value.startswith("CUSTOM_") else orc.normalize_name(value)
+        suggestion = "CUSTOM_" + re.sub("[^A-Z0-9_]", "_", suggestion[7:].upper())
+        problems.append(f"[node] resource_class = '{value}' is not a custom resource "
+                        "class (CUSTOM_ followed by A-Z, 0-9 and _). "
+                        f"Write it as '{suggestion}'.")
+        return None
+    return value
+
+
+def _nested_provider_values(get: "_Reader", problems: list) -> dict:
+    compute = _Group(get, "compute")
+    return dict(
+        numa_in_placement=bool(compute.numa_in_placement),
+        reserved_huge_pages=parse_reserved_huge_pages(
+            compute.reserved_huge_pages or (), problems),
+        provider_config_location=compute.provider_config_location
+        or "/etc/node-agent/provider_config/",
+        enabled_mdev_types=tuple(
+            t.strip() for t in (get("devices", "enabled_mdev_types") or ()) if t.strip()),
+        pci_device_specs=parse_device_specs(get("pci", "device_spec") or (), problems),
+        report_sriov_numvfs=bool(get("pci", "report_sriov_numvfs")),
+        node_resource_class=_node_resource_class(get("node", "resource_class"), problems),
+    )
+
+
 def load_settings(conf) -> Settings:
     """Validate the option values that need no host knowledge.
 
@@ -120,6 +170,9 @@ def load_settings(conf) -> Settings:
         pcpu_transition_mode=compute.pcpu_transition_mode,
         report_interval=agent.report_interval,
         full_verify_interval=agent.full_verify_interval,
+        startup_splay=agent.startup_splay,
+        interval_jitter=agent.interval_jitter,
+        retry_max_interval=agent.retry_max_interval,
         state_path=conf.state_path,
         sysfs_root=conf.host.sysfs_root,
         libvirt_uri=(conf.libvirt.connection_uri or "").strip(),
@@ -130,6 +183,7 @@ def load_settings(conf) -> Settings:
             getattr(compute, f"{kind}_allocation_ratio"),
             f"initial_{kind}_allocation_ratio",
             getattr(compute, f"initial_{kind}_allocation_ratio"), problems)
+    values.update(_nested_provider_values(get, problems))
     host = conf_mod.default_host(conf)
     if not host or not host.strip():
         problems.append("[DEFAULT] host is empty. Set it to this node's name, "

@@ -98,6 +98,43 @@ class Guest:
 
 
 @dataclass(frozen=True)
+class MdevTypeInfo:
+    """One mdev type a PCI device offers, from sysfs ``mdev_supported_types/<id>``."""
+
+    id: str
+    available_instances: int
+    name: Optional[str] = None
+    device_api: Optional[str] = None
+    # uuids of the mdevs of this type already created on the device.
+    mdevs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PciGpu:
+    """A PCI device that offers mdev types (a vGPU-capable GPU)."""
+
+    address: str  # 0000:81:00.0
+    mdev_types: tuple[MdevTypeInfo, ...]
+    numa_node: Optional[int] = None  # None: the kernel reports no affinity
+    vendor_id: Optional[str] = None
+    product_id: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class SriovPf:
+    """An SR-IOV physical function."""
+
+    address: str
+    total_vfs: int
+    num_vfs: int
+    numa_node: Optional[int] = None
+    vendor_id: Optional[str] = None
+    product_id: Optional[str] = None
+    # Network interface names of the PF (``net/``), empty for non-NICs.
+    netdevs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class HostSnapshot:
     """Everything one discovery cycle learnt about the host."""
 
@@ -115,6 +152,8 @@ class HostSnapshot:
     guests: tuple[Guest, ...] = ()
     # Non-fatal findings a person should see (sysfs vs libvirt disagreement...).
     warnings: tuple[str, ...] = ()
+    gpus: tuple[PciGpu, ...] = ()
+    sriov_pfs: tuple[SriovPf, ...] = ()
 
     def node_of(self, cpu_id: int) -> Optional[int]:
         for node in self.nodes:

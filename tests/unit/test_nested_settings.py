@@ -1,0 +1,115 @@
+"""Options of the nested providers: parsing and the messages of bad values."""
+
+from __future__ import annotations
+
+import pytest
+
+from node_agent.configfile import load_conf
+from node_agent.device_spec import PciDeviceSpec, parse_spec, physnet_trait
+from node_agent.errors import ConfigError
+from node_agent.hugepages import ReservedPages, parse_reservation, parse_size_kb
+from node_agent.settings import load_settings
+
+
+def load(tmp_path, text: str):
+    path = tmp_path / "na.conf"
+    path.write_text("[DEFAULT]\nhost = cn1\n" + text)
+    return load_settings(load_conf(["--config-file", str(path)]))
+
+
+@pytest.mark.parametrize("text, kb", [("2048", 2048), ("2M", 2048), ("2MB", 2048),
+                                      ("1G", 1048576), ("1GiB", 1048576), ("64k", 64)])
+def test_page_sizes_accept_kib_or_units(text, kb):
+    assert parse_size_kb(text) == kb
+
+
+def test_reservation_in_nova_format():
+    assert parse_reservation("node:1,size:1G,count:2") == ReservedPages(1, 1048576, 2)
+    assert parse_reservation("size:2048, count:64, node:0") == ReservedPages(0, 2048, 64)
+
+
+@pytest.mark.parametrize("text", ["node:0,size:2048", "node:x,size:2048,count:1",
+                                  "node:0,size:2T,count:1", "node:0,size:2048,count:1,foo:2",
+                                  "node:0,node:1,size:2048,count:1"])
+def test_bad_reservations_are_refused(text):
+    with pytest.raises(ValueError):
+        parse_reservation(text)
+
+
+def test_nested_options_load_into_settings(tmp_path):
+    settings = load(tmp_path, """
+[compute]
+numa_in_placement = true
+reserved_huge_pages = node:0,size:2M,count:64
+reserved_huge_pages = node:1,size:1G,count:1
+provider_config_location = /tmp/pc
+[devices]
+enabled_mdev_types = nvidia-222, nvidia-223
+[pci]
+device_spec = {"address": "0000:3b:00.0", "physical_network": "physnet1"}
+report_sriov_numvfs = true
+[node]
+resource_class = CUSTOM_BAREMETAL_GOLD
+""")
+    assert settings.numa_in_placement is True
+    assert settings.reserved_huge_pages == (ReservedPages(0, 2048, 64),
+                                            ReservedPages(1, 1048576, 1))
+    assert settings.provider_config_location == "/tmp/pc"
+    assert settings.enabled_mdev_types == ("nvidia-222", "nvidia-223")
+    assert settings.pci_device_specs == (PciDeviceSpec("physnet1", address="0000:3b:00.0"),)
+    assert settings.report_sriov_numvfs is True
+    assert settings.node_resource_class == "CUSTOM_BAREMETAL_GOLD"
+
+
+def test_defaults_leave_the_tree_flat(tmp_path):
+    settings = load(tmp_path, "")
+    assert settings.numa_in_placement is False
+    assert settings.reserved_huge_pages == ()
+    assert settings.enabled_mdev_types == ()
+    assert settings.pci_device_specs == ()
+    assert settings.node_resource_class is None
+    assert settings.provider_config_location == "/etc/node-agent/provider_config/"
+
+
+def test_bad_values_are_all_reported_with_option_value_and_fix(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, """
+[compute]
+reserved_huge_pages = node:0,size:2048
+[pci]
+device_spec = {"address": "0000:3b:00.0", "devname": "eth0", "physical_network": "p"}
+device_spec = not json
+[node]
+resource_class = baremetal.gold
+""")
+    problems = err.value.problems
+    assert len(problems) == 4
+    assert problems[0].startswith("[compute] reserved_huge_pages = 'node:0,size:2048' "
+                                  "is invalid: count missing. Write node:0,size:2048,count:64")
+    assert "[pci] device_spec = '{\"address\"" in problems[1]
+    assert "either address or devname" in problems[1]
+    assert "not JSON" in problems[2]
+    assert problems[3] == ("[node] resource_class = 'baremetal.gold' is not a custom "
+                           "resource class (CUSTOM_ followed by A-Z, 0-9 and _). "
+                           "Write it as 'CUSTOM_BAREMETAL_GOLD'.")
+
+
+def test_short_pci_address_gets_domain_zero():
+    assert parse_spec('{"address": "3B:00.0", "physical_network": "p"}').address == \
+        "0000:3b:00.0"
+
+
+@pytest.mark.parametrize("text, problem", [
+    ('["a"]', "not a JSON object"),
+    ('{"address": "0000:3b:00.0", "colour": "red"}', "unknown key(s) colour"),
+    ('{"vendor_id": "80861", "physical_network": "p"}', "not 4 hex digits"),
+    ('{"address": "", "physical_network": "p"}', "non-empty string"),
+])
+def test_bad_device_specs_say_what_is_wrong(text, problem):
+    with pytest.raises(ValueError, match=problem.replace("(", r"\(").replace(")", r"\)")):
+        parse_spec(text)
+
+
+def test_physnet_trait_is_normalised():
+    assert physnet_trait("physnet1") == "CUSTOM_PHYSNET_PHYSNET1"
+    assert physnet_trait("data-net.2") == "CUSTOM_PHYSNET_DATA_NET_2"

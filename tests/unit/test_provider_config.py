@@ -1,0 +1,220 @@
+"""Operator provider files (nova provider.yaml schema 1.0): parse, validate, apply."""
+
+from __future__ import annotations
+
+import os_resource_classes as orc
+import os_traits
+import pytest
+
+from node_agent.build import build_tree
+from node_agent.errors import ConfigError
+from node_agent.partition import partition_cpus
+from node_agent.provider_config import (
+    applied_traits, apply_provider_configs, load_provider_configs, parse_provider_config,
+    unmatched)
+from node_agent.provider_tree import Inventory
+from tests.snapshots import settings, snapshot
+
+ROOT_FILE = """
+meta:
+  schema_version: '1.0'
+providers:
+  - identification:
+      uuid: $COMPUTE_NODE
+    inventories:
+      additional:
+        - CUSTOM_LICENSE_WINDOWS:
+            total: 4
+            reserved: 1
+            max_unit: 2
+            allocation_ratio: 1.5
+    traits:
+      additional:
+        - CUSTOM_GOLD
+        - CUSTOM_RACK_A1
+  - identification:
+      name: fixture_NUMA_1
+    traits:
+      additional:
+        - CUSTOM_FAST_MEMORY
+"""
+
+
+def errors_of(text: str) -> tuple[str, ...]:
+    with pytest.raises(ConfigError) as err:
+        parse_provider_config(text, "/etc/pc/a.yaml")
+    return err.value.problems
+
+
+def numa_tree(tmp_path, configs=(), previously_applied=None):
+    host = snapshot("vircaps2xmldata/linux-resctrl/system", tmp_path)
+    conf = settings(numa_in_placement=True)
+    return build_tree(conf, host, partition_cpus(conf, host), configs, previously_applied)
+
+
+def test_parses_root_and_named_entries():
+    root, numa = parse_provider_config(ROOT_FILE, "a.yaml")
+    assert root.compute_node and root.source == "a.yaml providers[0]"
+    assert root.inventories == {"CUSTOM_LICENSE_WINDOWS": Inventory(
+        total=4, reserved=1, max_unit=2, allocation_ratio=1.5)}
+    assert root.traits == {"CUSTOM_GOLD", "CUSTOM_RACK_A1"}
+    assert numa.name == "fixture_NUMA_1" and numa.traits == {"CUSTOM_FAST_MEMORY"}
+
+
+def test_errors_name_the_file_and_the_path_in_the_document():
+    problems = errors_of("""
+meta: {schema_version: '1.0'}
+providers:
+  - identification: {name: cn1}
+    inventories:
+      additional:
+        - CUSTOM_OK: {total: 1}
+        - CUSTOM_FOO: {total: -3}
+        - VCPU: {total: 2}
+    traits:
+      additional: [HW_CPU_X86_AVX2, CUSTOM_fine]
+  - identification: {uuid: not-a-uuid}
+  - inventories: {}
+""")
+    assert problems == (
+        "/etc/pc/a.yaml: providers[0].inventories.additional[1].CUSTOM_FOO.total: "
+        "-3 must be a whole number >= 1",
+        "/etc/pc/a.yaml: providers[0].inventories.additional[2].VCPU: resource class "
+        "'VCPU' must be CUSTOM_ followed by A-Z, 0-9 and _ (standard ones are the "
+        "agent's to report)",
+        "/etc/pc/a.yaml: providers[0].traits.additional[0]: trait 'HW_CPU_X86_AVX2' "
+        "must be CUSTOM_ followed by A-Z, 0-9 and _ (standard ones are the agent's to "
+        "report)",
+        "/etc/pc/a.yaml: providers[0].traits.additional[1]: trait 'CUSTOM_fine' must be "
+        "CUSTOM_ followed by A-Z, 0-9 and _ (standard ones are the agent's to report)",
+        "/etc/pc/a.yaml: providers[1].identification.uuid: 'not-a-uuid' is neither a "
+        "uuid nor $COMPUTE_NODE",
+        "/etc/pc/a.yaml: providers[2].identification: is required",
+    )
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("providers: []", "meta.schema_version: None is not a supported version"),
+    ("meta: {schema_version: '2.0'}", "'2.0' is not a supported version"),
+    ("meta: {schema_version: '1.0'}\nproviders: {}", "providers: must be a list"),
+    ("meta: [", "not valid YAML"),
+    ("meta: {schema_version: '1.0'}\nextra: 1", "unknown key(s) extra"),
+    ("meta: {schema_version: '1.0'}\nproviders:\n  - identification: {name: a, uuid: "
+     "$COMPUTE_NODE}", "providers[0].identification: give exactly one of name or uuid"),
+    ("meta: {schema_version: '1.0'}\nproviders:\n  - identification: {name: a}\n"
+     "    inventories: {additional: [{CUSTOM_X: {reserved: 1}}]}",
+     "providers[0].inventories.additional[0].CUSTOM_X.total: is required"),
+    ("meta: {schema_version: '1.0'}\nproviders:\n  - identification: {name: a}\n"
+     "    inventories: {additional: [{CUSTOM_MEMORY_PAGE_2048: {total: 1}}]}",
+     "CUSTOM_MEMORY_PAGE_2048 is a class the agent reports itself"),
+])
+def test_invalid_documents_are_refused(text, expected):
+    assert expected in "\n".join(errors_of(text))
+
+
+def test_later_minor_version_ignores_unknown_keys():
+    (entry,) = parse_provider_config(
+        "meta: {schema_version: '1.3'}\nproviders:\n  - identification: {name: a}\n"
+        "    future: {x: 1}\n    traits: {additional: [CUSTOM_A]}\n", "a.yaml")
+    assert entry.traits == {"CUSTOM_A"}
+
+
+def test_applied_to_root_and_named_child(tmp_path):
+    tree = numa_tree(tmp_path, parse_provider_config(ROOT_FILE, "a.yaml"))
+    assert tree.root.inventories["CUSTOM_LICENSE_WINDOWS"].total == 4
+    assert tree.root.traits["CUSTOM_GOLD"] is True
+    assert tree.root.traits[os_traits.COMPUTE_NODE] is True
+    numa1 = tree.by_name("fixture_NUMA_1")
+    assert numa1.traits == {os_traits.HW_NUMA_ROOT: True, "CUSTOM_FAST_MEMORY": True}
+    assert "CUSTOM_LICENSE_WINDOWS" not in numa1.inventories
+
+
+def test_trait_dropped_from_the_file_is_set_false_when_previously_applied(tmp_path):
+    configs = parse_provider_config(ROOT_FILE, "a.yaml")
+    before = numa_tree(tmp_path / "a", configs)
+    remembered = applied_traits(configs, before)
+    assert remembered == {"fixture": {"CUSTOM_GOLD", "CUSTOM_RACK_A1"},
+                          "fixture_NUMA_1": {"CUSTOM_FAST_MEMORY"}}
+    edited = parse_provider_config(ROOT_FILE.replace("        - CUSTOM_RACK_A1\n", ""),
+                                   "a.yaml")
+    after = numa_tree(tmp_path / "b", edited, remembered)
+    assert after.root.traits["CUSTOM_RACK_A1"] is False
+    assert after.root.traits["CUSTOM_GOLD"] is True
+    # Traits nobody applied are still not decided about: they stay someone else's.
+    assert "CUSTOM_SOMEONE_ELSES" not in after.root.traits
+
+
+def test_all_files_gone_removes_everything_previously_applied(tmp_path):
+    after = numa_tree(tmp_path, (), {"fixture_NUMA_1": {"CUSTOM_FAST_MEMORY"}})
+    assert after.by_name("fixture_NUMA_1").traits["CUSTOM_FAST_MEMORY"] is False
+
+
+def test_class_the_agent_reports_on_that_provider_is_refused(tmp_path):
+    configs = parse_provider_config(
+        "meta: {schema_version: '1.0'}\nproviders:\n  - identification: {uuid: "
+        "$COMPUTE_NODE}\n    inventories: {additional: [{CUSTOM_BM: {total: 1}}]}\n",
+        "a.yaml")
+    host = snapshot("virhostcpudata/linux-test4", tmp_path)
+    conf = settings(node_resource_class="CUSTOM_BM")
+    with pytest.raises(ConfigError, match="CUSTOM_BM on provider 'fixture' is a class "
+                                          "the agent reports itself"):
+        build_tree(conf, host, partition_cpus(conf, host), configs)
+
+
+def test_explicit_entry_replaces_compute_node_entry_for_the_root(tmp_path):
+    configs = parse_provider_config(ROOT_FILE + """
+  - identification:
+      name: fixture
+    traits:
+      additional: [CUSTOM_SILVER]
+""", "a.yaml")
+    tree = numa_tree(tmp_path, configs)
+    assert "CUSTOM_GOLD" not in tree.root.traits
+    assert tree.root.traits["CUSTOM_SILVER"] is True
+    assert "CUSTOM_LICENSE_WINDOWS" not in tree.root.inventories
+
+
+def test_foreign_provider_entries_are_listed_as_unmatched(tmp_path):
+    configs = parse_provider_config(ROOT_FILE.replace("fixture_NUMA_1", "other_host"),
+                                    "a.yaml")
+    tree = numa_tree(tmp_path, configs)
+    assert [c.name for c in unmatched(tree, configs)] == ["other_host"]
+
+
+def test_uuid_entry_applies_once_the_tree_knows_uuids(tmp_path):
+    uuid = "9f4b3c1e-8d1a-4f7c-9a4e-2b3c4d5e6f70"
+    configs = parse_provider_config(
+        f"meta: {{schema_version: '1.0'}}\nproviders:\n  - identification: {{uuid: '{uuid}'}}\n"
+        "    traits: {additional: [CUSTOM_X]}\n", "a.yaml")
+    tree = numa_tree(tmp_path, ()).with_uuids({"fixture_NUMA_0": uuid})
+    applied = apply_provider_configs(tree, configs, {})
+    assert applied.by_name("fixture_NUMA_0").traits["CUSTOM_X"] is True
+
+
+def test_directory_is_read_in_name_order_and_duplicates_refused(tmp_path):
+    assert load_provider_configs(str(tmp_path / "missing")) == ()
+    (tmp_path / "b.yaml").write_text(ROOT_FILE)
+    (tmp_path / "a.yaml").write_text(
+        "meta: {schema_version: '1.0'}\nproviders:\n  - identification: {name: x}\n"
+        "    traits: {additional: [CUSTOM_A]}\n")
+    (tmp_path / "ignored.txt").write_text("not yaml: [")
+    configs = load_provider_configs(str(tmp_path))
+    assert [c.source.split("/")[-1] for c in configs] == [
+        "a.yaml providers[0]", "b.yaml providers[0]", "b.yaml providers[1]"]
+    (tmp_path / "c.yaml").write_text(
+        "meta: {schema_version: '1.0'}\nproviders:\n  - identification: {name: x}\n")
+    with pytest.raises(ConfigError, match="c.yaml providers\\[0\\]: identification x is "
+                                          "already used by .*a.yaml providers\\[0\\]"):
+        load_provider_configs(str(tmp_path))
+
+
+def test_whole_node_mode_reports_one_unit_and_nothing_else(tmp_path):
+    host = snapshot("virhostcpudata/linux-test3", tmp_path)
+    conf = settings(node_resource_class="CUSTOM_BAREMETAL_GOLD", numa_in_placement=True,
+                    enabled_mdev_types=("nvidia-222",))
+    tree = build_tree(conf, host, partition_cpus(conf, host))
+    assert tree.names() == ["fixture"]
+    assert {rc: inv.as_placement() for rc, inv in tree.root.inventories.items()} == {
+        "CUSTOM_BAREMETAL_GOLD": {"total": 1, "reserved": 0, "min_unit": 1, "max_unit": 1,
+                                  "step_size": 1, "allocation_ratio": 1.0}}
+    assert orc.VCPU not in tree.root.inventories
