@@ -16,12 +16,11 @@ import argparse
 import json
 import logging
 import sys
-import time
 from typing import Optional, Sequence
 
 from node_agent import render
 from node_agent.configfile import load_conf
-from node_agent.cycle import compute_desired
+from node_agent.cycle import APPLIED_KEY, MAINTENANCE_KEY, compute_desired
 from node_agent.errors import NodeAgentError
 from node_agent.partition import node_split
 from node_agent.settings import load_settings
@@ -99,8 +98,15 @@ def _syncer(conf, settings):
                       full_verify_interval=settings.full_verify_interval)
 
 
+def _state_store(settings):
+    from pathlib import Path
+
+    from node_agent.state import StateStore
+    return StateStore(Path(settings.state_path))
+
+
 def _run_once(conf, settings, dry_run: bool, output: str) -> int:
-    desired = compute_desired(settings)
+    desired = compute_desired(settings, state=_state_store(settings).load_or_empty(LOG))
     changes = None
     tree = desired.tree
     if _placement_configured(conf):
@@ -115,6 +121,8 @@ def _run_once(conf, settings, dry_run: bool, output: str) -> int:
             LOG.info("sync: %d change(s) applied, %s", len(result.applied),
                      "in sync" if result.ok else "NOT in sync")
             changes = result.applied
+            if result.ok:
+                syncer.remember(APPLIED_KEY, desired.applied)
             if not result.ok:
                 return EX_NOT_IN_SYNC
     elif not dry_run:
@@ -122,6 +130,36 @@ def _run_once(conf, settings, dry_run: bool, output: str) -> int:
                              "use --dry-run to only show the tree")
     report = render.report_dict(tree, desired.warnings, changes)
     print(render.as_json(report) if output == "json" else render.as_text(report), end="")
+    return 0
+
+
+def _maintenance(argv: list[str]) -> int:
+    """``node-agent maintenance on|off [--reason TEXT]``: a flag in the state
+    file; the next cycle reserves every inventory (on) or releases it (off)."""
+    import datetime
+
+    parser = argparse.ArgumentParser(prog="node-agent maintenance")
+    parser.add_argument("switch", choices=["on", "off"])
+    parser.add_argument("--reason", default="")
+    parser.add_argument("--config-file", action="append", default=[], metavar="FILE")
+    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR")
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(load_conf(_oslo_args(args)))
+        store = _state_store(settings)
+        state = store.load_or_empty(LOG)
+        if args.switch == "on":
+            state[MAINTENANCE_KEY] = {
+                "reason": args.reason,
+                "since": datetime.datetime.now(datetime.timezone.utc).isoformat()}
+        else:
+            state.pop(MAINTENANCE_KEY, None)
+        store.save(state)
+    except (NodeAgentError, OSError) as exc:
+        print(f"node-agent: error: {exc}", file=sys.stderr)
+        return getattr(exc, "exit_code", 1)
+    print(f"maintenance {args.switch} for {settings.host}; it takes effect on the next "
+          "cycle (run `node-agent --once` to apply it now)")
     return 0
 
 
@@ -144,6 +182,11 @@ def _oslo_args(args) -> list[str]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["ctl"]:
+        from node_agent import ctl
+        return ctl.main(argv[1:])
+    if argv[:1] == ["maintenance"]:
+        return _maintenance(argv[1:])
     if argv[:1] == ["check-config"]:
         argv = argv[1:] + ["--check-config"]
     args = _parser().parse_args(argv)
@@ -155,9 +198,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _check_config(settings, args.output)
         if args.once or args.dry_run:
             return _run_once(conf, settings, args.dry_run, args.output)
-        while True:  # the service loop proper is in node_agent.service (later)
-            _run_once(conf, settings, False, args.output)
-            time.sleep(settings.report_interval)
+        from node_agent import daemon
+        return daemon.run(_oslo_args(args))
     except NodeAgentError as exc:
         print(_error_text(exc), file=sys.stderr)
         return exc.exit_code

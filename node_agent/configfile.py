@@ -28,9 +28,13 @@ AUTH_PLUGINS = ("password", "v3password", "v2password", "token", "v3token",
 _LIBRARY_SECTION_PREFIXES = ("oslo_", "keystone_authtoken", "ssl")
 
 
+def _names(opts) -> set[str]:
+    return {opt.dest for opt in opts} | {opt.name.replace("-", "_") for opt in opts}
+
+
 def _known_keys(conf: cfg.ConfigOpts) -> dict[str, set[str]]:
     known: dict[str, set[str]] = {}
-    for group, opts in conf_mod.list_opts():
+    for group, opts in conf_mod.list_opts(with_messaging=False):
         names = known.setdefault(group, set())
         for opt in opts:
             names.add(opt.dest)
@@ -75,7 +79,10 @@ def unknown_options(conf: cfg.ConfigOpts) -> list[str]:
             keys = parser.defaults() if section == "DEFAULT" else parser[section]
             own = keys.keys() if section == "DEFAULT" else (
                 set(keys.keys()) - set(parser.defaults().keys()))
-            for key in own:
+            unknown = [key for key in own if key.replace("-", "_") not in known[section]]
+            if unknown and section == "DEFAULT":
+                known[section] |= _names(conf_mod.messaging_default_opts())
+            for key in unknown:
                 if key.replace("-", "_") not in known[section]:
                     problems.append(f"{path}: unknown option [{section}] {key}. Check the "
                                     "spelling against etc/node-agent.conf.sample.")

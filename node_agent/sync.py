@@ -492,9 +492,24 @@ class TreeSyncer:
                "providers": {p.name: p.uuid for p in ctx.tree.providers
                              if p.uuid in self._cache},
                "owned_children": sorted(owned)}
-        if new != self._state:
-            self.store.save(new)
-            self._state = new
+        if any(self._state.get(key) != value for key, value in new.items()):
+            # Merge with the file as it is now: other writers (the maintenance
+            # command, the cycle's remembered operator traits) own other keys.
+            merged = {**self.store.load_or_empty(LOG), **new}
+            self.store.save(merged)
+            self._state = merged
+
+    def remember(self, key: str, value) -> None:
+        """Keep ``value`` under ``key`` in the state file (saved only on change)."""
+        if self._state.get(key) == value:
+            return
+        merged = {**self.store.load_or_empty(LOG), key: value}
+        self.store.save(merged)
+        self._state = merged
+
+    @property
+    def state(self) -> dict:
+        return dict(self._state)
 
     def _apply(self, ctx: _Context, changes: list[Change], report: SyncReport,
                attempt: int) -> None:
