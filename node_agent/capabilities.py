@@ -54,6 +54,8 @@ class Capabilities:
     page_sizes_kb: tuple[int, ...]
     # Empty when libvirt reports no <topology> (non-NUMA or test driver).
     cells: tuple[CapsCell, ...]
+    # The <host><cpu> element as text, for libvirt's baselineCPU expansion.
+    cpu_xml: Optional[str] = None
 
 
 def parse_capabilities(xml: str) -> Capabilities:
@@ -66,7 +68,8 @@ def parse_capabilities(xml: str) -> Capabilities:
     cpu_model = _cpu_model(cpu, "capabilities <host><cpu>") if cpu is not None else HostCpuModel()
     page_sizes = _page_sizes(cpu) if cpu is not None else ()
     cells = tuple(_cell(cell) for cell in host.findall("topology/cells/cell"))
-    return Capabilities(cpu_model, page_sizes, cells)
+    cpu_xml = ET.tostring(cpu, encoding="unicode") if cpu is not None else None
+    return Capabilities(cpu_model, page_sizes, cells, cpu_xml)
 
 
 def parse_cpu_model_xml(xml: str) -> HostCpuModel:

@@ -81,7 +81,25 @@ def read_libvirt(hypervisor) -> LibvirtFacts:
 
     caps = parse_capabilities(hypervisor.capabilities_xml())
     guests = [parse_domain(xml, running) for xml, running in hypervisor.domain_xmls()]
-    return LibvirtFacts(caps.cpu_model, caps.page_sizes_kb, guests, caps.cells)
+    return LibvirtFacts(expanded_cpu_model(hypervisor, caps), caps.page_sizes_kb,
+                        guests, caps.cells)
+
+
+def expanded_cpu_model(hypervisor, caps) -> HostCpuModel:
+    """The host CPU with the features its model implies (libvirt's cpu_map)."""
+    from node_agent.capabilities import parse_cpu_model_xml
+
+    model = caps.cpu_model
+    if not (caps.cpu_xml and model.model):
+        return model
+    try:
+        expanded = parse_cpu_model_xml(hypervisor.expand_cpu_features(caps.cpu_xml))
+    except DiscoveryError as exc:
+        LOG.warning("CPU feature traits limited to the features listed on top of "
+                    "model %s: %s", model.model, exc)
+        return model
+    return HostCpuModel(model.arch, model.model, model.vendor,
+                        model.features | expanded.features)
 
 
 def topology_differences(topology: SysfsTopology, cells) -> list[str]:

@@ -65,6 +65,16 @@ class Hypervisor:
         conn = self._connection()
         return self._call("read capabilities", conn.getCapabilities)
 
+    def expand_cpu_features(self, cpu_xml: str) -> str:
+        """The CPU with every feature its model implies listed explicitly.
+
+        Capabilities list only the features on top of the named model
+        (Haswell implies AVX2 without listing it); traits need them all.
+        """
+        conn = self._connection()
+        flags = libvirt.VIR_CONNECT_BASELINE_CPU_EXPAND_FEATURES
+        return self._call("expand CPU features", lambda: conn.baselineCPU([cpu_xml], flags))
+
     def domain_xmls(self) -> list[tuple[str, bool]]:
         """``(XMLDesc, running)`` for every running and defined domain.
 
