@@ -8,6 +8,7 @@ need the host (CPUs present and online, reserved below total) live in
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Optional
@@ -91,7 +92,8 @@ def _cpu_spec(group: str, name: str, value: Optional[str], problems: list) -> Op
 def _ratio(group: str, name: str, value: Optional[float], initial_name: str,
            initial: float, problems: list) -> float:
     chosen, chosen_name = (value, name) if value is not None else (initial, initial_name)
-    if chosen is None or chosen <= 0:
+    # NaN compares false with everything, so "<= 0" alone would let it in.
+    if chosen is None or not math.isfinite(chosen) or chosen <= 0:
         problems.append(f"[{group}] {chosen_name} = {chosen} must be greater than 0 "
                         "(1.0 means no overcommit).")
         return 1.0
@@ -188,6 +190,80 @@ def load_settings(conf) -> Settings:
     if not host or not host.strip():
         problems.append("[DEFAULT] host is empty. Set it to this node's name, "
                         "or remove it to use the machine's hostname.")
+    _read_every_option(get, conf)
+    problems.extend(transport_url_problems(conf))
     if problems:
-        raise ConfigError(problems)
+        raise ConfigError(list(dict.fromkeys(problems)))
     return Settings(host=host.strip(), **values)
+
+
+# Groups whose options are all ours (or keystoneauth's) to type-check.
+_CHECKED_GROUPS = ("host", "libvirt", "compute", "agent", "devices", "pci", "node",
+                   conf_mod.PLACEMENT_GROUP)
+
+
+def _read_every_option(get: "_Reader", conf) -> None:
+    """oslo.config checks a value's type and range only when it is read, so
+    an option only the service reads (``metrics_port = 70000``) would pass
+    ``--check-config`` and fail later; read them all now."""
+    for group in _CHECKED_GROUPS:
+        for name in list(conf[group]):
+            get(group, name)
+
+
+# Where oslo.messaging reads transport URLs: (group, label in messages).
+_TRANSPORT_URL_OPTS = ((None, "[DEFAULT] transport_url"),
+                       ("oslo_messaging_notifications",
+                        "[oslo_messaging_notifications] transport_url"))
+
+
+def _masked_url(url: str) -> str:
+    """The URL with any password replaced by ``***``, fit for a message."""
+    return re.sub(r"(//|,)([^:@/,]*):[^@/]*@", r"\1\2:***@", url)
+
+
+def _configured_value(conf, name: str, group: Optional[str]) -> Optional[str]:
+    """An option's value as written in the files, whether or not it is
+    registered (oslo.messaging registers transport_url only when used)."""
+    opt = cfg.StrOpt(name)
+    try:
+        value, _loc = opt._get_from_namespace(conf._namespace, group)
+    except (KeyError, AttributeError, cfg.Error):
+        return None
+    return value
+
+
+def transport_url_problems(conf) -> list[str]:
+    """Problems with the configured transport URLs (none when unset)."""
+    problems = []
+    for group, label in _TRANSPORT_URL_OPTS:
+        url = _configured_value(conf, "transport_url", group)
+        if not url:
+            continue
+        why = _transport_url_error(url)
+        if why:
+            problems.append(f"{label} = '{_masked_url(url)}' is not a valid transport "
+                            f"URL: {why}. Write driver://user:password@host:port/vhost, "
+                            "for example rabbit://node-agent:SECRET@rabbit1:5672/.")
+    return problems
+
+
+def _transport_url_error(url: str) -> Optional[str]:
+    import importlib.metadata
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # oslo.service's eventlet notice
+        import oslo_messaging
+    try:
+        parsed = oslo_messaging.TransportURL.parse(cfg.ConfigOpts(), url)
+    except (oslo_messaging.InvalidTransportURL, ValueError) as exc:
+        return _masked_url(str(exc))
+    drivers = {e.name for e in importlib.metadata.entry_points(
+        group="oslo.messaging.drivers")}
+    if parsed.transport not in drivers:
+        return (f"no messaging driver '{parsed.transport}' "
+                f"(installed: {', '.join(sorted(drivers))})")
+    for host in parsed.hosts:
+        if host.port is not None and not 0 < host.port < 65536:
+            return f"port {host.port} is outside 1-65535"
+    return None

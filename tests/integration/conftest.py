@@ -12,6 +12,7 @@ import pytest
 
 from node_agent.embedded_placement import start_subprocess
 from node_agent.placement import PlacementClient
+from tests.integration.rabbit import rabbitmq  # noqa: F401 (fixture)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,229 @@
+"""The agent as a service: the cycle (discover, then sync), the status it
+keeps, and the wiring of loop, systemd, messaging and metrics.
+
+The service needs Placement: without ``[placement]`` it refuses to start
+(exit 78), as ``--once`` does; ``--dry-run`` is the way to look without it.
+Placement being *unreachable* is different: that is a state the service
+waits out (see :mod:`node_agent.service`).
+
+Messaging options (``transport_url``...) are read at start only; a SIGHUP
+reloads everything else.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+from node_agent.configfile import load_conf
+from node_agent.cycle import APPLIED_KEY, MAINTENANCE_KEY, Desired, compute_desired
+from node_agent.errors import ConfigError, NodeAgentError, PlacementError
+from node_agent.settings import Settings, load_settings
+from node_agent.state import StateStore
+from node_agent.service import CycleResult, Service, systemd_notifier
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One validated reading of the config files."""
+
+    conf: object
+    settings: Settings
+    client: object  # PlacementClient, not yet contacted
+
+    def __getattr__(self, name):
+        # The loop reads its timing (report_interval...) from the settings.
+        return getattr(self.settings, name)
+
+
+def load(args: Sequence[str]) -> Loaded:
+    """Parse and validate the config files; raises ConfigError."""
+    from node_agent.placement import PlacementClient
+
+    conf = load_conf(args)
+    settings = load_settings(conf)
+    group = conf.placement
+    if not (group.auth_type or group.endpoint_override):
+        raise ConfigError("the service needs Placement: set [placement] auth_type "
+                          "(and its credentials) or endpoint_override; use "
+                          "--once --dry-run to only show the tree")
+    return Loaded(conf, settings, PlacementClient.from_conf(conf))
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+class Maintenance:
+    """The operator's maintenance flag: the ``maintenance`` key of the state
+    file, as ``node-agent maintenance`` writes it. :mod:`node_agent.cycle`
+    turns it into a fully reserved tree on the next cycle."""
+
+    def __init__(self, state_path: str):
+        self._store = StateStore(Path(state_path))
+
+    def get(self) -> dict:
+        saved = self._store.load_or_empty(LOG).get(MAINTENANCE_KEY)
+        if not saved:
+            return {"on": False, "reason": None, "since": None}
+        return {"on": True, "reason": saved.get("reason") or None,
+                "since": saved.get("since")}
+
+    def set(self, on: bool, reason: Optional[str] = None) -> dict:
+        # Merged into the file as it is now: the syncer owns the other keys.
+        state = self._store.load_or_empty(LOG)
+        if on:
+            state[MAINTENANCE_KEY] = {"reason": reason or "", "since": _now()}
+        else:
+            state.pop(MAINTENANCE_KEY, None)
+        self._store.save(state)
+        LOG.info("maintenance %s%s", "on" if on else "off", f": {reason}" if reason else "")
+        return self.get()
+
+
+def tree_summary(desired: Optional[Desired]) -> list[dict]:
+    if desired is None:
+        return []
+    return [{"name": p.name, "uuid": p.uuid, "parent": p.parent,
+             "inventories": {rc: inv.total for rc, inv in sorted(p.inventories.items())}}
+            for p in desired.tree.providers]
+
+
+class Agent:
+    """The cycle of the service and what it remembers between cycles.
+
+    A failed discovery raises before anything is sent, so Placement keeps
+    the last reported inventory: a host read that fails never shrinks it.
+    """
+
+    def __init__(self, hypervisor_factory: Optional[Callable] = None,
+                 messenger=None):
+        self.hypervisor_factory = hypervisor_factory
+        self.messenger = messenger
+        self._version_checked = False
+        self.last_desired: Optional[Desired] = None
+        self.last_sync: Optional[dict] = None      # last sync that ran
+        self.last_error: Optional[dict] = None     # last cycle that raised
+        self.reshapes = 0
+        self._syncer = None
+        self._syncer_for: Optional[Loaded] = None
+        self._lock = threading.Lock()
+
+    def _syncer_of(self, loaded: Loaded):
+        from node_agent.sync import TreeSyncer
+
+        if self._syncer_for is not loaded:  # first cycle, or a reload
+            self._syncer = TreeSyncer(loaded.client, StateStore(Path(loaded.settings.state_path)),
+                                      full_verify_interval=loaded.settings.full_verify_interval)
+            self._syncer_for = loaded
+            self._version_checked = False
+        if not self._version_checked:
+            loaded.client.check_version()
+            self._version_checked = True
+        return self._syncer
+
+    def __call__(self, loaded: Loaded) -> CycleResult:
+        started = _now()
+        settings = loaded.settings
+        try:
+            state = StateStore(Path(settings.state_path)).load_or_empty(LOG)
+            desired = compute_desired(settings, self.hypervisor_factory, state=state)
+            syncer = self._syncer_of(loaded)
+            report = syncer.sync(desired.tree)
+            if report.ok:
+                syncer.remember(APPLIED_KEY, desired.applied)
+        except NodeAgentError as exc:
+            with self._lock:
+                self.last_error = {"time": started, "error": str(exc)}
+            if isinstance(exc, PlacementError) and self.messenger:
+                self.messenger.sync_error(loaded.settings.host, [str(exc)])
+            raise
+        with self._lock:
+            self.last_desired = desired
+            self.last_error = None
+            self.last_sync = {"time": started, "ok": report.ok,
+                              "summary": report.summary(),
+                              "errors": list(report.errors)}
+        if self.messenger:
+            if report.applied:
+                self.messenger.inventory_update(loaded.settings.host, report.applied,
+                                                tree_summary(desired))
+            if report.errors:
+                self.messenger.sync_error(loaded.settings.host, report.errors)
+        return CycleResult(report.ok, report.summary())
+
+    def status(self, service: Service) -> dict:
+        """What ``get_status`` answers: a JSON-able summary."""
+        with self._lock:
+            desired = self.last_desired
+            health = service.health
+            return {
+                "host": service.config.settings.host,
+                "cycles": service.cycles,
+                "problem": None if health.kind is None else {
+                    "kind": health.kind, "message": health.message,
+                    "failed_cycles": health.failures},
+                "last_sync": self.last_sync,
+                "last_error": self.last_error,
+                "maintenance": Maintenance(service.config.settings.state_path).get(),
+                "tree": tree_summary(desired),
+                "warnings": list(desired.warnings) if desired else [],
+            }
+
+
+class Control:
+    """What the RPC endpoints act on (kept apart from oslo.messaging)."""
+
+    SYNC_WAIT = 120.0
+
+    def __init__(self, agent: Agent, service: Service):
+        self.agent = agent
+        self.service = service
+
+    def sync_now(self) -> dict:
+        number = self.service.trigger(wait=self.SYNC_WAIT)
+        status = self.status()
+        status["triggered_cycle"] = number
+        return status
+
+    def status(self) -> dict:
+        return self.agent.status(self.service)
+
+    def set_maintenance(self, on: bool, reason: Optional[str] = None) -> dict:
+        result = Maintenance(self.service.config.settings.state_path).set(on, reason)
+        self.service.trigger(wait=self.SYNC_WAIT)  # reserve (or release) it now
+        return result
+
+
+def run(args: Sequence[str], loaded: Optional[Loaded] = None) -> int:
+    """Run as a service until SIGTERM/SIGINT; returns the exit code.
+
+    Raises ConfigError (exit 78) when the configuration cannot start.
+    """
+    loaded = loaded or load(args)
+    from node_agent import messaging, metrics
+
+    messenger = messaging.from_conf(loaded.conf, loaded.settings.host)
+    collector = metrics.from_conf(loaded.conf)
+    agent = Agent(messenger=messenger)
+    service = Service(agent, lambda: load(args), loaded, notifier=systemd_notifier(),
+                      after_cycle=collector.cycle_done if collector else None)
+    service.install_signal_handlers()
+    control = Control(agent, service)
+    if messenger:
+        messenger.start_rpc(control)
+    if collector:
+        collector.start(agent, service)
+    try:
+        return service.run()
+    finally:
+        if messenger:
+            messenger.stop()
+        if collector:
+            collector.stop()

@@ -1,0 +1,118 @@
+"""Prometheus metrics, computed at scrape time from the agent's current
+state (a custom collector), never kept as increments that could drift.
+
+Served over HTTP on ``[agent] metrics_port`` (``metrics_host``) and/or
+written after each cycle to ``[agent] metrics_textfile`` for
+node_exporter's textfile collector. Both are off by default.
+
+Placement request counts come from the client's request log, so they
+restart from zero when a SIGHUP builds a new client.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Optional
+
+from prometheus_client import CollectorRegistry, start_http_server, write_to_textfile
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+LOG = logging.getLogger(__name__)
+PREFIX = "node_agent"
+
+
+def _gauge(name, doc, value=None, labels=()):
+    family = GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels) or None)
+    if value is not None:
+        family.add_metric([], value)
+    return family
+
+
+class AgentCollector:
+    """Reads the agent and the loop when scraped."""
+
+    def __init__(self, agent, service):
+        self.agent = agent
+        self.service = service
+
+    def collect(self):
+        service, agent = self.service, self.agent
+        yield _gauge("cycle_duration_seconds", "Duration of the last cycle.",
+                     service.last_duration or 0.0)
+        yield _gauge("last_success_timestamp_seconds",
+                     "Unix time of the last cycle that synced (0: none yet).",
+                     service.last_success or 0.0)
+        yield _gauge("cycles", "Cycles run since the agent started.", service.cycles)
+        yield _gauge("failed_cycles", "Failed cycles in a row (0 when healthy).",
+                     service.health.failures)
+        problem = _gauge("problem", "1 for the current problem kind (placement, "
+                         "host, config, internal).", labels=["kind"])
+        for kind in ("placement", "host", "config", "internal"):
+            problem.add_metric([kind], 1 if service.health.kind == kind else 0)
+        yield problem
+        last = agent.last_sync or {}
+        yield _gauge("sync_errors", "Changes the last sync could not apply.",
+                     len(last.get("errors", [])))
+        yield _gauge("reshapes", "Reshapes done since the agent started.", agent.reshapes)
+        desired = agent.last_desired
+        maintenance = bool(desired and desired.maintenance)
+        yield _gauge("maintenance", "1 while the reported tree is in maintenance.",
+                     1 if maintenance else 0)
+        yield self._inventories()
+        yield self._requests()
+
+    def _inventories(self):
+        family = _gauge("inventory_total", "Inventory total reported, per provider "
+                        "and resource class.", labels=["provider", "resource_class"])
+        desired = self.agent.last_desired
+        for provider in desired.tree.providers if desired else ():
+            for rc, inventory in sorted(provider.inventories.items()):
+                family.add_metric([provider.name, rc], inventory.total)
+        return family
+
+    def _requests(self):
+        family = CounterMetricFamily(
+            f"{PREFIX}_placement_requests", "HTTP requests sent to Placement by "
+            "method and status (0: no response).", labels=["method", "status"])
+        client = getattr(self.service.config, "client", None)
+        log = list(getattr(getattr(client, "stats", None), "log", []))
+        for (method, status), count in sorted(Counter((m, s) for m, _, s in log).items()):
+            family.add_metric([method, str(status)], count)
+        return family
+
+
+class Metrics:
+    def __init__(self, port: int = 0, host: str = "127.0.0.1",
+                 textfile: Optional[str] = None):
+        self.port = port
+        self.host = host
+        self.textfile = textfile
+        self.registry = CollectorRegistry()
+        self._server = None
+
+    def start(self, agent, service) -> None:
+        self.registry.register(AgentCollector(agent, service))
+        if self.port:
+            self._server, _thread = start_http_server(self.port, self.host,
+                                                      registry=self.registry)
+            LOG.info("metrics on http://%s:%d/metrics", self.host, self.port)
+
+    def cycle_done(self) -> None:
+        if self.textfile:
+            try:
+                write_to_textfile(self.textfile, self.registry)
+            except OSError as exc:
+                LOG.warning("cannot write metrics to %s: %s", self.textfile, exc)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+def from_conf(conf) -> Optional[Metrics]:
+    agent = conf.agent
+    if not agent.metrics_port and not agent.metrics_textfile:
+        return None
+    return Metrics(agent.metrics_port, agent.metrics_host, agent.metrics_textfile)

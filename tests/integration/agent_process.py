@@ -1,0 +1,133 @@
+"""The real ``node-agent`` service process for integration tests: its
+config file, a fixture host under ``tmp_path``, a real NOTIFY_SOCKET that
+collects its sd_notify datagrams, and its log."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.hostdata import HOSTDATA
+
+SMALL_HOST = HOSTDATA / "vircaps2xmldata/linux-basic/system"      # 16 CPUs
+OTHER_HOST = HOSTDATA / "virhostcpudata/linux-test1"               # another shape
+AGENT = Path(sys.executable).with_name("node-agent")
+
+
+def mount_host(system_dir: Path, root: Path) -> None:
+    """Make ``root/devices/system`` show ``system_dir`` (replacing what it
+    showed): a "host change" the next cycle discovers."""
+    system = root / "devices" / "system"
+    staging = root / "devices" / "system.new"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    for entry in sorted(system_dir.iterdir()):
+        (staging / entry.name).symlink_to(entry)
+    if system.exists():
+        shutil.rmtree(system)
+    staging.rename(system)
+
+
+class NotifySocket:
+    """A unix datagram socket standing in for systemd's NOTIFY_SOCKET."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.received: list[str] = []
+
+    def wait_for(self, predicate, timeout: float = 20) -> str:
+        """Read datagrams until one satisfies ``predicate``; return it."""
+        deadline = time.monotonic() + timeout
+        for seen in self.received:
+            if predicate(seen):
+                return seen
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"no matching datagram; got {self.received[-10:]}"
+            self.sock.settimeout(left)
+            try:
+                text = self.sock.recv(4096).decode()
+            except socket.timeout:
+                continue
+            self.received.append(text)
+            if predicate(text):
+                return text
+
+    def close(self):
+        self.sock.close()
+
+
+class AgentProcess:
+    def __init__(self, tmp_path: Path, placement_url: str, host: str,
+                 agent_options: str = "report_interval = 1\n", extra: str = "",
+                 system_dir: Path = SMALL_HOST):
+        self.dir = tmp_path
+        self.host = host
+        self.placement_url = placement_url
+        self.sysroot = tmp_path / "sysroot"
+        mount_host(system_dir, self.sysroot)
+        self.config = tmp_path / "node-agent.conf"
+        self.agent_options = agent_options
+        self.extra = extra
+        self.write_config()
+        self.log_path = tmp_path / "agent.log"
+        self.notify = NotifySocket(tmp_path / "notify.sock")
+        self.proc: subprocess.Popen | None = None
+
+    def config_text(self, reserved_memory_mb: int = 512) -> str:
+        return (f"[DEFAULT]\nhost = {self.host}\nstate_path = {self.dir / 'state'}\n"
+                f"{self.extra}"
+                f"[host]\nsysfs_root = {self.sysroot}\n"
+                "[libvirt]\nconnection_uri =\n"
+                f"[compute]\ninstances_path = {self.dir}\n"
+                f"reserved_host_memory_mb = {reserved_memory_mb}\n"
+                f"[agent]\nstartup_splay = 0\nretry_max_interval = 2\n"
+                f"{self.agent_options}"
+                "[placement]\nauth_type = admin_token\ntoken = admin\n"
+                f"endpoint_override = {self.placement_url}\n")
+
+    def write_config(self, text: str | None = None) -> None:
+        self.config.write_text(text if text is not None else self.config_text())
+
+    def start(self) -> "AgentProcess":
+        env = dict(os.environ, NOTIFY_SOCKET=str(self.notify.path))
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen([str(AGENT), "--config-file", str(self.config)],
+                                         env=env, stdout=log, stderr=subprocess.STDOUT)
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def send(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc is None or self.proc.poll() is not None:
+            return self.proc.returncode if self.proc else 0
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def status_after(self, predicate, timeout: float = 20) -> str:
+        """The next STATUS= text that satisfies ``predicate``."""
+        found = self.notify.wait_for(
+            lambda d: d.startswith("STATUS=") and predicate(d[len("STATUS="):]), timeout)
+        return found[len("STATUS="):]
+
+    def new_status(self, predicate, timeout: float = 20) -> str:
+        """Like :meth:`status_after`, ignoring datagrams already read."""
+        self.notify.received.clear()
+        return self.status_after(predicate, timeout)

@@ -1,0 +1,119 @@
+"""The real ``node-agent`` service process against the real Placement:
+sd_notify datagrams, signals, and Placement going away and coming back."""
+
+import signal
+import time
+
+import pytest
+
+from node_agent.placement import PlacementClient
+from tests.integration.agent_process import OTHER_HOST, AgentProcess, mount_host
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def agent(tmp_path, placement_server, host_name):
+    process = AgentProcess(tmp_path, placement_server.url, host_name)
+    yield process
+    process.stop()
+    process.notify.close()
+
+
+def root_inventory(placement_url, host):
+    client = PlacementClient.for_endpoint(placement_url)
+    found = client.get(f"/resource_providers?name={host}")["resource_providers"]
+    if not found:
+        return {}
+    return client.get(f"/resource_providers/{found[0]['uuid']}/inventories")["inventories"]
+
+
+def wait_until(predicate, timeout=20):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.1)
+
+
+def test_systemd_hears_ready_then_a_status_line_per_cycle_and_watchdog(agent):
+    agent.start()
+
+    first = agent.notify.wait_for(lambda d: d in ("READY=1",) or d.startswith("STATUS=ok"))
+    assert first == "READY=1"
+    status = agent.status_after(lambda s: s.startswith("ok:"))
+    assert "create provider" in status or "no change" in status
+    assert agent.status_after(lambda s: "no change (0 requests)" in s)
+    assert "WATCHDOG=1" in agent.notify.received
+    assert all("\n" not in d for d in agent.notify.received if d.startswith("STATUS="))
+
+
+def test_sigterm_exits_zero_within_a_few_seconds(agent):
+    agent.start()
+    agent.status_after(lambda s: s.startswith("ok:"))
+
+    began = time.monotonic()
+    agent.send(signal.SIGTERM)
+    code = agent.proc.wait(15)
+
+    assert code == 0
+    assert time.monotonic() - began < 5
+    assert "STOPPING=1" in agent.notify.wait_for(lambda d: d == "STOPPING=1")
+
+
+def test_sighup_with_an_invalid_config_keeps_the_old_one_running(agent, placement_server):
+    agent.start()
+    agent.status_after(lambda s: s.startswith("ok:"))
+
+    agent.write_config(agent.config_text(reserved_memory_mb=-4)
+                       .replace("[compute]\n", "[compute]\ncpu_dedicated_set = 2-x\n"))
+    agent.send(signal.SIGHUP)
+
+    agent.notify.wait_for(lambda d: d == "RELOADING=1")
+    assert agent.new_status(lambda s: s.startswith("ok:"))
+    log = agent.log()
+    assert "reload refused, the running configuration stays: 2 problem(s)" in log
+    assert "[compute] cpu_dedicated_set = '2-x' is not a CPU spec" in log
+    assert "[compute] reserved_host_memory_mb has an invalid value" in log
+    assert agent.proc.poll() is None
+    assert root_inventory(placement_server.url, agent.host)["MEMORY_MB"]["reserved"] == 512
+
+
+def test_sighup_with_a_valid_config_applies_it_on_the_next_cycle(agent, placement_server):
+    agent.start()
+    agent.status_after(lambda s: s.startswith("ok:"))
+
+    agent.write_config(agent.config_text(reserved_memory_mb=2048))
+    agent.send(signal.SIGHUP)
+
+    wait_until(lambda: root_inventory(placement_server.url, agent.host)
+               ["MEMORY_MB"]["reserved"] == 2048)
+    assert "configuration reloaded" in agent.log()
+
+
+def test_placement_killed_and_restarted_the_agent_survives_and_heals_in_a_cycle(
+        tmp_path, fresh_placement_server, host_name):
+    agent = AgentProcess(tmp_path / "agent", fresh_placement_server.url, host_name)
+    try:
+        agent.start()
+        agent.status_after(lambda s: s.startswith("ok:"))
+        before = root_inventory(fresh_placement_server.url, host_name)["VCPU"]["total"]
+
+        fresh_placement_server.kill()
+        # Unchanged cycles send no request; a host change makes one.
+        mount_host(OTHER_HOST, agent.sysroot)
+        agent.new_status(lambda s: s.startswith("Placement cannot be used"))
+        agent.status_after(lambda s: "(3 failed cycles)" in s)
+        fresh_placement_server.start()
+        healed_by = time.monotonic() + 2 + 3  # retry_max_interval + a cycle
+        agent.new_status(lambda s: s.startswith("ok:"))
+
+        assert time.monotonic() < healed_by
+        after = root_inventory(fresh_placement_server.url, host_name)["VCPU"]["total"]
+        assert after != before
+        assert agent.proc.poll() is None
+        log = agent.log()
+        assert log.count("Placement cannot be used") == 1
+        assert log.count("Placement is reachable again") == 1
+    finally:
+        agent.stop()
+        agent.notify.close()

@@ -1,0 +1,249 @@
+"""The service loop with a stand-in cycle: timing, overlap, signals' effects,
+failure states. Real threads and short intervals; no servers."""
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from node_agent.errors import ConfigError, DiscoveryError
+from node_agent.placement import Unavailable
+from node_agent.service import (CycleResult, Health, Service, jittered,
+                                problem_kind, retry_delay)
+
+
+@dataclass(frozen=True)
+class Timing:
+    report_interval: float = 0.02
+    startup_splay: float = 0
+    interval_jitter: float = 0.1
+    retry_max_interval: float = 0.05
+    name: str = "first"
+
+
+class Recorder:
+    def __init__(self):
+        self.sent = []
+
+    def notify(self, state):
+        self.sent.append(state)
+
+
+def start(service):
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("rc", service.run()),
+                              daemon=True)
+    thread.start()
+    return thread, result
+
+
+def wait_for(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.005)
+
+
+# -- pure timing
+
+@pytest.mark.parametrize("rand, expected", [(0.0, 54.0), (0.5, 60.0), (0.999999, 66.0)])
+def test_jitter_spreads_the_interval_by_the_fraction_both_ways(rand, expected):
+    assert jittered(60, 0.1, rand) == pytest.approx(expected, abs=1e-3)
+
+
+def test_retry_delay_doubles_from_the_interval_up_to_the_cap():
+    upper = [retry_delay(n, 60, 300, 0.999999) for n in range(1, 7)]
+    assert upper == pytest.approx([60, 120, 240, 300, 300, 300], abs=1e-3)
+
+
+def test_retry_delay_is_drawn_from_the_upper_half_of_the_step():
+    assert retry_delay(2, 60, 300, 0.0) == 60
+    assert retry_delay(2, 60, 300, 0.5) == 90
+
+
+def test_retry_cap_below_the_interval_never_retries_faster_than_the_interval():
+    assert retry_delay(5, 60, 10, 0.999999) == pytest.approx(60, abs=1e-3)
+
+
+def test_failures_are_classified_by_error_type():
+    assert problem_kind(Unavailable("down")) == "placement"
+    assert problem_kind(DiscoveryError("libvirt gone")) == "host"
+    assert problem_kind(ConfigError("bad")) == "config"
+    assert problem_kind(RuntimeError("bug")) == "internal"
+
+
+def test_health_reports_a_change_only_when_the_kind_of_problem_changes():
+    health = Health()
+    assert health.failed(Unavailable("a"), 1.0) is True
+    assert health.failed(Unavailable("b"), 2.0) is False
+    assert health.failed(DiscoveryError("c"), 3.0) is True
+    assert health.failures == 3
+    assert health.succeeded() == "host"
+    assert health.succeeded() is None
+
+
+# -- the loop
+
+def test_cycles_never_overlap_even_when_triggered_while_running():
+    active, peak, count = [0], [0], [0]
+    lock = threading.Lock()
+
+    def cycle(config):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.01)
+        with lock:
+            active[0] -= 1
+            count[0] += 1
+        return CycleResult()
+
+    service = Service(cycle, Timing, Timing(), tick=0.01)
+    thread, result = start(service)
+    for _ in range(20):
+        service.trigger()
+        time.sleep(0.003)
+    wait_for(lambda: count[0] >= 10)
+    service.request_stop()
+    thread.join(5)
+    assert result["rc"] == 0
+    assert peak[0] == 1
+
+
+def test_trigger_with_wait_returns_after_a_cycle_that_started_after_the_call():
+    starts = []
+
+    def cycle(config):
+        starts.append(time.monotonic())
+        return CycleResult()
+
+    service = Service(cycle, Timing, Timing(report_interval=3600), tick=0.01)
+    thread, _ = start(service)
+    wait_for(lambda: service.cycles == 1)
+    asked = time.monotonic()
+    number = service.trigger(wait=5)
+    assert number == 2
+    assert starts[-1] >= asked
+    service.request_stop()
+    thread.join(5)
+
+
+def test_stop_abandons_a_stuck_cycle_within_the_stop_timeout():
+    entered, never = threading.Event(), threading.Event()
+
+    def cycle(config):
+        entered.set()
+        never.wait()
+        return CycleResult()
+
+    service = Service(cycle, Timing, Timing(), stop_timeout=0.2, tick=0.01)
+    thread, result = start(service)
+    assert entered.wait(5)
+    began = time.monotonic()
+    service.request_stop()
+    thread.join(5)
+    assert result["rc"] == 0
+    assert time.monotonic() - began < 1.0
+
+
+def test_invalid_reload_keeps_the_running_config_and_logs_each_problem(caplog):
+    seen = []
+
+    def cycle(config):
+        seen.append(config.name)
+        return CycleResult()
+
+    def bad_load():
+        raise ConfigError(["[agent] report_interval has an invalid value: -1",
+                           "[compute] cpu_dedicated_set = 'x' is not a CPU spec"])
+
+    service = Service(cycle, bad_load, Timing(), tick=0.01)
+    thread, _ = start(service)
+    wait_for(lambda: seen)
+    with caplog.at_level(logging.ERROR, logger="node_agent.service"):
+        service.request_reload()
+        count = len(seen)
+        wait_for(lambda: len(seen) > count + 2)
+    service.request_stop()
+    thread.join(5)
+    assert set(seen) == {"first"}
+    text = caplog.text
+    assert "reload refused" in text and "2 problem(s)" in text
+    assert "report_interval has an invalid value: -1" in text
+    assert "cpu_dedicated_set = 'x' is not a CPU spec" in text
+
+
+def test_valid_reload_applies_from_the_next_cycle():
+    seen = []
+
+    def cycle(config):
+        seen.append(config.name)
+        return CycleResult()
+
+    service = Service(cycle, lambda: Timing(name="second"), Timing(), tick=0.01)
+    thread, _ = start(service)
+    wait_for(lambda: seen)
+    service.request_reload()
+    wait_for(lambda: "second" in seen)
+    service.request_stop()
+    thread.join(5)
+    assert seen[0] == "first" and seen[-1] == "second"
+
+
+def test_an_outage_is_logged_once_and_its_end_once(caplog):
+    outcomes = iter([Unavailable("GET / : connection refused")] * 5 + [None] * 100)
+    done = []
+
+    def cycle(config):
+        outcome = next(outcomes)
+        done.append(outcome)
+        if outcome is not None:
+            raise outcome
+        return CycleResult(summary="no change (0 requests)")
+
+    service = Service(cycle, Timing, Timing(), tick=0.01)
+    with caplog.at_level(logging.DEBUG, logger="node_agent.service"):
+        thread, _ = start(service)
+        wait_for(lambda: len(done) >= 8)
+        service.request_stop()
+        thread.join(5)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    recovered = [r for r in caplog.records if "reachable again" in r.getMessage()]
+    assert len(errors) == 1 and "Placement cannot be used" in errors[0].getMessage()
+    assert len(recovered) == 1
+    assert service.health.kind is None
+
+
+def test_failures_back_off_instead_of_running_every_interval():
+    starts = []
+
+    def cycle(config):
+        starts.append(time.monotonic())
+        raise DiscoveryError("cannot connect to libvirt")
+
+    timing = Timing(report_interval=0.02, retry_max_interval=0.16, interval_jitter=0)
+    service = Service(cycle, Timing, timing, rand=lambda: 0.999, tick=0.01)
+    thread, _ = start(service)
+    wait_for(lambda: len(starts) >= 5)
+    service.request_stop()
+    thread.join(5)
+    gaps = [b - a for a, b in zip(starts, starts[1:])]
+    assert gaps[0] < gaps[2]
+    assert gaps[3] >= 0.15
+
+
+def test_systemd_hears_ready_first_then_status_and_watchdog_and_stopping():
+    notifier = Recorder()
+    service = Service(lambda c: CycleResult(summary="no change (0 requests)"),
+                      Timing, Timing(), notifier=notifier, tick=0.01)
+    thread, _ = start(service)
+    wait_for(lambda: service.cycles >= 2)
+    service.request_stop()
+    thread.join(5)
+    sent = notifier.sent
+    assert sent[0] == "READY=1"
+    assert "WATCHDOG=1" in sent
+    assert any(s.startswith("STATUS=ok: no change (0 requests); next in") for s in sent)
+    assert sent[-1] == "STOPPING=1"
