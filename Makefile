@@ -13,7 +13,7 @@ STAMP  := $(VENV)/.installed
 DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev rabbitmq-server
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-packages test run stop config clean
+.PHONY: install system-packages test run stop config install-service clean
 
 install: $(STAMP)
 
@@ -49,6 +49,17 @@ stop:
 config: install
 	$(VENV)/bin/oslo-config-generator --namespace node_agent \
 	  --output-file etc/node-agent.conf.sample --wrap-width 79
+
+# Install the systemd unit and a dedicated user (see systemd/README).
+install-service: install
+	id node-agent >/dev/null 2>&1 || $(SUDO) useradd --system --home-dir /var/lib/node-agent --shell /usr/sbin/nologin node-agent
+	$(SUDO) install -d -m 0750 -o root -g node-agent /etc/node-agent
+	[ -e /etc/node-agent/node-agent.conf ] || $(SUDO) install -m 0640 -o root -g node-agent etc/node-agent.conf.sample /etc/node-agent/node-agent.conf
+	$(SUDO) ln -sf "$(CURDIR)/$(VENV)/bin/node-agent" /usr/local/bin/node-agent
+	$(SUDO) install -m 0644 systemd/node-agent.service /etc/systemd/system/node-agent.service
+	$(SUDO) systemctl daemon-reload
+	@echo "Edit /etc/node-agent/node-agent.conf, check it with: node-agent --config-file /etc/node-agent/node-agent.conf --check-config"
+	@echo "then: systemctl enable --now node-agent"
 
 clean:
 	rm -rf $(VENV) build *.egg-info
