@@ -1,0 +1,145 @@
+"""The VCPU -> PCPU transition, states a to d, against the real Placement.
+
+Guests come from libvirt's test driver (tests/data/libvirt/host.xml: two
+pinned guests, 4 vCPUs on 2,10,3,11 and 2 vCPUs on 4,12, and unpinned
+ones); the host topology is the 16-CPU fixture virhostcpudata/linux-test4.
+The "scheduler" writes allocations through its own client; request counts
+are the agent's client's.
+"""
+
+import logging
+
+import pytest
+
+from node_agent.errors import ReshapeError
+from node_agent.placement import PlacementClient
+from node_agent.reshaper import pcpu_reshape, plan_pcpu_reshape
+from tests.integration.reshape_driver import (Host, agent_cycle, boot_legacy_guests,
+                                              cpu_view, expected_after_reshape,
+                                              reshaper_posts)
+
+pytestmark = pytest.mark.integration
+
+DEDICATED, SHARED = "2-5,10-13", "0-1,6-9,14-15"
+
+
+@pytest.fixture
+def host(tmp_path, placement_server, host_name):
+    return Host(tmp_path, placement_server.url, host_name)
+
+
+def test_transition_from_legacy_to_dedicated_reshapes_once(host, caplog):
+    # a. Legacy: VCPU only; pinned and unpinned guests both hold VCPU.
+    agent_cycle(host.agent, host.settings())
+    boot_legacy_guests(host)
+    before = host.allocations()
+    outcome, report, _ = agent_cycle(host.agent, host.settings())
+    assert not outcome.reshaped and report.ok
+    assert cpu_view(host.inventories()) == {"VCPU": 16}
+    assert host.allocations() == before
+
+    # b. Transition mode: VCPU and PCPU both offered on every CPU, nothing moves.
+    outcome, report, desired = agent_cycle(host.agent, host.settings(transition=True))
+    assert not outcome.reshaped and report.ok
+    assert cpu_view(host.inventories()) == {"VCPU": 16, "PCPU": 16}
+    assert any("reported as both VCPU and PCPU" in w for w in desired.warnings)
+    assert host.allocations() == before
+
+    # c. The operator sets cpu_dedicated_set and cpu_shared_set: one POST /reshaper.
+    host.agent.stats.reset()
+    caplog.set_level(logging.INFO, logger="node_agent.reshaper")
+    outcome, report, _ = agent_cycle(host.agent, host.settings(dedicated=DEDICATED,
+                                                               shared=SHARED))
+    assert outcome.reshaped and outcome.consumers_moved == 2 and report.ok
+    assert len(reshaper_posts(host.agent)) == 1
+    assert outcome.requests <= 2 + 2  # N consumers + 2
+    assert cpu_view(host.inventories()) == {"VCPU": 8, "PCPU": 8}
+    assert host.allocations() == expected_after_reshape(before, [host.pinned, host.pinned_2])
+    assert report.applied == []  # the sync found the tree already reshaped
+    assert any("moved 2 consumers" in r.message and outcome.request_id in r.message
+               for r in caplog.records)
+
+    # d. Done: later cycles, and a fresh process with an empty state dir, do nothing.
+    after = host.allocations()
+    for state_dir in (None, str(host.tmp / "fresh-state")):
+        fresh = PlacementClient.for_endpoint(host.url)
+        outcome, report, _ = agent_cycle(
+            fresh, host.settings(state_dir=state_dir, dedicated=DEDICATED, shared=SHARED))
+        assert not outcome.reshaped and report.ok and report.applied == []
+        assert reshaper_posts(fresh) == []
+    assert host.allocations() == after
+    assert cpu_view(host.inventories()) == {"VCPU": 8, "PCPU": 8}
+
+
+def test_dry_run_plan_reads_only_and_shows_each_move(host):
+    agent_cycle(host.agent, host.settings())
+    boot_legacy_guests(host)
+    before = host.allocations()
+    from node_agent.cycle import compute_desired
+
+    desired = compute_desired(host.settings(dedicated=DEDICATED, shared=SHARED))
+    host.agent.stats.reset()
+    plan = plan_pcpu_reshape(host.agent, desired, {host.name: host.root})
+    assert host.agent.stats.writes == 0
+    shown = plan.as_dict()
+    assert shown["totals"] == {"consumers": 2, "moved": {"VCPU -> PCPU": 6}}
+    assert [c["name"] for c in shown["consumers"]] == ["instance-00000001",
+                                                       "instance-00000002"]
+    assert host.allocations() == before
+
+
+def test_guest_booted_between_read_and_post_is_moved_by_the_retry(host):
+    agent_cycle(host.agent, host.settings())
+    boot_legacy_guests(host, pinned_2=False)
+    calls = []
+
+    def scheduler_boots_pinned_guest(body):
+        calls.append(sorted(body["allocations"]))
+        if len(calls) == 1:
+            host.boot(host.pinned_2, vcpu=2, memory=2048)
+
+    before_race = host.allocations()
+    outcome, report, _ = agent_cycle(host.agent, host.settings(dedicated=DEDICATED,
+                                                               shared=SHARED),
+                                     before_post=scheduler_boots_pinned_guest)
+    assert outcome.reshaped and outcome.attempts == 2 and report.ok
+    assert calls == [[host.pinned], sorted([host.pinned, host.pinned_2])]  # the stale plan was never sent
+    assert len(reshaper_posts(host.agent)) == 2     # the first one got a 409
+    assert host.allocations()[host.pinned_2] == {host.root: {"PCPU": 2, "MEMORY_MB": 2048}}
+    assert host.allocations()[host.pinned] == expected_after_reshape(before_race, [host.pinned])[host.pinned]
+
+
+def test_pinned_guest_outside_the_new_dedicated_set_refuses_and_changes_nothing(host):
+    agent_cycle(host.agent, host.settings())
+    boot_legacy_guests(host)
+    before, inventories = host.allocations(), host.inventories()
+    outcome, report, _ = agent_cycle(host.agent, host.settings(dedicated="2-3,10-11,5-7",
+                                                               shared="0-1,8-9"))
+    assert isinstance(outcome, ReshapeError)
+    assert "instance-00000002" in str(outcome) and "CPUs 4,12" in str(outcome)
+    assert reshaper_posts(host.agent) == []
+    assert host.allocations() == before
+    assert host.inventories() == inventories  # CPU inventory held; the rest synced
+    assert report.ok
+
+
+def test_consumer_without_a_guest_keeps_its_vcpu_and_is_reported(host):
+    agent_cycle(host.agent, host.settings())
+    boot_legacy_guests(host)
+    host.boot(host.not_a_guest, vcpu=3, memory=512)
+    before = host.allocations()
+    # Every CPU dedicated: the host offers no VCPU any more.
+    outcome, _report, _ = agent_cycle(host.agent, host.settings(dedicated="0-15"))
+    assert outcome.reshaped
+    assert any(host.not_a_guest in w and "VCPU inventory is kept" in w for w in outcome.warnings)
+    assert host.allocations()[host.not_a_guest] == before[host.not_a_guest]
+    assert host.allocations()[host.pinned][host.root]["PCPU"] == 4
+    assert cpu_view(host.inventories())["PCPU"] == 16
+
+
+def test_host_not_yet_in_placement_has_nothing_to_reshape(host):
+    from node_agent.cycle import compute_desired
+
+    desired = compute_desired(host.settings(dedicated=DEDICATED, shared=SHARED))
+    outcome = pcpu_reshape(host.agent, desired, {})
+    assert not outcome.reshaped and host.agent.stats.writes == 0
