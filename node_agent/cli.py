@@ -106,31 +106,47 @@ def _state_store(settings):
 
 
 def _run_once(conf, settings, dry_run: bool, output: str) -> int:
+    from node_agent.reconcile import Reconciler
+
     desired = compute_desired(settings, state=_state_store(settings).load_or_empty(LOG))
-    changes = None
+    changes = reshape = None
     tree = desired.tree
+    code = 0
     if _placement_configured(conf):
         syncer = _syncer(conf, settings)
+        reconciler = Reconciler(syncer.client, syncer)
         if dry_run:
-            tree, changes = syncer.plan_with_tree(desired.tree)
+            tree, changes, reshape = reconciler.plan(desired)
         else:
-            result = syncer.sync(desired.tree)
-            tree = result.tree or tree
-            for error in result.errors:
+            outcome = reconciler.apply(desired)
+            tree = outcome.report.tree or tree
+            changes = outcome.report.applied
+            reshape = _reshape_record(outcome.reshape)
+            for error in outcome.errors:
                 print(f"node-agent: {error}", file=sys.stderr)
-            LOG.info("sync: %d change(s) applied, %s", len(result.applied),
-                     "in sync" if result.ok else "NOT in sync")
-            changes = result.applied
-            if result.ok:
+            if outcome.ok:
                 syncer.remember(APPLIED_KEY, desired.applied)
-            if not result.ok:
-                return EX_NOT_IN_SYNC
+            else:
+                code = EX_NOT_IN_SYNC
     elif not dry_run:
         raise NodeAgentError("no Placement is configured ([placement] auth_type); "
                              "use --dry-run to only show the tree")
-    report = render.report_dict(tree, desired.warnings, changes)
+    report = render.report_dict(tree, desired.warnings, changes, reshape)
     print(render.as_json(report) if output == "json" else render.as_text(report), end="")
-    return 0
+    return code
+
+
+def _reshape_record(outcome) -> Optional[dict]:
+    """The ``reshape`` key after a real run: what was moved, or why not."""
+    if outcome is None:
+        return None
+    if isinstance(outcome, NodeAgentError):
+        return {"refused": [str(outcome)], "lines": [f"REFUSED: {outcome}"]}
+    if not outcome.reshaped:
+        return None
+    record = outcome.reshape.as_dict()
+    record["request_id"] = outcome.request_id
+    return record
 
 
 def _maintenance(argv: list[str]) -> int:

@@ -111,6 +111,8 @@ class Agent:
         self.last_sync: Optional[dict] = None      # last sync that ran
         self.last_error: Optional[dict] = None     # last cycle that raised
         self.reshapes = 0
+        self.reshape_errors = 0
+        self._reconciler = None
         self._syncer = None
         self._syncer_for: Optional[Loaded] = None
         self._lock = threading.Lock()
@@ -123,6 +125,8 @@ class Agent:
                                       full_verify_interval=loaded.settings.full_verify_interval)
             self._syncer_for = loaded
             self._version_checked = False
+            from node_agent.reconcile import Reconciler
+            self._reconciler = Reconciler(loaded.client, self._syncer)
         if not self._version_checked:
             loaded.client.check_version()
             self._version_checked = True
@@ -135,9 +139,11 @@ class Agent:
             state = StateStore(Path(settings.state_path)).load_or_empty(LOG)
             desired = compute_desired(settings, self.hypervisor_factory, state=state)
             syncer = self._syncer_of(loaded)
-            report = syncer.sync(desired.tree)
-            if report.ok:
+            outcome = self._reconciler.apply(desired, **self._reshape_hooks(loaded))
+            report = outcome.report
+            if outcome.ok:
                 syncer.remember(APPLIED_KEY, desired.applied)
+            self._note_reshape(loaded, outcome)
         except NodeAgentError as exc:
             with self._lock:
                 self.last_error = {"time": started, "error": str(exc)}
@@ -147,16 +153,44 @@ class Agent:
         with self._lock:
             self.last_desired = desired
             self.last_error = None
-            self.last_sync = {"time": started, "ok": report.ok,
+            self.last_sync = {"time": started, "ok": outcome.ok,
                               "summary": report.summary(),
-                              "errors": list(report.errors)}
+                              "errors": outcome.errors}
         if self.messenger:
             if report.applied:
                 self.messenger.inventory_update(loaded.settings.host, report.applied,
                                                 tree_summary(desired))
-            if report.errors:
-                self.messenger.sync_error(loaded.settings.host, report.errors)
-        return CycleResult(report.ok, report.summary())
+            if outcome.errors:
+                self.messenger.sync_error(loaded.settings.host, outcome.errors)
+        return CycleResult(outcome.ok, report.summary())
+
+    def _reshape_hooks(self, loaded: Loaded) -> dict:
+        """Announce a reshape just before its POST (reshape.start)."""
+        if not self.messenger:
+            return {}
+
+        def before_post(body):
+            self.messenger.reshape("start", loaded.settings.host,
+                                   {"consumers": len(body.get("allocations", {}))})
+        return {"before_post": before_post}
+
+    def _note_reshape(self, loaded: Loaded, outcome) -> None:
+        from node_agent.errors import ReshapeError
+
+        reshape = outcome.reshape
+        host = loaded.settings.host
+        if isinstance(reshape, ReshapeError):
+            with self._lock:
+                self.reshape_errors += 1
+            if self.messenger:
+                self.messenger.reshape("error", host, {"error": str(reshape)})
+        elif reshape is not None and reshape.reshaped:
+            with self._lock:
+                self.reshapes += 1
+            if self.messenger:
+                self.messenger.reshape("end", host, {
+                    "consumers_moved": reshape.consumers_moved,
+                    "request_id": reshape.request_id})
 
     def status(self, service: Service) -> dict:
         """What ``get_status`` answers: a JSON-able summary."""

@@ -499,6 +499,10 @@ class TreeSyncer:
             self.store.save(merged)
             self._state = merged
 
+    def invalidate(self) -> None:
+        """Forget the cache (after a reshape changed the tree behind our back)."""
+        self._cache = None
+
     def remember(self, key: str, value) -> None:
         """Keep ``value`` under ``key`` in the state file (saved only on change)."""
         if self._state.get(key) == value:

@@ -22,8 +22,7 @@ from node_agent.cpuset import parse_cpu_spec
 from node_agent.cycle import compute_desired
 from node_agent.errors import ReshapeError
 from node_agent.placement import PlacementClient
-from node_agent.reshape import hold_inventories
-from node_agent.reshaper import pcpu_reshape, resolve_uuids
+from node_agent.reconcile import Reconciler
 from node_agent.settings import Settings
 from node_agent.state import StateStore
 from node_agent.sync import TreeSyncer
@@ -31,7 +30,6 @@ from tests.hostdata import HOSTDATA, sysfs_root_for
 
 PROJECT = "33333333000040008000000000000001"
 USER = "22222222000040008000000000000001"
-CPU_CLASSES = ("VCPU", "PCPU")
 LOG = logging.getLogger(__name__)
 
 
@@ -48,27 +46,13 @@ def make_settings(host: str, sysfs_root: str, libvirt_uri: str, state_dir: str,
 
 
 def agent_cycle(client, settings: Settings, before_post=None):
-    """One cycle as the agent runs it: reshape first, then sync the tree.
-
-    A fresh TreeSyncer per cycle, because a reshape makes a long-lived
-    syncer's cache stale. A refused reshape keeps VCPU/PCPU as Placement
-    has them and syncs the rest. Returns (ReshapeOutcome | ReshapeError,
-    SyncReport, Desired).
-    """
-    desired = compute_desired(settings)
+    """One cycle as the agent runs it (node_agent.reconcile: reshape, then sync),
+    with a fresh process's objects. Returns (ReshapeOutcome | ReshapeError,
+    SyncReport, Desired)."""
     store = StateStore(Path(settings.state_path))
-    known = store.load_or_empty(LOG).get("providers", {})
-    tree = desired.tree
-    try:
-        outcome = pcpu_reshape(client, desired, known, before_post=before_post)
-    except ReshapeError as exc:
-        outcome = exc
-        held = resolve_uuids(client, tree, known)
-        current = {held.root.uuid: client.get(
-            f"/resource_providers/{held.root.uuid}/inventories")["inventories"]}
-        tree = hold_inventories(held, current, CPU_CLASSES)
-    report = TreeSyncer(client, store).sync(tree)
-    return outcome, report, desired
+    desired = compute_desired(settings, state=store.load_or_empty(LOG))
+    outcome = Reconciler(client, TreeSyncer(client, store)).apply(desired, before_post)
+    return outcome.reshape, outcome.report, desired
 
 
 def allocate(client, consumer: str, resources_by_rp: dict, generation=None) -> None:

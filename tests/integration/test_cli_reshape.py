@@ -1,0 +1,67 @@
+"""The reshape through the real ``node-agent`` command: dry-run shows it, --once does it once."""
+
+import pytest
+
+from tests.cli.runner import run_agent
+from tests.integration.reshape_driver import (Host, boot_legacy_guests, cpu_view,
+                                              expected_after_reshape, reshaper_posts)
+
+pytestmark = pytest.mark.integration
+
+
+def write_config(host: Host, extra: str = "") -> str:
+    path = host.tmp / "node-agent.conf"
+    path.write_text(
+        f"[DEFAULT]\nhost = {host.name}\nstate_path = {host.state_dir}\n"
+        f"[host]\nsysfs_root = {host.sysfs}\n[libvirt]\nconnection_uri = {host.uri}\n"
+        f"[compute]\ninstances_path = {host.tmp}\n{extra}"
+        f"[placement]\nauth_type = admin_token\ntoken = admin\n"
+        f"endpoint_override = {host.url}\n")
+    return str(path)
+
+
+def once(config, *args):
+    return run_agent("--config-file", config, "--once", *args)
+
+
+def test_dedicated_set_reshapes_pinned_guests_once_through_the_cli(placement_server,
+                                                                   host_name, tmp_path):
+    host = Host(tmp_path, placement_server.url, host_name)
+    legacy = write_config(host)
+    assert once(legacy).code == 0
+    boot_legacy_guests(host)
+    before = host.allocations()
+
+    pinned = write_config(host, "cpu_dedicated_set = 2-7,10-15\ncpu_shared_set = 0-1,8-9\n")
+    plan = once(pinned, "--dry-run", "--output", "json")
+    assert plan.code == 0, plan.stderr
+    moved = {c["consumer"] for c in plan.json()["reshape"]["consumers"]}
+    assert moved == {host.pinned, host.pinned_2}
+    assert host.allocations() == before          # dry-run wrote nothing
+
+    done = once(pinned, "--output", "json")
+    assert done.code == 0, done.stderr
+    assert done.json()["reshape"]["request_id"]
+    assert cpu_view(host.inventories()) == {"VCPU": 4, "PCPU": 12}
+    assert host.allocations() == expected_after_reshape(before, {host.pinned, host.pinned_2})
+
+    again = once(pinned, "--output", "json")
+    assert again.code == 0 and again.json()["reshape"] is None
+    assert again.json()["changes"] == []
+    assert len(reshaper_posts(host.scheduler)) == 0  # the scheduler client never reshapes
+
+
+def test_pinned_guest_outside_the_new_dedicated_set_is_refused_with_exit_1(
+        placement_server, host_name, tmp_path):
+    host = Host(tmp_path, placement_server.url, host_name)
+    assert once(write_config(host)).code == 0
+    boot_legacy_guests(host)
+    before_inventory, before = host.inventories(), host.allocations()
+    # instance-00000001 is pinned to 2,3,10,11: leave 10-11 out of the dedicated set.
+    bad = write_config(host, "cpu_dedicated_set = 2-9\ncpu_shared_set = 0-1,10-15\n")
+    result = once(bad)
+    assert result.code == 1
+    assert "Traceback" not in result.stderr
+    assert "10-11" in result.stderr or "10,11" in result.stderr
+    assert host.allocations() == before
+    assert cpu_view(host.inventories()) == cpu_view(before_inventory)
