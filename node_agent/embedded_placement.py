@@ -38,7 +38,8 @@ PORT_FILE = "port"
 POLICY = '"placement:reshaper:reshape": "role:admin or role:service"\n'
 
 
-def _config_text(workdir: Path) -> str:
+def _config_text(workdir: Path, database_url: str | None = None) -> str:
+    connection = database_url or f"sqlite:///{workdir / 'placement.sqlite'}"
     return (
         "[DEFAULT]\n"
         f"log_dir = {workdir}\n"
@@ -47,22 +48,24 @@ def _config_text(workdir: Path) -> str:
         "\n[api]\n"
         "auth_strategy = noauth2\n"
         "\n[placement_database]\n"
-        f"connection = sqlite:///{workdir / 'placement.sqlite'}\n"
+        f"connection = {connection}\n"
         "\n[oslo_policy]\n"
         f"policy_file = {workdir / POLICY_FILE}\n"
     )
 
 
-def prepare(workdir: Path) -> Path:
+def prepare(workdir: Path, database_url: str | None = None) -> Path:
     """Write the config and policy files and create or upgrade the database.
 
-    Idempotent: a second call keeps the database. Returns the config path.
+    ``database_url`` (an SQLAlchemy URL, e.g. PostgreSQL for ``make bench``)
+    replaces the SQLite file. Idempotent: a second call keeps the database.
+    Returns the config path.
     """
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / POLICY_FILE).write_text(POLICY)
     config = workdir / CONFIG_FILE
-    config.write_text(_config_text(workdir))
+    config.write_text(_config_text(workdir, database_url))
     manage = Path(sys.executable).parent / "placement-manage"
     result = subprocess.run(
         [str(manage), "--config-file", str(config), "db", "sync"],
@@ -133,9 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--port-file", type=Path,
                         help="write the chosen port here once listening")
+    parser.add_argument("--database-url",
+                        help="SQLAlchemy URL instead of the SQLite file")
     args = parser.parse_args(argv)
 
-    prepare(args.workdir)
+    prepare(args.workdir, args.database_url)
     server = make_server(args.workdir, args.host, args.port)
     url = f"http://{args.host}:{server.server_port}"
     if args.port_file:
@@ -155,9 +160,11 @@ class EmbeddedPlacement:
     """A placement subprocess; ``restart`` keeps its port and database."""
 
     def __init__(self, workdir: Path, port: int = 0, host: str = "127.0.0.1",
-                 timeout: float = 30, detach: bool = False):
+                 timeout: float = 30, detach: bool = False,
+                 database_url: str | None = None):
         # detach: own session, so the server outlives the command that started it.
         self.detach = detach
+        self.database_url = database_url
         self.workdir = Path(workdir).resolve()
         self.host = host
         self.port = port
@@ -172,11 +179,14 @@ class EmbeddedPlacement:
         self.workdir.mkdir(parents=True, exist_ok=True)
         port_file = self.workdir / PORT_FILE
         port_file.unlink(missing_ok=True)
+        command = [sys.executable, "-m", "node_agent.embedded_placement",
+                   "--workdir", str(self.workdir), "--host", self.host,
+                   "--port", str(self.port), "--port-file", str(port_file)]
+        if self.database_url:
+            command += ["--database-url", self.database_url]
         with open(self.workdir / "server.out", "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "node_agent.embedded_placement",
-                 "--workdir", str(self.workdir), "--host", self.host,
-                 "--port", str(self.port), "--port-file", str(port_file)],
+                command,
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=self.detach)
         self.port = self._wait_for_port(port_file)
@@ -233,10 +243,12 @@ class EmbeddedPlacement:
 
 
 def start_subprocess(workdir: Path, timeout: float = 30, port: int = 0,
-                     host: str = "127.0.0.1", detach: bool = False) -> EmbeddedPlacement:
-    """Start placement in a child process and wait until ``GET /`` answers."""
+                     host: str = "127.0.0.1", detach: bool = False,
+                     database_url: str | None = None) -> EmbeddedPlacement:
+    """Start placement in a child process and wait until ``GET /`` answers.
+    ``database_url`` (SQLAlchemy URL) replaces the SQLite file."""
     return EmbeddedPlacement(workdir, port=port, host=host, timeout=timeout,
-                             detach=detach).start()
+                             detach=detach, database_url=database_url).start()
 
 
 if __name__ == "__main__":

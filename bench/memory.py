@@ -1,0 +1,130 @@
+"""Section 3: memory and start-up.
+
+Every figure comes from a fresh subprocess: import time and RSS of
+node-agent and of nova's report client, the wall time of
+``node-agent --once --dry-run``, and a soak of 10,000 cycles (discovery,
+tree, plan, steady sync against the embedded Placement) sampling RSS.
+
+``python -m bench.memory soak URL SYSFS_ROOT WORKDIR CYCLES`` is the soak
+itself; it prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench import common
+
+IMPORT_REPEATS = 7
+DRY_RUN_REPEATS = 7
+SOAK_CYCLES = 10_000
+SOAK_SAMPLES = (0, 2_500, 5_000, 7_500, 10_000)
+
+# Printed by the probe: seconds to import, then RSS in KiB from /proc.
+_PROBE = """
+import time
+start = time.perf_counter()
+{imports}
+took = time.perf_counter() - start
+rss = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmRSS:'))
+print(took, rss)
+"""
+NODE_AGENT_IMPORTS = ("import node_agent.cli, node_agent.cycle, node_agent.sync, "
+                      "node_agent.placement, node_agent.reshaper, node_agent.daemon")
+NOVA_IMPORTS = ("import nova.scheduler.client.report, nova.compute.provider_tree")
+FIXTURE = "virhostcpudata/linux-test8"
+
+
+def rss_kib() -> int:
+    with open("/proc/self/status") as handle:
+        return next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:"))
+
+
+def import_probe(python: Path, imports: str) -> dict:
+    seconds, rss = [], []
+    for _ in range(IMPORT_REPEATS):
+        out = subprocess.run([str(python), "-c", _PROBE.format(imports=imports)],
+                             capture_output=True, text=True, check=True).stdout.split()
+        seconds.append(float(out[0]))
+        rss.append(int(out[1]) / 1024)
+    return {"seconds": common.summary(seconds), "rss_mib": common.summary(rss)}
+
+
+def _config(work: Path, sysfs_root: Path) -> Path:
+    work.mkdir(parents=True, exist_ok=True)
+    config = work / "dry-run.conf"
+    config.write_text(
+        f"[DEFAULT]\nhost = bench-dry-run\nstate_path = {work / 'state'}\n"
+        f"[host]\nsysfs_root = {sysfs_root}\n[libvirt]\nconnection_uri =\n"
+        f"[compute]\ninstances_path = {work}\n")
+    return config
+
+
+def dry_run(work: Path, sysfs_root: Path, label: str) -> dict:
+    agent = Path(sys.executable).with_name("node-agent")
+    config = _config(work, sysfs_root)
+    seconds = []
+    for _ in range(DRY_RUN_REPEATS):
+        start = time.perf_counter()
+        done = subprocess.run([str(agent), "--config-file", str(config), "--once",
+                               "--dry-run", "--output", "json"],
+                              capture_output=True, text=True)
+        seconds.append(time.perf_counter() - start)
+    return {"host": label, "seconds": common.summary(seconds), "exit": done.returncode}
+
+
+def soak(url: str, sysfs_root: str, work: str, cycles: int) -> dict:
+    """In this process: ``cycles`` full cycles, RSS sampled at SOAK_SAMPLES."""
+    import logging
+
+    from node_agent.cycle import compute_desired
+    from node_agent.placement import PlacementClient
+    from node_agent.state import StateStore
+    from node_agent.sync import TreeSyncer
+
+    logging.disable(logging.WARNING)
+    settings = common.settings("bench-soak", sysfs_root, work, f"{work}/state")
+    clock = [0.0]
+    client = PlacementClient.for_endpoint(url)
+    syncer = TreeSyncer(client, StateStore(Path(work) / "state"),
+                        full_verify_interval=300, clock=lambda: clock[0])
+    samples = {0: rss_kib()}
+    start = time.perf_counter()
+    for cycle in range(1, cycles + 1):
+        clock[0] += 60  # one report interval per cycle: a full verify every 5th
+        syncer.sync(compute_desired(settings).tree)
+        if cycle in SOAK_SAMPLES:
+            samples[cycle] = rss_kib()
+    return {"samples_kib": samples, "seconds": time.perf_counter() - start,
+            "requests": client.stats.total, "cycles": cycles}
+
+
+def run_soak(work: Path, url: str, sysfs_root: Path, cycles: int = SOAK_CYCLES) -> dict:
+    out = subprocess.run([sys.executable, "-m", "bench.memory", "soak", url,
+                          str(sysfs_root), str(work), str(cycles)],
+                         capture_output=True, text=True, check=True)
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    result["samples_kib"] = {int(k): v for k, v in result["samples_kib"].items()}
+    return result
+
+
+def run(work: Path, nova_python: Path, fixture_root: Path, synthetic_root: Path,
+        url: str) -> dict:
+    work.mkdir(parents=True, exist_ok=True)
+    return {
+        "node_agent_import": import_probe(Path(sys.executable), NODE_AGENT_IMPORTS),
+        "nova_import": import_probe(nova_python, NOVA_IMPORTS),
+        "dry_run": [dry_run(work / "dry-fixture", fixture_root, FIXTURE.split("/")[-1]),
+                    dry_run(work / "dry-synthetic", synthetic_root, "synthetic 384 CPUs")],
+        "soak": dict(run_soak(work / "soak", url, fixture_root), fixture=FIXTURE),
+    }
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "soak":
+        url, root, work, cycles = sys.argv[2:6]
+        print(json.dumps(soak(url, root, work, int(cycles))))

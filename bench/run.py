@@ -1,0 +1,80 @@
+"""``make bench``: measure node-agent (and nova's report client) and write BENCHMARKS.md.
+
+    .venv/bin/python -m bench.run [--output BENCHMARKS.md] [--nova-python .venv-nova/bin/python]
+                                  [--skip-fleet]
+
+Benchmarks report; they never fail the build: a section that breaks is
+reported as such in the file and the others still run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from bench import discovery, fleet, memory, phases, report, synthetic_host
+from node_agent.embedded_placement import start_subprocess
+from tests.hostdata import HOSTDATA, sysfs_root_for
+
+REPO = Path(__file__).resolve().parents[1]
+FLEET_BUDGET = 600  # seconds for the whole fleet section
+
+
+def _section(results: dict, name: str, fn) -> None:
+    start = time.monotonic()
+    print(f"[bench] {name} ...", flush=True)
+    try:
+        results[name] = fn()
+    except Exception:  # noqa: BLE001 - reported in BENCHMARKS.md, never fatal
+        results[name] = {"failed": traceback.format_exc()}
+        print(results[name]["failed"], file=sys.stderr)
+    took = time.monotonic() - start
+    results.setdefault("durations", {})[name] = took
+    print(f"[bench] {name} done in {took:.0f} s", flush=True)
+
+
+def _memory(work: Path, nova_python: Path) -> dict:
+    fixture = sysfs_root_for(HOSTDATA / memory.FIXTURE, work / "memory-fixture")
+    synthetic = synthetic_host.build(work / "memory-synthetic", synthetic_host.Shape())
+    server = start_subprocess(work / "placement-soak")
+    try:
+        return memory.run(work / "memory", nova_python, fixture, synthetic, server.url)
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--output", type=Path, default=REPO / "BENCHMARKS.md")
+    parser.add_argument("--nova-python", type=Path,
+                        default=REPO / ".venv-nova" / "bin" / "python")
+    parser.add_argument("--skip-fleet", action="store_true")
+    parser.add_argument("--json", type=Path, help="also write the raw results here")
+    args = parser.parse_args(argv)
+    logging.disable(logging.WARNING)  # the agents' per-cycle lines would drown the output
+
+    started = time.monotonic()
+    results: dict = {"machine": report.machine(args.nova_python)}
+    with tempfile.TemporaryDirectory(prefix="node-agent-bench-") as tmp:
+        work = Path(tmp)
+        _section(results, "discovery", lambda: discovery.run(work / "discovery"))
+        _section(results, "phases", lambda: phases.run(work / "phases", args.nova_python))
+        _section(results, "memory", lambda: _memory(work, args.nova_python))
+        if not args.skip_fleet:
+            _section(results, "fleet", lambda: fleet.run(work / "fleet", FLEET_BUDGET))
+    results["total_seconds"] = time.monotonic() - started
+    args.output.write_text(report.render(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+    print(f"[bench] wrote {args.output} in {results['total_seconds']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
