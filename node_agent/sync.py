@@ -500,8 +500,21 @@ class TreeSyncer:
             self._state = merged
 
     def invalidate(self) -> None:
-        """Forget the cache (after a reshape changed the tree behind our back)."""
+        """Forget the cache: the next sync re-reads the whole tree."""
         self._cache = None
+
+    def note_inventories(self, inventories_by_uuid: Mapping[str, Mapping]) -> None:
+        """Someone else (the reshape) set these providers' inventories.
+
+        The cache takes them, so an unchanged tree costs nothing next sync.
+        The cached generations are now old: a later write gets a 409 and
+        re-reads that provider, as after any concurrent change.
+        """
+        if self._cache is None:
+            return
+        for uuid, inventories in inventories_by_uuid.items():
+            if uuid in self._cache:
+                self._cache[uuid] = replace(self._cache[uuid], inventories=dict(inventories))
 
     def remember(self, key: str, value) -> None:
         """Keep ``value`` under ``key`` in the state file (saved only on change)."""
@@ -652,12 +665,12 @@ class TreeSyncer:
                 state = self._cache[uuid]
                 if try_.retry_state.attempt_number > 1:
                     state = self._reread_inventories(uuid)
-                wanted, errors = self._guard_usage(change, state, wanted_all)
+                wanted, errors, generation = self._guard_usage(change, state, wanted_all)
                 if inventories_equal(state.inventories, wanted):
                     return False, errors
                 try:
                     result = self.client.put(change.path, {
-                        "resource_provider_generation": state.generation,
+                        "resource_provider_generation": generation,
                         "inventories": wanted})
                 except InventoryInUse:
                     return False, self._in_use_errors(change, state, wanted_all)
@@ -670,8 +683,10 @@ class TreeSyncer:
         return any(rc not in new or capacity(new[rc]) < capacity(old[rc])
                    for rc in old)
 
-    def _usages(self, uuid: str) -> dict[str, int]:
-        return self.client.get(f"/resource_providers/{uuid}/usages")["usages"]
+    def _usages(self, uuid: str) -> tuple[dict[str, int], int]:
+        """Usages and the provider generation they were read at."""
+        body = self.client.get(f"/resource_providers/{uuid}/usages")
+        return body["usages"], body["resource_provider_generation"]
 
     def _over_used(self, usages: Mapping[str, int],
                    wanted: Mapping[str, Mapping]) -> dict[str, tuple[int, int]]:
@@ -684,18 +699,22 @@ class TreeSyncer:
         return over
 
     def _guard_usage(self, change, state, wanted_all):
+        """(inventories to PUT, errors, generation to PUT with). A shrink reads
+        the usages first; that read also gives a fresh generation, so an
+        allocation made since the last cycle costs no 409."""
         if not self._shrinks(state.inventories, wanted_all):
-            return wanted_all, []
-        over = self._over_used(self._usages(state.uuid), wanted_all)
+            return wanted_all, [], state.generation
+        usages, generation = self._usages(state.uuid)
+        over = self._over_used(usages, wanted_all)
         wanted = dict(wanted_all)
         for rc in over:
             if rc in state.inventories:
                 wanted[rc] = state.inventories[rc]
         return wanted, [_in_use_message(rc, change.provider, used, cap)
-                        for rc, (used, cap) in sorted(over.items())]
+                        for rc, (used, cap) in sorted(over.items())], generation
 
     def _in_use_errors(self, change, state, wanted_all) -> list[str]:
-        over = self._over_used(self._usages(state.uuid), wanted_all)
+        over = self._over_used(self._usages(state.uuid)[0], wanted_all)
         return [_in_use_message(rc, change.provider, used, cap)
                 for rc, (used, cap) in sorted(over.items())] or [
             f"{change.summary}: Placement reports inventory in use"]

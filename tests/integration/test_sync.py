@@ -151,6 +151,22 @@ def test_inventory_change_after_scheduler_activity_costs_three_requests(
         f"set VCPU total 16→32, max_unit 16→32 on {host_name}_NUMA0"]
 
 
+def test_inventory_shrink_after_scheduler_activity_costs_two_requests(
+        client, other, store, host_name):
+    syncer = synced(client, store, host_tree(host_name))
+    numa0 = tree_in_placement(
+        other, store.load()["root_uuid"])[f"{host_name}_NUMA0"]["uuid"]
+    allocate(other, numa0, {"VCPU": 2})  # bumps NUMA0's generation
+
+    report = syncer.sync(host_tree(host_name, vcpu=8))
+
+    assert report.ok, report.errors
+    # The usage check a shrink needs also returns the fresh generation.
+    assert client.stats.log == [("GET", f"/resource_providers/{numa0}/usages", 200),
+                                ("PUT", f"/resource_providers/{numa0}/inventories", 200)]
+    assert inventories(other, numa0)["VCPU"]["total"] == 8
+
+
 def test_root_uuid_is_kept_in_state_across_restarts(client, other, store,
                                                     host_name):
     desired = host_tree(host_name)
