@@ -112,7 +112,12 @@ def _run_once(conf, settings, dry_run: bool, output: str) -> int:
     changes = reshape = None
     tree = desired.tree
     code = 0
-    if _placement_configured(conf):
+    if settings.upstream == "messaging":
+        # --dry-run shows the tree only: it must work without the bus, and
+        # the applier, not this host, is the one that reads Placement.
+        if not dry_run:
+            tree, changes, reshape, code = _send_once(conf, settings, desired)
+    elif _placement_configured(conf):
         syncer = _syncer(conf, settings)
         reconciler = Reconciler(syncer.client, syncer)
         if dry_run:
@@ -134,6 +139,24 @@ def _run_once(conf, settings, dry_run: bool, output: str) -> int:
     report = render.report_dict(tree, desired.warnings, changes, reshape)
     print(render.as_json(report) if output == "json" else render.as_text(report), end="")
     return code
+
+
+def _send_once(conf, settings, desired):
+    """``--once`` with ``[agent] upstream = messaging``: one call to
+    node-agent-applier. Returns (tree, changes, reshape, exit code)."""
+    from node_agent import upstream
+
+    sender = upstream.MessagingUpstream(conf, settings.host, settings.upstream_topic,
+                                        settings.upstream_timeout)
+    try:
+        report = sender.send(desired)
+    finally:
+        sender.close()
+    upstream.remember(_state_store(settings), report, desired)
+    for error in report.errors:
+        print(f"node-agent: {error}", file=sys.stderr)
+    return (desired.tree.with_uuids(report.uuids), report.applied, report.reshape,
+            0 if report.ok else EX_NOT_IN_SYNC)
 
 
 def _reshape_record(outcome) -> Optional[dict]:

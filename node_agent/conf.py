@@ -215,10 +215,58 @@ AGENT_OPTS = [
         default="127.0.0.1",
         help="Address the metrics endpoint listens on."),
     cfg.StrOpt(
+        "upstream",
+        default="placement",
+        choices=[("placement", "write to Placement directly with the "
+                               "[placement] credentials"),
+                 ("messaging", "send the tree over oslo.messaging "
+                               "([DEFAULT] transport_url) to node-agent-applier, "
+                               "which holds the Placement credentials")],
+        help="Where the agent sends its provider tree. In messaging mode the "
+             "agent needs no [placement] section at all."),
+    cfg.FloatOpt(
+        "upstream_timeout",
+        default=60,
+        min=1,
+        help="Messaging mode: seconds to wait for node-agent-applier's answer. "
+             "No answer counts as an outage: the agent retries with backoff."),
+    cfg.StrOpt(
+        "upstream_topic",
+        default="node-agent-applier",
+        help="Messaging mode: the RPC topic node-agent-applier listens on "
+             "(its [applier] topic)."),
+    cfg.StrOpt(
         "metrics_textfile",
         help="Also write the metrics after each cycle to this file, for "
              "node_exporter's textfile collector (a path ending in .prom). "
              "Unset writes none."),
+]
+
+APPLIER_OPTS = [
+    cfg.StrOpt(
+        "topic",
+        default="node-agent-applier",
+        help="RPC topic the applier processes share; RabbitMQ hands each "
+             "agent message to one of them."),
+    cfg.StrOpt(
+        "state_path",
+        default="/var/lib/node-agent-applier",
+        help="Directory shared by every applier process: per host, the "
+             "syncer's state, the last applied sequence number and a lock. "
+             "Processes on several machines need a shared filesystem with "
+             "POSIX locks here."),
+    cfg.IntOpt(
+        "full_verify_interval",
+        default=300,
+        min=0,
+        help="Seconds between full re-reads of a host's tree from Placement, "
+             "triggered by that host's heartbeat."),
+    cfg.FloatOpt(
+        "lock_timeout",
+        default=20,
+        min=0,
+        help="Seconds a message waits for another process applying the same "
+             "host before it is answered 'busy'."),
 ]
 
 PLACEMENT_GROUP = "placement"
@@ -233,6 +281,7 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
     conf.register_opts(DEVICES_OPTS, group="devices")
     conf.register_opts(PCI_OPTS, group="pci")
     conf.register_opts(NODE_OPTS, group="node")
+    conf.register_opts(APPLIER_OPTS, group="applier")
     ks_loading.register_session_conf_options(conf, PLACEMENT_GROUP)
     ks_loading.register_auth_conf_options(conf, PLACEMENT_GROUP)
     ks_loading.register_adapter_conf_options(conf, PLACEMENT_GROUP)
@@ -290,5 +339,6 @@ def list_opts(with_messaging: bool = True):
         ("devices", DEVICES_OPTS),
         ("pci", PCI_OPTS),
         ("node", NODE_OPTS),
+        ("applier", APPLIER_OPTS),
         (PLACEMENT_GROUP, _placement_opts()),
     ]

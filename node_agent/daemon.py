@@ -48,6 +48,8 @@ def load(args: Sequence[str]) -> Loaded:
 
     conf = load_conf(args)
     settings = load_settings(conf)
+    if settings.upstream == "messaging":
+        return Loaded(conf, settings, None)  # node-agent-applier holds Placement
     group = conf.placement
     if not (group.auth_type or group.endpoint_override):
         raise ConfigError("the service needs Placement: set [placement] auth_type "
@@ -113,6 +115,7 @@ class Agent:
         self.reshapes = 0
         self.reshape_errors = 0
         self._reconciler = None
+        self._upstream = None  # upstream = messaging: node_agent.upstream
         self._syncer = None
         self._syncer_for: Optional[Loaded] = None
         self._lock = threading.Lock()
@@ -138,11 +141,14 @@ class Agent:
         try:
             state = StateStore(Path(settings.state_path)).load_or_empty(LOG)
             desired = compute_desired(settings, self.hypervisor_factory, state=state)
-            syncer = self._syncer_of(loaded)
-            outcome = self._reconciler.apply(desired, **self._reshape_hooks(loaded))
+            if settings.upstream == "messaging":
+                outcome = self._via_applier(loaded, desired)
+            else:
+                syncer = self._syncer_of(loaded)
+                outcome = self._reconciler.apply(desired, **self._reshape_hooks(loaded))
+                if outcome.ok:
+                    syncer.remember(APPLIED_KEY, desired.applied)
             report = outcome.report
-            if outcome.ok:
-                syncer.remember(APPLIED_KEY, desired.applied)
             self._note_reshape(loaded, outcome)
         except NodeAgentError as exc:
             with self._lock:
@@ -163,6 +169,24 @@ class Agent:
             if outcome.errors:
                 self.messenger.sync_error(loaded.settings.host, outcome.errors)
         return CycleResult(outcome.ok, report.summary())
+
+    def _via_applier(self, loaded: Loaded, desired: Desired):
+        """``[agent] upstream = messaging``: node-agent-applier applies it."""
+        from node_agent import upstream
+        from node_agent.reconcile import CycleOutcome
+
+        settings = loaded.settings
+        if self._upstream is None:  # messaging options are read at start only
+            self._upstream = upstream.MessagingUpstream(
+                loaded.conf, settings.host, settings.upstream_topic,
+                settings.upstream_timeout)
+        report = self._upstream.send(desired, timeout=settings.upstream_timeout)
+        upstream.remember(StateStore(Path(settings.state_path)), report, desired)
+        return CycleOutcome(report)
+
+    def close(self) -> None:
+        if self._upstream is not None:
+            self._upstream.close()
 
     def _reshape_hooks(self, loaded: Loaded) -> dict:
         """Announce a reshape just before its POST (reshape.start)."""
@@ -257,6 +281,7 @@ def run(args: Sequence[str], loaded: Optional[Loaded] = None) -> int:
     try:
         return service.run()
     finally:
+        agent.close()
         if messenger:
             messenger.stop()
         if collector:

@@ -71,6 +71,10 @@ class Settings:
     pci_device_specs: tuple[PciDeviceSpec, ...] = ()
     report_sriov_numvfs: bool = False
     node_resource_class: Optional[str] = None
+    # Where the tree goes: "placement" (direct) or "messaging" (the applier).
+    upstream: str = "placement"
+    upstream_timeout: float = 60.0
+    upstream_topic: str = "node-agent-applier"
 
 
 def _cpu_spec(group: str, name: str, value: Optional[str], problems: list) -> Optional[CpuSet]:
@@ -112,9 +116,20 @@ class _Reader:
             return getattr(getattr(self._conf, group), name)
         except (cfg.ConfigFileValueError, ValueError) as exc:
             detail = str(exc).split(" is not valid: ")[-1]
-            self._problems.append(f"[{group}] {name} has an invalid value: {detail}. "
-                                  "See etc/node-agent.conf.sample for what it accepts.")
+            self._problems.append(f"[{group}] {name}{self._shown(group, name)} has an "
+                                  f"invalid value: {detail}. See "
+                                  "etc/node-agent.conf.sample for what it accepts.")
             return fallback
+
+    def _shown(self, group: str, name: str) -> str:
+        """`` = 'value'`` as written in the file; nothing for secret options."""
+        try:
+            if self._conf._get_opt_info(name, group)["opt"].secret:
+                return ""
+        except (cfg.NoSuchOptError, cfg.NoSuchGroupError, KeyError):
+            return ""
+        raw = _configured_value(self._conf, name, group)
+        return "" if raw is None else f" = '{raw}'"
 
 
 _CUSTOM_NAME = re.compile(r"^CUSTOM_[A-Z0-9_]+$")
@@ -175,6 +190,9 @@ def load_settings(conf) -> Settings:
         startup_splay=agent.startup_splay,
         interval_jitter=agent.interval_jitter,
         retry_max_interval=agent.retry_max_interval,
+        upstream=agent.upstream or "placement",
+        upstream_timeout=float(agent.upstream_timeout or 60.0),
+        upstream_topic=agent.upstream_topic or "node-agent-applier",
         state_path=conf.state_path,
         sysfs_root=conf.host.sysfs_root,
         libvirt_uri=(conf.libvirt.connection_uri or "").strip(),

@@ -1,0 +1,349 @@
+"""``[agent] upstream = messaging`` end to end: real ``node-agent-applier``
+processes on a real RabbitMQ, writing to the real Placement; agents are
+threads using :mod:`node_agent.upstream` with real fixture hosts.
+
+Each test uses its own topic and applier state directory, so queues and
+per-host records of other tests never mix in.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from oslo_config import cfg
+
+from node_agent import messaging, upstream
+from node_agent.cycle import compute_desired
+from node_agent.placement import PlacementClient
+from node_agent.sync import inventories_equal, wanted_inventories
+from tests.hostdata import sysfs_root_for, sysfs_trees
+from tests.integration.reshape_driver import (Host, allocate, boot_legacy_guests,
+                                              cpu_view, expected_after_reshape)
+from tests.snapshots import settings as make_settings
+
+pytestmark = pytest.mark.integration
+
+APPLIER = Path(sys.executable).with_name("node-agent-applier")
+AGENTS = 20
+TIMEOUT = 5.0
+
+
+class ApplierProcess:
+    def __init__(self, config: Path, log: Path):
+        self.log_path = log
+        with open(log, "ab") as out:
+            self.proc = subprocess.Popen([str(APPLIER), "--config-file", str(config)],
+                                         stdout=out, stderr=subprocess.STDOUT)
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def wait_listening(self, timeout: float = 30) -> "ApplierProcess":
+        deadline = time.monotonic() + timeout
+        while "listening on topic" not in self.log():
+            assert self.proc.poll() is None, f"applier exited:\n{self.log()}"
+            assert time.monotonic() < deadline, f"applier not listening:\n{self.log()}"
+            time.sleep(0.1)
+        return self
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Bus:
+    """One test's topic, applier config and applier processes."""
+
+    def __init__(self, tmp_path: Path, transport_url: str, placement_url: str):
+        self.tmp = tmp_path
+        self.url = transport_url
+        self.topic = f"node-agent-applier-{uuid.uuid4().hex[:8]}"
+        self.state = tmp_path / "applier-state"
+        self.config = tmp_path / "applier.conf"
+        self.config.write_text(
+            f"[DEFAULT]\ntransport_url = {transport_url}\n"
+            f"[applier]\ntopic = {self.topic}\nstate_path = {self.state}\n"
+            "lock_timeout = 3\n"
+            "[placement]\nauth_type = admin_token\ntoken = admin\n"
+            f"endpoint_override = {placement_url}\n")
+        self.appliers: list[ApplierProcess] = []
+        self.senders: list[upstream.MessagingUpstream] = []
+
+    def start(self, count: int) -> list[ApplierProcess]:
+        new = [ApplierProcess(self.config, self.tmp / f"applier-{len(self.appliers) + n}.log")
+               for n in range(count)]
+        self.appliers += new
+        for process in new:
+            process.wait_listening()
+        return new
+
+    def sender(self, host: str, timeout: float = TIMEOUT) -> upstream.MessagingUpstream:
+        sender = upstream.MessagingUpstream(self.conf(), host, self.topic, timeout)
+        self.senders.append(sender)
+        return sender
+
+    def conf(self):
+        conf = cfg.ConfigOpts()
+        conf([])
+        messaging.register(conf)
+        conf.set_override("transport_url", self.url)
+        return conf
+
+    def stop(self) -> None:
+        # Each close waits for its reply listener to stop polling: in parallel.
+        closing = [threading.Thread(target=s.close) for s in self.senders]
+        for thread in closing:
+            thread.start()
+        for thread in closing:
+            thread.join(30)
+        for process in self.appliers:
+            process.stop()
+
+
+@pytest.fixture
+def bus(tmp_path, rabbitmq, placement_server):
+    bus = Bus(tmp_path, rabbitmq, placement_server.url)
+    yield bus
+    bus.stop()
+
+
+class FixtureAgent:
+    """An agent in messaging mode on one fixture host (a thread's worth)."""
+
+    def __init__(self, bus: Bus, name: str, system_dir: Path, base: Path, reserved=512):
+        base.mkdir(parents=True)
+        self.name = name
+        self.settings = make_settings(
+            host=name, sysfs_root=str(sysfs_root_for(system_dir, base)),
+            instances_path=str(base), state_path=str(base / "state"),
+            reserved_host_memory_mb=reserved)
+        self.upstream = bus.sender(name)
+        self.desired = compute_desired(self.settings)
+
+    def reserve(self, reserved: int) -> None:
+        from dataclasses import replace
+        self.settings = replace(self.settings, reserved_host_memory_mb=reserved)
+        self.desired = compute_desired(self.settings)
+
+    def cycle(self) -> upstream.UpstreamReport:
+        return self.upstream.send(self.desired)
+
+    def cycle_until_ok(self, deadline: float, failures: list) -> upstream.UpstreamReport:
+        """What the service does: an outage is retried (here without backoff)."""
+        while True:
+            try:
+                return self.cycle()
+            except upstream.NoApplier as exc:
+                failures.append(str(exc))
+                assert time.monotonic() < deadline, f"{self.name}: {exc}"
+                time.sleep(0.2)
+
+
+def fixture_hosts(count: int):
+    trees = sysfs_trees()
+    return [trees[n % len(trees)] for n in range(count)]
+
+
+def make_agents(bus: Bus, count: int, tag: str) -> list[FixtureAgent]:
+    return [FixtureAgent(bus, f"{tag}-{uuid.uuid4().hex[:6]}-{n}", tree,
+                         bus.tmp / "agents" / f"{n}")
+            for n, tree in enumerate(fixture_hosts(count))]
+
+
+def in_threads(agents, work) -> dict:
+    results, errors = {}, []
+
+    def run(agent):
+        try:
+            results[agent.name] = work(agent)
+        except BaseException as exc:  # reported below, with the host's name
+            errors.append(f"{agent.name}: {exc!r}")
+
+    threads = [threading.Thread(target=run, args=(a,)) for a in agents]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert not errors, "\n".join(errors)
+    return results
+
+
+def root_of(client, name: str) -> dict:
+    found = client.get(f"/resource_providers?name={name}")["resource_providers"]
+    assert found, f"{name} is not in Placement"
+    return found[0]
+
+
+def allocations(client, consumers) -> dict:
+    """consumer -> provider -> resources (generations left out: they move
+    with every inventory write)."""
+    return {c: {rp: a["resources"] for rp, a in
+                client.get(f"/allocations/{c}")["allocations"].items()}
+            for c in consumers}
+
+
+def converged(client, agent: FixtureAgent) -> bool:
+    root = root_of(client, agent.name)
+    got = client.get(f"/resource_providers/{root['uuid']}/inventories")["inventories"]
+    return inventories_equal(got, wanted_inventories(agent.desired.tree.root))
+
+
+def test_twenty_agents_through_two_appliers_converge_then_heartbeat(bus, placement):
+    first, second = bus.start(2)
+    agents = make_agents(bus, AGENTS, "many")
+    applied = in_threads(agents, lambda a: a.cycle())
+    assert all(r.status == upstream.APPLIED and r.ok for r in applied.values())
+    assert all(converged(placement, a) for a in agents)
+    # Competing consumers: both processes took a share of the burst.
+    assert " seq " in first.log() and " seq " in second.log()
+
+    steady = in_threads(agents, lambda a: a.cycle())
+    assert {r.status for r in steady.values()} == {upstream.UNCHANGED}
+    assert {r.messages for r in steady.values()} == {1}
+    assert {r.requests for r in steady.values()} == {0}
+
+    for agent in agents[:5]:
+        agent.reserve(1024)
+    changed = in_threads(agents[:5], lambda a: a.cycle())
+    assert all(r.status == upstream.APPLIED and r.ok for r in changed.values())
+    assert all(converged(placement, a) for a in agents)
+    print(f"\nBENCH messaging: first apply requests/host "
+          f"{sorted(r.requests for r in applied.values())}; steady: 1 message, 0 requests; "
+          f"one inventory change: {sorted(r.requests for r in changed.values())} requests")
+
+
+def test_applier_killed_during_a_burst_loses_no_allocation(bus, placement):
+    first, second = bus.start(2)
+    agents = make_agents(bus, AGENTS, "kill")
+    in_threads(agents, lambda a: a.cycle())
+    consumers = {}
+    for agent in agents:
+        consumer = str(uuid.uuid4())
+        allocate(placement, consumer, {root_of(placement, agent.name)["uuid"]: {"MEMORY_MB": 256}})
+        consumers[consumer] = agent.name
+    before = allocations(placement, consumers)
+
+    for agent in agents:
+        agent.reserve(768)
+    failures: list[str] = []
+    deadline = time.monotonic() + 60
+    killer = threading.Timer(0.05, lambda: os.kill(first.proc.pid, signal.SIGKILL))
+    killer.start()
+    results = in_threads(agents, lambda a: a.cycle_until_ok(deadline, failures))
+    killer.join()
+    assert first.proc.wait(5) == -signal.SIGKILL
+    assert all(r.ok for r in results.values())
+    assert all(converged(placement, a) for a in agents)
+    assert allocations(placement, consumers) == before
+    print(f"\nkilled applier: {len(failures)} agent cycles timed out and were retried")
+
+
+def test_stale_message_is_ignored(bus, placement):
+    bus.start(1)
+    agent = make_agents(bus, 1, "stale")[0]
+    client = agent.upstream._client
+    newer = upstream.body_of(agent.desired)
+    reply = client.call({}, "apply", message=upstream.full_message(agent.name, 200, newer))
+    assert reply["status"] == upstream.APPLIED
+
+    agent.reserve(2048)
+    older = upstream.body_of(agent.desired)
+    reply = client.call({}, "apply", message=upstream.full_message(agent.name, 100, older))
+    assert reply == {"status": upstream.STALE, "seq": 100, "last_seq": 200}
+    root = root_of(placement, agent.name)
+    got = placement.get(f"/resource_providers/{root['uuid']}/inventories")["inventories"]
+    assert got["MEMORY_MB"]["reserved"] == newer["tree"][0]["inventories"]["MEMORY_MB"]["reserved"]
+    assert got["MEMORY_MB"]["reserved"] != 2048
+
+
+def test_message_naming_another_hosts_provider_is_refused(bus, placement):
+    applier, = bus.start(1)
+    victim, intruder = make_agents(bus, 2, "own")
+    assert victim.cycle().ok
+    victim_root = root_of(placement, victim.name)
+    before = placement.get(f"/resource_providers/{victim_root['uuid']}/inventories")
+    client = intruder.upstream._client
+
+    body = upstream.body_of(intruder.desired)
+    by_name = dict(body["tree"][0], name=f"{victim.name}_NUMA_0", parent=intruder.name,
+                   uuid=None)
+    reply = client.call({}, "apply", message=upstream.full_message(
+        intruder.name, 1, {**body, "tree": body["tree"] + [by_name]}))
+    assert reply["status"] == upstream.REFUSED and "not this host's" in reply["error"]
+
+    by_uuid = dict(body["tree"][0], name=f"{intruder.name}_extra", parent=intruder.name,
+                   uuid=victim_root["uuid"])
+    reply = client.call({}, "apply", message=upstream.full_message(
+        intruder.name, 2, {**body, "tree": body["tree"] + [by_uuid]}))
+    assert reply["status"] == upstream.REFUSED
+    assert "of another host's tree" in reply["error"]
+
+    assert placement.get(f"/resource_providers?name={intruder.name}")["resource_providers"] == []
+    assert placement.get(f"/resource_providers/{victim_root['uuid']}/inventories") == before
+    assert applier.log().count("refused") >= 2
+
+
+class MessagingHost(Host):
+    """reshape_driver's host, whose root is found by name (the agent in
+    messaging mode keeps no root uuid of its own)."""
+
+    @property
+    def root(self) -> str:
+        return root_of(self.scheduler, self.name)["uuid"]
+
+
+def test_reshape_through_the_applier_moves_pinned_guests_in_one_post(
+        bus, tmp_path, placement_server, host_name):
+    bus.start(1)
+    host = MessagingHost(tmp_path, placement_server.url, host_name)
+    sender = bus.sender(host_name, timeout=30)
+    assert sender.send(compute_desired(host.settings())).ok
+    boot_legacy_guests(host)
+    before = host.allocations()
+
+    report = sender.send(compute_desired(host.settings(dedicated="2-5,10-13",
+                                                       shared="0-1,6-9,14-15")))
+    assert report.ok and report.reshape is not None
+    assert report.reshape["totals"]["consumers"] == 2
+    assert report.reshape["request_id"]
+    assert cpu_view(host.inventories()) == {"VCPU": 8, "PCPU": 8}
+    assert host.allocations() == expected_after_reshape(before, [host.pinned, host.pinned_2])
+
+
+def test_service_in_messaging_mode_backs_off_without_applier_then_converges(
+        bus, tmp_path, placement, host_name):
+    from tests.integration.agent_process import AgentProcess
+
+    agent = AgentProcess(tmp_path / "agent", "unused", host_name)
+    text = agent.config_text()
+    text = text[:text.index("[placement]")]  # the hypervisor holds no credentials
+    text = text.replace("[DEFAULT]\n", f"[DEFAULT]\ntransport_url = {bus.url}\n")
+    text = text.replace("[agent]\n", f"[agent]\nupstream = messaging\nupstream_timeout = 2\n"
+                                     f"upstream_topic = {bus.topic}\n")
+    agent.write_config(text)
+    agent.start()
+    try:
+        agent.status_after(lambda s: "Placement cannot be used" in s
+                           and "no node-agent-applier answered" in s, timeout=30)
+        assert placement.get(f"/resource_providers?name={host_name}")["resource_providers"] == []
+        bus.start(1)
+        agent.status_after(lambda s: s.startswith("ok") and "via applier" in s, timeout=30)
+        agent.new_status(lambda s: s.startswith("ok: no change (heartbeat"), timeout=30)
+        assert root_of(placement, host_name)
+        assert "Placement is reachable again" in agent.log()
+    finally:
+        assert agent.stop() == 0
+        agent.notify.close()
