@@ -107,6 +107,10 @@ def load_conf(args: Sequence[str]) -> cfg.ConfigOpts:
         raise ConfigError(f"config file {exc.config_file} cannot be parsed: {exc.msg}") from None
     except cfg.Error as exc:
         raise ConfigError(f"configuration error: {exc}") from None
+    except OSError as exc:  # a directory given as a file, an I/O error
+        raise ConfigError(f"config file {exc.filename} cannot be read: "
+                          f"{exc.strerror or exc}. Give the path of a readable "
+                          "file.") from None
     problems = unknown_options(conf)
     if problems:
         raise ConfigError(problems)

@@ -22,6 +22,8 @@ def load(xml: str, root: str, what: str) -> ET.Element:
         element = ET.fromstring(xml)
     except ET.ParseError as exc:
         raise ParseError(f"{what}: malformed XML: {exc}") from exc
+    except UnicodeError as exc:  # lone surrogates cannot be fed to expat
+        raise ParseError(f"{what}: not encodable text: {exc}") from exc
     if element.tag != root:
         raise ParseError(f"{what}: root element is <{element.tag}>, expected <{root}>")
     return element

@@ -198,6 +198,10 @@ class PlacementClient:
                 f"[{group}] auth_type is not set; set it (for example "
                 f"'password' with auth_url, username, password, "
                 f"project_name, user_domain_name, project_domain_name).")
+        if conf[group].insecure:
+            LOG.warning("[%s] insecure = true: the Placement server's TLS "
+                        "certificate is NOT verified; anyone on the path can "
+                        "impersonate Placement. Set cafile instead.", group)
         session = ks_loading.load_session_from_conf_options(
             conf, group, auth=auth)
         adapter = ks_loading.load_adapter_from_conf_options(

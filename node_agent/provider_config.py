@@ -38,6 +38,7 @@ uuid not known yet) are left out; :func:`unmatched` lists them for a warning.
 
 from __future__ import annotations
 
+import math
 import re
 import uuid as uuid_mod
 from dataclasses import dataclass, field, replace
@@ -55,6 +56,8 @@ _CUSTOM = re.compile(r"^CUSTOM_[A-Z0-9_]+$")
 _VERSION = re.compile(r"^1\.(\d+)$")
 # Classes the agent reports itself on some provider, refused wherever they appear.
 _AGENT_PREFIXES = (PAGE_CLASS_PREFIX,)
+# Placement stores inventory fields as 32-bit signed integers.
+_PLACEMENT_MAX_INT = 2 ** 31 - 1
 _INT_FIELDS = {"total": 1, "reserved": 0, "min_unit": 1, "max_unit": 1, "step_size": 1}
 
 
@@ -146,8 +149,13 @@ def _inventory(value: Any, path: str, problems: _Problems, strict: bool
         if key in data and (not isinstance(v, int) or isinstance(v, bool) or v < minimum):
             problems.add(f"{path}.{key}", f"{v!r} must be a whole number >= {minimum}")
             ok = False
+        elif key in data and v > _PLACEMENT_MAX_INT:
+            problems.add(f"{path}.{key}", f"{v!r} is above Placement's limit "
+                                          f"{_PLACEMENT_MAX_INT}")
+            ok = False
     ratio = data.get("allocation_ratio", 1.0)
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0:
+    if (isinstance(ratio, bool) or not isinstance(ratio, (int, float))
+            or not math.isfinite(ratio) or ratio <= 0):
         problems.add(f"{path}.allocation_ratio", f"{ratio!r} must be a number > 0")
         ok = False
     if not ok:

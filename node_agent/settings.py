@@ -116,20 +116,20 @@ class _Reader:
             return getattr(getattr(self._conf, group), name)
         except (cfg.ConfigFileValueError, ValueError) as exc:
             detail = str(exc).split(" is not valid: ")[-1]
-            self._problems.append(f"[{group}] {name}{self._shown(group, name)} has an "
-                                  f"invalid value: {detail}. See "
+            self._problems.append(f"[{group}] {name} has an invalid value"
+                                  f"{self._shown(group, name)}: {detail}. See "
                                   "etc/node-agent.conf.sample for what it accepts.")
             return fallback
 
     def _shown(self, group: str, name: str) -> str:
-        """`` = 'value'`` as written in the file; nothing for secret options."""
+        """`` 'value'`` as written in the file; nothing for secret options."""
         try:
             if self._conf._get_opt_info(name, group)["opt"].secret:
                 return ""
         except (cfg.NoSuchOptError, cfg.NoSuchGroupError, KeyError):
             return ""
         raw = _configured_value(self._conf, name, group)
-        return "" if raw is None else f" = '{raw}'"
+        return "" if raw is None else f" '{raw}'"
 
 
 _CUSTOM_NAME = re.compile(r"^CUSTOM_[A-Z0-9_]+$")

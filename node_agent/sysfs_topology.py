@@ -70,6 +70,7 @@ def read_topology(sysfs: SysFS, default_hugepage_kb: Optional[int] = None) -> Sy
     isolated = _read_cpulist(sysfs, f"{CPU_DIR}/isolated") or CpuSet()
     nodes = _read_nodes(sysfs, present, default_hugepage_kb, warnings)
     node_of = _node_of_cpu(sysfs, present, nodes, warnings)
+    _check_nodes_complete(sysfs, present, nodes, node_of)
     cpus = tuple(_read_cpu(sysfs, cpu, cpu in online, node_of.get(cpu), warnings)
                  for cpu in present)
     return SysfsTopology(
@@ -264,6 +265,30 @@ def _node_of_cpu(sysfs: SysFS, present: CpuSet, nodes: tuple[NumaNode, ...],
         if linked:
             node_of[cpu] = linked[0]
     return node_of
+
+
+def _check_nodes_complete(sysfs: SysFS, present: CpuSet, nodes: tuple[NumaNode, ...],
+                          node_of: dict[int, int]) -> None:
+    """A node whose directory or meminfo is missing would silently drop its
+    CPUs or memory from the report; a kernel never shows such a tree, so it
+    is a read failure (never shrink inventory because a read failed)."""
+    if not nodes:
+        return
+    listed = _read_cpulist(sysfs, f"{NODE_DIR}/online")
+    missing = (listed or CpuSet()) - CpuSet(node.id for node in nodes)
+    if missing:
+        raise DiscoveryError(f"{sysfs.path(NODE_DIR)}/online lists nodes {missing} but "
+                             f"{sysfs.path(NODE_DIR)}/node{missing.to_list()[0]} is missing")
+    # Old kernels (linux-test1) list no CPUs in any node: nothing to check.
+    orphans = present - CpuSet(node_of) if any(node.cpus for node in nodes) else CpuSet()
+    if orphans:
+        raise DiscoveryError(f"CPUs {orphans} are present but in no NUMA node under "
+                             f"{sysfs.path(NODE_DIR)}: a node directory is missing or "
+                             "unreadable")
+    without = [node.id for node in nodes if node.memory_kb is None]
+    if without and len(without) < len(nodes):
+        raise DiscoveryError(f"{sysfs.path(NODE_DIR)}/node{without[0]}/meminfo is missing "
+                             "while other nodes have one")
 
 
 def _total_memory(nodes: tuple[NumaNode, ...]) -> Optional[int]:
