@@ -3,6 +3,8 @@
 #   make test      install when needed, then the whole test suite
 #   make run       install when needed, then the README's run (see README)
 #   make config    regenerate etc/node-agent.conf.sample (never edit it by hand)
+#   make bench     benchmarks against nova's report client -> BENCHMARKS.md (not in test)
+#   make soak      long reliability runs (not in test); see RELIABILITY.md
 
 PYTHON ?= python3
 VENV   := .venv
@@ -13,7 +15,7 @@ STAMP  := $(VENV)/.installed
 DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev rabbitmq-server
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-packages test run stop config install-service clean
+.PHONY: install system-packages test run stop config install-service bench soak clean
 
 install: $(STAMP)
 
@@ -61,5 +63,22 @@ install-service: install
 	@echo "Edit /etc/node-agent/node-agent.conf, check it with: node-agent --config-file /etc/node-agent/node-agent.conf --check-config"
 	@echo "then: systemctl enable --now node-agent"
 
+NOVA_VENV := .venv-nova
+
+$(NOVA_VENV)/.installed: bench/requirements-nova.txt
+	[ -x $(NOVA_VENV)/bin/python ] || $(PYTHON) -m venv $(NOVA_VENV)
+	$(NOVA_VENV)/bin/python -m pip install -q --upgrade pip
+	$(NOVA_VENV)/bin/python -m pip install -q -r bench/requirements-nova.txt
+	touch $@
+
+bench: install $(NOVA_VENV)/.installed
+	$(PY) -m pip install -q -r bench/requirements.txt
+	$(PY) -m bench.run
+
+soak: install
+	NODE_AGENT_FUZZ_EXAMPLES=3000 $(PY) -m pytest -q tests/reliability/test_fuzz_parsers.py
+	NODE_AGENT_KILL_POINTS=1,2,3,4,5,6,7,8,9,10 $(PY) -m pytest -q \
+	  tests/reliability/test_placement_faults.py -k killed
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(NOVA_VENV) build *.egg-info
