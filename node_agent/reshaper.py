@@ -4,31 +4,39 @@ Whether a reshape is needed is decided from what Placement shows (for
 example pinned consumers still holding VCPU), never from a local file, so a
 restart or a lost state directory cannot reshape twice.
 
-Requests for a tree of P existing providers and N consumers to move:
-P ``GET /resource_providers/{uuid}/allocations`` (generation and every
+Only the providers the rule works on are read (see
+:mod:`node_agent.reshape`): for S source providers (the root, plus the NUMA
+children on a host that reports them), T target providers allocations
+actually move to that are not sources, and N consumers to move:
+S + T ``GET /resource_providers/{uuid}/allocations`` (generation and every
 consumer's share), N ``GET /allocations/{consumer}`` (whole allocations
-with consumer generation), one ``POST /reshaper``: N + 2 for a flat host.
+with consumer generation), one ``POST /reshaper``. VCPU -> PCPU on a host
+without NUMA children: N + 2, whatever other children the host has.
+Children that allocations move to but Placement does not have yet are
+created first (one POST each, and the plan is computed again).
 
-Call :func:`ensure_reshaped` before the tree sync of a cycle, so the sync
-sees a tree that is already reshaped.
+Call :func:`host_reshape` (or :func:`ensure_reshaped` with a rule of your
+own) before the tree sync of a cycle, so the sync sees a tree that is
+already reshaped.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid as uuidlib
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping, Optional
 from urllib.parse import quote
 
 import tenacity
 
 from node_agent.errors import ReshapeError
-from node_agent.placement import GenerationConflict, InventoryInUse, NotFound
+from node_agent.placement import DuplicateName, GenerationConflict, InventoryInUse, NotFound
 from node_agent.provider_tree import ProviderTree
 from node_agent.reshape import (Consumer, ProviderAllocations, Reshape, Rule,
                                 affected_consumers, compute_reshape, guest_names,
-                                pinned_to_pcpu)
+                                host_rule, move_targets, rule_provider_names, rule_sources)
 from node_agent.topology import Guest
 
 LOG = logging.getLogger(__name__)
@@ -41,7 +49,8 @@ READ_WORKERS = 8
 
 @dataclass
 class ReshapeOutcome:
-    """What :func:`ensure_reshaped` did. ``reshape`` is the last plan."""
+    """What :func:`ensure_reshaped` did. ``reshape`` is the last plan;
+    ``created``: uuids of the children created so allocations could move."""
 
     reshaped: bool
     reshape: Reshape
@@ -49,20 +58,34 @@ class ReshapeOutcome:
     requests: int = 0
     request_id: Optional[str] = None
     warnings: list[str] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)
 
     @property
     def consumers_moved(self) -> int:
         return len(self.reshape.moved_consumers) if self.reshaped else 0
 
+    @property
+    def inventories(self) -> dict[str, dict]:
+        """Provider uuid -> the inventories the POST set (empty if none was sent)."""
+        if not self.reshaped or self.reshape.body is None:
+            return {}
+        return {uuid: entry["inventories"]
+                for uuid, entry in self.reshape.body["inventories"].items()}
+
 
 def resolve_uuids(client, tree: ProviderTree,
-                  known: Optional[Mapping[str, str]] = None) -> ProviderTree:
+                  known: Optional[Mapping[str, str]] = None,
+                  names: Optional[Iterable[str]] = None) -> ProviderTree:
     """``tree`` with uuids: from the tree itself, then ``known`` (name ->
     uuid, e.g. the state file's), then Placement by name (one GET each).
-    Providers Placement does not have keep uuid None."""
+    Only ``names`` (default: every provider) are resolved. Providers
+    Placement does not have keep uuid None."""
     known = dict(known or {})
+    wanted = None if names is None else set(names)
     uuids = {}
     for provider in tree.providers:
+        if wanted is not None and provider.name not in wanted:
+            continue
         uuid = provider.uuid or known.get(provider.name)
         if uuid is None:
             found = client.get(f"/resource_providers?name={quote(provider.name)}")
@@ -73,17 +96,15 @@ def resolve_uuids(client, tree: ProviderTree,
     return tree.with_uuids(uuids)
 
 
-def read_providers(client, tree: ProviderTree) -> dict[str, ProviderAllocations]:
-    """Each existing provider of ``tree``: generation and consumers."""
+def read_allocations(client, uuids: Iterable[str]) -> dict[str, ProviderAllocations]:
+    """Each provider's generation and consumers; ones Placement lacks are left out."""
     found = {}
-    for provider in tree.providers:
-        if not provider.uuid:
-            continue
+    for uuid in uuids:
         try:
-            body = client.get(f"/resource_providers/{provider.uuid}/allocations")
+            body = client.get(f"/resource_providers/{uuid}/allocations")
         except NotFound:
             continue
-        found[provider.uuid] = ProviderAllocations.from_placement(provider.uuid, body)
+        found[uuid] = ProviderAllocations.from_placement(uuid, body)
     return found
 
 
@@ -103,23 +124,37 @@ def read_consumers(client, uuids: Iterable[str],
 
 
 def read_inventories(client, uuids: Iterable[str]) -> dict[str, dict]:
-    return {uuid: client.get(f"/resource_providers/{uuid}/inventories")["inventories"]
-            for uuid in uuids}
+    """Current inventories of the providers Placement has."""
+    found = {}
+    for uuid in uuids:
+        try:
+            found[uuid] = client.get(f"/resource_providers/{uuid}/inventories")["inventories"]
+        except NotFound:
+            continue
+    return found
 
 
-def _compute(client, tree: ProviderTree, rule: Rule, names: Mapping[str, str]) -> Reshape:
-    """Read what the plan depends on and compute it (reads only)."""
-    providers = read_providers(client, tree)
+def _compute(client, tree: ProviderTree, rule: Rule, names: Mapping[str, str],
+             absent: Iterable[str] = ()) -> tuple[Reshape, frozenset[str]]:
+    """Read what the plan depends on and compute it (reads only). Also
+    returns the targets moves go to that Placement does not have: they are
+    in the plan as empty providers of generation 0 (what a new one has)."""
+    absent = set(absent)
+    providers = read_allocations(client, [u for u in rule_sources(rule, tree)
+                                          if u not in absent])
     if not providers:
-        return compute_reshape({}, {}, tree, rule, consumer_names=names)
-    host = [p.uuid for p in tree.providers if p.uuid]
-    consumers = read_consumers(client, affected_consumers(providers, rule, host))
-    plan = compute_reshape(providers, consumers, tree, rule, consumer_names=names)
+        return compute_reshape({}, {}, tree, rule, consumer_names=names), frozenset()
+    targets = move_targets(providers, rule) - set(providers)
+    providers.update(read_allocations(client, sorted(targets - absent)))
+    new = frozenset(targets - set(providers))
+    view = {**providers, **{uuid: ProviderAllocations(uuid, 0) for uuid in new}}
+    consumers = read_consumers(client, affected_consumers(view, rule))
+    plan = compute_reshape(view, consumers, tree, rule, consumer_names=names)
     if plan.missing_inventories:
-        current = read_inventories(client, sorted(plan.missing_inventories))
-        plan = compute_reshape(providers, consumers, tree, rule,
+        current = read_inventories(client, sorted(plan.missing_inventories - new))
+        plan = compute_reshape(view, consumers, tree, rule,
                                current_inventories=current, consumer_names=names)
-    return plan
+    return plan, new
 
 
 def _with_uuids_or_fail(tree: ProviderTree) -> ProviderTree:
@@ -128,47 +163,72 @@ def _with_uuids_or_fail(tree: ProviderTree) -> ProviderTree:
     return tree
 
 
-def plan_reshape(client, tree: ProviderTree, guests: Iterable[Guest], rule: Rule) -> Reshape:
+def plan_reshape(client, tree: ProviderTree, guests: Iterable[Guest], rule: Rule,
+                 absent: Iterable[str] = ()) -> Reshape:
     """The reshape a cycle would send now, for ``--dry-run``. Reads only;
-    refusals are in the result, not raised."""
+    refusals are in the result, not raised. ``absent``: uuids of providers
+    of ``tree`` that Placement does not have yet (not read)."""
     _with_uuids_or_fail(tree)
     try:
-        return _compute(client, tree, rule, guest_names(guests))
+        plan, new = _compute(client, tree, rule, guest_names(guests), absent)
     except ValueError as exc:
         raise ReshapeError(f"cannot plan the reshape: {exc}") from exc
+    if not new:
+        return plan
+    shown = {uuid: f"{name} (to be created)" if uuid in new else name
+             for uuid, name in plan.provider_names.items()}
+    return replace(plan, provider_names=shown)
 
 
-def _create_missing(client, tree: ProviderTree, existing: Iterable[str]) -> None:
-    """The reshaper moves allocations only between existing providers;
-    create new children (empty) first. The tree sync adopts them by name."""
-    existing = set(existing)
+def _create_missing(client, tree: ProviderTree, uuids: Iterable[str]) -> None:
+    """The reshaper moves allocations only between existing providers:
+    create the new children (empty) first. The tree sync adopts them by name."""
+    uuids = set(uuids)
     for provider in tree.providers:
-        if provider.uuid in existing:
+        if provider.uuid not in uuids:
             continue
         body = {"name": provider.name, "uuid": provider.uuid}
         if provider.parent is not None:
             body["parent_provider_uuid"] = tree.by_name(provider.parent).uuid
-        client.post("/resource_providers", body)
+        try:
+            client.post("/resource_providers", body)
+        except DuplicateName as exc:
+            raise ReshapeError(
+                f"cannot create provider {provider.name} for the reshape: {exc}; "
+                "the next cycle looks it up again") from exc
+        LOG.info("reshape: created provider %s (%s) to move allocations onto",
+                 provider.name, provider.uuid)
+
+
+def _refuse(plan: Reshape) -> None:
+    if plan.refusals:
+        raise ReshapeError("\n".join(["reshape refused; allocations in Placement "
+                                      "were left as they are:", *plan.refusals]))
 
 
 def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: Rule, *,
                     attempts: int = ATTEMPTS,
-                    before_post: Optional[Callable[[dict], None]] = None) -> ReshapeOutcome:
+                    before_post: Optional[Callable[[dict], None]] = None,
+                    absent: Iterable[str] = ()) -> ReshapeOutcome:
     """Make Placement's allocations fit ``tree`` under ``rule``, atomically.
 
-    Reads the host's providers and the consumers the rule moves, and sends
+    Reads the rule's providers and the consumers the rule moves, and sends
     one ``POST /reshaper`` if anything moves. On 409 (a provider or consumer
     generation moved, or inventory became in use) everything is read again
     and the plan recomputed: a stale plan is never sent. ``before_post``
     is called with the body just before it is sent (tests use it to race).
+    ``absent``: uuids given to providers of ``tree`` Placement does not have
+    yet; those that allocations move to are created before the POST.
 
     Raises ReshapeError (before any write) when the rule refuses (a pinned
-    guest outside cpu_dedicated_set, fewer PCPU than pinned vCPUs in use),
-    or when the conflicts do not stop after ``attempts`` tries.
+    guest outside cpu_dedicated_set, fewer PCPU than pinned vCPUs in use, a
+    guest that cannot be attributed to a GPU or NUMA node), or when the
+    conflicts do not stop after ``attempts`` tries.
     Placement being unreachable raises the client's ``Unavailable``.
     """
     _with_uuids_or_fail(tree)
     names = guest_names(guests)
+    absent = set(absent)
     start = client.stats.total
     outcome = ReshapeOutcome(False, Reshape(None))
     retrying = tenacity.Retrying(
@@ -180,7 +240,8 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
         for attempt in retrying:
             with attempt:
                 outcome.attempts = attempt.retry_state.attempt_number
-                outcome.reshape = plan = _plan_for_post(client, tree, rule, names)
+                outcome.reshape = plan = _plan_for_post(client, tree, rule, names,
+                                                        absent, outcome)
                 if plan.needed:
                     if before_post is not None:
                         before_post(plan.body)
@@ -191,6 +252,8 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
         raise ReshapeError(
             f"reshape abandoned after {outcome.attempts} attempts: Placement kept "
             f"changing under it ({exc}); the next cycle tries again") from exc
+    except ValueError as exc:
+        raise ReshapeError(f"cannot plan the reshape: {exc}") from exc
     finally:
         outcome.requests = client.stats.total - start
     outcome.warnings = list(outcome.reshape.warnings)
@@ -206,16 +269,19 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
     return outcome
 
 
-def _plan_for_post(client, tree: ProviderTree, rule: Rule, names) -> Reshape:
-    try:
-        plan = _compute(client, tree, rule, names)
-    except ValueError:
-        # Something moves onto a provider that does not exist yet.
-        _create_missing(client, tree, read_providers(client, tree))
-        plan = _compute(client, tree, rule, names)
-    if plan.refusals:
-        raise ReshapeError("\n".join(["reshape refused; allocations in Placement "
-                                      "were left as they are:", *plan.refusals]))
+def _plan_for_post(client, tree: ProviderTree, rule: Rule, names, absent: set[str],
+                   outcome: ReshapeOutcome) -> Reshape:
+    plan, new = _compute(client, tree, rule, names, absent)
+    _refuse(plan)
+    if plan.needed and new:
+        _create_missing(client, tree, new)
+        outcome.created += sorted(new)
+        absent -= new
+        plan, new = _compute(client, tree, rule, names, absent)
+        _refuse(plan)
+        if new:
+            raise ValueError("providers created for the reshape are gone: "
+                             + ", ".join(sorted(new)))
     return plan
 
 
@@ -223,38 +289,58 @@ def _totals_text(plan: Reshape) -> str:
     return ", ".join(f"{n} {what}" for what, n in plan.totals()["moved"].items())
 
 
-# ---------------------------------------------------------------- VCPU -> PCPU
+# ---------------------------------------------------------------- one host
 
-def _existing_only(tree: ProviderTree) -> ProviderTree:
-    """Providers not in Placement yet hold no allocations and cannot be in a
-    /reshaper body; the tree sync creates them afterwards."""
-    return ProviderTree(tuple(p for p in tree.providers if p.uuid))
+@dataclass(frozen=True)
+class HostReshape:
+    """What :func:`ensure_reshaped` needs for one cycle's ``Desired``:
+    the tree with uuids for the rule's providers, the rule chain
+    (:func:`node_agent.reshape.host_rule`), and the uuids given to children
+    Placement does not have yet."""
 
-
-def _pcpu_inputs(client, desired, known_uuids):
-    tree = _existing_only(resolve_uuids(client, desired.tree, known_uuids))
-    if not tree.providers or tree.root.name != desired.tree.root.name:
-        return None, None  # the root is not in Placement yet
-    rule = pinned_to_pcpu(desired.host.guests, tree.root.uuid, desired.partition.dedicated)
-    return tree, rule
+    tree: ProviderTree
+    rule: Rule
+    absent: frozenset[str] = frozenset()
 
 
-def pcpu_reshape(client, desired, known_uuids: Optional[Mapping[str, str]] = None,
+def host_reshape_inputs(client, desired,
+                        known_uuids: Optional[Mapping[str, str]] = None
+                        ) -> Optional[HostReshape]:
+    """Resolve the uuids of the root and of the NUMA and GPU children
+    (``known_uuids``: name -> uuid, the state file's ``providers``; the
+    rest by name, one GET each) and build the rule. None when the root is
+    not in Placement: a host not there yet has nothing to reshape."""
+    names = rule_provider_names(desired.tree, desired.host)
+    tree = resolve_uuids(client, desired.tree, known_uuids, names)
+    if not tree.root.uuid:
+        return None
+    fresh = {name: str(uuidlib.uuid4()) for name in names[1:]
+             if tree.by_name(name).uuid is None}
+    tree = tree.with_uuids(fresh)
+    return HostReshape(tree, host_rule(tree, desired.host, desired.partition.dedicated),
+                       frozenset(fresh.values()))
+
+
+def host_reshape(client, desired, known_uuids: Optional[Mapping[str, str]] = None,
                  **kw) -> ReshapeOutcome:
-    """:func:`ensure_reshaped` with the pinned-VCPU-to-PCPU rule for one
-    cycle's ``Desired`` (``cycle.desired_from``). ``known_uuids``: name ->
-    uuid (the state file's ``providers``); missing ones are looked up by
-    name. A host whose root is not in Placement has nothing to reshape."""
-    tree, rule = _pcpu_inputs(client, desired, known_uuids)
-    if tree is None:
+    """:func:`ensure_reshaped` with the rule chain that fits one cycle's
+    ``Desired`` (``cycle.desired_from``)."""
+    inputs = host_reshape_inputs(client, desired, known_uuids)
+    if inputs is None:
         return ReshapeOutcome(False, Reshape(None))
-    return ensure_reshaped(client, tree, desired.host.guests, rule, **kw)
+    return ensure_reshaped(client, inputs.tree, desired.host.guests, inputs.rule,
+                           absent=inputs.absent, **kw)
 
 
-def plan_pcpu_reshape(client, desired,
+def plan_host_reshape(client, desired,
                       known_uuids: Optional[Mapping[str, str]] = None) -> Reshape:
     """:func:`plan_reshape` for ``--dry-run``: reads only."""
-    tree, rule = _pcpu_inputs(client, desired, known_uuids)
-    if tree is None:
+    inputs = host_reshape_inputs(client, desired, known_uuids)
+    if inputs is None:
         return Reshape(None)
-    return plan_reshape(client, tree, desired.host.guests, rule)
+    return plan_reshape(client, inputs.tree, desired.host.guests, inputs.rule, inputs.absent)
+
+
+# The names the first version had; the chain now covers more than VCPU -> PCPU.
+pcpu_reshape = host_reshape
+plan_pcpu_reshape = plan_host_reshape

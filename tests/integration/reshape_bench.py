@@ -3,9 +3,11 @@
     python -m tests.integration.reshape_bench 100 1000
 
 Against a fresh embedded Placement (SQLite). Each run: a root provider in
-the legacy shape, N pinned guests and N/10 unpinned ones allocated the way
-the scheduler does, then one ``ensure_reshaped``. Setup requests are not
-counted; the agent's client counts only its own.
+the legacy shape with four children (SR-IOV PFs; the rule does not work on
+them, so they are neither read nor in the body), N pinned guests and N/10
+unpinned ones allocated the way the scheduler does, then one
+``ensure_reshaped``. Setup requests are not counted; the agent's client
+counts only its own. Target: N + 2.
 """
 
 from __future__ import annotations
@@ -26,14 +28,19 @@ from node_agent.topology import Guest
 from tests.integration.reshape_driver import allocate
 
 HOST_CPUS = 128
+CHILDREN = 4
 
 
-def tree(name, root_uuid, n, legacy):
+def tree(name, root_uuid, n, legacy, children):
     cpus = {"VCPU": Inventory(HOST_CPUS, allocation_ratio=float(n))} if legacy else {
         "VCPU": Inventory(HOST_CPUS // 2, allocation_ratio=4.0),
         "PCPU": Inventory(n)}
-    return ProviderTree((Provider(name, uuid=root_uuid, inventories={
-        **cpus, "MEMORY_MB": Inventory(256 * n * 2)}),))
+    root = Provider(name, uuid=root_uuid, inventories={
+        **cpus, "MEMORY_MB": Inventory(256 * n * 2)})
+    return ProviderTree((root, *(
+        Provider(f"{name}_pf_{k}", parent=name, uuid=uuid_k,
+                 inventories={"SRIOV_NET_VF": Inventory(8)})
+        for k, uuid_k in enumerate(children))))
 
 
 def run(url: str, n: int) -> dict:
@@ -41,11 +48,15 @@ def run(url: str, n: int) -> dict:
     agent = PlacementClient.for_endpoint(url)
     root = str(uuid.uuid4())
     name = f"bench-{n}"
-    scheduler.post("/resource_providers", {"name": name, "uuid": root})
-    legacy = tree(name, root, n, legacy=True).root.inventories
-    scheduler.put(f"/resource_providers/{root}/inventories", {
-        "resource_provider_generation": 0,
-        "inventories": {rc: inv.as_placement() for rc, inv in legacy.items()}})
+    children = [str(uuid.uuid4()) for _ in range(CHILDREN)]
+    for provider in tree(name, root, n, True, children).providers:
+        scheduler.post("/resource_providers", {
+            "name": provider.name, "uuid": provider.uuid,
+            **({"parent_provider_uuid": root} if provider.parent else {})})
+        scheduler.put(f"/resource_providers/{provider.uuid}/inventories", {
+            "resource_provider_generation": 0,
+            "inventories": {rc: inv.as_placement()
+                            for rc, inv in provider.inventories.items()}})
     guests = []
     for i in range(n + n // 10):
         pinned = i < n
@@ -55,12 +66,12 @@ def run(url: str, n: int) -> dict:
         guests.append(guest)
         allocate(scheduler, guest.uuid, {root: {"VCPU": 1, "MEMORY_MB": 256}})
     dedicated = CpuSet(range(HOST_CPUS // 2))
-    desired = tree(name, root, n, legacy=False)
+    desired = tree(name, root, n, False, children)
     start = time.monotonic()
     outcome = ensure_reshaped(agent, desired, guests, pinned_to_pcpu(guests, root, dedicated))
     elapsed = time.monotonic() - start
     assert outcome.reshaped and outcome.consumers_moved == n
-    return {"consumers": n, "requests": agent.stats.total, "reads": agent.stats.reads,
+    return {"consumers": n, "providers": 1 + CHILDREN, "requests": agent.stats.total, "reads": agent.stats.reads,
             "writes": agent.stats.writes, "seconds": round(elapsed, 2),
             "target": n + 2}
 

@@ -6,13 +6,17 @@ from pathlib import Path
 
 import pytest
 
+from node_agent.build import build_tree
 from node_agent.cpuset import parse_cpu_spec
 from node_agent.domain import parse_domain
+from node_agent.partition import partition_cpus
 from node_agent.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.reshape import (Consumer, ProviderAllocations, affected_consumers, chain,
-                                compute_reshape, guest_names, pcpu_to_numa_children,
-                                pinned_to_pcpu, vgpu_to_gpu_children)
+                                compute_reshape, guest_names, hold_inventories, host_rule,
+                                move_targets, pcpu_to_numa_children, pinned_to_pcpu,
+                                rule_provider_names, rule_sources, vgpu_to_gpu_children)
 from node_agent.topology import GuestMdev
+from tests.snapshots import settings, snapshot
 
 HOST_XML = Path(__file__).resolve().parents[1] / "data" / "libvirt" / "host.xml"
 ROOT = "aaaaaaaa-0000-4000-8000-000000000000"
@@ -172,15 +176,6 @@ def test_without_a_reshape_a_dropped_class_still_in_use_is_warned():
     assert len(plan.warnings) == 1 and ORPHAN in plan.warnings[0]
 
 
-def test_a_moved_consumer_on_a_provider_not_yet_created_is_an_error():
-    consumers = legacy_consumers()
-    child = Provider("host_gpu", parent="host", uuid="cccccccc-0000-4000-8000-000000000000")
-    two = ProviderTree((tree().root, child))
-    with pytest.raises(ValueError, match="host_gpu"):
-        compute_reshape(provider_view(*consumers), {c.uuid: c for c in consumers},
-                        two, rule())
-
-
 GPU = "cccccccc-0000-4000-8000-00000000000a"
 GPU_2 = "cccccccc-0000-4000-8000-00000000000b"
 
@@ -220,13 +215,204 @@ NODE0 = "eeeeeeee-0000-4000-8000-000000000000"
 NODE1 = "eeeeeeee-0000-4000-8000-000000000001"
 
 
-def test_chained_rules_move_pinned_vcpu_to_pcpu_on_the_numa_nodes_of_its_pins():
-    def node_of(cpu):
-        return 0 if cpu < 8 else 1
+def node_of(cpu):
+    return 0 if cpu < 8 else 1
 
+
+def numa_tree(node_classes=("PCPU", "VCPU", "MEMORY_MB")):
+    inventories = {rc: Inventory(8 if rc != "MEMORY_MB" else 32768) for rc in node_classes}
+    return ProviderTree((
+        Provider("host", uuid=ROOT, inventories={"DISK_GB": Inventory(500)}),
+        Provider("host_NUMA_0", parent="host", uuid=NODE0, inventories=inventories),
+        Provider("host_NUMA_1", parent="host", uuid=NODE1, inventories=inventories)))
+
+
+def numa_view(*consumers):
+    return {**provider_view(*consumers), NODE0: ProviderAllocations(NODE0, 2),
+            NODE1: ProviderAllocations(NODE1, 5)}
+
+
+def on_node_0(guest):
+    """The guest pinned inside node 0 (CPUs 2-5), memory on node 0."""
+    pins = tuple((vcpu, parse_cpu_spec(str(2 + vcpu))) for vcpu in range(guest.vcpus))
+    return dataclasses.replace(guest, vcpupin=pins, numa_nodes=frozenset({0}))
+
+
+def test_pinned_guest_inside_one_node_moves_cpu_and_memory_to_that_node():
+    guest = on_node_0(next(g for g in GUESTS if g.uuid == PINNED))
+    numa_rule = pcpu_to_numa_children([guest], ROOT, {0: NODE0, 1: NODE1}, node_of)
+    both = chain(pinned_to_pcpu([guest], ROOT, parse_cpu_spec("2-5,10-13")), numa_rule)
+    holder = consumer(PINNED, VCPU=4, MEMORY_MB=4096, DISK_GB=20)
+
+    plan = compute_reshape(numa_view(holder), {PINNED: holder}, numa_tree(), both)
+
+    assert plan.refusals == ()
+    assert plan.body["allocations"][PINNED]["allocations"] == {
+        ROOT: {"resources": {"DISK_GB": 20}},
+        NODE0: {"resources": {"PCPU": 4, "MEMORY_MB": 4096}}}
+    assert {rp: e["resource_provider_generation"]
+            for rp, e in plan.body["inventories"].items()} == {ROOT: 7, NODE0: 2, NODE1: 5}
+
+
+def test_guest_with_only_numatune_moves_its_vcpu_and_memory_to_that_node():
+    floating = next(g for g in GUESTS if g.name == "instance-00000005")  # numatune node 1
+    numa_rule = pcpu_to_numa_children(GUESTS, ROOT, {0: NODE0, 1: NODE1}, node_of)
+    assert numa_rule(floating.uuid, ROOT, "VCPU", 2) == [(NODE1, "VCPU", 2)]
+    assert numa_rule(floating.uuid, ROOT, "MEMORY_MB", 2048) == [(NODE1, "MEMORY_MB", 2048)]
+    assert numa_rule(floating.uuid, ROOT, "DISK_GB", 5) == [(ROOT, "DISK_GB", 5)]
+
+
+def test_guest_pinned_across_nodes_is_refused_naming_guest_and_nodes():
     numa_rule = pcpu_to_numa_children(GUESTS, ROOT, {0: NODE0, 1: NODE1}, node_of)
     both = chain(rule(), numa_rule)
-    # instance-00000001 pins vCPUs to 2, 10, 3, 11: two on each node.
-    assert both(PINNED, ROOT, "VCPU", 4) == [(NODE0, "PCPU", 2), (NODE1, "PCPU", 2)]
-    assert both(UNPINNED, ROOT, "VCPU", 2) == [(ROOT, "VCPU", 2)]
-    assert both.refusals([PINNED_2], {}) == []
+    # instance-00000001 pins vCPUs to 2, 10, 3, 11: two on each node. It stays...
+    assert both(PINNED, ROOT, "VCPU", 4) == [(ROOT, "PCPU", 4)]
+    holder = consumer(PINNED, VCPU=4, MEMORY_MB=4096)
+
+    plan = compute_reshape(numa_view(holder), {PINNED: holder}, numa_tree(), both,
+                           consumer_names=guest_names(GUESTS))
+
+    # ... and the reshape is refused: no guessing which node it belongs to.
+    assert len(plan.refusals) == 1
+    assert "guest instance-00000001" in plan.refusals[0]
+    assert "spans NUMA nodes 0-1" in plan.refusals[0]
+    assert "pinned CPUs 2-3,10-11" in plan.refusals[0]
+
+
+def test_floating_guest_without_numatune_is_refused_even_when_nothing_else_moves():
+    floating = next(g for g in GUESTS if g.uuid == UNPINNED)
+    numa_rule = pcpu_to_numa_children(GUESTS, ROOT, {0: NODE0, 1: NODE1}, node_of)
+    holder = consumer(UNPINNED, VCPU=2, MEMORY_MB=1024)
+    view = numa_view(holder)
+
+    assert affected_consumers(view, numa_rule) == []
+    plan = compute_reshape(view, {}, numa_tree(), numa_rule)
+
+    assert plan.body is None
+    assert plan.refusals == (
+        f"guest {floating.name} ({UNPINNED}) has neither CPU pins nor numatune memory "
+        "nodes, so its NUMA node is unknown; its allocations cannot move to a NUMA node "
+        "child",)
+
+
+def test_consumer_with_no_guest_on_this_host_is_not_refused_but_warned():
+    numa_rule = pcpu_to_numa_children(GUESTS, ROOT, {0: NODE0, 1: NODE1}, node_of)
+    plan = compute_reshape(numa_view(consumer(ORPHAN, VCPU=3)), {}, numa_tree(), numa_rule)
+    assert plan.refusals == () and plan.body is None
+    assert any(ORPHAN in w and "VCPU" in w for w in plan.warnings)
+
+
+def test_memory_stays_on_the_root_when_the_node_children_hold_none():
+    guest = on_node_0(next(g for g in GUESTS if g.uuid == PINNED))
+    numa_rule = pcpu_to_numa_children([guest], ROOT, {0: NODE0, 1: NODE1}, node_of,
+                                      node_classes={0: {"PCPU", "VCPU"}, 1: {"PCPU", "VCPU"}})
+    assert numa_rule(PINNED, ROOT, "MEMORY_MB", 4096) == [(ROOT, "MEMORY_MB", 4096)]
+    assert numa_rule.unplaced(PINNED, ROOT, "MEMORY_MB", 4096) == []
+    assert numa_rule(PINNED, ROOT, "PCPU", 4) == [(NODE0, "PCPU", 4)]
+
+
+def test_vgpu_of_a_guest_whose_mdev_parent_is_unknown_is_refused():
+    guest = next(g for g in GUESTS if g.mdevs)  # parent not known
+    gpu_rule = vgpu_to_gpu_children([guest], ROOT, {"0000:81:00.0": GPU})
+    holder = consumer(guest.uuid, VGPU=1, MEMORY_MB=2048)
+    view = {**provider_view(holder), GPU: ProviderAllocations(GPU, 0)}
+    desired = ProviderTree((tree().root, Provider("host_pci_0000_81_00_0", parent="host",
+                                                  uuid=GPU, inventories={"VGPU": Inventory(4)})))
+
+    plan = compute_reshape(view, {}, desired, gpu_rule)
+
+    assert plan.body is None
+    assert len(plan.refusals) == 1
+    assert guest.name in plan.refusals[0] and guest.mdevs[0].uuid in plan.refusals[0]
+    assert "parent GPU" in plan.refusals[0]
+
+
+def test_vgpu_of_a_guest_on_a_gpu_the_tree_does_not_report_is_refused():
+    mdev_guest = next(g for g in GUESTS if g.mdevs)
+    guest = dataclasses.replace(mdev_guest, mdevs=(
+        GuestMdev(mdev_guest.mdevs[0].uuid, parent="0000:82:00.0"),))
+    gpu_rule = vgpu_to_gpu_children([guest], ROOT, {"0000:81:00.0": GPU})
+    assert gpu_rule(guest.uuid, ROOT, "VGPU", 1) == [(ROOT, "VGPU", 1)]
+    (why,) = gpu_rule.unplaced(guest.uuid, ROOT, "VGPU", 1)
+    assert "0000:82:00.0" in why and "enabled_mdev_types" in why
+
+
+def test_a_move_onto_a_provider_not_yet_in_placement_is_an_error():
+    mdev_guest = next(g for g in GUESTS if g.mdevs)
+    guest = dataclasses.replace(mdev_guest, mdevs=(
+        GuestMdev(mdev_guest.mdevs[0].uuid, parent="0000:81:00.0"),))
+    gpu_rule = vgpu_to_gpu_children([guest], ROOT, {"0000:81:00.0": GPU})
+    desired = ProviderTree((tree().root, Provider("host_pci_0000_81_00_0", parent="host",
+                                                  uuid=GPU)))
+    holder = consumer(guest.uuid, VGPU=1)
+    assert move_targets(provider_view(holder), gpu_rule) == {GPU}
+    with pytest.raises(ValueError, match="host_pci_0000_81_00_0"):
+        compute_reshape(provider_view(holder), {guest.uuid: holder}, desired, gpu_rule)
+
+
+def test_body_lists_only_the_providers_the_rule_works_on():
+    consumers = legacy_consumers()
+    # The tree also has a GPU child and a NUMA-less SR-IOV child: not the rule's.
+    desired = ProviderTree((
+        tree().root,
+        Provider("host_pci_0000_81_00_0", parent="host", uuid=GPU,
+                 inventories={"VGPU": Inventory(16)}),
+        Provider("host_0000:3b:00.0", parent="host", inventories={"SRIOV_NET_VF": Inventory(8)})))
+    pcpu_rule = rule()
+    assert pcpu_rule.sources == pcpu_rule.providers == {ROOT}
+    assert rule_sources(pcpu_rule, desired) == [ROOT]
+
+    plan = compute_reshape(provider_view(*consumers), {c.uuid: c for c in consumers},
+                           desired, pcpu_rule)
+
+    assert set(plan.body["inventories"]) == {ROOT}
+
+
+def test_chain_works_on_the_union_of_its_rules_providers():
+    both = chain(rule(), vgpu_to_gpu_children(GUESTS, ROOT, {"0000:81:00.0": GPU}),
+                 pcpu_to_numa_children(GUESTS, ROOT, {0: NODE0}, node_of))
+    assert both.sources == {ROOT}
+    assert both.targets == {ROOT, GPU, NODE0}
+    assert both.classes == {"VCPU", "PCPU", "VGPU", "MEMORY_MB"}
+
+
+def test_host_rule_fits_the_tree_built_for_a_numa_host(tmp_path):
+    host = snapshot("virhostcpudata/linux-test4", tmp_path, guests=GUESTS)
+    conf = settings(numa_in_placement=True, cpu_dedicated_set=parse_cpu_spec("2-5,10-13"),
+                    cpu_shared_set=parse_cpu_spec("0-1,6-9,14-15"))
+    built = build_tree(conf, host, partition_cpus(conf, host))
+    names = rule_provider_names(built, host)
+    assert names == ["fixture", "fixture_NUMA_0", "fixture_NUMA_1"]
+    uuids = dict(zip(names, (ROOT, NODE0, NODE1)))
+
+    chained = host_rule(built.with_uuids(uuids), host, parse_cpu_spec("2-5,10-13"))
+
+    # VCPU may sit on the root or on a node; CPU and memory move root -> node.
+    assert chained.sources == {ROOT, NODE0, NODE1}
+    assert chained.targets == {ROOT, NODE0, NODE1}
+    floating = next(g for g in GUESTS if g.name == "instance-00000005")
+    assert chained(floating.uuid, ROOT, "MEMORY_MB", 2048) == [(NODE1, "MEMORY_MB", 2048)]
+
+
+def test_host_rule_without_children_is_vcpu_to_pcpu_on_the_root_alone(tmp_path):
+    host = snapshot("virhostcpudata/linux-test4", tmp_path, guests=GUESTS)
+    flat = ProviderTree((Provider("fixture", uuid=ROOT),))
+    chained = host_rule(flat, host, parse_cpu_spec("2-5,10-13"))
+    assert chained.providers == {ROOT}
+    assert chained(PINNED, ROOT, "VCPU", 4) == [(ROOT, "PCPU", 4)]
+
+
+def test_refused_reshape_holds_only_the_rules_classes_on_the_rules_providers():
+    current = {ROOT: {"VGPU": {"total": 4, "reserved": 0, "min_unit": 1, "max_unit": 4,
+                               "step_size": 1, "allocation_ratio": 1.0}}}
+    desired = ProviderTree((
+        tree().root,
+        Provider("host_pci_0000_81_00_0", parent="host", uuid=GPU,
+                 inventories={"VGPU": Inventory(16)}),
+        Provider("host_other", parent="host", uuid=GPU_2,
+                 inventories={"VGPU": Inventory(2)})))
+    held = hold_inventories(desired, current, {"VGPU"}, providers={ROOT, GPU})
+    assert held.root.inventories["VGPU"] == Inventory(4, max_unit=4)
+    assert held.root.inventories["MEMORY_MB"] == tree().root.inventories["MEMORY_MB"]
+    assert held.by_name("host_pci_0000_81_00_0").inventories == {}  # not created yet
+    assert held.by_name("host_other").inventories == {"VGPU": Inventory(2)}
