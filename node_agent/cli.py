@@ -51,16 +51,17 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _setup_logging(debug: bool) -> None:
+def _setup_logging(debug: bool, reporting: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr)
-    # The agent's own warnings are printed in its report; keep stderr for
-    # what goes wrong unless --debug asks for everything.
     if not debug:
-        logging.getLogger("node_agent.discover").setLevel(logging.ERROR)
         logging.getLogger("oslo_service").setLevel(logging.WARNING)
+        if reporting:
+            # --once, --dry-run and --check-config print the host's warnings
+            # in their report; stderr keeps what goes wrong.
+            logging.getLogger("node_agent.discover").setLevel(logging.ERROR)
 
 
 def _placement_configured(conf) -> bool:
@@ -229,7 +230,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if argv[:1] == ["check-config"]:
         argv = argv[1:] + ["--check-config"]
     args = _parser().parse_args(argv)
-    _setup_logging(args.debug)
+    _setup_logging(args.debug, reporting=args.once or args.dry_run or args.check_config)
     try:
         conf = load_conf(_oslo_args(args))
         settings = load_settings(conf)

@@ -65,6 +65,17 @@ def memory_mb(topology: SysfsTopology, real_host: bool) -> tuple[int, list[str]]
     return total_mb, []
 
 
+_LOGGED: set[str] = set()
+
+
+def _log_once(warnings: list[str]) -> None:
+    """A service runs for months: say each host warning once, not each cycle."""
+    for warning in warnings:
+        if warning not in _LOGGED:
+            _LOGGED.add(warning)
+            LOG.warning("%s", warning)
+
+
 class LibvirtFacts:
     """What one libvirt read gives: CPU model, page sizes, guests, cells."""
 
@@ -85,21 +96,30 @@ def read_libvirt(hypervisor) -> LibvirtFacts:
                         guests, caps.cells)
 
 
+_EXPANDED: dict[str, frozenset[str]] = {}
+
+
 def expanded_cpu_model(hypervisor, caps) -> HostCpuModel:
-    """The host CPU with the features its model implies (libvirt's cpu_map)."""
+    """The host CPU with the features its model implies (libvirt's cpu_map).
+
+    The host CPU does not change while the agent runs, so libvirt is asked
+    once per distinct CPU description, not every cycle.
+    """
     from node_agent.capabilities import parse_cpu_model_xml
 
     model = caps.cpu_model
     if not (caps.cpu_xml and model.model):
         return model
-    try:
-        expanded = parse_cpu_model_xml(hypervisor.expand_cpu_features(caps.cpu_xml))
-    except DiscoveryError as exc:
-        LOG.warning("CPU feature traits limited to the features listed on top of "
-                    "model %s: %s", model.model, exc)
-        return model
+    if caps.cpu_xml not in _EXPANDED:
+        try:
+            expanded = parse_cpu_model_xml(hypervisor.expand_cpu_features(caps.cpu_xml))
+        except DiscoveryError as exc:
+            _log_once([f"CPU feature traits limited to the features listed on top of "
+                       f"model {model.model}: {exc}"])
+            return model
+        _EXPANDED[caps.cpu_xml] = expanded.features
     return HostCpuModel(model.arch, model.model, model.vendor,
-                        model.features | expanded.features)
+                        model.features | _EXPANDED[caps.cpu_xml])
 
 
 def topology_differences(topology: SysfsTopology, cells) -> list[str]:
@@ -150,8 +170,7 @@ def discover(settings: Settings,
     size_gb, disk_warnings = disk_gb(settings.instances_path)
     total_mb, memory_warnings = memory_mb(topology, real_host)
     disk_warnings += memory_warnings
-    for warning in warnings + disk_warnings:
-        LOG.warning("%s", warning)
+    _log_once(warnings + disk_warnings)
     return HostSnapshot(
         hostname=settings.host,
         present=topology.present,
