@@ -123,6 +123,19 @@ def _error_fields(response) -> tuple[str | None, str]:
         return None, (response.text or "").strip()[:500]
 
 
+def _connection_reason(exc: Exception) -> str:
+    """The innermost reason of a connection failure, without urllib3's noise."""
+    text = str(exc)
+    for marker in ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed"):
+        if marker in text:
+            return "TLS certificate verify failed (check [placement] cafile)"
+    for reason in ("Connection refused", "Name or service not known",
+                   "timed out", "No route to host", "Network is unreachable"):
+        if reason in text:
+            return reason.lower()
+    return text
+
+
 def error_for(status: int, code: str | None, detail: str, method: str,
               path: str, request_id: str | None) -> PlacementError:
     """The typed error for a refused request (pure, so it is unit-testable)."""
@@ -289,7 +302,9 @@ class PlacementClient:
             # keystoneauth's message names the URL; it never holds the token.
             self.stats.log.append((method, path, NO_RESPONSE))
             raise _Retryable(Unavailable(
-                f"{method} {path}: Placement unreachable: {exc}",
+                f"{method} {path}: Placement at "
+                f"{getattr(self._adapter, 'endpoint_override', None) or 'the catalog endpoint'} "
+                f"is unreachable: {_connection_reason(exc)}",
                 method=method, path=path)) from exc
         except ks_exc.EndpointNotFound as exc:
             raise errors.ConfigError(
@@ -313,6 +328,8 @@ class PlacementClient:
         raise error
 
     def _log_retry(self, state: tenacity.RetryCallState) -> None:
-        LOG.warning("%s; retry %d of %d in %.1fs",
+        # DEBUG: the caller reports the outcome once; an outage must not
+        # write a line per retry.
+        LOG.debug("%s; retry %d of %d in %.1fs",
                     state.outcome.exception(), state.attempt_number,
                     self._retries, state.next_action.sleep)
