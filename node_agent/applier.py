@@ -150,8 +150,8 @@ class Applier:
             message = wire.parse_message(raw)
         except wire.Malformed as exc:
             host = raw.get("host") if isinstance(raw, dict) else None
-            LOG.warning("refused a malformed message from %s: %s", host, exc)
-            return {"status": wire.REFUSED, "error": f"malformed message: {exc}"}
+            LOG.warning("refused a message from %s: %s", host, exc)
+            return {"status": wire.REFUSED, "error": f"message refused: {exc}"}
         try:
             with HostLock(self.state_path / message.host, self.lock_timeout):
                 return self._handle(message)

@@ -14,8 +14,27 @@ topic are competing consumers) and learns the result from the reply:
 
 ``body`` is plain JSON: ``tree`` (providers, parents first, each with
 name, parent, uuid, inventories and the trait -> wanted map) and
-``reshape``, what a reshape needs: ``dedicated`` (the cpulist of
-``cpu_dedicated_set``) and each guest's consumer uuid, pins and metadata.
+``reshape``, exactly what :func:`node_agent.reshape.host_rule` and
+:func:`node_agent.reshaper.host_reshape_inputs` read from a cycle's
+``Desired``, so the applier runs the same rule chain as the direct mode:
+
+* ``dedicated``: the cpulist of ``cpu_dedicated_set`` (VCPU -> PCPU);
+* ``guests``: each guest's consumer ``uuid``, ``name``, ``vcpus``,
+  ``vcpupin`` (``[[vcpu, cpulist], ...]``), ``numa_nodes`` (numatune),
+  ``mdevs`` (``[{uuid, parent}]``, parent the GPU's PCI address or null)
+  and the ``metadata`` that :attr:`~node_agent.topology.Guest.pinned`
+  reads. Nothing else: a guest starting or stopping changes no digest;
+* ``numa``: the host's NUMA nodes, ``[{id, cpus}]`` (what ``node_of``
+  reads: flat -> NUMA children by each guest's pinned CPUs and numatune);
+* ``gpus``: the host's mdev-capable GPUs, ``[{address, provider}]``, the
+  provider being the GPU's child name (VGPU root -> GPU children by each
+  mdev's parent).
+
+Version 2.0 added ``numa`` and ``gpus``. It is a major bump on purpose: an
+applier that ignored them would move NUMA or GPU inventory to children while
+the guests' allocations stayed on the root, so both sides refuse the other
+major version, with a reply that says which side to upgrade.
+
 ``seq`` grows on every message (microseconds of the wall clock, never
 below the last one sent), so the applier can ignore a message older than
 one it already applied (``stale``).
@@ -42,13 +61,15 @@ from typing import Any, Mapping, Optional
 
 from node_agent.cpuset import CpuSet, CpuSetSyntaxError, parse_cpulist
 from node_agent.errors import ConfigError
+from node_agent.numa_tree import numa_provider_name
+from node_agent.pci_tree import gpu_provider_name
 from node_agent.placement import Unavailable
 from node_agent.provider_tree import Inventory, Provider, ProviderTree
-from node_agent.topology import Guest, GuestMdev
+from node_agent.topology import Guest, GuestMdev, HostSnapshot, NumaNode, PciGpu
 
 LOG = logging.getLogger(__name__)
 
-WIRE_VERSION = "1.0"   # bump the minor for an added optional key, the major otherwise
+WIRE_VERSION = "2.0"   # bump the minor for an added optional key, the major otherwise
 RPC_VERSION = "1.0"
 METHOD = "apply"
 DEFAULT_TOPIC = "node-agent-applier"
@@ -67,6 +88,13 @@ HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
 PLACEMENT_NAME = re.compile(r"^[A-Z0-9_]{1,255}$")  # resource classes, traits
 MAX_PROVIDERS = 1000
 MAX_GUESTS = 10000
+MAX_NODES = 1024
+MAX_GPUS = 1024
+PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+NUMA_CHILD = re.compile(r"_NUMA_([0-9]+)$")
+# Guest.pinned reads only this key; other metadata (names, flavor) would
+# only make the digest change without changing any rule.
+PINNED_METADATA = ("hw:cpu_policy",)
 INVENTORY_INTS = ("total", "reserved", "min_unit", "step_size")
 
 
@@ -100,20 +128,31 @@ def tree_to_wire(tree: ProviderTree) -> list[dict]:
 
 def guest_to_wire(guest: Guest) -> dict:
     return {"uuid": guest.uuid, "name": guest.name, "vcpus": guest.vcpus,
-            "running": guest.running, "memory_kb": guest.memory_kb,
             "vcpupin": [[vcpu, str(cpus)] for vcpu, cpus in guest.vcpupin],
-            "numa_nodes": sorted(guest.numa_nodes), "hugepages": guest.hugepages,
+            "numa_nodes": sorted(guest.numa_nodes),
             "mdevs": [{"uuid": m.uuid, "parent": m.parent} for m in guest.mdevs],
-            "metadata": [[k, v] for k, v in guest.metadata]}
+            "metadata": [[k, v] for k, v in guest.metadata if k in PINNED_METADATA]}
+
+
+def numa_to_wire(nodes) -> list[dict]:
+    return [{"id": n.id, "cpus": str(n.cpus)} for n in sorted(nodes, key=lambda n: n.id)]
+
+
+def gpus_to_wire(host: str, gpus) -> list[dict]:
+    return [{"address": g.address, "provider": gpu_provider_name(host, g.address)}
+            for g in sorted(gpus, key=lambda g: g.address)]
 
 
 def body_of(desired) -> dict:
     """What the applier needs from one cycle's ``Desired``: the tree and the
-    reshape inputs."""
+    reshape inputs (see the module's docstring)."""
     dedicated = desired.partition.dedicated
+    host = desired.tree.root.name
     return {"tree": tree_to_wire(desired.tree),
             "reshape": {"dedicated": str(dedicated) if dedicated else "",
-                        "guests": [guest_to_wire(g) for g in desired.host.guests]}}
+                        "guests": [guest_to_wire(g) for g in desired.host.guests],
+                        "numa": numa_to_wire(desired.host.nodes),
+                        "gpus": gpus_to_wire(host, desired.host.gpus)}}
 
 
 def canonical(data: Any) -> str:
@@ -147,7 +186,16 @@ class Message:
 
 @dataclass(frozen=True)
 class RemoteHost:
+    """The parts of a ``HostSnapshot`` the reshape rules read. Guests carry
+    only what the rules read (``running`` and ``memory_kb`` are defaults);
+    NUMA nodes only their id and CPUs; GPUs only their address."""
+
     guests: tuple[Guest, ...] = ()
+    nodes: tuple[NumaNode, ...] = ()
+    gpus: tuple[PciGpu, ...] = ()
+
+    # The snapshot's own lookup (it reads only ``nodes``): one definition.
+    node_of = HostSnapshot.node_of
 
 
 @dataclass(frozen=True)
@@ -263,54 +311,159 @@ def _cpus(text, where: str) -> CpuSet:
         raise Malformed(f"{where}: {exc}") from None
 
 
+def _list(data, where: str, most: int) -> list:
+    _need(isinstance(data, list) and len(data) <= most, where,
+          f"must be a list of at most {most} entries")
+    return data
+
+
+def _pci(value, where: str) -> str:
+    _need(isinstance(value, str) and PCI_ADDRESS.match(value) is not None, where,
+          f"{value!r} is not a PCI address (0000:81:00.0)")
+    return value
+
+
+def _vcpupin(data, where: str) -> tuple[tuple[int, CpuSet], ...]:
+    pins, seen = [], set()
+    for k, pin in enumerate(_list(data, f"{where}.vcpupin", 4096)):
+        here = f"{where}.vcpupin[{k}]"
+        _need(isinstance(pin, list) and len(pin) == 2 and _is_int(pin[0]) and pin[0] >= 0,
+              here, "must be [vcpu number, cpulist]")
+        _need(pin[0] not in seen, here, f"vCPU {pin[0]} is pinned twice")
+        seen.add(pin[0])
+        pins.append((pin[0], _cpus(pin[1], here)))
+    return tuple(pins)
+
+
+def _mdev(data, where: str) -> GuestMdev:
+    _need(isinstance(data, dict), where, "an mdev must be an object {uuid, parent}")
+    uuid = _uuid_or_none(data.get("uuid"), where)
+    _need(uuid is not None, where, "uuid is required")
+    parent = data.get("parent")
+    return GuestMdev(uuid, None if parent is None else _pci(parent, f"{where}.parent"))
+
+
 def guest_from_wire(data, n: int) -> Guest:
     where = f"body.reshape.guests[{n}]"
     _need(isinstance(data, dict), where, "a guest must be an object")
-    _need(isinstance(data.get("name"), str), where, "name must be a string")
+    uuid = _uuid_or_none(data.get("uuid"), where)
+    _need(uuid is not None, where, "uuid (the consumer) is required")
+    _need(isinstance(data.get("name"), str) and data["name"] != "", where,
+          "name must be a non-empty string")
     _need(_is_int(data.get("vcpus")) and data["vcpus"] >= 0, where,
           "vcpus must be a non-negative integer")
-    _need(_is_int(data.get("memory_kb", 0)), where, "memory_kb must be an integer")
-    pins, mdevs, meta = (data.get(k, []) for k in ("vcpupin", "mdevs", "metadata"))
-    _need(all(isinstance(x, list) for x in (pins, mdevs, meta)), where,
-          "vcpupin, mdevs and metadata must be lists")
-    try:
-        vcpupin = tuple((int(v), _cpus(c, f"{where}.vcpupin")) for v, c in pins)
-        metadata = tuple((str(k), str(v)) for k, v in meta)
-        mdev_list = tuple(GuestMdev(str(m["uuid"]), m.get("parent")) for m in mdevs)
-        numa = frozenset(int(x) for x in data.get("numa_nodes", []))
-    except (TypeError, ValueError, KeyError, AttributeError) as exc:
-        if isinstance(exc, Malformed):
-            raise
-        raise Malformed(f"{where}: vcpupin, mdevs, metadata or numa_nodes is not "
-                        f"in the expected shape ({exc})") from None
-    return Guest(uuid=_uuid_or_none(data.get("uuid"), where) or "", name=data["name"],
-                 vcpus=data["vcpus"], running=bool(data.get("running", True)),
-                 memory_kb=data.get("memory_kb", 0), vcpupin=vcpupin,
-                 numa_nodes=numa, hugepages=bool(data.get("hugepages", False)),
-                 mdevs=mdev_list, metadata=metadata)
+    nodes = _list(data.get("numa_nodes", []), f"{where}.numa_nodes", MAX_NODES)
+    _need(all(_is_int(x) and x >= 0 for x in nodes), f"{where}.numa_nodes",
+          "must hold node ids (non-negative integers)")
+    meta = _list(data.get("metadata", []), f"{where}.metadata", 256)
+    _need(all(isinstance(kv, list) and len(kv) == 2 and all(isinstance(x, str) for x in kv)
+              for kv in meta), f"{where}.metadata", "must hold [key, value] string pairs")
+    mdevs = _list(data.get("mdevs", []), f"{where}.mdevs", MAX_GPUS)
+    return Guest(uuid=uuid, name=data["name"], vcpus=data["vcpus"], running=True,
+                 memory_kb=0, vcpupin=_vcpupin(data.get("vcpupin", []), where),
+                 numa_nodes=frozenset(nodes),
+                 mdevs=tuple(_mdev(m, f"{where}.mdevs[{k}]") for k, m in enumerate(mdevs)),
+                 metadata=tuple((k, v) for k, v in meta))
+
+
+def numa_from_wire(data) -> tuple[NumaNode, ...]:
+    """The host's NUMA nodes; a CPU in two nodes would make ``node_of``
+    depend on the order, so it is refused."""
+    nodes, owner = [], {}
+    for k, node in enumerate(_list(data, "body.reshape.numa", MAX_NODES)):
+        where = f"body.reshape.numa[{k}]"
+        _need(isinstance(node, dict) and _is_int(node.get("id")) and node["id"] >= 0, where,
+              "must be an object {id: node id, cpus: cpulist}")
+        _need(node["id"] not in {n.id for n in nodes}, where,
+              f"node {node['id']} appears twice")
+        cpus = _cpus(node.get("cpus"), f"{where}.cpus")
+        for cpu in cpus:
+            _need(cpu not in owner, where, f"CPU {cpu} is in node {owner.get(cpu)} too")
+            owner[cpu] = node["id"]
+        nodes.append(NumaNode(id=node["id"], cpus=cpus, memory_kb=None))
+    return tuple(nodes)
+
+
+def gpus_from_wire(data, host: str) -> tuple[PciGpu, ...]:
+    """The host's GPUs. The provider name must be the one the rules look
+    for: an agent and an applier naming GPU children differently would
+    otherwise leave VGPU on the root without a word."""
+    gpus = []
+    for k, gpu in enumerate(_list(data, "body.reshape.gpus", MAX_GPUS)):
+        where = f"body.reshape.gpus[{k}]"
+        _need(isinstance(gpu, dict), where, "must be an object {address, provider}")
+        address = _pci(gpu.get("address"), f"{where}.address")
+        _need(address not in {g.address for g in gpus}, where,
+              f"GPU {address} appears twice")
+        expected = gpu_provider_name(host, address)
+        _need(gpu.get("provider") == expected, where,
+              f"provider {gpu.get('provider')!r} is not {expected!r}, the name this "
+              "applier gives the GPU's child (agent and applier disagree on naming: "
+              "run the same node-agent release on both)")
+        gpus.append(PciGpu(address=address, mdev_types=()))
+    return tuple(gpus)
+
+
+def _check_children_described(tree: ProviderTree, host: RemoteHost) -> None:
+    """Every NUMA child of the tree has its node in ``numa``, and every GPU
+    child offering VGPU its GPU in ``gpus``: the rules find children only
+    through them, and a child they miss would get inventory the guests'
+    allocations never follow."""
+    nodes = {n.id for n in host.nodes}
+    gpus = {gpu_provider_name(tree.root.name, g.address) for g in host.gpus}
+    for provider in tree.providers[1:]:
+        match = NUMA_CHILD.search(provider.name)
+        if match and provider.name == numa_provider_name(tree.root.name, int(match[1])):
+            _need(int(match[1]) in nodes, f"body.tree ({provider.name})",
+                  f"NUMA node {match[1]} is not described in body.reshape.numa")
+        if provider.name.startswith(f"{tree.root.name}_pci_") and "VGPU" in provider.inventories:
+            _need(provider.name in gpus, f"body.tree ({provider.name})",
+                  "a GPU child that is not described in body.reshape.gpus")
 
 
 def desired_from_body(body, host: str) -> RemoteDesired:
     """Rebuild the tree and the reshape inputs; raises :class:`Malformed`."""
     _need(isinstance(body, dict), "body", "must be an object")
     tree = tree_from_wire(body.get("tree"), host)
-    reshape = body.get("reshape") or {}
+    reshape = body.get("reshape")
     _need(isinstance(reshape, dict), "body.reshape", "must be an object")
-    guests = reshape.get("guests", [])
-    _need(isinstance(guests, list) and len(guests) <= MAX_GUESTS, "body.reshape.guests",
-          f"must be a list of at most {MAX_GUESTS} guests")
-    return RemoteDesired(
-        tree, RemoteHost(tuple(guest_from_wire(g, n) for n, g in enumerate(guests))),
-        RemotePartition(_cpus(reshape.get("dedicated", ""), "body.reshape.dedicated")))
+    guests = _list(reshape.get("guests", []), "body.reshape.guests", MAX_GUESTS)
+    remote = RemoteHost(tuple(guest_from_wire(g, n) for n, g in enumerate(guests)),
+                        numa_from_wire(reshape.get("numa", [])),
+                        gpus_from_wire(reshape.get("gpus", []), host))
+    uuids = [g.uuid for g in remote.guests]
+    _need(len(uuids) == len(set(uuids)), "body.reshape.guests", "a guest uuid appears twice")
+    _check_children_described(tree, remote)
+    return RemoteDesired(tree, remote,
+                         RemotePartition(_cpus(reshape.get("dedicated", ""),
+                                               "body.reshape.dedicated")))
+
+
+def _major(version) -> Optional[int]:
+    match = re.fullmatch(r"([0-9]{1,4})\.[0-9]{1,4}", version) if isinstance(version, str) \
+        else None
+    return int(match[1]) if match else None
+
+
+def _check_version(version) -> None:
+    """Only this major version is read: see the module's docstring."""
+    ours, theirs = _major(WIRE_VERSION), _major(version)
+    if theirs == ours:
+        return
+    if theirs is None:
+        why = "is not a wire version (MAJOR.MINOR)"
+    elif theirs > ours:
+        why = "is newer than this applier understands: upgrade node-agent-applier"
+    else:
+        why = "is older than this applier understands: upgrade node-agent on this host"
+    raise Malformed(f"version: wire format {version!r} {why} (this applier reads "
+                    f"{ours}.x)")
 
 
 def parse_message(message) -> Message:
     """Check the envelope (and the body's digest); raises :class:`Malformed`."""
     _need(isinstance(message, dict), "message", "must be an object")
-    version = message.get("version")
-    _need(isinstance(version, str) and version.split(".")[0] == WIRE_VERSION.split(".")[0],
-          "version", f"{version!r} is not understood; this applier reads "
-          f"{WIRE_VERSION.split('.')[0]}.x (upgrade the applier first)")
+    _check_version(message.get("version"))
     host = message.get("host")
     _need(isinstance(host, str) and HOST_NAME.match(host) is not None, "host",
           f"{host!r} is not a host name (letters, digits, '.', '_', '-')")

@@ -22,11 +22,12 @@ from oslo_config import cfg
 
 from node_agent import messaging, upstream
 from node_agent.cycle import compute_desired
-from node_agent.placement import PlacementClient
 from node_agent.sync import inventories_equal, wanted_inventories
 from tests.hostdata import sysfs_root_for, sysfs_trees
 from tests.integration.reshape_driver import (Host, allocate, boot_legacy_guests,
                                               cpu_view, expected_after_reshape)
+from tests.integration.test_nested_reshape import (GPU1, GPU2, MDEV_TYPE, NestedHost,
+                                                   guest, prefix)
 from tests.snapshots import settings as make_settings
 
 pytestmark = pytest.mark.integration
@@ -54,9 +55,13 @@ class ApplierProcess:
             time.sleep(0.1)
         return self
 
-    def stop(self) -> None:
+    def terminate(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.terminate()
             try:
                 self.proc.wait(20)
             except subprocess.TimeoutExpired:
@@ -103,7 +108,10 @@ class Bus:
         return conf
 
     def stop(self) -> None:
-        # Each close waits for its reply listener to stop polling: in parallel.
+        # Every applier and every sender takes a moment to stop polling the
+        # broker: all of them at once.
+        for process in self.appliers:
+            process.terminate()
         closing = [threading.Thread(target=s.close) for s in self.senders]
         for thread in closing:
             thread.start()
@@ -204,7 +212,11 @@ def converged(client, agent: FixtureAgent) -> bool:
 def test_twenty_agents_through_two_appliers_converge_then_heartbeat(bus, placement):
     first, second = bus.start(2)
     agents = make_agents(bus, AGENTS, "many")
-    applied = in_threads(agents, lambda a: a.cycle())
+    # 20 hosts writing at once can meet the test Placement's SQLite lock (a
+    # 500): the agent retries as the service would.
+    failures: list[str] = []
+    deadline = time.monotonic() + 60
+    applied = in_threads(agents, lambda a: a.cycle_until_ok(deadline, failures))
     assert all(r.status == upstream.APPLIED and r.ok for r in applied.values())
     assert all(converged(placement, a) for a in agents)
     # Competing consumers: both processes took a share of the burst.
@@ -217,18 +229,21 @@ def test_twenty_agents_through_two_appliers_converge_then_heartbeat(bus, placeme
 
     for agent in agents[:5]:
         agent.reserve(1024)
-    changed = in_threads(agents[:5], lambda a: a.cycle())
+    changed = in_threads(agents[:5], lambda a: a.cycle_until_ok(deadline, failures))
     assert all(r.status == upstream.APPLIED and r.ok for r in changed.values())
     assert all(converged(placement, a) for a in agents)
     print(f"\nBENCH messaging: first apply requests/host "
           f"{sorted(r.requests for r in applied.values())}; steady: 1 message, 0 requests; "
-          f"one inventory change: {sorted(r.requests for r in changed.values())} requests")
+          f"one inventory change: {sorted(r.requests for r in changed.values())} requests; "
+          f"{len(failures)} cycles retried")
 
 
 def test_applier_killed_during_a_burst_loses_no_allocation(bus, placement):
     first, second = bus.start(2)
     agents = make_agents(bus, AGENTS, "kill")
-    in_threads(agents, lambda a: a.cycle())
+    failures: list[str] = []
+    deadline = time.monotonic() + 60
+    in_threads(agents, lambda a: a.cycle_until_ok(deadline, failures))
     consumers = {}
     for agent in agents:
         consumer = str(uuid.uuid4())
@@ -238,8 +253,6 @@ def test_applier_killed_during_a_burst_loses_no_allocation(bus, placement):
 
     for agent in agents:
         agent.reserve(768)
-    failures: list[str] = []
-    deadline = time.monotonic() + 60
     killer = threading.Timer(0.05, lambda: os.kill(first.proc.pid, signal.SIGKILL))
     killer.start()
     results = in_threads(agents, lambda a: a.cycle_until_ok(deadline, failures))
@@ -248,7 +261,7 @@ def test_applier_killed_during_a_burst_loses_no_allocation(bus, placement):
     assert all(r.ok for r in results.values())
     assert all(converged(placement, a) for a in agents)
     assert allocations(placement, consumers) == before
-    print(f"\nkilled applier: {len(failures)} agent cycles timed out and were retried")
+    print(f"\nkilled applier: {len(failures)} agent cycles failed and were retried")
 
 
 def test_stale_message_is_ignored(bus, placement):
@@ -347,3 +360,147 @@ def test_service_in_messaging_mode_backs_off_without_applier_then_converges(
     finally:
         assert agent.stop() == 0
         agent.notify.close()
+
+
+# ---------------------------------------------------------------- nested reshapes
+
+class RequestLog:
+    """Placement's own request log (one line per request, with its request
+    id): counts what reached the server, whoever sent it. The session's
+    Placement is shared, but tests run one at a time."""
+
+    def __init__(self, server):
+        self.path = Path(server.workdir) / "placement.log"
+        self.mark()
+
+    def mark(self) -> None:
+        self.offset = self.path.stat().st_size
+
+    def lines(self, request: str) -> list[str]:
+        with open(self.path, encoding="utf-8", errors="replace") as log:
+            log.seek(self.offset)
+            return [line for line in log if f'"{request}"' in line]
+
+
+def consumer_totals(allocs: dict) -> dict:
+    """consumer -> class -> amount, wherever it is held."""
+    totals = {}
+    for consumer, by_rp in allocs.items():
+        sums = totals.setdefault(consumer, {})
+        for resources in by_rp.values():
+            for rc, amount in resources.items():
+                sums[rc] = sums.get(rc, 0) + amount
+    return totals
+
+
+def sent_once(requests: RequestLog, report: upstream.UpstreamReport) -> None:
+    posts = requests.lines("POST /reshaper")
+    assert len(posts) == 1, posts
+    assert report.reshape["request_id"] in posts[0] and "status: 204" in posts[0]
+
+
+def test_vgpu_then_numa_reshape_through_the_applier_keep_every_allocation(
+        bus, tmp_path, placement_server, host_name):
+    bus.start(1)
+    p, mdevs = prefix(), [str(uuid.uuid4()) for _ in range(3)]
+    guests = [guest(1, p, pins=(2, 3), nodes="0", mdevs=mdevs[:1]),           # node 0, GPU1
+              guest(2, p, pins=(10, 11), nodes="1", mdevs=mdevs[1:], memory=2048),
+              guest(3, p, nodes="1")]                                          # floating
+    host = NestedHost(tmp_path, placement_server.url, host_name, guests,
+                      gpus={GPU1: mdevs[:2], GPU2: mdevs[2:]})
+    a, b, c = (g["uuid"] for g in guests)
+    sender = bus.sender(host_name, timeout=30)
+    requests = RequestLog(placement_server)
+    assert sender.send(compute_desired(host.settings())).ok
+    root = host.root
+    host.add_root_vgpu(6)   # VGPU on the root, as nova had it before nested GPUs
+    allocate(host.scheduler, a, {root: {"PCPU": 2, "MEMORY_MB": 1024, "VGPU": 1,
+                                        "DISK_GB": 5}})
+    allocate(host.scheduler, b, {root: {"PCPU": 2, "MEMORY_MB": 2048, "VGPU": 2}})
+    allocate(host.scheduler, c, {root: {"VCPU": 2, "MEMORY_MB": 1024}})
+    before = host.allocations()
+
+    # 1. enabled_mdev_types: VGPU follows each mdev to its parent GPU's child.
+    requests.mark()
+    report = sender.send(compute_desired(host.settings(enabled_mdev_types=(MDEV_TYPE,))))
+    assert report.status == upstream.APPLIED and report.ok, report.errors
+    assert report.reshape["totals"] == {"consumers": 2, "moved": {"VGPU -> VGPU": 3}}
+    sent_once(requests, report)
+    gpu1 = host.uuid_of(f"{host_name}_pci_0000_81_00_0")
+    gpu2 = host.uuid_of(f"{host_name}_pci_0000_82_00_0")
+    assert host.allocations() == {
+        a: {root: {"PCPU": 2, "MEMORY_MB": 1024, "DISK_GB": 5}, gpu1: {"VGPU": 1}},
+        b: {root: {"PCPU": 2, "MEMORY_MB": 2048}, gpu1: {"VGPU": 1}, gpu2: {"VGPU": 1}},
+        c: before[c]}
+    assert host.inventories(gpu1) == {"VGPU": 4} and host.inventories(gpu2) == {"VGPU": 3}
+    assert "VGPU" not in host.inventories(root)
+
+    # 2. numa_in_placement: CPU and memory go to the node each guest lives on.
+    requests.mark()
+    numa = compute_desired(host.settings(enabled_mdev_types=(MDEV_TYPE,),
+                                         numa_in_placement=True))
+    report = sender.send(numa)
+    assert report.status == upstream.APPLIED and report.ok, report.errors
+    sent_once(requests, report)
+    node0, node1 = (host.uuid_of(f"{host_name}_NUMA_{n}") for n in (0, 1))
+    after = host.allocations()
+    assert after == {
+        a: {root: {"DISK_GB": 5}, node0: {"PCPU": 2, "MEMORY_MB": 1024}, gpu1: {"VGPU": 1}},
+        b: {node1: {"PCPU": 2, "MEMORY_MB": 2048}, gpu1: {"VGPU": 1}, gpu2: {"VGPU": 1}},
+        c: {node1: {"VCPU": 2, "MEMORY_MB": 1024}}}
+    assert consumer_totals(after) == consumer_totals(before)
+    assert set(host.inventories(root)) == {"DISK_GB"} and len(host.tree()) == 5
+
+    # 3. Steady state: a heartbeat, no Placement request, no reshape.
+    requests.mark()
+    steady = sender.send(numa)
+    assert (steady.status, steady.messages, steady.requests) == (upstream.UNCHANGED, 1, 0)
+    assert requests.lines("POST /reshaper") == [] and host.allocations() == after
+
+
+def test_numa_refusal_through_the_applier_is_an_error_in_the_reply(
+        bus, tmp_path, placement_server, host_name):
+    applier, = bus.start(1)
+    p = prefix()
+    guests = [guest(1, p, pins=(2, 3), nodes="0"),
+              guest(2, p, pins=(4, 12), nodes="0-1")]   # one vCPU on each node
+    host = NestedHost(tmp_path, placement_server.url, host_name, guests)
+    sender = bus.sender(host_name, timeout=30)
+    requests = RequestLog(placement_server)
+    assert sender.send(compute_desired(host.settings())).ok
+    root = host.root
+    for g in guests:
+        allocate(host.scheduler, g["uuid"], {root: {"PCPU": 2, "MEMORY_MB": 1024}})
+    before, inventories = host.allocations(), host.inventories(root)
+
+    requests.mark()
+    numa = compute_desired(host.settings(numa_in_placement=True))
+    # The refusal stands on the next cycle too: its heartbeat re-applies.
+    for messages in (1, 1):
+        report = sender.send(numa)
+        assert report.status == upstream.APPLIED and not report.ok
+        assert report.messages == messages
+        refusal, = report.errors
+        assert f"guest instance-00000002 ({guests[1]['uuid']}) spans NUMA nodes 0-1" in refusal
+        assert "instance-00000001" not in refusal
+        assert report.reshape["refused"] == [refusal]
+
+    assert requests.lines("POST /reshaper") == []
+    assert host.allocations() == before
+    assert host.inventories(root) == inventories
+    # Children may exist, but offer none of what the root still offers.
+    for name, (rp, _parent) in host.tree().items():
+        if "_NUMA_" in name:
+            assert not {"VCPU", "PCPU", "MEMORY_MB"} & set(host.inventories(rp))
+    assert "spans NUMA nodes 0-1" in applier.log()
+
+
+def test_message_of_another_wire_version_is_refused_with_the_side_to_upgrade(bus):
+    bus.start(1)
+    agent = make_agents(bus, 1, "version")[0]
+    body = upstream.body_of(agent.desired)
+    old = {**upstream.full_message(agent.name, 1, body), "version": "1.0"}
+    reply = agent.upstream._client.call({}, "apply", message=old)
+    assert reply["status"] == upstream.REFUSED
+    assert "upgrade node-agent on this host" in reply["error"]
+    assert agent.cycle().ok   # the current version is applied
