@@ -645,8 +645,9 @@ class pcpu_to_numa_children(RuleBase):
         return [f"{why}; its allocations cannot move to a NUMA node child"] if why else []
 
 
-# ``host`` may be a partial snapshot (the central applier's rebuilds only the
-# guests): no nodes or GPUs then means no nested rule.
+# ``host`` may be a partial snapshot (the central applier rebuilds the guests,
+# the NUMA map and the GPUs from the agent's message): no nodes or GPUs then
+# means no nested rule.
 def _numa_children(tree: ProviderTree, host: HostSnapshot) -> dict[int, Provider]:
     return {n.id: p for n in getattr(host, "nodes", ())
             if (p := tree.by_name(numa_provider_name(tree.root.name, n.id))) is not None}
