@@ -75,10 +75,13 @@ bench: install $(NOVA_VENV)/.installed
 	$(PY) -m pip install -q -r bench/requirements.txt
 	$(PY) -m bench.run
 
+SOAK_SEED ?= 20240
+
 soak: install
 	NODE_AGENT_FUZZ_EXAMPLES=3000 $(PY) -m pytest -q tests/reliability/test_fuzz_parsers.py
 	NODE_AGENT_KILL_POINTS=1,2,3,4,5,6,7,8,9,10 $(PY) -m pytest -q \
 	  tests/reliability/test_placement_faults.py -k killed
+	$(PY) -m soak.run --cycles 2000 --seed $(SOAK_SEED) --report RELIABILITY-soak.json
 
 clean:
 	rm -rf $(VENV) $(NOVA_VENV) build *.egg-info

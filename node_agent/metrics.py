@@ -76,8 +76,8 @@ class AgentCollector:
             f"{PREFIX}_placement_requests", "HTTP requests sent to Placement by "
             "method and status (0: no response).", labels=["method", "status"])
         client = getattr(self.service.config, "client", None)
-        log = list(getattr(getattr(client, "stats", None), "log", []))
-        for (method, status), count in sorted(Counter((m, s) for m, _, s in log).items()):
+        counts = getattr(getattr(client, "stats", None), "by_status", Counter())
+        for (method, status), count in sorted(counts.items()):
             family.add_metric([method, str(status)], count)
         return family
 

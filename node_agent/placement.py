@@ -18,6 +18,7 @@ Failures come back as typed errors a caller can act on:
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 
 import tenacity
@@ -84,24 +85,35 @@ _CONFLICTS = {
 
 @dataclass
 class RequestStats:
-    """Every HTTP request sent, retries included; status 0 = no response."""
+    """Counts of every HTTP request sent, retries included (status 0 = no
+    response), and the most recent ones in ``log``. Counters, not a scan of
+    the log: a service sends requests for months."""
+
+    LOG_LIMIT = 1000
 
     log: list[tuple[str, str, int]] = field(default_factory=list)
+    reads: int = 0
+    writes: int = 0
+    by_status: Counter = field(default_factory=Counter)  # (method, status) -> n
 
-    @property
-    def reads(self) -> int:
-        return sum(1 for method, _, _ in self.log if method == "GET")
-
-    @property
-    def writes(self) -> int:
-        return len(self.log) - self.reads
+    def record(self, method: str, path: str, status: int) -> None:
+        self.log.append((method, path, status))
+        if len(self.log) > self.LOG_LIMIT:
+            del self.log[:len(self.log) - self.LOG_LIMIT]
+        if method == "GET":
+            self.reads += 1
+        else:
+            self.writes += 1
+        self.by_status[(method, status)] += 1
 
     @property
     def total(self) -> int:
-        return len(self.log)
+        return self.reads + self.writes
 
     def reset(self) -> None:
         self.log.clear()
+        self.reads = self.writes = 0
+        self.by_status.clear()
 
 
 class _Retryable(Exception):
@@ -300,7 +312,7 @@ class PlacementClient:
         except (ks_exc.ConnectionError, ks_exc.RequestTimeout,
                 ks_exc.DiscoveryFailure) as exc:
             # keystoneauth's message names the URL; it never holds the token.
-            self.stats.log.append((method, path, NO_RESPONSE))
+            self.stats.record(method, path, NO_RESPONSE)
             raise _Retryable(Unavailable(
                 f"{method} {path}: Placement at "
                 f"{getattr(self._adapter, 'endpoint_override', None) or 'the catalog endpoint'} "
@@ -317,7 +329,7 @@ class PlacementClient:
         status = response.status_code
         request_id = response.headers.get("x-openstack-request-id")
         self.last_request_id = request_id
-        self.stats.log.append((method, path, status))
+        self.stats.record(method, path, status)
         LOG.debug("%s %s -> %s (%s)", method, path, status, request_id)
         if status < 400:
             return response.json() if response.content else None

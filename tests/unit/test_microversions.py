@@ -61,3 +61,16 @@ def test_server_that_dropped_our_version_is_refused():
     message = version_refusal("http://p", "2.0", "2.5")
 
     assert "no longer accepts" in message
+
+
+def test_request_stats_count_forever_but_keep_only_recent_requests():
+    from node_agent.placement import RequestStats
+
+    stats = RequestStats()
+    for n in range(RequestStats.LOG_LIMIT + 500):
+        stats.record("GET" if n % 2 else "PUT", f"/p/{n}", 200)
+    assert stats.total == RequestStats.LOG_LIMIT + 500
+    assert stats.reads == stats.writes == (RequestStats.LOG_LIMIT + 500) // 2
+    assert len(stats.log) == RequestStats.LOG_LIMIT
+    assert stats.log[-1] == ("GET", f"/p/{RequestStats.LOG_LIMIT + 499}", 200)
+    assert stats.by_status[("PUT", 200)] == stats.writes
