@@ -9,8 +9,9 @@ Reads, through the SysFS gateway, for each ``bus/pci/devices/<address>/``:
 * ``sriov_totalvfs``, ``sriov_numvfs`` (SR-IOV PFs only);
 * ``numa_node`` (-1 means no affinity), ``vendor``, ``device``, ``net/``.
 
-A device without these files simply is not a GPU or a PF; a file that is
-there but unreadable or malformed is a DiscoveryError.
+A device without these files simply is not a GPU or a PF, and nothing
+else of it is read (a host may have hundreds of VFs); a file that is there
+but unreadable or malformed is a DiscoveryError.
 """
 
 from __future__ import annotations
@@ -72,15 +73,22 @@ def _mdev_type(sysfs: SysFS, base: str, type_id: str) -> MdevTypeInfo:
 def read_device(sysfs: SysFS, address: str) -> tuple[Optional[PciGpu], Optional[SriovPf]]:
     """The GPU and/or PF record of one device (None when it is neither)."""
     base = f"{DEVICES}/{address}"
+    if not (sysfs.exists(f"{base}/mdev_supported_types")
+            or sysfs.exists(f"{base}/sriov_totalvfs")):
+        # Most devices (every VF of a PF with hundreds) are neither: two
+        # lookups say so, without reading or listing anything of theirs.
+        return None, None
+    type_ids = sysfs.listdir(f"{base}/mdev_supported_types")
+    total_vfs = _read_int(sysfs, f"{base}/sriov_totalvfs")
+    if not type_ids and not total_vfs:
+        return None, None
     numa = _numa_node(sysfs, base)
     vendor = parse_pci_id(sysfs.read(f"{base}/vendor"))
     product = parse_pci_id(sysfs.read(f"{base}/device"))
     gpu = pf = None
-    type_ids = sysfs.listdir(f"{base}/mdev_supported_types")
     if type_ids:
         gpu = PciGpu(address=address, numa_node=numa, vendor_id=vendor, product_id=product,
                      mdev_types=tuple(_mdev_type(sysfs, base, t) for t in type_ids))
-    total_vfs = _read_int(sysfs, f"{base}/sriov_totalvfs")
     if total_vfs:
         pf = SriovPf(address=address, total_vfs=total_vfs,
                      num_vfs=_read_int(sysfs, f"{base}/sriov_numvfs") or 0,

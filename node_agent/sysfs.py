@@ -24,6 +24,7 @@ LOG = logging.getLogger(__name__)
 # ENOENT: the path is absent. ENOTDIR: a parent is a plain file, so the
 # path cannot exist either. Both mean "not present", nothing more.
 _ABSENT = (errno.ENOENT, errno.ENOTDIR)
+_CHUNK = 65536
 
 
 class SysFS:
@@ -31,22 +32,24 @@ class SysFS:
 
     def __init__(self, root: str):
         self.root = os.fspath(root)
+        # What os.path.join(root, relpath) gives, precomputed: discovery of a
+        # large host builds thousands of paths per cycle.
+        self._prefix = os.path.join(self.root, "")
 
     def __repr__(self) -> str:
         return f"SysFS({self.root!r})"
 
     def path(self, relpath: str) -> str:
         """The full path of ``relpath`` (relative to the root), for messages."""
-        if os.path.isabs(relpath) or ".." in relpath.split("/"):
+        if relpath.startswith("/") or (".." in relpath and ".." in relpath.split("/")):
             raise ValueError(f"sysfs path must stay under the root: {relpath!r}")
-        return os.path.join(self.root, relpath)
+        return self._prefix + relpath
 
     def read(self, relpath: str) -> str | None:
         """The file's text, or None when it does not exist."""
         full = self.path(relpath)
         try:
-            with open(full, "rb") as handle:
-                data = handle.read()
+            data = _read_bytes(full)
         except OSError as exc:
             if exc.errno in _ABSENT:
                 LOG.debug("%s is absent", full)
@@ -70,5 +73,35 @@ class SysFS:
             raise DiscoveryError(f"cannot list {full}: {exc.strerror or exc}") from exc
 
     def exists(self, relpath: str) -> bool:
-        """True when ``relpath`` exists (following symlinks, as sysfs readers do)."""
-        return os.path.exists(self.path(relpath))
+        """True when ``relpath`` exists (following symlinks, as sysfs readers
+        do), False when it does not; like read, any other failure (a link
+        loop, a directory that cannot be searched) is a DiscoveryError, where
+        os.path.exists would answer False."""
+        full = self.path(relpath)
+        try:
+            os.stat(full)
+        except OSError as exc:
+            if exc.errno in _ABSENT:
+                return False
+            raise DiscoveryError(f"cannot look up {full}: {exc.strerror or exc}") from exc
+        return True
+
+
+def _read_bytes(path: str) -> bytes:
+    """The whole file, with bare os calls: a sysfs attribute is one short
+    read, and a buffered file object costs more to set up than the read.
+
+    A read shorter than asked is the end: sysfs hands over an attribute's
+    text (at most a page) in one read, and a regular file (fixture trees)
+    returns less than asked only at its end. A directory opens, then fails
+    to read with EISDIR, as open() would."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        chunks = []
+        while True:
+            chunk = os.read(fd, _CHUNK)
+            chunks.append(chunk)
+            if len(chunk) < _CHUNK:
+                return b"".join(chunks) if len(chunks) > 1 else chunk
+    finally:
+        os.close(fd)
