@@ -113,6 +113,20 @@ def test_reads_only_pfs_with_vfs(sysroot):
         PF, 64, 8, 0, ("ens1f0",))
 
 
+def test_devices_that_are_neither_gpu_nor_pf_are_not_read(sysroot):
+    # A VF (or any plain device) is skipped before its files are read, so a
+    # damaged file there cannot fail discovery; it is not reported anyway.
+    write(sysroot / "bus/pci/devices/0000:00:02.0/numa_node", "garbage")
+    gpus, pfs = read_pci(SysFS(str(sysroot)))
+    assert [g.address for g in gpus] == [GPU, GPU2] and [p.address for p in pfs] == [PF]
+
+
+def test_damaged_file_on_a_gpu_is_still_a_read_error(sysroot):
+    write(sysroot / "bus/pci/devices" / GPU / "numa_node", "garbage")
+    with pytest.raises(DiscoveryError, match="numa_node"):
+        read_pci(SysFS(str(sysroot)))
+
+
 def test_host_without_pci_bus_has_no_devices(tmp_path):
     assert read_pci(SysFS(str(tmp_path))) == ((), ())
 
