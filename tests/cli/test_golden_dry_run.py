@@ -24,13 +24,22 @@ TREES = sysfs_trees()
 MASK = "<machine-dependent>"
 
 
-def golden_path(system_dir: Path) -> Path:
-    return GOLDEN / (tree_name(system_dir).replace("/", "__") + ".json")
+# Multi-NUMA hosts, also run with numa_in_placement (one child per node).
+NUMA_TREES = [t for t in TREES if tree_name(t) in {
+    "virhostcpudata/linux-test3", "virhostcpudata/linux-test8",
+    "virhostcpudata/linux-deconf-cpus", "virhostcpudata/linux-subcores1",
+    "virhostcpudata/linux-subcores2", "virhostcpudata/linux-subcores3",
+    "vircaps2xmldata/linux-hmat", "vircaps2xmldata/linux-resctrl"}]
+NUMA_EXTRA = "numa_in_placement = true\n"
 
 
-def dry_run(system_dir: Path, tmp_path: Path) -> dict:
+def golden_path(system_dir: Path, variant: str = "") -> Path:
+    return GOLDEN / (tree_name(system_dir).replace("/", "__") + variant + ".json")
+
+
+def dry_run(system_dir: Path, tmp_path: Path, extra: str = "") -> dict:
     config = write_config(tmp_path, system_dir, host=system_dir.parent.name
-                          if system_dir.name == "system" else system_dir.name)
+                          if system_dir.name == "system" else system_dir.name, extra=extra)
     result = run_agent("--config-file", str(config), "--once", "--dry-run", "--output", "json")
     assert result.code == 0, result.stderr
     assert "Traceback" not in result.stderr
@@ -61,11 +70,35 @@ def has_node_meminfo(system_dir: Path) -> bool:
 def test_dry_run_json_matches_reviewed_golden_file(system_dir, tmp_path):
     report = mask_machine_values(dry_run(system_dir, tmp_path), tmp_path,
                                  memory_from_psutil=not has_node_meminfo(system_dir))
-    path = golden_path(system_dir)
+    assert_golden(report, golden_path(system_dir))
+
+
+def assert_golden(report: dict, path: Path) -> None:
     if os.environ.get("NODE_AGENT_REGEN_GOLDEN"):
         path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     assert path.exists(), f"no golden file {path}; run with NODE_AGENT_REGEN_GOLDEN=1"
     assert report == json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("system_dir", NUMA_TREES, ids=tree_name)
+def test_numa_in_placement_dry_run_matches_reviewed_golden_file(system_dir, tmp_path):
+    report = mask_machine_values(dry_run(system_dir, tmp_path, NUMA_EXTRA), tmp_path,
+                                 memory_from_psutil=not has_node_meminfo(system_dir))
+    assert_golden(report, golden_path(system_dir, "__numa"))
+
+
+@pytest.mark.parametrize("system_dir", NUMA_TREES, ids=tree_name)
+def test_numa_children_are_the_nodes_with_cpus_or_memory(system_dir, tmp_path):
+    truth = _truth_for(system_dir)
+    report = dry_run(system_dir, tmp_path, NUMA_EXTRA)
+    children = {p["name"]: p for p in report["providers"][1:]}
+    host = report["providers"][0]["name"]
+    with_cpus = {node for node, facts in truth["nodes"].items() if facts["online_cpus"]}
+    assert {f"{host}_NUMA_{n}" for n in with_cpus} <= set(children)
+    vcpus = sum(p["inventories"].get("VCPU", {}).get("total", 0)
+                for p in report["providers"])
+    assert vcpus == truth["online_cpus"]
+    assert all("HW_NUMA_ROOT" in p["traits"] for p in children.values())
 
 
 def _truth_for(system_dir: Path) -> dict:
