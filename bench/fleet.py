@@ -35,7 +35,7 @@ SERVER_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 DATABASE_URL = f"postgresql+psycopg2://postgres@127.0.0.1:5432/{DATABASE}"
 
 
-def _admin(sql: str) -> None:
+def admin(sql: str) -> None:
     import psycopg2
 
     conn = psycopg2.connect(SERVER_DSN)
@@ -121,8 +121,8 @@ def run(work: Path, budget_seconds: float) -> dict:
     shape = synthetic_host.Shape()
     root = synthetic_host.build(work / "fleet-host", shape)
     snapshot = discover(_settings(work, root, shape, "probe"))
-    _admin(f"DROP DATABASE IF EXISTS {DATABASE}")
-    _admin(f"CREATE DATABASE {DATABASE}")
+    admin(f"DROP DATABASE IF EXISTS {DATABASE}")
+    admin(f"CREATE DATABASE {DATABASE}")
     server = None
     fleets, skipped = [], []
     started = time.monotonic()
@@ -142,6 +142,6 @@ def run(work: Path, budget_seconds: float) -> dict:
     finally:
         if server is not None:
             server.stop()
-        _admin(f"DROP DATABASE IF EXISTS {DATABASE}")
+        admin(f"DROP DATABASE IF EXISTS {DATABASE}")
     return {"fleets": fleets, "skipped": skipped, "workers": WORKERS, "cycles": CYCLES,
             "postgres": postgres_version()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import statistics
 import subprocess
 from collections import Counter
 from importlib import metadata
@@ -70,6 +71,7 @@ def machine(nova_python: Path) -> dict:
             "keystoneauth1": _version("keystoneauth1"),
             "SQLAlchemy": _version("SQLAlchemy"),
             "psycopg2-binary": _version("psycopg2-binary"),
+            "oslo.messaging": _version("oslo.messaging"),
             "nova (in .venv-nova)": nova_versions[0],
             "keystoneauth1 (in .venv-nova)": nova_versions[1] if len(nova_versions) > 1 else "?",
         },
@@ -77,6 +79,8 @@ def machine(nova_python: Path) -> dict:
 
 
 def _failed(section: dict) -> str | None:
+    if section.get("failed") == "not run":
+        return "Not measured in this run.\n"
     if "failed" in section:
         return "This section failed:\n\n```\n" + section["failed"].strip() + "\n```\n"
     return None
@@ -315,6 +319,250 @@ def _fleet_comparison(f: dict, phases: dict) -> list[str]:
     return lines + [""]
 
 
+MESSAGING_PHASES = ("first apply", "steady cycle",
+                    "inventory change after scheduler activity",
+                    "first heartbeat after the appliers restart", "full verify (every 300 s)")
+FLEET_HOSTS = 1000  # the fleet the steady-state figures are projected to
+
+
+def _num(value: float) -> str:
+    return f"{value:.2f}".rstrip("0").rstrip(".") if value != int(value) else f"{value:.0f}"
+
+
+def _spread(values: list[float]) -> str:
+    """median, with (min–max) when the waves differ."""
+    ordered = sorted(values)
+    mid = ordered[len(ordered) // 2] if len(ordered) % 2 else \
+        (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
+    text = _num(mid)
+    if ordered[0] != ordered[-1]:
+        text += f" ({_num(ordered[0])}–{_num(ordered[-1])})"
+    return text
+
+
+def _per_host(rows: list[dict] | None, key: str = "requests_per_host") -> str:
+    return _spread([r[key] for r in rows]) if rows else "–"
+
+
+def _messages_per_agent(rows: list[dict] | None) -> str:
+    if not rows:
+        return "–"
+    return _spread([r["messages_total"] / r["agents"] for r in rows])
+
+
+def _steady_rate(side: dict) -> float | None:
+    """Placement requests per agent-cycle at 60 s cycles with a full verify
+    every 300 s: four steady cycles and one verify in five."""
+    rows = side["rows"]
+    if "steady cycle" not in rows or "full verify (every 300 s)" not in rows:
+        return None
+    steady = [r["requests_per_host"] for r in rows["steady cycle"]]
+    verify = rows["full verify (every 300 s)"][0]["requests_per_host"]
+    return (4 * sum(steady) / len(steady) + verify) / 5
+
+
+def _messaging(m: dict) -> list[str]:
+    lines = ["## 5. Messaging mode: agents without Placement credentials", ""]
+    if _failed(m):
+        return lines + [_failed(m), _messaging_rerun()]
+    direct, sizes = m["direct"], m["sizes"]
+    lines += [
+        f"A throw-away RabbitMQ {m['rabbitmq']} (oslo.messaging {m['oslo_messaging']}), "
+        f"the embedded Placement on {m['database']} and {m['appliers']} "
+        "`node-agent-applier` processes on one topic. Each agent is a thread with its "
+        "own `MessagingUpstream` (own transport and connections, RPC timeout "
+        f"{m['rpc_timeout']:g} s) and host name, reporting the synthetic host of "
+        f"section 2 ({m['providers']} providers: root + 4 SR-IOV children). Every "
+        "phase is one wave, all agents at once. Placement requests are counted from "
+        "Placement's request log, as in sections 2 and 4. Direct mode ran in this "
+        f"section too, {direct['size']} agents against the same server with the same "
+        "host and phases. Before the inventory change a stand-in scheduler wrote "
+        f"{m['instances']} allocations on each root and resized one; then every host's "
+        "reserved memory changed. The full verify is due every "
+        f"{m['full_verify']} s; to measure it now the appliers were restarted with "
+        "`[applier] full_verify_interval = 0` (direct mode: its clock moved 300 s).", "",
+        "| phase | direct mode: requests per host | "
+        + " | ".join(f"messaging, {s['size']} agents: messages per agent "
+                     f"| messaging, {s['size']} agents: requests per host" for s in sizes)
+        + " |",
+        "|---|---:|" + "---:|---:|" * len(sizes)]
+    for phase in MESSAGING_PHASES:
+        cells = [_per_host(direct["rows"].get(phase))]
+        for s in sizes:
+            rows = s["rows"].get(phase)
+            cells += [_messages_per_agent(rows), _per_host(rows)]
+        if any(c != "–" for c in cells):
+            lines.append(f"| {phase} | " + " | ".join(cells) + " |")
+    lines += ["", "Per wave: *payload* is the JSON of the agent's message; *broker* is "
+              "every octet the broker received and sent on all connections during the "
+              "wave (agent → broker → applier and the reply back, oslo.messaging's "
+              "envelope and AMQP framing included), per agent. *Requests per host* is "
+              "Placement's log, then the appliers' own count from their replies. "
+              "*Re-read* counts hosts whose message reached an applier process that "
+              "did not hold them in memory (restarted, or the other process applied "
+              "them last): it re-reads the host's tree and the root's allocations.", "",
+              "| phase | agents | payload bytes per message | broker bytes per agent "
+              "| requests per host (log / appliers) | re-read | retried cycles "
+              "| wave s | cycle p50 / p99 s |",
+              "|---|---:|---:|---:|---|---:|---:|---:|---|"]
+    for s in sizes:
+        for phase in MESSAGING_PHASES:
+            for n, r in enumerate(s["rows"].get(phase, [])):
+                label = phase if len(s["rows"][phase]) == 1 else f"{phase} {n + 1}"
+                lines.append(
+                    f"| {label} | {r['agents']} | {r['payload']['median']:.0f} "
+                    f"| {r['broker_bytes_per_agent']:,.0f} "
+                    f"| {_num(r['requests_per_host'])} / "
+                    f"{_num(r['applier_requests_per_host'])} | {r['fresh']} "
+                    f"| {r['retries']} | {r['wall']:.1f} "
+                    f"| {r['p50']:.2f} / {r['p99']:.2f} |")
+    lines += [""] + _messaging_summary(m) + _messaging_detail(m) + [_messaging_rerun()]
+    return lines
+
+
+def _messaging_summary(m: dict) -> list[str]:
+    direct, sizes = m["direct"], m["sizes"]
+    with_verify = next((s for s in sizes if _steady_rate(s) is not None), None)
+    steady = [r for s in sizes for r in s["rows"].get("steady cycle", [])]
+    if not steady or with_verify is None:
+        return []
+    messages = sum(r["messages_total"] for r in steady) / sum(r["agents"] for r in steady)
+    beat = statistics.median(r["payload"]["median"] for r in steady)
+    broker = statistics.median(r["broker_bytes_per_agent"] for r in steady)
+    na_rate, direct_rate = _steady_rate(with_verify), _steady_rate(direct)
+    verify = with_verify["rows"]["full verify (every 300 s)"][0]
+    n = FLEET_HOSTS
+    lines = [
+        f"Steady state at the default intervals (a cycle every 60 s, a full verify "
+        f"every {m['full_verify']} s): an agent sends {_num(messages)} message per cycle, "
+        f"a heartbeat of {beat:.0f} bytes ({broker:,.0f} bytes through the broker with "
+        f"the reply); Placement serves {_num(na_rate)} requests per agent-cycle in "
+        f"messaging mode against {_num(direct_rate)} in direct mode. For "
+        f"{n:,} hosts: {n / 60:.1f} messages/s, {broker * n / 60 / 1024:.0f} KiB/s "
+        f"through the broker, {na_rate * n / 60:.1f} Placement requests/s in messaging "
+        f"mode against {direct_rate * n / 60:.1f} in direct mode.", ""]
+    direct_verify = direct["rows"]["full verify (every 300 s)"][0]["requests_per_host"]
+    if verify["requests_per_host"] > direct_verify:
+        lines += [f"The applier's full verify costs {_num(verify['requests_per_host'])} "
+                  f"requests per host against direct mode's {_num(direct_verify)}: it "
+                  "re-reads every provider's inventories and traits where direct mode "
+                  "reads the tree once and compares generations.", ""]
+    change = [r for s in sizes
+              for r in s["rows"].get("inventory change after scheduler activity", [])]
+    fresh = sum(r["fresh"] for r in change)
+    if fresh:
+        hosts = sum(r["agents"] for r in change)
+        direct_change = direct["rows"]["inventory change after scheduler activity"][0]
+        lines += [f"In the inventory change, {fresh} of {hosts} hosts reached the applier "
+                  "process that had not applied them last (competing consumers hand "
+                  "each message to either) and paid a re-read of their tree; the others "
+                  f"cost what direct mode costs "
+                  f"({_num(direct_change['requests_per_host'])} requests).", ""]
+    return lines
+
+
+def _messaging_detail(m: dict) -> list[str]:
+    lines = ["<details><summary>Requests per host of each phase (first wave), uuids "
+             "folded</summary>", ""]
+    sides = [("direct mode", m["direct"])] + [("messaging", s) for s in m["sizes"]]
+    for phase in MESSAGING_PHASES:
+        for mode, side in sides:
+            rows = side["rows"].get(phase)
+            if not rows:
+                continue
+            r = rows[0]
+            shapes = Counter(r["paths"])
+            listed = "; ".join(f"{_num(c / r['agents'])}× {s}" for s, c in shapes.items())
+            lines.append(f"- **{phase}, {mode}, {r['agents']} agents**: {listed or 'none'}")
+    return lines + ["", "</details>", ""]
+
+
+def _messaging_rerun() -> str:
+    return ("Rerun this section alone (about 3 minutes; needs Debian's `rabbitmq-server`, "
+            "uses PostgreSQL on 127.0.0.1:5432 when it answers, SQLite otherwise): "
+            "`.venv/bin/python -m bench.run --only messaging`, which replaces just this "
+            "section of BENCHMARKS.md.\n")
+
+
+HOW_TO_RERUN = "## How to rerun"
+TOOK = "This run took"
+
+
+def _how_to_rerun(took: str) -> list[str]:
+    return [HOW_TO_RERUN, "",
+            "```", "make bench", "```", "",
+            "creates `.venv-nova` (nova from the package index) when missing and runs "
+            "`.venv/bin/python -m bench.run`, which rewrites this file. It needs a "
+            "PostgreSQL server on 127.0.0.1:5432 (user `postgres`, trust "
+            "authentication) for section 4 and Debian's `rabbitmq-server` for section 5 "
+            "(started on free ports, never the machine's own broker); `--skip-fleet` "
+            "leaves section 4 out, `--json FILE` also writes the raw numbers. "
+            "`--only SECTION` (discovery, phases, memory, fleet, messaging; repeatable) "
+            "runs just those sections and replaces their part of this file, keeping "
+            "the rest:", "",
+            "```", ".venv/bin/python -m bench.run --only messaging", "```", "",
+            took, ""]
+
+
+def _sections(results: dict) -> dict[str, list[str]]:
+    """Section name -> its lines, in the order of the file."""
+    return {
+        "discovery": _discovery(results.get("discovery", {"failed": "not run"})),
+        "phases": _phases(results.get("phases", {"failed": "not run"})),
+        "memory": _memory(results.get("memory", {"failed": "not run"})),
+        "fleet": (_fleet(results["fleet"], results.get("phases", {}))
+                  if "fleet" in results else []),
+        "messaging": (_messaging(results["messaging"])
+                      if "messaging" in results else []),
+    }
+
+
+def _blocks(text: str) -> list[list[str]]:
+    """The file cut before each ``## `` heading (the first block is the title)."""
+    blocks: list[list[str]] = [[]]
+    for line in text.splitlines():
+        if line.startswith("## "):
+            blocks.append([])
+        blocks[-1].append(line)
+    return blocks
+
+
+def _number(heading: str) -> str | None:
+    """``## 5. Messaging ...`` -> ``5``."""
+    head = heading[3:].split(" ", 1)[0]
+    return head[:-1] if head.endswith(".") and head[:-1].isdigit() else None
+
+
+def merge(existing: str, results: dict, rerun: list[str]) -> str:
+    """``existing`` with the sections in ``rerun`` replaced by (or, when
+    missing, added as) their new text; the rest is kept as it was."""
+    sections = _sections(results)
+    blocks = _blocks(existing)
+    m = results["machine"]
+    for name in rerun:
+        new = sections[name]
+        if not new:
+            continue
+        took = results.get("durations", {}).get(name, 0)
+        new = [line for line in new] + [
+            f"*This section was rerun alone (`--only {name}`) on {m['date']} at commit "
+            f"`{m['commit']}`, in {took:.0f} s; the machine and versions above are those "
+            "of the last full run.*", ""]
+        number = _number(new[0])
+        at = next((i for i, b in enumerate(blocks) if b and _number(b[0]) == number), None)
+        if at is None:
+            at = next((i for i, b in enumerate(blocks) if b and b[0] == HOW_TO_RERUN),
+                      len(blocks))
+            blocks.insert(at, new)
+        else:
+            blocks[at] = new
+    for i, block in enumerate(blocks):
+        if block and block[0] == HOW_TO_RERUN:
+            took = next((line for line in block if line.startswith(TOOK)), "")
+            blocks[i] = _how_to_rerun(took)
+    return "\n".join(line for block in blocks for line in block).rstrip("\n") + "\n"
+
+
 def render(results: dict) -> str:
     m = results["machine"]
     lines = ["# Benchmarks", "",
@@ -323,19 +571,9 @@ def render(results: dict) -> str:
              "and nova measured in the same run are the figures to compare; absolute "
              "times depend on this machine.", ""]
     lines += _machine(m)
-    lines += _discovery(results.get("discovery", {"failed": "not run"}))
-    lines += _phases(results.get("phases", {"failed": "not run"}))
-    lines += _memory(results.get("memory", {"failed": "not run"}))
-    if "fleet" in results:
-        lines += _fleet(results["fleet"], results.get("phases", {}))
+    for section in _sections(results).values():
+        lines += section
     durations = ", ".join(f"{k} {v:.0f} s" for k, v in results.get("durations", {}).items())
-    lines += ["## How to rerun", "",
-              "```", "make bench", "```", "",
-              "creates `.venv-nova` (nova from the package index) when missing and runs "
-              "`.venv/bin/python -m bench.run`, which rewrites this file. It needs a "
-              "PostgreSQL server on 127.0.0.1:5432 (user `postgres`, trust "
-              "authentication) for section 4; `--skip-fleet` leaves that out, "
-              "`--json FILE` also writes the raw numbers.", "",
-              f"This run took {results.get('total_seconds', 0) / 60:.1f} minutes "
-              f"({durations}).", ""]
+    lines += _how_to_rerun(f"{TOOK} {results.get('total_seconds', 0) / 60:.1f} minutes "
+                           f"({durations}).")
     return "\n".join(lines)

@@ -1,10 +1,12 @@
 """``make bench``: measure node-agent (and nova's report client) and write BENCHMARKS.md.
 
     .venv/bin/python -m bench.run [--output BENCHMARKS.md] [--nova-python .venv-nova/bin/python]
-                                  [--skip-fleet]
+                                  [--skip-fleet] [--only SECTION ...] [--json FILE]
 
 Benchmarks report; they never fail the build: a section that breaks is
-reported as such in the file and the others still run.
+reported as such in the file and the others still run. ``--only`` runs the
+named sections (discovery, phases, memory, fleet, messaging) and replaces
+just their part of an existing output file.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import time
 import traceback
 from pathlib import Path
 
-from bench import discovery, fleet, memory, phases, report, synthetic_host
+from bench import discovery, fleet, memory, messaging, phases, report, synthetic_host
 from node_agent.embedded_placement import start_subprocess
 from tests.hostdata import HOSTDATA, sysfs_root_for
 
 REPO = Path(__file__).resolve().parents[1]
 FLEET_BUDGET = 600  # seconds for the whole fleet section
+SECTIONS = ("discovery", "phases", "memory", "fleet", "messaging")
 
 
 def _section(results: dict, name: str, fn) -> None:
@@ -55,21 +58,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nova-python", type=Path,
                         default=REPO / ".venv-nova" / "bin" / "python")
     parser.add_argument("--skip-fleet", action="store_true")
+    parser.add_argument("--only", action="append", choices=SECTIONS, metavar="SECTION",
+                        help="run only this section (repeatable; one of "
+                             f"{', '.join(SECTIONS)}) and merge it into --output")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     args = parser.parse_args(argv)
     logging.disable(logging.WARNING)  # the agents' per-cycle lines would drown the output
+    chosen = [s for s in SECTIONS if s in (args.only or SECTIONS)
+              and not (s == "fleet" and args.skip_fleet and not args.only)]
 
     started = time.monotonic()
     results: dict = {"machine": report.machine(args.nova_python)}
     with tempfile.TemporaryDirectory(prefix="node-agent-bench-") as tmp:
         work = Path(tmp)
-        _section(results, "discovery", lambda: discovery.run(work / "discovery"))
-        _section(results, "phases", lambda: phases.run(work / "phases", args.nova_python))
-        _section(results, "memory", lambda: _memory(work, args.nova_python))
-        if not args.skip_fleet:
-            _section(results, "fleet", lambda: fleet.run(work / "fleet", FLEET_BUDGET))
+        runs = {
+            "discovery": lambda: discovery.run(work / "discovery"),
+            "phases": lambda: phases.run(work / "phases", args.nova_python),
+            "memory": lambda: _memory(work, args.nova_python),
+            "fleet": lambda: fleet.run(work / "fleet", FLEET_BUDGET),
+            "messaging": lambda: messaging.run(work / "messaging"),
+        }
+        for name in chosen:
+            _section(results, name, runs[name])
     results["total_seconds"] = time.monotonic() - started
-    args.output.write_text(report.render(results))
+    if args.only and args.output.exists():
+        text = report.merge(args.output.read_text(), results, chosen)
+    else:
+        text = report.render(results)
+    args.output.write_text(text)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
     print(f"[bench] wrote {args.output} in {results['total_seconds']:.0f} s")
