@@ -12,26 +12,40 @@ message to one of them. What they must agree on lives under the shared
 
 * ``state.json``: the syncer's state (root uuid, providers, children it
   created) and the ``applier`` record: the last applied sequence number,
-  digest and body, whether it applied cleanly, when the tree was last read
-  in full, and which process applied it last;
+  digest and body, whether it applied cleanly, which process applied it
+  last, and what the direct mode keeps in memory between cycles: the
+  syncer's cache of the tree (each provider's generation, parent,
+  inventories and traits, and the wall-clock time of the last full read)
+  and the digest of the tree's shape last applied cleanly (a reshape check
+  is due when it changes);
 * ``lock``: a POSIX lock held while one message of that host is handled,
   so per-host order holds across processes, and a killed process releases
   it at once (the kernel drops its locks).
 
+Every message is handled with objects built from that file, so a host
+costs Placement the same requests whichever process its message reaches:
+as many as the direct mode's agent, whose syncer and reconciler live on
+between cycles. The cache is a hint, as it is in the direct mode: a
+generation that moved turns into a 409 and a re-read, and the full verify
+(``GET /resource_providers?in_tree=<root>``, then a provider's inventories
+and traits only where its generation moved) runs every
+``full_verify_interval`` seconds. Before anything is written to Placement
+the cache and the shape are taken out of the record, and put back once
+the apply is done: a process killed (or failing) mid-apply leaves none,
+and the next message reads the tree and checks the allocations again.
+
 Per-host order: a message whose ``seq`` is not above the record's is
-answered ``stale`` and ignored. A process keeps its syncer's cache of a
-host only while the record says it was the last to apply that host;
-otherwise it starts a fresh syncer (a full read), so a cache is never
-older than Placement.
+answered ``stale`` and ignored.
 
 A host may only change its own subtree: the root must be named as the
 sending host, every child must hang under it and be named ``<host>_...``
 (checked in :func:`node_agent.upstream.tree_from_wire`), and a provider
 name or uuid that Placement shows under another root is refused and
-logged (:meth:`Applier.foreign`). The sending host is the ``host`` of the
-message: oslo.messaging does not authenticate senders, so this protects
-against mistakes and against a confused agent, not against a hostile
-hypervisor holding the shared broker credentials.
+logged (:meth:`Applier.foreign` says exactly what is looked up). The
+sending host is the ``host`` of the message: oslo.messaging does not
+authenticate senders, so this protects against mistakes and against a
+confused agent, not against a hostile hypervisor holding the shared broker
+credentials.
 
 Killed mid-apply: the sync writes one provider at a time and the next
 message from that host (its next cycle) finds the tree as it is and
@@ -42,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import logging
 import os
 import signal
@@ -57,11 +72,14 @@ from urllib.parse import quote
 
 from node_agent import upstream as wire
 from node_agent.errors import ConfigError, NodeAgentError, PlacementError, ReshapeError
+from node_agent.reconcile import Reconciler, shape_of
 from node_agent.state import StateStore
 
 LOG = logging.getLogger(__name__)
 
 RECORD_KEY = "applier"
+# Keys of the record that hold only between completed applies.
+CACHE_KEY, SHAPE_KEY = "cache", "shape"
 LOCK_FILE = "lock"
 LOCK_POLL = 0.05
 
@@ -100,12 +118,11 @@ class HostLock:
 
 @dataclass
 class _Local:
-    """This process's objects for one host."""
+    """One message's objects for its host, built from the host's record."""
 
     client: object
     syncer: object
     reconciler: object
-    apply_count: Optional[int] = None
 
 
 def _changes(changes) -> list[dict]:
@@ -125,11 +142,16 @@ def _reshape_record(reshape) -> Optional[dict]:
     return record
 
 
+def shape_digest(shape: tuple) -> str:
+    """A short, stable name for :func:`node_agent.reconcile.shape_of`."""
+    return hashlib.sha256(wire.canonical(shape).encode("utf-8")).hexdigest()
+
+
 class Applier:
     """Handles one message at a time per host; safe to call from many threads.
 
     ``client_factory()`` returns a new PlacementClient (sharing one session):
-    each host gets its own, so request counts stay per host.
+    each message gets its own, so request counts stay per host.
     """
 
     def __init__(self, client_factory: Callable[[], object], state_path: Path,
@@ -139,10 +161,10 @@ class Applier:
         self.state_path = Path(state_path)
         self.full_verify_interval = full_verify_interval
         self.lock_timeout = lock_timeout
+        # The wall clock: the time of a host's last full read travels
+        # between processes in its record.
         self.clock = clock
         self.token = token or f"{socket.gethostname()}:{os.getpid()}:{uuidlib.uuid4().hex[:8]}"
-        self._hosts: dict[str, _Local] = {}
-        self._hosts_lock = threading.Lock()
 
     def handle(self, raw) -> dict:
         """The reply to one message (a JSON-able dict; never raises)."""
@@ -164,11 +186,9 @@ class Applier:
             return {"status": wire.REFUSED, "seq": message.seq, "error": str(exc)}
         except (PlacementError, ReshapeError) as exc:
             LOG.error("%s seq %d: %s", message.host, message.seq, exc)
-            self._forget(message.host)
             return {"status": wire.ERROR, "seq": message.seq, "error": str(exc)}
         except Exception as exc:  # one host's bug must not stop the others
             LOG.exception("%s seq %d: unexpected failure", message.host, message.seq)
-            self._forget(message.host)
             return {"status": wire.ERROR, "seq": message.seq,
                     "error": f"applier failure: {type(exc).__name__}: {exc}"}
 
@@ -182,7 +202,6 @@ class Applier:
             LOG.info("%s seq %d ignored: %d was applied already (stale)",
                      message.host, message.seq, last)
             return {"status": wire.STALE, "seq": message.seq, "last_seq": last}
-        verify = False
         body = message.body
         if body is None:
             if record.get("digest") != message.digest or "body" not in record:
@@ -190,11 +209,9 @@ class Applier:
             if record.get("ok") and not self._verify_due(record):
                 LOG.debug("%s seq %d: heartbeat, no change", message.host, message.seq)
                 return {"status": wire.UNCHANGED, "seq": message.seq, "requests": 0}
-            body, verify = record["body"], True
+            body = record["body"]  # again: its full verify is due, or it failed
         desired = wire.desired_from_body(body, message.host)
-        local = self._local(message.host, record)
-        if verify:
-            local.syncer.invalidate()
+        local = self._local(message.host, record, desired)
         start = local.client.stats.total
         problems = self.foreign(local, desired.tree)
         if problems:
@@ -202,15 +219,18 @@ class Applier:
                       "; ".join(problems))
             return {"status": wire.REFUSED, "seq": message.seq,
                     "error": "; ".join(problems)}
+        self._take(store, record)
         outcome = local.reconciler.apply(desired)
         report = outcome.report
-        local.apply_count = record.get("apply_count", 0) + 1
-        now = self.clock()
+        # What the reconciler keeps: the shape once applied cleanly, else
+        # the one it started with.
+        shape = shape_digest(shape_of(desired))
+        if not (outcome.ok or record.get(SHAPE_KEY) == shape):
+            shape = None
         self._save(store, {
             "seq": message.seq, "digest": message.digest, "body": body,
-            "ok": outcome.ok, "by": self.token, "apply_count": local.apply_count,
-            "verified_at": now if (report.full_verify or verify)
-            else record.get("verified_at", now)})
+            "ok": outcome.ok, "by": self.token, SHAPE_KEY: shape,
+            CACHE_KEY: local.syncer.export_cache()})
         requests = local.client.stats.total - start
         log = LOG.warning if not outcome.ok else LOG.info
         log("%s seq %d: %s", message.host, message.seq, report.summary())
@@ -222,57 +242,93 @@ class Applier:
                 if report.tree else {}}
 
     def _verify_due(self, record: dict) -> bool:
-        return self.clock() - record.get("verified_at", 0) >= self.full_verify_interval
+        """The test the syncer makes, on the record's copy of its cache."""
+        try:
+            verified_at = float(record[CACHE_KEY]["verified_at"])
+        except (KeyError, TypeError, ValueError):
+            return True
+        return self.clock() - verified_at >= self.full_verify_interval
 
     def _save(self, store: StateStore, record: dict) -> None:
         # The syncer owns the other keys of the same file.
         store.save({**store.load_or_empty(LOG), RECORD_KEY: record})
 
-    def _local(self, host: str, record: dict) -> _Local:
-        from node_agent.reconcile import Reconciler
+    def _take(self, store: StateStore, record: dict) -> None:
+        """Drop the cache and the shape from the shared record before
+        writing to Placement; :meth:`_handle` puts them back when done."""
+        if record.get(CACHE_KEY) is None and record.get(SHAPE_KEY) is None:
+            return
+        self._save(store, {k: v for k, v in record.items() if k not in (CACHE_KEY, SHAPE_KEY)})
+
+    def _local(self, host: str, record: dict, desired) -> _Local:
+        """A syncer and a reconciler holding what the record holds: the
+        direct mode's, as its previous cycle left them."""
         from node_agent.sync import TreeSyncer
 
-        local = self._hosts.get(host)
-        if (local is None or record.get("by") != self.token
-                or record.get("apply_count") != local.apply_count):
-            client = self.client_factory()
-            syncer = TreeSyncer(client, StateStore(self.state_path / host),
-                                full_verify_interval=self.full_verify_interval)
-            local = _Local(client, syncer, Reconciler(client, syncer))
-            with self._hosts_lock:
-                self._hosts[host] = local
-        return local
-
-    def _forget(self, host: str) -> None:
-        with self._hosts_lock:
-            self._hosts.pop(host, None)
+        client = self.client_factory()
+        syncer = TreeSyncer(client, StateStore(self.state_path / host),
+                            full_verify_interval=self.full_verify_interval, clock=self.clock)
+        syncer.import_cache(record.get(CACHE_KEY))
+        reconciler = Reconciler(client, syncer)
+        shape = shape_of(desired)
+        if record.get(SHAPE_KEY) == shape_digest(shape):
+            # Reconciler keeps this between cycles and has no setter: the
+            # allocations were checked for this shape when it was applied.
+            reconciler._applied_shape = shape
+        return _Local(client, syncer, reconciler)
 
     # -- the ownership check
 
     def foreign(self, local: _Local, tree) -> list[str]:
         """Providers of ``tree`` that Placement shows in another host's tree.
 
-        Only names and uuids new to this host's state are looked up (one GET
-        each), so a host costs these reads once, not every cycle.
+        What is looked up (a host costs these once, not every cycle):
+
+        * the root: its uuid is the state's; without one, the provider named
+          like the host (``GET ?name=``), which must be a root: a provider of
+          that name with a parent belongs to another host's tree;
+        * children whose name the state does not hold, when the root exists:
+          ``GET ?in_tree=<root>`` (only when the root was looked up by name,
+          i.e. the state was lost: most children are then in it); a name not
+          in this host's tree is looked up (``GET ?name=``, one each) and
+          refused if Placement has it under another root. The reshape
+          resolves such names globally, so they must be checked first. When
+          the root does not exist nothing can be reshaped, and the sync's
+          ``POST`` of a name that exists anywhere gets a 409 and adopts the
+          provider only when it is in this host's tree: no lookup;
+        * every uuid the message carries that the state does not hold
+          (``GET /resource_providers/{uuid}``): refused if in another tree.
         """
         client = local.client
         state = local.syncer.state
         known = dict(state.get("providers", {}))
-        root = state.get("root_uuid") or self._uuid_by_name(client, tree.root.name)
+        problems: list[str] = []
+        root = state.get("root_uuid")
+        looked_up = root is None
+        if looked_up:
+            found = self._by_name(client, tree.root.name)
+            if found and found.get("parent_provider_uuid"):
+                return [f"{tree.root.name}: a provider of that name is a child in "
+                        f"another tree (root {found.get('root_provider_uuid')})"]
+            root = found["uuid"] if found else None
         ours = set(known.values()) | ({root} if root else set())
-        problems = []
         for provider in tree.providers:
             if provider.uuid and provider.uuid not in ours:
                 found = self._by_uuid(client, provider.uuid)
                 if found and found.get("root_provider_uuid") != root:
                     problems.append(f"{provider.name}: uuid {provider.uuid} is provider "
                                     f"{found['name']!r} of another host's tree")
-            if provider.parent is not None and provider.name not in known:
-                found = self._by_name(client, provider.name)
-                if found and found.get("root_provider_uuid") != root:
-                    problems.append(f"{provider.name}: a provider of that name belongs "
-                                    f"to another tree (root "
-                                    f"{found.get('root_provider_uuid')})")
+        unknown = [p.name for p in tree.providers[1:] if p.name not in known]
+        if root is None or not unknown:
+            return problems
+        in_tree = self._tree_names(client, root) if looked_up else set()
+        for name in unknown:
+            if name in in_tree:
+                continue
+            found = self._by_name(client, name)
+            if found and found.get("root_provider_uuid") != root:
+                problems.append(f"{name}: a provider of that name belongs to another "
+                                f"tree (root {found.get('root_provider_uuid')})")
         return problems
 
     @staticmethod
@@ -280,9 +336,10 @@ class Applier:
         found = client.get(f"/resource_providers?name={quote(name)}")["resource_providers"]
         return found[0] if found else None
 
-    def _uuid_by_name(self, client, name: str) -> Optional[str]:
-        found = self._by_name(client, name)
-        return found["uuid"] if found else None
+    @staticmethod
+    def _tree_names(client, root: str) -> set[str]:
+        listed = client.get(f"/resource_providers?in_tree={root}")["resource_providers"]
+        return {rp["name"] for rp in listed}
 
     @staticmethod
     def _by_uuid(client, uuid: str) -> Optional[dict]:

@@ -503,6 +503,49 @@ class TreeSyncer:
         """Forget the cache: the next sync re-reads the whole tree."""
         self._cache = None
 
+    def export_cache(self) -> Optional[dict]:
+        """The cache as JSON-able data (each provider's uuid, name,
+        generation, parent, inventories and traits) with ``verified_at``,
+        this syncer's clock at its last full read; None when it has none.
+
+        Another syncer of the same tree may :meth:`import_cache` it, in
+        another process when both clocks are the wall clock (``time.time``).
+        """
+        if self._cache is None or self._verified_at is None:
+            return None
+        return {"verified_at": self._verified_at,
+                "providers": [{"uuid": s.uuid, "name": s.name, "generation": s.generation,
+                               "parent_uuid": s.parent_uuid,
+                               "inventories": {rc: dict(inv)
+                                               for rc, inv in s.inventories.items()},
+                               "traits": sorted(s.traits)}
+                              for s in self._cache.values()]}
+
+    def import_cache(self, data: Optional[Mapping]) -> bool:
+        """Take over a cache from :meth:`export_cache`; False (and no cache:
+        the next sync reads the tree) when ``data`` is None or malformed.
+
+        It stays a hint, as our own cache is: a generation that moved since
+        turns into a 409 and a re-read of that provider, and the full verify
+        is due ``full_verify_interval`` after ``verified_at`` (a time ahead
+        of this clock counts as now).
+        """
+        self._cache = self._verified_at = None
+        if data is None:
+            return False
+        try:
+            cache = {p["uuid"]: ProviderState(
+                str(p["uuid"]), str(p["name"]), int(p["generation"]), p["parent_uuid"],
+                {rc: dict(inv) for rc, inv in p["inventories"].items()},
+                frozenset(p["traits"])) for p in data["providers"]}
+            verified_at = min(float(data["verified_at"]), self.clock())
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            LOG.warning("ignoring a malformed provider cache (%s); the tree will be read",
+                        exc)
+            return False
+        self._cache, self._verified_at = cache, verified_at
+        return True
+
     def note_inventories(self, inventories_by_uuid: Mapping[str, Mapping]) -> None:
         """Someone else (the reshape) set these providers' inventories.
 

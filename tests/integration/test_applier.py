@@ -9,7 +9,9 @@ per-host records of other tests never mix in.
 from __future__ import annotations
 
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,7 +24,10 @@ from oslo_config import cfg
 
 from node_agent import messaging, upstream
 from node_agent.cycle import compute_desired
-from node_agent.sync import inventories_equal, wanted_inventories
+from node_agent.placement import PlacementClient
+from node_agent.reconcile import Reconciler
+from node_agent.state import StateStore
+from node_agent.sync import TreeSyncer, inventories_equal, wanted_inventories
 from tests.hostdata import sysfs_root_for, sysfs_trees
 from tests.integration.reshape_driver import (Host, allocate, boot_legacy_guests,
                                               cpu_view, expected_after_reshape)
@@ -46,6 +51,12 @@ class ApplierProcess:
 
     def log(self) -> str:
         return self.log_path.read_text()
+
+    @property
+    def server(self) -> str:
+        """The name of this process's own queue (node-agent-applier's
+        ``server=``): a call prepared with it reaches this process only."""
+        return f"{socket.gethostname()}-{self.proc.pid}"
 
     def wait_listening(self, timeout: float = 30) -> "ApplierProcess":
         deadline = time.monotonic() + timeout
@@ -308,6 +319,17 @@ def test_message_naming_another_hosts_provider_is_refused(bus, placement):
     assert placement.get(f"/resource_providers/{victim_root['uuid']}/inventories") == before
     assert applier.log().count("refused") >= 2
 
+    # A host whose name is a child's in the victim's tree gets no root there.
+    child = f"{victim.name}_{uuid.uuid4().hex[:4]}"
+    placement.post("/resource_providers", {"name": child,
+                                           "parent_provider_uuid": victim_root["uuid"]})
+    namesake = FixtureAgent(bus, child, sysfs_trees()[0], bus.tmp / "agents" / "namesake")
+    with pytest.raises(upstream.Refused, match="is a child in another tree"):
+        namesake.cycle()
+    found = root_of(placement, child)
+    assert found["parent_provider_uuid"] == victim_root["uuid"]
+    assert placement.get(f"/resource_providers/{found['uuid']}/inventories")["inventories"] == {}
+
 
 class MessagingHost(Host):
     """reshape_driver's host, whose root is found by name (the agent in
@@ -364,6 +386,9 @@ def test_service_in_messaging_mode_backs_off_without_applier_then_converges(
 
 # ---------------------------------------------------------------- nested reshapes
 
+REQUEST_LINE = re.compile(r'placement\.requestlog .*"(\w+) ([^ "]+)[^"]*" status: (\d+)')
+
+
 class RequestLog:
     """Placement's own request log (one line per request, with its request
     id): counts what reached the server, whoever sent it. The session's
@@ -380,6 +405,17 @@ class RequestLog:
         with open(self.path, encoding="utf-8", errors="replace") as log:
             log.seek(self.offset)
             return [line for line in log if f'"{request}"' in line]
+
+    def requests(self) -> list[str]:
+        """``METHOD path status`` of every request since the mark, once the
+        log has stopped growing (a line may land just after the reply)."""
+        size, deadline = -1, time.monotonic() + 2
+        while self.path.stat().st_size != size and time.monotonic() < deadline:
+            size = self.path.stat().st_size
+            time.sleep(0.1)
+        with open(self.path, encoding="utf-8", errors="replace") as log:
+            log.seek(self.offset)
+            return [" ".join(m.groups()) for m in map(REQUEST_LINE.search, log) if m]
 
 
 def consumer_totals(allocs: dict) -> dict:
@@ -504,3 +540,109 @@ def test_message_of_another_wire_version_is_refused_with_the_side_to_upgrade(bus
     assert reply["status"] == upstream.REFUSED
     assert "upgrade node-agent on this host" in reply["error"]
     assert agent.cycle().ok   # the current version is applied
+
+
+# ---------------------------------------------------------------- cost per host
+
+class DirectHost:
+    """The direct mode on the same fixture host: what its service keeps
+    between cycles (a Reconciler over a TreeSyncer), with a clock moved by
+    hand."""
+
+    def __init__(self, placement_url: str, name: str, system_dir: Path, base: Path):
+        base.mkdir(parents=True)
+        self.now = 0.0
+        self.settings = make_settings(
+            host=name, sysfs_root=str(sysfs_root_for(system_dir, base)),
+            instances_path=str(base), state_path=str(base / "state"),
+            reserved_host_memory_mb=512)
+        client = PlacementClient.for_endpoint(placement_url)
+        self.syncer = TreeSyncer(client, StateStore(base / "state"),
+                                 full_verify_interval=300, clock=lambda: self.now)
+        self.reconciler = Reconciler(client, self.syncer)
+
+    def reserve(self, reserved: int) -> None:
+        from dataclasses import replace
+        self.settings = replace(self.settings, reserved_host_memory_mb=reserved)
+
+    def cycle(self, advance: float = 60) -> None:
+        self.now += advance
+        assert self.reconciler.apply(compute_desired(self.settings)).ok
+
+
+def send_to(applier: ApplierProcess, agent: FixtureAgent, beat: bool = False) -> dict:
+    """The agent's message (or heartbeat), delivered to that process only."""
+    body = upstream.body_of(agent.desired)
+    seq = agent.upstream._next_seq()
+    message = (upstream.heartbeat(agent.name, seq, upstream.digest_of(body)) if beat
+               else upstream.full_message(agent.name, seq, body))
+    client = agent.upstream._client.prepare(server=applier.server, timeout=TIMEOUT)
+    return client.call({}, "apply", message=message)
+
+
+def applied_by(bus: Bus, host: str) -> str:
+    return StateStore(bus.state / host).load()["applier"]["by"]
+
+
+def test_host_hopping_between_applier_processes_costs_placement_what_direct_mode_costs(
+        bus, placement, placement_server, tmp_path):
+    """Per host, counted in Placement's log: each message goes to the
+    process that did not apply the host last, and costs the requests the
+    direct mode's agent pays for the same step."""
+    a, b = bus.start(2)
+    tag = uuid.uuid4().hex[:6]
+    system_dir = sysfs_trees()[0]
+    agent = FixtureAgent(bus, f"hop-{tag}", system_dir, tmp_path / "messaging")
+    direct = DirectHost(placement_server.url, f"direct-{tag}", system_dir, tmp_path / "direct")
+    log = RequestLog(placement_server)
+
+    def cost(step) -> list[str]:
+        log.mark()
+        step()
+        return log.requests()
+
+    def hop(applier: ApplierProcess, beat: bool = False, status=upstream.APPLIED):
+        def step():
+            reply = send_to(applier, agent, beat)
+            assert reply["status"] == status and reply.get("ok", True), reply
+            assert f":{applier.proc.pid}:" in applied_by(bus, agent.name) \
+                or status == upstream.UNCHANGED
+        return step
+
+    def scheduler_activity():
+        for name in (agent.name, direct.settings.host):
+            allocate(placement, str(uuid.uuid4()),
+                     {root_of(placement, name)["uuid"]: {"MEMORY_MB": 256}})
+
+    first = {"messaging": cost(hop(a)), "direct": cost(direct.cycle)}
+    # The one request more: the ownership check looks the new root up by name.
+    assert len(first["messaging"]) == len(first["direct"]) + 1, first
+
+    assert cost(hop(b, beat=True, status=upstream.UNCHANGED)) == []
+    assert cost(direct.cycle) == []
+
+    steps = {}
+    for what, reserved, applier in (("shrink", 1024, b), ("grow", 256, a)):
+        scheduler_activity()
+        agent.reserve(reserved)
+        direct.reserve(reserved)
+        steps[what] = {"messaging": cost(hop(applier)), "direct": cost(direct.cycle)}
+        assert converged(placement, agent)
+    assert len(steps["shrink"]["messaging"]) == len(steps["shrink"]["direct"]) == 2, steps
+    assert len(steps["grow"]["messaging"]) == len(steps["grow"]["direct"]) == 3, steps
+    assert any(" 409" in r for r in steps["grow"]["messaging"])  # the cache's old generation
+
+    # Five minutes later (the record's clock moved, as the direct mode's):
+    # the heartbeat on the other process is the full verify.
+    store = StateStore(bus.state / agent.name)
+    state = store.load()
+    state["applier"]["cache"]["verified_at"] -= 300
+    store.save(state)
+    verify = {"messaging": cost(hop(b, beat=True)), "direct": cost(lambda: direct.cycle(300))}
+    assert len(verify["messaging"]) == len(verify["direct"]) == 1, verify
+    assert verify["messaging"][0].startswith("GET /resource_providers?in_tree=")
+    print(f"\nBENCH applier hop, requests per host (messaging/direct): "
+          f"first apply {len(first['messaging'])}/{len(first['direct'])}, steady 0/0, "
+          f"shrink {len(steps['shrink']['messaging'])}/{len(steps['shrink']['direct'])}, "
+          f"grow {len(steps['grow']['messaging'])}/{len(steps['grow']['direct'])}, "
+          f"full verify {len(verify['messaging'])}/{len(verify['direct'])}")

@@ -252,3 +252,35 @@ def test_reply_becomes_a_report_the_service_can_log():
     assert "via applier; 1 message" in report.summary()
     unchanged = upstream.report_from_reply({"status": "unchanged"}, messages=1)
     assert unchanged.summary() == "no change (heartbeat; 1 message)"
+
+
+class Tripwire(AssertionError):
+    pass
+
+
+def _no_placement():
+    raise Tripwire("the applier wanted Placement")
+
+
+@pytest.mark.parametrize("cache, status", [
+    ({"verified_at": 1000.0 - 299, "providers": []}, upstream.UNCHANGED),
+    ({"verified_at": 1000.0 - 300, "providers": []}, None),   # full verify due
+    (None, None),                                            # taken mid-apply: read
+])
+def test_heartbeat_is_answered_from_the_shared_record_until_the_verify_is_due(
+        tmp_path, desired, cache, status):
+    from node_agent.applier import Applier
+    from node_agent.state import StateStore
+
+    body = upstream.body_of(desired)
+    digest = upstream.digest_of(body)
+    StateStore(tmp_path / "node1").save({"applier": {
+        "seq": 5, "digest": digest, "body": body, "ok": True, "by": "another process",
+        "cache": cache}})
+    # Another process, with nothing in memory and no way to reach Placement.
+    applier = Applier(_no_placement, tmp_path, full_verify_interval=300, clock=lambda: 1000.0)
+    reply = applier.handle(upstream.heartbeat("node1", 6, digest))
+    if status is None:
+        assert reply["status"] == upstream.ERROR and "Tripwire" in reply["error"]
+    else:
+        assert reply == {"status": status, "seq": 6, "requests": 0}
