@@ -180,8 +180,11 @@ AGENT_OPTS = [
         "full_verify_interval",
         default=300,
         min=0,
-        help="Seconds between full re-reads of the tree from Placement, "
-             "which catch changes made out of band. 0 verifies every cycle."),
+        help="Seconds between verifications of the tree in Placement, which "
+             "catch changes made out of band (a provider deleted, an inventory "
+             "edited by hand): one read of the tree, then the providers whose "
+             "generation moved. Between them a cycle with no host change sends "
+             "nothing. 0 verifies every cycle."),
     cfg.IntOpt(
         "startup_splay",
         default=30,
@@ -259,8 +262,9 @@ APPLIER_OPTS = [
         "full_verify_interval",
         default=300,
         min=0,
-        help="Seconds between full re-reads of a host's tree from Placement, "
-             "triggered by that host's heartbeat."),
+        help="Seconds between verifications of a host's tree in Placement "
+             "(as the agent's own full_verify_interval), made when that host's "
+             "heartbeat arrives."),
     cfg.FloatOpt(
         "lock_timeout",
         default=20,
