@@ -8,6 +8,7 @@ way. nova runs in its own venv (bench/nova_driver.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import time
@@ -21,8 +22,7 @@ from node_agent.discover import discover
 from node_agent.embedded_placement import LOG_FILE, start_subprocess
 from node_agent.placement import PlacementClient
 from node_agent.provider_tree import ProviderTree
-from node_agent.reshape import pinned_to_pcpu
-from node_agent.reshaper import ensure_reshaped
+from node_agent.reconcile import Reconciler
 from node_agent.state import StateStore
 from node_agent.sync import TreeSyncer, wanted_inventories
 from node_agent.topology import Guest
@@ -240,16 +240,23 @@ def _run_reshapes(phases: Phases, work: Path, url: str, nova: Nova) -> dict:
 
         agent = Agent(url, work / "state" / f"na-r{count}")
         before = tree_for(f"bench-na-r{count}", after=False)
-        after = tree_for(f"bench-na-r{count}", after=True)
         agent.sync(before)
         na_root = agent.syncer.store.load()["root_uuid"]
         scheduler.place(na_root, consumers)
 
+        desired_after = desired_from(
+            _settings(work, root, shape, f"bench-na-r{count}", cpu_dedicated_set=RESHAPE_DEDICATED,
+                      cpu_shared_set=RESHAPE_SHARED),
+            dataclasses.replace(snapshot, guests=tuple(guests)))
+
         def na_reshape():
-            tree, _ = agent.syncer.plan_with_tree(after)
-            outcome = ensure_reshaped(agent.client, tree, guests,
-                                      pinned_to_pcpu(guests, na_root, RESHAPE_DEDICATED))
-            return {**agent.sync(after), "reshaper_requests": outcome.requests}
+            # The agent's own cycle (node_agent.reconcile): reshape, then sync.
+            agent.now += 60
+            outcome = Reconciler(agent.client, agent.syncer).apply(desired_after)
+            result = {"reshaper_requests": getattr(outcome.reshape, "requests", 0)}
+            if not outcome.ok:
+                result["error"] = "; ".join(outcome.errors)
+            return result
 
         phases.measure(phase, "node-agent", na_reshape)
 
