@@ -429,19 +429,14 @@ def serve(conf) -> int:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     from node_agent import messaging
-    from node_agent.configfile import load_conf
+    from node_agent.configfile import load_conf, oslo_args
 
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.INFO,
                         format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
-    conf_args = []
-    for path in args.config_file:
-        conf_args += ["--config-file", path]
-    for path in args.config_dir:
-        conf_args += ["--config-dir", path]
     try:
-        conf = load_conf(conf_args)
+        conf = load_conf(oslo_args(args))
         messaging.register(conf)
         return serve(conf)
     except NodeAgentError as exc:

@@ -19,7 +19,7 @@ import sys
 from typing import Optional, Sequence
 
 from node_agent import render
-from node_agent.configfile import load_conf
+from node_agent.configfile import load_conf, oslo_args
 from node_agent.cycle import APPLIED_KEY, MAINTENANCE_KEY, compute_desired
 from node_agent.errors import NodeAgentError
 from node_agent.partition import node_split
@@ -185,7 +185,7 @@ def _maintenance(argv: list[str]) -> int:
     parser.add_argument("--config-dir", action="append", default=[], metavar="DIR")
     args = parser.parse_args(argv)
     try:
-        settings = load_settings(load_conf(_oslo_args(args)))
+        settings = load_settings(load_conf(oslo_args(args)))
         store = _state_store(settings)
         state = store.load_or_empty(LOG)
         if args.switch == "on":
@@ -211,15 +211,6 @@ def _error_text(exc: NodeAgentError) -> str:
     return "\n".join(lines + [f"  - {p}" for p in problems])
 
 
-def _oslo_args(args) -> list[str]:
-    out = []
-    for path in args.config_file:
-        out += ["--config-file", path]
-    for path in args.config_dir:
-        out += ["--config-dir", path]
-    return out
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["ctl"]:
@@ -232,14 +223,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     _setup_logging(args.debug, reporting=args.once or args.dry_run or args.check_config)
     try:
-        conf = load_conf(_oslo_args(args))
+        conf = load_conf(oslo_args(args))
         settings = load_settings(conf)
         if args.check_config:
             return _check_config(settings, args.output)
         if args.once or args.dry_run:
             return _run_once(conf, settings, args.dry_run, args.output)
         from node_agent import daemon
-        return daemon.run(_oslo_args(args))
+        return daemon.run(oslo_args(args))
     except NodeAgentError as exc:
         print(_error_text(exc), file=sys.stderr)
         return exc.exit_code

@@ -89,6 +89,17 @@ def unknown_options(conf: cfg.ConfigOpts) -> list[str]:
     return problems
 
 
+def oslo_args(args) -> list[str]:
+    """``--config-file``/``--config-dir`` for oslo.config from an argparse
+    namespace with ``config_file`` and ``config_dir`` lists."""
+    out: list[str] = []
+    for path in args.config_file:
+        out += ["--config-file", path]
+    for path in args.config_dir:
+        out += ["--config-dir", path]
+    return out
+
+
 def load_conf(args: Sequence[str]) -> cfg.ConfigOpts:
     """Parse ``--config-file``/``--config-dir`` arguments into a checked ConfigOpts."""
     conf = cfg.ConfigOpts()

@@ -18,7 +18,7 @@ import sys
 from typing import Optional, Sequence
 
 from node_agent import messaging
-from node_agent.configfile import load_conf
+from node_agent.configfile import load_conf, oslo_args
 from node_agent.errors import ConfigError
 
 EX_TEMPFAIL = 75
@@ -53,13 +53,8 @@ def call(client, command: str, args) -> dict:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
-    conf_args = []
-    for path in args.config_file:
-        conf_args += ["--config-file", path]
-    for path in args.config_dir:
-        conf_args += ["--config-dir", path]
     try:
-        conf = load_conf(conf_args)
+        conf = load_conf(oslo_args(args))
         messaging.register(conf)
         if args.transport_url:
             conf.set_override("transport_url", args.transport_url)
