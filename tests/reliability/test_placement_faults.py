@@ -59,16 +59,34 @@ class World:
 
     def allocate(self, rp_uuid: str, resources: dict) -> str:
         consumer = str(uuid.uuid4())
-        self.other.put(f"/allocations/{consumer}", {
-            "allocations": {rp_uuid: {"resources": resources}},
-            "project_id": str(uuid.uuid4()), "user_id": str(uuid.uuid4()),
-            "consumer_generation": None})
+        try:
+            self.other.put(f"/allocations/{consumer}", {
+                "allocations": {rp_uuid: {"resources": resources}},
+                "project_id": str(uuid.uuid4()), "user_id": str(uuid.uuid4()),
+                "consumer_generation": None})
+        except PlacementError:
+            # The client retries a 5xx (SQLite's "database is locked"); an
+            # attempt may have been committed before the error. Record what
+            # Placement holds, not what was meant.
+            self._record_truth(consumer)
+            raise
         self.allocations[consumer] = {rp_uuid: resources}
         return consumer
 
     def free(self, consumer: str) -> None:
-        self.other.delete(f"/allocations/{consumer}")
+        try:
+            self.other.delete(f"/allocations/{consumer}")
+        except PlacementError:
+            self._record_truth(consumer)
+            raise
         del self.allocations[consumer]
+
+    def _record_truth(self, consumer: str) -> None:
+        held = self.other.get(f"/allocations/{consumer}")["allocations"]
+        if held:
+            self.allocations[consumer] = {rp: a["resources"] for rp, a in held.items()}
+        else:
+            self.allocations.pop(consumer, None)
 
     def add_operator_trait(self, rp_uuid: str) -> None:
         self.other.put(f"/traits/{OPERATOR_TRAIT}", None)
@@ -251,6 +269,8 @@ def _writer(world: World, host: str, stop: threading.Event, seed: int, counts: d
             counts[action] = counts.get(action, 0) + 1
         except GenerationConflict:
             counts["conflict"] = counts.get("conflict", 0) + 1
+        except PlacementError as exc:  # e.g. a 5xx retried past an applied attempt
+            counts.setdefault("errors", []).append(f"{action}: {exc}")
         time.sleep(rng.uniform(0, 0.01))
 
 
