@@ -67,11 +67,11 @@ def desired_from(settings: Settings, host: HostSnapshot,
     return Desired(host, partition, tree, applied, maintenance, tuple(notes))
 
 
-def compute_desired(settings: Settings, hypervisor_factory=None,
+def compute_desired(settings: Settings, hypervisor=None,
                     state: Optional[Mapping] = None) -> Desired:
     """Read the host and the operator files; ``state`` is the agent's state file."""
     state = state or {}
-    return desired_from(settings, discover(settings, hypervisor_factory),
+    return desired_from(settings, discover(settings, hypervisor),
                         load_provider_configs(settings.provider_config_location),
                         state.get(APPLIED_KEY), state.get(MAINTENANCE_KEY),
                         state.get(PROVIDERS_KEY))

@@ -17,7 +17,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 from node_agent.configfile import load_conf
 from node_agent.cycle import APPLIED_KEY, MAINTENANCE_KEY, Desired, compute_desired
@@ -104,10 +104,9 @@ class Agent:
     the last reported inventory: a host read that fails never shrinks it.
     """
 
-    def __init__(self, hypervisor_factory: Optional[Callable] = None,
-                 messenger=None):
-        self.hypervisor_factory = hypervisor_factory
+    def __init__(self, messenger=None):
         self.messenger = messenger
+        self._hypervisor = None  # one libvirt connection for the service's life
         self._version_checked = False
         self.last_desired: Optional[Desired] = None
         self.last_sync: Optional[dict] = None      # last sync that ran
@@ -140,7 +139,8 @@ class Agent:
         settings = loaded.settings
         try:
             state = StateStore(Path(settings.state_path)).load_or_empty(LOG)
-            desired = compute_desired(settings, self.hypervisor_factory, state=state)
+            desired = compute_desired(settings, self._hypervisor_for(settings.libvirt_uri),
+                                      state=state)
             if settings.upstream == "messaging":
                 outcome = self._via_applier(loaded, desired)
             else:
@@ -187,6 +187,20 @@ class Agent:
     def close(self) -> None:
         if self._upstream is not None:
             self._upstream.close()
+        if self._hypervisor is not None:
+            self._hypervisor.close()
+
+    def _hypervisor_for(self, uri: str):
+        """The service's libvirt connection (reopened after a failed read or
+        a reload that changed the URI); None without a hypervisor."""
+        if not uri:
+            return None
+        if self._hypervisor is None or self._hypervisor.uri != uri:
+            from node_agent.hypervisor import Hypervisor
+            if self._hypervisor is not None:
+                self._hypervisor.close()
+            self._hypervisor = Hypervisor(uri)
+        return self._hypervisor
 
     def _reshape_hooks(self, loaded: Loaded) -> dict:
         """Announce a reshape just before its POST (reshape.start)."""

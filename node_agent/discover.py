@@ -12,7 +12,6 @@ import logging
 import os
 import platform
 from pathlib import Path
-from typing import Callable, Optional
 
 import psutil
 
@@ -143,21 +142,30 @@ def _read_devices(settings: Settings):
     return read_pci(SysFS(settings.sysfs_root))
 
 
-def discover(settings: Settings,
-             hypervisor_factory: Optional[Callable[[str], object]] = None) -> HostSnapshot:
-    """Read the host once. Raises DiscoveryError when a required source fails."""
+def discover(settings: Settings, hypervisor=None) -> HostSnapshot:
+    """Read the host once. Raises DiscoveryError when a required source fails.
+
+    ``hypervisor``: a long-lived :class:`~node_agent.hypervisor.Hypervisor`
+    (the service keeps one connection); it is closed on a failed read, so the
+    next cycle reconnects. Without one, a connection is opened for this read.
+    """
     topology = read_topology(SysFS(settings.sysfs_root))
     gpus, sriov_pfs = _read_devices(settings)
     warnings = list(topology.warnings)
     facts = LibvirtFacts()
     if settings.libvirt_uri:
-        if hypervisor_factory is None:
-            from node_agent.hypervisor import Hypervisor as hypervisor_factory
-        hypervisor = hypervisor_factory(settings.libvirt_uri)
+        own = hypervisor is None
+        if own:
+            from node_agent.hypervisor import Hypervisor
+            hypervisor = Hypervisor(settings.libvirt_uri)
         try:
             facts = read_libvirt(hypervisor)
-        finally:
+        except DiscoveryError:
             hypervisor.close()
+            raise
+        finally:
+            if own:
+                hypervisor.close()
         warnings += topology_differences(topology, facts.cells)
     else:
         warnings.append("[libvirt] connection_uri is empty: no hypervisor, so no guests "

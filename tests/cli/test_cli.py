@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from tests.cli.runner import run_agent, write_config
 from tests.hostdata import HOSTDATA
 

@@ -20,7 +20,6 @@ from pathlib import Path
 
 from node_agent.cpuset import parse_cpu_spec
 from node_agent.cycle import compute_desired
-from node_agent.errors import ReshapeError
 from node_agent.placement import PlacementClient
 from node_agent.reconcile import Reconciler
 from node_agent.settings import Settings

@@ -134,3 +134,34 @@ def test_unreadable_host_file_is_a_discovery_error_naming_the_uri():
 def test_empty_uri_is_refused():
     with pytest.raises(ValueError):
         Hypervisor("")
+
+
+def _settings_for(tmp_path, uri):
+    from tests.snapshots import settings
+    from tests.hostdata import HOSTDATA, sysfs_root_for
+
+    root = sysfs_root_for(HOSTDATA / "virhostcpudata" / "linux-test4", tmp_path)
+    return settings(sysfs_root=str(root), libvirt_uri=uri, instances_path=str(tmp_path))
+
+
+def test_service_connection_is_kept_across_cycles_and_dropped_after_a_failed_read(tmp_path):
+    from node_agent.discover import discover
+
+    xml = tmp_path / "host.xml"
+    xml.write_text(HOST_XML.read_text())
+    settings = _settings_for(tmp_path, f"test://{xml}")
+    kept = Hypervisor(settings.libvirt_uri)
+    first = discover(settings, kept)
+    # The test driver reads its file when a connection opens: a guest removed
+    # from the file shows only to a new connection.
+    text = xml.read_text()
+    start = text.index('<domain type="test"')
+    xml.write_text(text[:start] + text[text.index("</domain>", start) + len("</domain>"):])
+    assert len(discover(settings, kept).guests) == len(first.guests)
+    assert len(discover(settings).guests) == len(first.guests) - 1
+    kept.close()
+
+    broken = Hypervisor(f"test://{tmp_path / 'missing.xml'}")
+    with pytest.raises(DiscoveryError):
+        discover(_settings_for(tmp_path / "b", broken.uri), broken)
+    assert broken._conn is None  # the next cycle reconnects
