@@ -359,6 +359,11 @@ class TreeSyncer:
         self.clock = clock
         self._state = store.load_or_empty(LOG)
         self._cache: Optional[dict[str, ProviderState]] = None
+        # Providers whose cached generation came from a read of one part of
+        # the record (traits, inventories or usages) after someone else
+        # changed it: the other part may be stale, so the next full verify
+        # reads them whatever their generation.
+        self._partial: set[str] = set()
         self._verified_at: Optional[float] = None
         self._known_classes: set[str] = set()
         self._known_traits: set[str] = set()
@@ -378,6 +383,8 @@ class TreeSyncer:
         base = f"/resource_providers/{rp['uuid']}"
         inventories = self.client.get(f"{base}/inventories")
         traits = self.client.get(f"{base}/traits")
+        self._note_generation(rp["uuid"], inventories["resource_provider_generation"],
+                              traits["resource_provider_generation"])
         return ProviderState(rp["uuid"], rp["name"],
                              traits["resource_provider_generation"],
                              rp.get("parent_provider_uuid"),
@@ -393,7 +400,8 @@ class TreeSyncer:
         actual = {}
         for rp in listing:
             known = old.get(rp["uuid"])
-            if known is not None and known.generation == rp["generation"]:
+            if (known is not None and known.generation == rp["generation"]
+                    and rp["uuid"] not in self._partial):
                 actual[rp["uuid"]] = replace(
                     known, name=rp["name"],
                     parent_uuid=rp.get("parent_provider_uuid"))
@@ -502,6 +510,15 @@ class TreeSyncer:
     def invalidate(self) -> None:
         """Forget the cache: the next sync re-reads the whole tree."""
         self._cache = None
+        self._partial.clear()
+
+    def _note_generation(self, uuid: str, inventories_at: int, traits_at: int) -> None:
+        """A full read is consistent only if both parts were read at one
+        generation; otherwise the next verify reads the provider again."""
+        if inventories_at != traits_at:
+            self._partial.add(uuid)
+        else:
+            self._partial.discard(uuid)
 
     def export_cache(self) -> Optional[dict]:
         """The cache as JSON-able data (each provider's uuid, name,
@@ -514,7 +531,10 @@ class TreeSyncer:
         if self._cache is None or self._verified_at is None:
             return None
         return {"verified_at": self._verified_at,
-                "providers": [{"uuid": s.uuid, "name": s.name, "generation": s.generation,
+                # A partly known provider is exported with no usable
+                # generation, so the importer reads it at its next verify.
+                "providers": [{"uuid": s.uuid, "name": s.name,
+                               "generation": -1 if s.uuid in self._partial else s.generation,
                                "parent_uuid": s.parent_uuid,
                                "inventories": {rc: dict(inv)
                                                for rc, inv in s.inventories.items()},
@@ -531,6 +551,7 @@ class TreeSyncer:
         of this clock counts as now).
         """
         self._cache = self._verified_at = None
+        self._partial.clear()
         if data is None:
             return False
         try:
@@ -686,11 +707,17 @@ class TreeSyncer:
 
     def _reread_inventories(self, uuid: str) -> ProviderState:
         got = self.client.get(f"/resource_providers/{uuid}/inventories")
+        self._mark_if_moved(uuid, got["resource_provider_generation"])
         state = replace(self._cache[uuid],
                         generation=got["resource_provider_generation"],
                         inventories=got["inventories"])
         self._cache[uuid] = state
         return state
+
+    def _mark_if_moved(self, uuid: str, generation: int) -> None:
+        """A part of the record read at ``generation``: partial if it moved."""
+        if generation != self._cache[uuid].generation:
+            self._partial.add(uuid)
 
     def _put_inventories(self, ctx, change, attempt):
         """PUT the whole inventory with the cached generation.
@@ -709,6 +736,7 @@ class TreeSyncer:
                 if try_.retry_state.attempt_number > 1:
                     state = self._reread_inventories(uuid)
                 wanted, errors, generation = self._guard_usage(change, state, wanted_all)
+                self._mark_if_moved(uuid, generation)
                 if inventories_equal(state.inventories, wanted):
                     return False, errors
                 try:
@@ -776,6 +804,7 @@ class TreeSyncer:
                 state = self._cache[uuid]
                 if uuid not in ctx.created or try_.retry_state.attempt_number > 1:
                     got = self.client.get(change.path)
+                    self._mark_if_moved(uuid, got["resource_provider_generation"])
                     state = replace(state, traits=frozenset(got["traits"]),
                                     generation=got["resource_provider_generation"])
                     self._cache[uuid] = state

@@ -233,6 +233,28 @@ def test_duplicate_name_on_create_leads_to_adoption(client, other, tmp_path,
     assert len(tree_in_placement(other, root)) == 1 + CHILDREN
 
 
+def test_drift_seen_only_through_a_trait_read_is_still_healed_by_the_verify(
+        client, other, store, host_name):
+    clock = FakeClock()
+    syncer = synced(client, store, host_tree(host_name), full_verify_interval=300,
+                    clock=clock)
+    root = store.load()["root_uuid"]
+    edited = other.get(f"/resource_providers/{root}/inventories")
+    edited["inventories"]["DISK_GB"]["total"] = 7  # out of band, generation +1
+    other.put(f"/resource_providers/{root}/inventories", edited)
+
+    # A trait change makes the agent read the root's traits at the new
+    # generation; its cached inventories are still those of before.
+    flipped = host_tree(host_name, root_traits={"HW_CPU_X86_AVX2": False,
+                                                "COMPUTE_STATUS_DISABLED": False})
+    assert syncer.sync(flipped).ok
+    assert inventories(other, root)["DISK_GB"]["total"] == 7
+
+    clock.now += 300
+    assert syncer.sync(flipped).ok
+    assert inventories(other, root)["DISK_GB"]["total"] == 1800
+
+
 def test_full_verification_heals_out_of_band_drift(client, other, store,
                                                    host_name):
     clock = FakeClock()
