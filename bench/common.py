@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from node_agent.device_spec import parse_device_specs
-from node_agent.settings import Settings
+from node_agent.model.device_spec import parse_device_specs
+from node_agent.config.settings import Settings
 
 # placement's request log: one INFO line per request, written when the
 # response is ready (placement/requestlog.py).

@@ -6,13 +6,13 @@ import uuid as uuidlib
 from pathlib import Path
 
 from bench import common, synthetic_host
-from node_agent.cycle import desired_from
-from node_agent.discover import discover
-from node_agent.pci import read_pci
-from node_agent.provider_tree import ProviderTree
-from node_agent.sync import ProviderState, plan_changes, wanted_inventories
-from node_agent.sysfs import SysFS
-from node_agent.sysfs_topology import read_topology
+from node_agent.cycle.desired import desired_from
+from node_agent.host.discover import discover
+from node_agent.host.sysfs_pci import read_pci
+from node_agent.model.provider_tree import ProviderTree
+from node_agent.placement.sync import ProviderState, plan_changes, wanted_inventories
+from node_agent.host.sysfs import SysFS
+from node_agent.host.sysfs_topology import read_topology
 from tests.hostdata import HOSTDATA, sysfs_root_for
 
 FIXTURES = ("virhostcpudata/linux-test3", "virhostcpudata/linux-test8",

@@ -18,12 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench import common, synthetic_host
-from node_agent.cycle import desired_from
-from node_agent.discover import discover
-from node_agent.embedded_placement import LOG_FILE, start_subprocess
-from node_agent.placement import PlacementClient
+from node_agent.cycle.desired import desired_from
+from node_agent.host.discover import discover
+from devenv.embedded_placement import LOG_FILE, start_subprocess
+from node_agent.placement.client import PlacementClient
 from node_agent.state import StateStore
-from node_agent.sync import TreeSyncer
+from node_agent.placement.sync import TreeSyncer
 
 CYCLES = 10
 INTERVAL = 60

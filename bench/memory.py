@@ -33,8 +33,8 @@ took = time.perf_counter() - start
 rss = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmRSS:'))
 print(took, rss)
 """
-NODE_AGENT_IMPORTS = ("import node_agent.cli, node_agent.cycle, node_agent.sync, "
-                      "node_agent.placement, node_agent.reshaper, node_agent.daemon")
+NODE_AGENT_IMPORTS = ("import node_agent.cli.main, node_agent.cycle.desired, node_agent.placement.sync, "
+                      "node_agent.placement.client, node_agent.placement.reshaper, node_agent.service.daemon")
 NOVA_IMPORTS = ("import nova.scheduler.client.report, nova.compute.provider_tree")
 FIXTURE = "virhostcpudata/linux-test8"
 
@@ -81,10 +81,10 @@ def soak(url: str, sysfs_root: str, work: str, cycles: int) -> dict:
     """In this process: ``cycles`` full cycles, RSS sampled at SOAK_SAMPLES."""
     import logging
 
-    from node_agent.cycle import compute_desired
-    from node_agent.placement import PlacementClient
+    from node_agent.cycle.desired import compute_desired
+    from node_agent.placement.client import PlacementClient
     from node_agent.state import StateStore
-    from node_agent.sync import TreeSyncer
+    from node_agent.placement.sync import TreeSyncer
 
     logging.disable(logging.WARNING)
     settings = common.settings("bench-soak", sysfs_root, work, f"{work}/state")

@@ -3,7 +3,7 @@
 A throw-away RabbitMQ (tests/integration/rabbit.py's broker, on free ports),
 the embedded Placement and two ``node-agent-applier`` processes on one
 topic. N agents are threads, each with its own
-:class:`~node_agent.upstream.MessagingUpstream` (own transport and
+:class:`~node_agent.remote.upstream.MessagingUpstream` (own transport and
 connections, as a separate process would have), host name and desired tree:
 the synthetic host of section 2, root + 4 SR-IOV children. Every phase runs
 as one wave, all agents at once. Placement requests are counted from
@@ -37,13 +37,14 @@ from typing import Callable
 
 from bench import common, fleet, synthetic_host
 from bench.phases import Scheduler
-from node_agent import messaging, upstream
-from node_agent.cycle import desired_from
-from node_agent.discover import discover
-from node_agent.embedded_placement import LOG_FILE, start_subprocess
-from node_agent.placement import PlacementClient, Unavailable
+from node_agent.remote import messaging
+from node_agent.remote import upstream
+from node_agent.cycle.desired import desired_from
+from node_agent.host.discover import discover
+from devenv.embedded_placement import LOG_FILE, start_subprocess
+from node_agent.placement.client import PlacementClient, Unavailable
 from node_agent.state import StateStore
-from node_agent.sync import TreeSyncer
+from node_agent.placement.sync import TreeSyncer
 from tests.integration.rabbit import CTL, SERVER, Broker
 
 SIZES = (20, 100)

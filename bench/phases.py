@@ -16,16 +16,16 @@ import uuid as uuidlib
 from pathlib import Path
 
 from bench import common, synthetic_host
-from node_agent.cpuset import CpuSet
-from node_agent.cycle import desired_from
-from node_agent.discover import discover
-from node_agent.embedded_placement import LOG_FILE, start_subprocess
-from node_agent.placement import PlacementClient
-from node_agent.provider_tree import ProviderTree
-from node_agent.reconcile import Reconciler
+from node_agent.model.cpuset import CpuSet
+from node_agent.cycle.desired import desired_from
+from node_agent.host.discover import discover
+from devenv.embedded_placement import LOG_FILE, start_subprocess
+from node_agent.placement.client import PlacementClient
+from node_agent.model.provider_tree import ProviderTree
+from node_agent.cycle.reconcile import Reconciler
 from node_agent.state import StateStore
-from node_agent.sync import TreeSyncer, wanted_inventories
-from node_agent.topology import Guest
+from node_agent.placement.sync import TreeSyncer, wanted_inventories
+from node_agent.model.snapshot import Guest
 
 # At most 4: the 5th cycle after a full verify (60 s apart) is the next one.
 STEADY_REPEATS = {0: 4, 100: 4, 1000: 3}
@@ -250,7 +250,7 @@ def _run_reshapes(phases: Phases, work: Path, url: str, nova: Nova) -> dict:
             dataclasses.replace(snapshot, guests=tuple(guests)))
 
         def na_reshape():
-            # The agent's own cycle (node_agent.reconcile): reshape, then sync.
+            # The agent's own cycle (node_agent.cycle.reconcile): reshape, then sync.
             agent.now += 60
             outcome = Reconciler(agent.client, agent.syncer).apply(desired_after)
             result = {"reshaper_requests": getattr(outcome.reshape, "requests", 0)}

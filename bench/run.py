@@ -21,7 +21,7 @@ import traceback
 from pathlib import Path
 
 from bench import discovery, fleet, memory, messaging, phases, report, synthetic_host
-from node_agent.embedded_placement import start_subprocess
+from devenv.embedded_placement import start_subprocess
 from tests.hostdata import HOSTDATA, sysfs_root_for
 
 REPO = Path(__file__).resolve().parents[1]

@@ -1,7 +1,7 @@
 """A large synthetic host as a sysfs tree in a directory, for the benchmarks.
 
-The layout is the one node_agent's readers expect (sysfs_topology.py and
-pci.py): ``devices/system/cpu``, ``devices/system/node`` and
+The layout is the one node_agent's readers expect (host/sysfs_topology.py
+and host/sysfs_pci.py): ``devices/system/cpu``, ``devices/system/node`` and
 ``bus/pci/devices``. CPU numbering follows what x86 Linux does on a
 two-socket SMT machine: the first thread of every core first, then the
 sibling threads, so CPU ``c`` and ``c + cores`` share a core.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from node_agent.cpuset import CpuSet
+from node_agent.model.cpuset import CpuSet
 
 NODE_MEMORY_KB = 64 * 1024 * 1024  # 64 GiB per NUMA node
 HUGEPAGES_2M = 1024

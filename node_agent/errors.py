@@ -45,3 +45,28 @@ class ReshapeError(NodeAgentError):
     """A reshape cannot be computed or was refused."""
 
     exit_code = 70  # EX_SOFTWARE
+
+
+class ResourceError(NodeAgentError):
+    """A local resource the agent needs is unreadable, unwritable or busy
+    (the state file, its directory, the metrics port)."""
+
+    exit_code = 69  # EX_UNAVAILABLE
+
+
+class StateError(ResourceError):
+    """The state file or its directory cannot be read or written (permission,
+    full or read-only file system). Unlike a corrupt file this is not
+    ignored: the file may hold the operator's maintenance flag."""
+
+
+class GuestsDoNotFit(ReshapeError):
+    """The CPU configuration leaves guests of this host without the CPUs nova
+    needs to run them (:mod:`node_agent.policy.guest_fit`); nothing is written."""
+
+    def __init__(self, reasons):
+        self.reasons = tuple(reasons)
+        super().__init__("\n".join([
+            "configuration refused, nothing was written to Placement: these guests "
+            "do not fit the new CPU sets and nova would refuse to start them:",
+            *self.reasons]))

@@ -11,6 +11,7 @@ at any point leaves either the old file or the new one, never a mix.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -18,11 +19,16 @@ import os
 import tempfile
 from pathlib import Path
 
-from node_agent.errors import NodeAgentError
+from node_agent.errors import NodeAgentError, StateError
 
 FILE_NAME = "state.json"
 FORMAT_VERSION = 1
 FILE_MODE = 0o600
+
+
+def _reason(exc: OSError) -> str:
+    name = errno.errorcode.get(exc.errno or 0, "")
+    return f"{exc.strerror or exc}" + (f" ({name})" if name else "")
 
 
 class StateCorrupt(NodeAgentError):
@@ -94,6 +100,12 @@ class StateStore:
         except UnicodeDecodeError as exc:
             raise StateCorrupt(f"state file {self.path} is not UTF-8 text; "
                                "it will be rebuilt from Placement") from exc
+        except OSError as exc:
+            raise StateError(
+                f"state file {self.path} cannot be read: {_reason(exc)}. Make it and "
+                f"{self.directory} readable by the user the agent runs as (a command "
+                "run with sudo may have left it owned by root: chown it to the "
+                "service user).") from None
         return decode(text, str(self.path))
 
     def load_or_empty(self, log: logging.Logger) -> dict:
@@ -109,13 +121,32 @@ class StateStore:
 
         Serialisation happens before any file is touched, so unserialisable
         data raises (TypeError/ValueError) and leaves the old file as it was.
+        A file system that refuses the write (permission, ENOSPC, read-only)
+        raises :class:`StateError` naming the path, and leaves the old file.
+
+        Run as root (``sudo node-agent maintenance on``), the file gets the
+        owner and group of its directory, so the service user can still
+        read it.
         """
         text = encode(data)
+        try:
+            self._write(text)
+        except OSError as exc:
+            raise StateError(
+                f"state file {self.path} cannot be written: {_reason(exc)}. Make "
+                f"{self.directory} writable by the user the agent runs as and "
+                "check the file system has free space; the previous state file, "
+                "if any, is unchanged.") from None
+
+    def _write(self, text: str) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".tmp",
                                    dir=self.directory)
         try:
             os.fchmod(fd, FILE_MODE)
+            if os.geteuid() == 0:
+                owner = os.stat(self.directory)
+                os.fchown(fd, owner.st_uid, owner.st_gid)
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 handle.write(text)
                 handle.flush()

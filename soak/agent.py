@@ -165,8 +165,8 @@ class SoakAgent:
 
     def rpc(self):
         if self._rpc is None:
-            from node_agent import messaging
-            from node_agent.configfile import load_conf
+            from node_agent.remote import messaging
+            from node_agent.config.files import load_conf
 
             conf = load_conf(["--config-file", str(self.config_path)])
             self._rpc = messaging.client(conf, self.host, timeout=150)

@@ -15,7 +15,9 @@ expectation follows nova's rules for a host without CPU sets:
 A configuration that does not fit the host (reserved >= total) makes the
 cycle fail: Placement keeps what it had. A class whose allocations exceed
 its new capacity keeps its old record (the agent never makes Placement
-hold less than is in use) and the cycle reports itself incomplete.
+hold less than is in use) and the cycle reports itself incomplete; a kept
+VCPU record that offers more CPUs than are online is fully reserved (the
+capacity invariant: never publish more than the host has).
 """
 
 from __future__ import annotations
@@ -86,6 +88,15 @@ def wanted(host: HostFacts, config: Config) -> dict[str, dict]:
     }
 
 
+def _guarded(old: Optional[Record], new: Record) -> int:
+    """The capacity the agent's usage guard judges a change by: raising
+    ``reserved`` only closes capacity (maintenance), so it is left out; a
+    change from a record that gave less (a closed one) is no shrink."""
+    if old is None or new["reserved"] <= old["reserved"]:
+        return capacity(new)
+    return capacity({**new, "reserved": old["reserved"]})
+
+
 @dataclass(frozen=True)
 class Expected:
     records: Mapping[str, Record]
@@ -106,11 +117,18 @@ def after_cycle(previous: Optional[Mapping[str, Record]], host: HostFacts,
     records, kept = {}, []
     for rc, record in new.items():
         used = usages.get(rc, 0)
-        if previous is not None and rc in previous and used > capacity(record):
-            records[rc] = previous[rc]
+        old = previous.get(rc) if previous is not None else None
+        judged = _guarded(old, record)
+        if old is not None and judged < capacity(old) and used > judged:
+            records[rc] = old
             kept.append(rc)
         else:
             records[rc] = record
+    vcpu = records["VCPU"]
+    if "VCPU" in kept and vcpu["total"] - vcpu["reserved"] > host.online_cpus:
+        # The capacity invariant: a record kept for its guests that now
+        # offers more CPUs than are online is closed to the scheduler.
+        records["VCPU"] = {**vcpu, "reserved": vcpu["total"]}
     return Expected(records, "incomplete" if kept else "ok", tuple(sorted(kept)))
 
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from node_agent.embedded_placement import start_subprocess
+from devenv.embedded_placement import start_subprocess
 from node_agent.errors import NodeAgentError
 from soak import model
 from soak.agent import SoakAgent, config_text

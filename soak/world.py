@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from typing import Mapping
 
-from node_agent.placement import GenerationConflict, PlacementClient
+from node_agent.placement.client import GenerationConflict, PlacementClient
 from soak.model import Record, same_record
 
 OPERATOR_TRAIT = "CUSTOM_SOAK_OPERATOR_RACK"

@@ -1,8 +1,8 @@
-"""Where the shared real-host fixtures live, and how to mount one as a sysfs root.
+"""Where the real-host fixtures live, and how to mount one as a sysfs root.
 
-The data (libvirt's test suite, LGPL) stays in ``../shared/hostdata`` and is
-referenced, never copied into this repository. Set ``NODE_AGENT_HOSTDATA``
-to use another checkout of it.
+The data (libvirt's test suite, LGPL) is in ``tests/data/hostdata``, with its
+licence and provenance (``README.md``, ``ORIGIN.md``), so a clone needs
+nothing beside it. Set ``NODE_AGENT_HOSTDATA`` to use another copy of it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 HOSTDATA = Path(os.environ.get(
     "NODE_AGENT_HOSTDATA",
-    Path(__file__).resolve().parents[1].parent / "shared" / "hostdata"))
+    Path(__file__).resolve().parent / "data" / "hostdata"))
 
 GROUND_TRUTH = HOSTDATA / "ground_truth_sysfs.json"
 
@@ -41,9 +41,10 @@ def sysfs_root_for(system_dir: Path, tmp_path: Path) -> Path:
 
     ``devices/system`` is a directory of symlinks, one per entry of the
     fixture tree, rather than one symlink to the tree: some copies of the
-    fixtures store libvirt's symlinks (``linux-basic-dies/system/cpu``) as
-    small files holding the link target, and those entries are linked to
-    their real target here.
+    fixtures (not the one in this repository, see ``ORIGIN.md``) store
+    libvirt's symlinks (``linux-basic-dies/system/cpu``) as small files
+    holding the link target, and those entries are linked to their real
+    target here.
     """
     root = tmp_path / "sysroot"
     system = root / "devices" / "system"

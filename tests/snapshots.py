@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from node_agent.settings import Settings
-from node_agent.sysfs import SysFS
-from node_agent.sysfs_topology import read_topology
-from node_agent.topology import HostCpuModel, HostSnapshot
+from node_agent.config.settings import Settings
+from node_agent.host.sysfs import SysFS
+from node_agent.host.sysfs_topology import read_topology
+from node_agent.model.snapshot import HostCpuModel, HostSnapshot
 from tests.hostdata import HOSTDATA, sysfs_root_for
 
 

@@ -31,11 +31,13 @@ def write_config(tmp_path: Path, system_dir: Path, host: str = "fixture-host",
         f"[DEFAULT]\nhost = {host}\nstate_path = {tmp_path / 'state'}\n"
         f"[host]\nsysfs_root = {root}\n"
         "[libvirt]\nconnection_uri =\n"
-        f"[compute]\ninstances_path = {instances}\n" + extra)
+        f"[compute]\ninstances_path = {instances}\n"
+        # Not the host's /etc/node-agent: runs must not depend on what is installed.
+        f"provider_config_location = {tmp_path / 'provider_config'}\n" + extra)
     return path
 
 
 def run_agent(*args: str, timeout: float = 60) -> Result:
-    proc = subprocess.run([sys.executable, "-m", "node_agent.cli", *args],
+    proc = subprocess.run([sys.executable, "-m", "node_agent.cli.main", *args],
                           capture_output=True, text=True, timeout=timeout)
     return Result(proc.returncode, proc.stdout, proc.stderr)

@@ -37,7 +37,8 @@ def test_dry_run_text_shows_the_tree_and_writes_nothing(tmp_path):
 def test_dry_run_json_has_the_stable_keys(tmp_path):
     config = write_config(tmp_path, TEST6)
     report = agent(config, "--once", "--dry-run", "--output", "json").json()
-    assert sorted(report) == ["changes", "providers", "reshape", "warnings"]
+    assert sorted(report) == ["capacity", "changes", "errors", "providers", "reshape", "warnings"]
+    assert report["capacity"]["ok"] is True and report["errors"] == []
     root = report["providers"][0]
     assert sorted(root) == ["inventories", "name", "parent", "traits", "uuid"]
     assert root["parent"] is None and root["uuid"] is None
@@ -84,9 +85,9 @@ def test_offline_cpu_in_dedicated_set_exits_78_with_the_fix(tmp_path):
 def test_all_problems_are_reported_in_one_run(tmp_path):
     config = write_config(tmp_path, TEST6, extra="cpu_dedicated_set = 0-3\n"
                                                   "cpu_shared_set = 3-9\n"
-                                                  "cpu_allocation_ratio = 0\n")
+                                                  "cpu_allocation_ratio = -2\n")
     result = agent(config, "--once", "--dry-run")
-    assert_config_refusal(result, "cpu_allocation_ratio = 0.0 must be greater than 0")
+    assert_config_refusal(result, "cpu_allocation_ratio = -2.0 must be greater than 0")
     result = agent(write_config(tmp_path / "b", TEST6, extra="cpu_dedicated_set = 0-3\n"
                                                             "cpu_shared_set = 3-9\n"),
                    "--once", "--dry-run")
@@ -129,7 +130,8 @@ def test_garbage_sysfs_file_is_a_clear_error_not_a_traceback(tmp_path):
     (root / "online").write_text("zero-three\n")
     config = tmp_path / "c.conf"
     config.write_text(f"[host]\nsysfs_root = {tmp_path / 'sys'}\n[libvirt]\nconnection_uri =\n"
-                      f"[compute]\ninstances_path = {tmp_path}\n")
+                      f"[compute]\ninstances_path = {tmp_path}\n"
+                      f"[agent]\nstate_path = {tmp_path / 'state'}\n")
     result = agent(config, "--once", "--dry-run")
     assert result.code == 69, result.stderr
     assert "Traceback" not in result.stderr
@@ -138,7 +140,9 @@ def test_garbage_sysfs_file_is_a_clear_error_not_a_traceback(tmp_path):
 
 def test_check_config_prints_the_partition_per_numa_node(tmp_path):
     config = write_config(tmp_path, TEST3, extra="cpu_dedicated_set = 0-23\n"
-                                                  "cpu_shared_set = 24-39\n")
+                                                  "cpu_shared_set = 24-39\n"
+                                                  "[placement]\nauth_type = none\n"
+                                                  "endpoint_override = http://127.0.0.1:9\n")
     result = agent(config, "--check-config")
     assert result.code == 0, result.stderr
     assert "NUMA node 0: dedicated [0,4,8,12,16,20]  shared []  unused []" in result.stdout
@@ -149,7 +153,7 @@ def test_check_config_prints_the_partition_per_numa_node(tmp_path):
 
 def test_once_without_placement_configured_is_refused_clearly(tmp_path):
     result = agent(write_config(tmp_path, TEST6), "--once")
-    assert result.code != 0
+    assert result.code == 78
     assert "no Placement is configured" in result.stderr
 
 

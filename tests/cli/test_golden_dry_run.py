@@ -1,7 +1,8 @@
 """Golden runs: ``node-agent --once --dry-run --output json`` on every real host tree.
 
-The expected files in tests/golden/ were reviewed by hand; regenerate them
-with ``NODE_AGENT_REGEN_GOLDEN=1 make test`` and review the diff. Values
+The expected files in tests/golden/ were reviewed by hand. Regenerate them
+with ``NODE_AGENT_REGEN_GOLDEN=1`` (see CONTRIBUTING.md): the run that
+rewrites a file fails, so you review the diff and run again. Values
 that depend on the machine running the test (the size of the filesystem
 holding instances_path, and memory when the tree has no node meminfo) are
 checked against psutil, then masked before the comparison.
@@ -74,10 +75,31 @@ def test_dry_run_json_matches_reviewed_golden_file(system_dir, tmp_path):
 
 
 def assert_golden(report: dict, path: Path) -> None:
+    """Compare with the reviewed file. With NODE_AGENT_REGEN_GOLDEN=1 a file that
+    differs (or is missing) is rewritten and the test still FAILS: the run that
+    writes a golden file never also passes it. Review the diff, commit, rerun."""
     if os.environ.get("NODE_AGENT_REGEN_GOLDEN"):
-        path.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+        text = json.dumps(report, indent=2, sort_keys=True) + "\n"
+        if not path.exists() or json.loads(path.read_text()) != report:
+            path.write_text(text)
+            pytest.fail(f"rewrote {path}: review it (git diff {path.parent}), commit it, "
+                        "then run again without NODE_AGENT_REGEN_GOLDEN")
     assert path.exists(), f"no golden file {path}; run with NODE_AGENT_REGEN_GOLDEN=1"
     assert report == json.loads(path.read_text())
+
+
+def test_regeneration_rewrites_a_changed_golden_file_but_fails_the_run(tmp_path, monkeypatch):
+    path = tmp_path / "host.json"
+    path.write_text(json.dumps({"providers": ["old"]}))
+    monkeypatch.setenv("NODE_AGENT_REGEN_GOLDEN", "1")
+
+    with pytest.raises(pytest.fail.Exception, match="review it"):
+        assert_golden({"providers": ["new"]}, path)
+
+    assert json.loads(path.read_text()) == {"providers": ["new"]}
+    assert_golden({"providers": ["new"]}, path)  # unchanged now: passes
+    monkeypatch.delenv("NODE_AGENT_REGEN_GOLDEN")
+    assert_golden({"providers": ["new"]}, path)
 
 
 @pytest.mark.parametrize("system_dir", NUMA_TREES, ids=tree_name)

@@ -1,4 +1,5 @@
-"""Fixtures that run the real Placement (node_agent.embedded_placement).
+"""Fixtures that run the real Placement (devenv.embedded_placement), and
+a private real libvirtd with QEMU guests (tests/integration/libvirtd.py).
 
 ``placement_server`` is shared by the whole session: tests keep apart by
 naming their providers after the ``host_name`` fixture. Tests that kill or
@@ -10,8 +11,9 @@ import uuid
 
 import pytest
 
-from node_agent.embedded_placement import start_subprocess
-from node_agent.placement import PlacementClient
+from devenv.embedded_placement import start_subprocess
+from node_agent.placement.client import PlacementClient
+from tests.integration.libvirtd import Libvirtd, unavailable_reason
 from tests.integration.rabbit import rabbitmq  # noqa: F401 (fixture)
 
 
@@ -37,3 +39,19 @@ def placement(placement_server):
 @pytest.fixture
 def host_name():
     return f"test-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="session")
+def libvirtd(tmp_path_factory):
+    """One private libvirtd per session (the qemu driver's state would collide
+    with a second one); skipped, with the reason, where it cannot run. Every
+    guest is destroyed and every daemon stopped at session end, also after
+    failures."""
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    daemon = Libvirtd(tmp_path_factory.mktemp("libvirtd"))
+    try:
+        yield daemon.start()
+    finally:
+        daemon.stop()

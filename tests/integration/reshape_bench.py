@@ -18,13 +18,13 @@ import time
 import uuid
 from pathlib import Path
 
-from node_agent.cpuset import CpuSet
-from node_agent.embedded_placement import start_subprocess
-from node_agent.placement import PlacementClient
-from node_agent.provider_tree import Inventory, Provider, ProviderTree
-from node_agent.reshape import pinned_to_pcpu
-from node_agent.reshaper import ensure_reshaped
-from node_agent.topology import Guest
+from node_agent.model.cpuset import CpuSet
+from devenv.embedded_placement import start_subprocess
+from node_agent.placement.client import PlacementClient
+from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
+from node_agent.placement.reshape_engine import pinned_to_pcpu
+from node_agent.placement.reshaper import ensure_reshaped
+from node_agent.model.snapshot import Guest
 from tests.integration.reshape_driver import allocate
 
 HOST_CPUS = 128

@@ -18,13 +18,13 @@ import sys
 import uuid
 from pathlib import Path
 
-from node_agent.cpuset import parse_cpu_spec
-from node_agent.cycle import compute_desired
-from node_agent.placement import PlacementClient
-from node_agent.reconcile import Reconciler
-from node_agent.settings import Settings
+from node_agent.model.cpuset import parse_cpu_spec
+from node_agent.cycle.desired import compute_desired
+from node_agent.placement.client import PlacementClient
+from node_agent.cycle.reconcile import Reconciler
+from node_agent.config.settings import Settings
 from node_agent.state import StateStore
-from node_agent.sync import TreeSyncer
+from node_agent.placement.sync import TreeSyncer
 from tests.hostdata import HOSTDATA, sysfs_root_for
 
 PROJECT = "33333333000040008000000000000001"
@@ -45,7 +45,7 @@ def make_settings(host: str, sysfs_root: str, libvirt_uri: str, state_dir: str,
 
 
 def agent_cycle(client, settings: Settings, before_post=None):
-    """One cycle as the agent runs it (node_agent.reconcile: reshape, then sync),
+    """One cycle as the agent runs it (node_agent.cycle.reconcile: reshape, then sync),
     with a fresh process's objects. Returns (ReshapeOutcome | ReshapeError,
     SyncReport, Desired)."""
     store = StateStore(Path(settings.state_path))

@@ -1,6 +1,6 @@
 """``[agent] upstream = messaging`` end to end: real ``node-agent-applier``
 processes on a real RabbitMQ, writing to the real Placement; agents are
-threads using :mod:`node_agent.upstream` with real fixture hosts.
+threads using :mod:`node_agent.remote.upstream` with real fixture hosts.
 
 Each test uses its own topic and applier state directory, so queues and
 per-host records of other tests never mix in.
@@ -22,12 +22,13 @@ from pathlib import Path
 import pytest
 from oslo_config import cfg
 
-from node_agent import messaging, upstream
-from node_agent.cycle import compute_desired
-from node_agent.placement import PlacementClient
-from node_agent.reconcile import Reconciler
+from node_agent.remote import messaging
+from node_agent.remote import upstream
+from node_agent.cycle.desired import compute_desired
+from node_agent.placement.client import PlacementClient
+from node_agent.cycle.reconcile import Reconciler
 from node_agent.state import StateStore
-from node_agent.sync import TreeSyncer, inventories_equal, wanted_inventories
+from node_agent.placement.sync import TreeSyncer, inventories_equal, wanted_inventories
 from tests.hostdata import sysfs_root_for, sysfs_trees
 from tests.integration.reshape_driver import (Host, allocate, boot_legacy_guests,
                                               cpu_view, expected_after_reshape)
@@ -628,7 +629,10 @@ def test_host_hopping_between_applier_processes_costs_placement_what_direct_mode
         direct.reserve(reserved)
         steps[what] = {"messaging": cost(hop(applier)), "direct": cost(direct.cycle)}
         assert converged(placement, agent)
-    assert len(steps["shrink"]["messaging"]) == len(steps["shrink"]["direct"]) == 2, steps
+    # Raising `reserved` starves no allocation, so it reads no usages (since
+    # maintenance must close a host in use): like a grow, the cache's old
+    # generation costs a 409 and one GET before the PUT.
+    assert len(steps["shrink"]["messaging"]) == len(steps["shrink"]["direct"]) == 3, steps
     assert len(steps["grow"]["messaging"]) == len(steps["grow"]["direct"]) == 3, steps
     assert any(" 409" in r for r in steps["grow"]["messaging"])  # the cache's old generation
 
@@ -656,3 +660,61 @@ def test_host_hopping_between_applier_processes_costs_placement_what_direct_mode
           f"shrink {len(steps['shrink']['messaging'])}/{len(steps['shrink']['direct'])}, "
           f"grow {len(steps['grow']['messaging'])}/{len(steps['grow']['direct'])}, "
           f"full verify {len(verify['messaging'])}/{len(verify['direct'])}")
+
+
+# ---------------------------------------------------------------- the capacity invariant
+
+def test_dedicated_set_beside_a_stranger_on_vcpu_never_publishes_pcpu_beside_vcpu_via_applier(
+        bus, tmp_path, placement_server, host_name):
+    """Issue 12's first bullet through the applier: VCPU 16 (legacy), a
+    consumer that is no local guest (a migration record, written as the
+    scheduler writes it) holds 3 VCPU, then cpu_dedicated_set = 0-15. The
+    applier checks the agent's limits (wire 2.1) as the direct mode does:
+    it keeps VCPU as Placement holds it, publishes no PCPU beside it, and
+    says so in the reply."""
+    from node_agent.policy.capacity import HostLimits, Published, check
+
+    applier, = bus.start(1)
+    host = NestedHost(tmp_path, placement_server.url, host_name, [])
+    sender = bus.sender(host_name, timeout=30)
+    assert sender.send(compute_desired(host.settings(dedicated=None, shared=None))).ok
+    root = host.root
+    assert host.inventories(root)["VCPU"] == 16
+    migration = str(uuid.uuid4())
+    allocate(host.scheduler, migration, {root: {"VCPU": 3, "MEMORY_MB": 512}})
+    before = allocations(host.scheduler, [migration])
+
+    # The refusal stands on the next cycle too (its heartbeat re-applies).
+    for _ in range(2):
+        report = sender.send(compute_desired(host.settings(dedicated="0-15", shared=None)))
+        assert report.status == upstream.APPLIED and not report.ok
+        assert any(migration in e for e in report.errors), report.errors
+
+    listed = host.scheduler.get(f"/resource_providers?in_tree={root}")["resource_providers"]
+    tree = [Published(rp["name"], rp["parent_provider_uuid"] is None,
+                      host.scheduler.get(f"/resource_providers/{rp['uuid']}/inventories")
+                      ["inventories"]) for rp in listed]
+    verdict = check(tree, HostLimits(cpus=16, memory_mb=10 ** 9, disk_gb=10 ** 9,
+                                     online_cpus=16))
+    assert verdict.ok, verdict.lines()
+    assert allocations(host.scheduler, [migration]) == before
+    assert "not checked" not in applier.log()
+
+
+def test_a_2_0_agent_is_applied_unchecked_and_the_applier_says_so_once_per_host(
+        bus, placement):
+    """A 2.0 message carries no limits: the applier applies it as before
+    2.1 (it cannot check the invariant) and logs that once for the host."""
+    applier, = bus.start(1)
+    agent = make_agents(bus, 1, "old-agent")[0]
+    body = upstream.body_of(agent.desired)
+    del body["limits"]
+    for seq in (1, 2):
+        old = {**upstream.full_message(agent.name, seq, body), "version": "2.0"}
+        reply = agent.upstream._client.call({}, "apply", message=old)
+        assert reply["status"] == upstream.APPLIED and reply["ok"], reply
+    assert converged(placement, agent)
+    warned = re.findall(rf"{re.escape(agent.name)} sends wire format 2\.0.*not checked",
+                        applier.log())
+    assert len(warned) == 1, applier.log()
+    assert agent.cycle().ok   # a 2.1 message from the same host: checked again

@@ -8,10 +8,10 @@ a real host. The test driver runs the same expansion code.
 import os_traits as ot
 import pytest
 
-from node_agent.capabilities import parse_cpu_model_xml
-from node_agent.cpu_traits import feature_traits
-from node_agent.hypervisor import Hypervisor
-from node_agent.topology import HostCpuModel
+from node_agent.host.capabilities import parse_cpu_model_xml
+from node_agent.tree.cpu_traits import feature_traits
+from node_agent.host.hypervisor import Hypervisor
+from node_agent.model.snapshot import HostCpuModel
 from tests.hostdata import HOSTDATA
 
 CPUS = HOSTDATA / "cputestdata"

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.capabilities import parse_capabilities
-from node_agent.cpuset import CpuSet
-from node_agent.domain import parse_domain
+from node_agent.host.capabilities import parse_capabilities
+from node_agent.model.cpuset import CpuSet
+from node_agent.host.domain import parse_domain
 from node_agent.errors import DiscoveryError
-from node_agent.hypervisor import Hypervisor
-from node_agent.nodedev import parse_node_device
+from node_agent.host.hypervisor import Hypervisor
+from node_agent.host.nodedev import parse_node_device
 
 pytestmark = pytest.mark.integration
 
@@ -145,7 +145,7 @@ def _settings_for(tmp_path, uri):
 
 
 def test_service_connection_is_kept_across_cycles_and_dropped_after_a_failed_read(tmp_path):
-    from node_agent.discover import discover
+    from node_agent.host.discover import discover
 
     xml = tmp_path / "host.xml"
     xml.write_text(HOST_XML.read_text())

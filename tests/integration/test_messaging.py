@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from oslo_config import cfg
 
-from node_agent import messaging
+from node_agent.remote import messaging
 from tests.integration.agent_process import OTHER_HOST, AgentProcess, mount_host
 from tests.integration.test_service_process import root_inventory
 

@@ -37,7 +37,7 @@ def test_metrics_endpoint_shows_inventory_requests_and_last_success(
             (("provider", host_name), ("resource_class", "VCPU")))
     assert scraped[vcpu] == 16
     assert scraped[("node_agent_last_success_timestamp_seconds", ())] > 0
-    assert scraped[("node_agent_cycles", ())] >= 2
+    assert scraped[("node_agent_cycles_total", ())] >= 2
     assert scraped[("node_agent_problem", (("kind", "placement"),))] == 0
     posts = scraped[("node_agent_placement_requests_total",
                      (("method", "POST"), ("status", "200")))]

@@ -19,12 +19,12 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.cycle import compute_desired
+from node_agent.cycle.desired import compute_desired
 from node_agent.errors import ReshapeError
-from node_agent.placement import PlacementClient
-from node_agent.reconcile import Reconciler
+from node_agent.placement.client import PlacementClient
+from node_agent.cycle.reconcile import Reconciler
 from node_agent.state import StateStore
-from node_agent.sync import TreeSyncer
+from node_agent.placement.sync import TreeSyncer
 from tests.hostdata import HOSTDATA, sysfs_root_for
 from tests.integration.reshape_driver import (HOST_XML, agent_cycle, allocate,
                                               make_settings, reshaper_posts)

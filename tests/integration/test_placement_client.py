@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from oslo_config import cfg
 
-from node_agent import errors, microversions
-from node_agent.conf import register_opts
-from node_agent.placement import (
-    AuthError, DuplicateName, GenerationConflict, InventoryInUse, NotFound,
-    PlacementClient, PlacementError, Unavailable, version_refusal)
+from node_agent import errors
+from node_agent.placement import microversions
+from node_agent.config.options import register_opts
+from node_agent.placement.client import (
+           AuthError, DuplicateName, GenerationConflict, InventoryInUse, NotFound,
+           PlacementClient, PlacementError, Unavailable, version_refusal)
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,9 @@ import logging
 
 import pytest
 
-from node_agent.errors import ReshapeError
-from node_agent.placement import PlacementClient
-from node_agent.reshaper import pcpu_reshape, plan_pcpu_reshape
+from node_agent.errors import ConfigError, ReshapeError
+from node_agent.placement.client import PlacementClient
+from node_agent.placement.reshaper import pcpu_reshape, plan_pcpu_reshape
 from tests.integration.reshape_driver import (Host, agent_cycle, boot_legacy_guests,
                                               cpu_view, expected_after_reshape,
                                               reshaper_posts)
@@ -38,16 +38,16 @@ def test_transition_from_legacy_to_dedicated_reshapes_once(host, caplog):
     assert cpu_view(host.inventories()) == {"VCPU": 16}
     assert host.allocations() == before
 
-    # b. Transition mode: VCPU and PCPU both offered on every CPU, nothing moves.
-    outcome, report, desired = agent_cycle(host.agent, host.settings(transition=True))
-    assert not outcome.reshaped and report.ok
-    assert cpu_view(host.inventories()) == {"VCPU": 16, "PCPU": 16}
-    assert any("reported as both VCPU and PCPU" in w for w in desired.warnings)
+    # b. Transition mode (VCPU and PCPU both on every CPU) is refused before
+    # anything is written: it would count each CPU twice.
+    with pytest.raises(ConfigError, match="pcpu_transition_mode"):
+        agent_cycle(host.agent, host.settings(transition=True))
+    assert cpu_view(host.inventories()) == {"VCPU": 16}
     assert host.allocations() == before
 
     # c. The operator sets cpu_dedicated_set and cpu_shared_set: one POST /reshaper.
     host.agent.stats.reset()
-    caplog.set_level(logging.INFO, logger="node_agent.reshaper")
+    caplog.set_level(logging.INFO, logger="node_agent.placement.reshaper")
     outcome, report, _ = agent_cycle(host.agent, host.settings(dedicated=DEDICATED,
                                                                shared=SHARED))
     assert outcome.reshaped and outcome.consumers_moved == 2 and report.ok
@@ -75,7 +75,7 @@ def test_dry_run_plan_reads_only_and_shows_each_move(host):
     agent_cycle(host.agent, host.settings())
     boot_legacy_guests(host)
     before = host.allocations()
-    from node_agent.cycle import compute_desired
+    from node_agent.cycle.desired import compute_desired
 
     desired = compute_desired(host.settings(dedicated=DEDICATED, shared=SHARED))
     host.agent.stats.reset()
@@ -123,22 +123,26 @@ def test_pinned_guest_outside_the_new_dedicated_set_refuses_and_changes_nothing(
     assert report.ok
 
 
-def test_consumer_without_a_guest_keeps_its_vcpu_and_is_reported(host):
+def test_every_cpu_dedicated_under_floating_guests_is_refused_by_name_writing_nothing(host):
+    # Was: every CPU dedicated while a consumer with no guest holds VCPU. The
+    # floating guests of host.xml have no CPU left then, and nova would
+    # refuse to start them: the configuration is refused before any write.
     agent_cycle(host.agent, host.settings())
     boot_legacy_guests(host)
     host.boot(host.not_a_guest, vcpu=3, memory=512)
-    before = host.allocations()
-    # Every CPU dedicated: the host offers no VCPU any more.
-    outcome, _report, _ = agent_cycle(host.agent, host.settings(dedicated="0-15"))
-    assert outcome.reshaped
-    assert any(host.not_a_guest in w and "VCPU inventory is kept" in w for w in outcome.warnings)
-    assert host.allocations()[host.not_a_guest] == before[host.not_a_guest]
-    assert host.allocations()[host.pinned][host.root]["PCPU"] == 4
-    assert cpu_view(host.inventories())["PCPU"] == 16
+    before, inventories = host.allocations(), host.inventories()
+    host.agent.stats.reset()
+    outcome, report, _ = agent_cycle(host.agent, host.settings(dedicated="0-15"))
+    assert isinstance(outcome, ReshapeError)
+    for name in ("instance-00000003", "instance-00000005", "instance-00000006"):
+        assert f"floating guest {name} (" in str(outcome)
+    assert "cpu_shared_set" in str(outcome)
+    assert host.agent.stats.writes == 0 and report.applied == []
+    assert host.allocations() == before and host.inventories() == inventories
 
 
 def test_host_not_yet_in_placement_has_nothing_to_reshape(host):
-    from node_agent.cycle import compute_desired
+    from node_agent.cycle.desired import compute_desired
 
     desired = compute_desired(host.settings(dedicated=DEDICATED, shared=SHARED))
     outcome = pcpu_reshape(host.agent, desired, {})

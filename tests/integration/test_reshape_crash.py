@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.cycle import compute_desired
+from node_agent.cycle.desired import compute_desired
 from tests.integration.reshape_driver import Host, boot_legacy_guests, expected_after_reshape
 
 pytestmark = pytest.mark.integration

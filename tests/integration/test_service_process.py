@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from node_agent.placement import PlacementClient
+from node_agent.placement.client import PlacementClient
 from tests.integration.agent_process import OTHER_HOST, AgentProcess, mount_host
 
 pytestmark = pytest.mark.integration

@@ -10,10 +10,10 @@ import uuid
 
 import pytest
 
-from node_agent.placement import PlacementClient, Unavailable
-from node_agent.provider_tree import Inventory, Provider, ProviderTree
+from node_agent.placement.client import PlacementClient, Unavailable
+from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.state import FILE_NAME, StateStore
-from node_agent.sync import TreeSyncer
+from node_agent.placement.sync import TreeSyncer
 
 pytestmark = pytest.mark.integration
 

@@ -1,12 +1,26 @@
-"""Run the real CLI as the unprivileged user ``nobody`` (when we are root)."""
+"""Run the real CLI as the unprivileged user ``nobody`` (when we are root).
+
+``nobody`` must be able to reach everything the run needs, wherever the
+checkout lives: a clone under ``/root`` (mode 0700) is out of its reach, and
+so is the ``.venv`` inside it. So the runtime is staged once per test
+process in a world-readable temporary directory: the virtualenv (hard
+links where possible, a copy otherwise; nothing is written through them,
+as every file stays root-owned and read-only to ``nobody``) and this
+checkout's ``node_agent`` package, which ``PYTHONPATH`` puts ahead of the
+editable install's link back into the checkout. Fixture trees are staged
+by the tests with ``stage_tree``.
+"""
 
 from __future__ import annotations
 
+import atexit
+import errno
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from functools import lru_cache
 from pathlib import Path
 
 import pytest
@@ -14,6 +28,8 @@ import pytest
 from tests.cli.runner import Result
 
 SETPRIV = shutil.which("setpriv")
+REPO = Path(__file__).resolve().parents[2]
+_AS_NOBODY = ("--reuid=nobody", "--regid=nogroup", "--clear-groups")
 
 
 def skip_unless_root_with_setpriv() -> None:
@@ -28,9 +44,63 @@ def world_readable_dir() -> Path:
     return path
 
 
+def stage_tree(tree: Path, base: Path) -> Path:
+    """A copy of fixture ``tree`` under ``base`` (world-readable), symlinks
+    kept, so ``nobody`` can read it wherever the checkout is."""
+    staged = base / "fixture" / tree.name
+    shutil.copytree(tree, staged, symlinks=True)
+    for path in [staged.parent, staged, *staged.rglob("*")]:
+        if not path.is_symlink():
+            path.chmod(0o755 if path.is_dir() else 0o644)
+    return staged
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            raise
+        shutil.copy2(src, dst)
+
+
+@lru_cache(maxsize=1)
+def _staged_runtime() -> tuple[str, str]:
+    """(interpreter, source directory) that ``nobody`` can reach, staged once."""
+    base = world_readable_dir()
+    atexit.register(shutil.rmtree, base, True)
+    python = sys.executable
+    if sys.prefix != sys.base_prefix:  # a virtualenv: stage it whole
+        venv = base / "venv"
+        shutil.copytree(sys.prefix, venv, symlinks=True, copy_function=_link_or_copy)
+        python = str(venv / Path(sys.executable).relative_to(sys.prefix))
+    src = base / "src"
+    shutil.copytree(REPO / "node_agent", src / "node_agent",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    for path in [src, *src.rglob("*")]:
+        path.chmod(0o755 if path.is_dir() else 0o644)
+    return python, str(src)
+
+
+def _as_nobody(command: list[str], timeout: float) -> subprocess.CompletedProcess:
+    python, src = _staged_runtime()
+    env = {**os.environ, "HOME": "/nonexistent", "PYTHONPATH": src}
+    return subprocess.run([SETPRIV, *_AS_NOBODY, python, *command], capture_output=True,
+                          text=True, timeout=timeout, cwd="/", env=env)
+
+
+def open_to_everyone(base: Path) -> None:
+    """Let nobody read (and traverse) everything under ``base``."""
+    for path in base.rglob("*"):
+        path.chmod(0o755 if path.is_dir() else 0o644)
+
+
 def run_as_nobody(*args: str, timeout: float = 60) -> Result:
-    command = [SETPRIV, "--reuid=nobody", "--regid=nogroup", "--clear-groups",
-               sys.executable, "-m", "node_agent.cli", *args]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout,
-                          cwd="/", env={**os.environ, "HOME": "/nonexistent"})
+    """The CLI run as ``nobody`` from the staged runtime. Skips, saying why,
+    when ``nobody`` cannot start the interpreter at all (for example a
+    Python built under ``/root``): switching users is then impossible."""
+    probe = _as_nobody(["-c", "pass"], timeout)
+    if probe.returncode != 0:
+        pytest.skip(f"nobody cannot run {_staged_runtime()[0]}: {probe.stderr.strip()}")
+    proc = _as_nobody(["-m", "node_agent.cli.main", *args], timeout)
     return Result(proc.returncode, proc.stdout, proc.stderr)

@@ -8,7 +8,11 @@ Faults, set between or during requests from any thread:
 * ``before_forward``: a callable given the request number (1-based) just
   before it is forwarded, e.g. to SIGKILL the server mid-cycle. When the
   upstream cannot be reached the proxy drops the connection without an
-  answer, as a dead server would.
+  answer, as a dead server would;
+* ``drop_answer``: a callable given (method, path) after the request was
+  forwarded and answered upstream; when it returns True the answer is not
+  relayed and the connection is closed (a committed write whose response
+  is lost).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ class FaultProxy:
         self.upstream = (parts.hostname, parts.port)
         self.delay = 0.0
         self.before_forward: Optional[Callable[[int], None]] = None
+        self.drop_answer: Optional[Callable[[str, str], bool]] = None
         self.requests = 0
         self.injected = 0
         self._fail_left = 0
@@ -103,6 +108,11 @@ class FaultProxy:
                 except OSError:
                     self.close_connection = True
                     self.connection.close()  # no answer: as a dead server
+                    return
+                if proxy.drop_answer is not None and proxy.drop_answer(self.command,
+                                                                       self.path):
+                    self.close_connection = True
+                    self.connection.close()  # done upstream, the answer is lost
                     return
                 self._answer(response.status, data,
                              [(k, v) for k, v in response.getheaders()

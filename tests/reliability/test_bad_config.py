@@ -58,7 +58,7 @@ CASES = [
     Case("cpu-spec-word", "cpu_shared_set = all\n", ("[compute] cpu_shared_set = 'all'",)),
     Case("cpu-spec-backwards", "cpu_dedicated_set = 3-1\n",
          ("cpu_dedicated_set = '3-1'", "backwards")),
-    Case("cpu-spec-empty", "cpu_dedicated_set =\n", ("cpu_dedicated_set = ''", "empty")),
+    # "cpu_dedicated_set =" (empty) means unset, as in nova: tests/unit/test_nova_conf.py.
     Case("cpu-spec-all-excluded", "cpu_dedicated_set = 0-3,^0-3\n",
          ("cpu_dedicated_set = '0-3,^0-3'", "leaves no CPU")),
     Case("cpu-spec-double-comma", "cpu_shared_set = 0,,1\n",
@@ -90,7 +90,8 @@ CASES = [
     Case("absent-in-dedicated", "cpu_dedicated_set = 64\n",
          ("cpu_dedicated_set = '64'", "CPUs 64", "does not have")),
     # --- allocation ratios
-    Case("cpu-ratio-zero", "cpu_allocation_ratio = 0\n", ("cpu_allocation_ratio = 0.0",)),
+    # 0.0 means unset, as in nova (its default before Stein).
+    Case("cpu-ratio-negative", "cpu_allocation_ratio = -2\n", ("cpu_allocation_ratio = -2.0",)),
     Case("ram-ratio-negative", "ram_allocation_ratio = -1\n",
          ("ram_allocation_ratio = -1.0",)),
     Case("disk-ratio-negative", "disk_allocation_ratio = -0.5\n",

@@ -115,11 +115,13 @@ def damaged_root(case: Damage, tmp_path: Path) -> Path:
     root = tmp_path / "sysroot"
     system = root / "devices" / "system"
     shutil.copytree(case.tree, system, symlinks=True)
-    for directory, _dirs, _files in os.walk(system):
+    for directory, _dirs, files in os.walk(system):
         os.chmod(directory, 0o755)
+        for name in files:  # readable by nobody even from a checkout made with umask 077
+            path = os.path.join(directory, name)
+            if not os.path.islink(path):
+                os.chmod(path, 0o644)
     target = system / case.target
-    if target.exists() and not target.is_dir():
-        target.chmod(0o644)
     case.damage(target)
     return root
 
@@ -131,7 +133,8 @@ def config_for(root: Path, tmp_path: Path) -> Path:
     config.write_text(
         f"[DEFAULT]\nhost = damaged\nstate_path = {tmp_path / 'state'}\n"
         f"[host]\nsysfs_root = {root}\n[libvirt]\nconnection_uri =\n"
-        f"[compute]\ninstances_path = {instances}\nnuma_in_placement = true\n")
+        f"[compute]\ninstances_path = {instances}\nnuma_in_placement = true\n"
+        f"provider_config_location = {tmp_path / 'provider_config'}\n")
     return config
 
 

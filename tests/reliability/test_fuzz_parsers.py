@@ -3,7 +3,7 @@
 Contract under test: whatever text comes in, a parser either returns or
 raises one of the project's own errors (``NodeAgentError`` subclasses);
 the ``problems``-collecting option parsers never raise at all. Inputs are
-arbitrary text plus real samples from ``../shared/hostdata`` mutated by
+arbitrary text plus real samples from ``tests/data/hostdata`` mutated by
 truncation, character flips, element deletion and duplication.
 """
 
@@ -16,15 +16,15 @@ from functools import lru_cache
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from node_agent.capabilities import parse_capabilities, parse_cpu_model_xml
-from node_agent.cpuset import parse_cpu_spec, parse_cpulist
-from node_agent.device_spec import parse_device_specs
-from node_agent.domain import parse_domain
+from node_agent.host.capabilities import parse_capabilities, parse_cpu_model_xml
+from node_agent.model.cpuset import parse_cpu_spec, parse_cpulist
+from node_agent.model.device_spec import parse_device_specs
+from node_agent.host.domain import parse_domain
 from node_agent.errors import NodeAgentError
-from node_agent.hugepages import parse_reserved_huge_pages
-from node_agent.meminfo import parse_node_meminfo
-from node_agent.nodedev import parse_node_device
-from node_agent.provider_config import parse_provider_config
+from node_agent.model.hugepages import parse_reserved_huge_pages
+from node_agent.host.meminfo import parse_node_meminfo
+from node_agent.host.nodedev import parse_node_device
+from node_agent.policy.provider_config import parse_provider_config
 from tests.hostdata import HOSTDATA
 
 # NODE_AGENT_FUZZ_EXAMPLES raises the count for a long hunt (make soak).

@@ -17,11 +17,11 @@ import uuid
 
 import pytest
 
-from node_agent.placement import (GenerationConflict, PlacementClient, PlacementError,
-                                  Unavailable)
-from node_agent.provider_tree import Inventory, Provider, ProviderTree
+from node_agent.placement.client import (GenerationConflict, PlacementClient, PlacementError,
+                                         Unavailable)
+from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.state import StateStore
-from node_agent.sync import TreeSyncer, inventory_equal
+from node_agent.placement.sync import TreeSyncer, inventory_equal
 from tests.reliability.proxy import FaultProxy
 
 pytestmark = pytest.mark.integration

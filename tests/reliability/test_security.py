@@ -19,7 +19,8 @@ from cryptography.x509.oid import NameOID
 
 from tests.cli.runner import run_agent, write_config
 from tests.hostdata import HOSTDATA
-from tests.reliability.nobody import (run_as_nobody, skip_unless_root_with_setpriv,
+from tests.reliability.nobody import (open_to_everyone, run_as_nobody,
+                                      skip_unless_root_with_setpriv, stage_tree,
                                       world_readable_dir)
 from tests.reliability.proxy import FaultProxy
 
@@ -152,13 +153,34 @@ def test_the_agent_needs_no_root(tmp_path):
     skip_unless_root_with_setpriv()
     base = world_readable_dir()
     try:
-        config = write_config(base, TEST6)
-        for path in base.rglob("*"):
-            path.chmod(0o755 if path.is_dir() else 0o644)
+        config = write_config(base, stage_tree(TEST6, base))
+        open_to_everyone(base)
         result = run_as_nobody("--config-file", str(config), "--once", "--dry-run",
                                "--output", "json")
         assert result.code == 0, result.stderr
         assert result.json()["providers"][0]["inventories"]["VCPU"]["total"] == 6
         assert not (base / "state").exists()
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_provider_config_directory_the_user_cannot_search_is_a_config_error():
+    # As installed, /etc/node-agent is 0750 root:node-agent: anyone else
+    # running the CLI cannot tell whether provider_config/ exists.
+    skip_unless_root_with_setpriv()
+    base = world_readable_dir()
+    try:
+        config = write_config(base, stage_tree(TEST6, base))
+        private = base / "private"
+        config.write_text(config.read_text().replace(
+            str(base / "provider_config"), str(private / "provider_config")))
+        for path in base.rglob("*"):
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        private.mkdir(mode=0o700)
+        result = run_as_nobody("--config-file", str(config), "--once", "--dry-run")
+        assert result.code == 78, result.stderr
+        assert "Traceback" not in result.stderr, result.stderr
+        assert "provider_config_location" in result.stderr, result.stderr
+        assert result.stdout == ""
     finally:
         shutil.rmtree(base, ignore_errors=True)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from node_agent.capabilities import CapsCpu, parse_capabilities, parse_cpu_model_xml
-from node_agent.cpuset import CpuSet
+from node_agent.host.capabilities import CapsCpu, parse_capabilities, parse_cpu_model_xml
+from node_agent.model.cpuset import CpuSet
 from node_agent.errors import ParseError
 from tests.hostdata import HOSTDATA
 

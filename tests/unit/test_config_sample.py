@@ -1,10 +1,10 @@
-"""etc/node-agent.conf.sample is generated from node_agent/conf.py, never hand-edited."""
+"""etc/node-agent.conf.sample is generated from node_agent/config/options.py, never hand-edited."""
 
 import subprocess
 import sys
 from pathlib import Path
 
-from node_agent.configfile import load_conf
+from node_agent.config.files import load_conf
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "etc" / "node-agent.conf.sample"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import os_traits
 import pytest
 
-from node_agent.build import root_traits
-from node_agent.capabilities import parse_cpu_model_xml
-from node_agent.cpu_traits import X86_FEATURE_TRAITS, feature_traits
-from node_agent.topology import HostCpuModel
+from node_agent.tree.build import root_traits
+from node_agent.host.capabilities import parse_cpu_model_xml
+from node_agent.tree.cpu_traits import X86_FEATURE_TRAITS, X86_VENDOR_TRAITS, feature_traits
+from node_agent.model.snapshot import HostCpuModel
 from tests.hostdata import HOSTDATA
 
 CPUTESTDATA = sorted((HOSTDATA / "cputestdata").glob("x86_64-cpuid-*-host.xml"))
@@ -31,14 +31,16 @@ def test_cputestdata_is_present():
 def test_listed_features_in_the_table_are_true_and_all_other_table_traits_false(path):
     model = parse_cpu_model_xml(path.read_text())
     traits = feature_traits(model)
-    expected_true = {X86_FEATURE_TRAITS[f] for f in model.features if f in X86_FEATURE_TRAITS}
+    tables = (X86_FEATURE_TRAITS, X86_VENDOR_TRAITS)
+    expected_true = {table[f] for f in model.features for table in tables if f in table}
     assert {t for t, on in traits.items() if on} == expected_true
-    assert set(traits) == set(X86_FEATURE_TRAITS.values())
+    assert set(traits) == set(X86_FEATURE_TRAITS.values()) | set(X86_VENDOR_TRAITS.values())
 
 
 def test_xeon_gold_6148_extras_give_vmx_only():
     traits = feature_traits(cpu("x86_64-cpuid-Xeon-Gold-6148-host.xml"))
-    assert {t for t, on in traits.items() if on} == {os_traits.HW_CPU_X86_VMX}
+    assert {t for t, on in traits.items() if on} == {os_traits.HW_CPU_X86_VMX,
+                                                     os_traits.HW_CPU_X86_INTEL_VMX}
     # AVX512F is implied by the Skylake-Server model, not listed as an extra.
     assert traits[os_traits.HW_CPU_X86_AVX512F] is False
     assert traits[os_traits.HW_CPU_X86_SVM] is False
@@ -64,7 +66,25 @@ def test_opteron_6282_extras_map_to_no_trait():
       os_traits.HW_CPU_X86_STIBP}),
 ])
 def test_cpu_model_extras_map_to_these_traits(name, expected):
+    if os_traits.HW_CPU_X86_VMX in expected:  # nova sets both, see below
+        expected = expected | {os_traits.HW_CPU_X86_INTEL_VMX}
     assert {t for t, v in feature_traits(cpu(name)).items() if v} == expected
+
+
+@pytest.mark.parametrize("feature, traits", [
+    ("vmx", {os_traits.HW_CPU_X86_VMX, os_traits.HW_CPU_X86_INTEL_VMX}),
+    ("svm", {os_traits.HW_CPU_X86_SVM, os_traits.HW_CPU_X86_AMD_SVM}),
+])
+def test_vmx_and_svm_also_set_the_vendor_trait_as_nova_does(feature, traits):
+    decided = feature_traits(HostCpuModel(arch="x86_64", model="m",
+                                          features=frozenset({feature})))
+    assert {t for t, on in decided.items() if on} == traits
+
+
+def test_vendor_traits_are_removed_when_the_feature_is_gone():
+    decided = feature_traits(HostCpuModel(arch="x86_64", model="m", features=frozenset()))
+    assert decided[os_traits.HW_CPU_X86_INTEL_VMX] is False
+    assert decided[os_traits.HW_CPU_X86_AMD_SVM] is False
 
 
 def test_sse_family_uses_libvirt_names():

@@ -3,8 +3,8 @@
 import pytest
 from hypothesis import given, strategies as st
 
-from node_agent.cpuset import (CpuSet, CpuSetSyntaxError, MAX_CPU_ID, parse_cpu_spec,
-                               parse_cpulist)
+from node_agent.model.cpuset import (CpuSet, CpuSetSyntaxError, MAX_CPU_ID, parse_cpu_spec,
+                                     parse_cpulist)
 
 GOOD_SPECS = [
     ("0", {0}),

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.cpuset import CpuSet
-from node_agent.domain import NODE_AGENT_NS, parse_domain
+from node_agent.model.cpuset import CpuSet
+from node_agent.host.domain import NODE_AGENT_NS, parse_domain
 from node_agent.errors import ParseError
-from node_agent.topology import GuestMdev
+from node_agent.model.snapshot import GuestMdev
 from tests.hostdata import HOSTDATA
 
 HOST_XML = Path(__file__).resolve().parents[1] / "data" / "libvirt" / "host.xml"

@@ -1,22 +1,130 @@
 from __future__ import annotations
 
-from node_agent.build import build_tree
-from node_agent.maintenance import in_maintenance
-from node_agent.partition import partition_cpus
+import pytest
+
+from node_agent.policy import maintenance as maint
+from node_agent.tree.build import build_tree
+from node_agent.policy.maintenance import TRAIT, in_maintenance
+from node_agent.policy.partition import partition_cpus
+from node_agent.placement.sync import guarded_capacity
 from tests.snapshots import settings, snapshot
 
 
-def test_maintenance_reserves_every_inventory_and_keeps_the_rest(tmp_path):
+def _tree(tmp_path):
     host = snapshot("virhostcpudata/linux-test4", tmp_path)
     conf = settings(numa_in_placement=True)
-    tree = build_tree(conf, host, partition_cpus(conf, host))
+    return build_tree(conf, host, partition_cpus(conf, host))
+
+
+def test_maintenance_reserves_every_inventory_and_marks_only_the_root(tmp_path):
+    tree = _tree(tmp_path)
     closed = in_maintenance(tree)
     assert closed.names() == tree.names()
-    for before, after in zip(tree.providers, closed.providers):
+    assert closed.root.traits == {**tree.root.traits, TRAIT: True}
+    for before, after in zip(tree.providers[1:], closed.providers[1:]):
         assert after.traits == before.traits
+    for before, after in zip(tree.providers, closed.providers):
         assert set(after.inventories) == set(before.inventories)
         for rc, inv in after.inventories.items():
             assert inv.reserved == inv.total == before.inventories[rc].total
             assert inv.allocation_ratio == before.inventories[rc].allocation_ratio
     assert any(inv.reserved < inv.total for p in tree.providers
                for inv in p.inventories.values())
+
+
+ON = {"on": True, "reason": "disk swap", "since": "t"}
+OLD_ON = {"reason": "disk swap", "since": "t"}  # before the "on" key existed
+OFF = {"on": False, "since": "t"}
+
+
+@pytest.mark.parametrize("record, root_traits, on", [
+    (None, None, False),                    # no record, no root yet
+    (None, ["COMPUTE_NODE"], False),
+    (None, ["COMPUTE_NODE", TRAIT], True),  # state file lost: Placement keeps it on
+    ({}, [TRAIT], True),
+    (ON, [], True),                         # the file asks, the trait follows
+    (OLD_ON, None, True),
+    (OFF, [TRAIT], False),                  # an off not yet applied wins over the trait
+])
+def test_placement_trait_keeps_maintenance_on_without_a_state_record(record, root_traits, on):
+    assert maint.is_on(maint.from_placement(record, root_traits)) is on
+
+
+def test_leaving_maintenance_removes_the_trait_and_keeps_configured_reservations(tmp_path):
+    tree = _tree(tmp_path)
+    opened, notes = maint.apply(tree, OFF)
+    assert opened.root.traits[TRAIT] is False
+    assert [p.inventories for p in opened.providers] == [p.inventories for p in tree.providers]
+    assert "off requested" in notes[0]
+    unchanged, notes = maint.apply(tree, None)
+    assert unchanged == tree and notes == []
+    assert TRAIT not in unchanged.root.traits  # no opinion: a hand-set trait is kept
+
+
+def test_maintenance_kept_by_placement_says_the_reason_is_unknown(tmp_path):
+    closed, notes = maint.apply(_tree(tmp_path), maint.from_placement(None, [TRAIT]))
+    assert closed.root.traits[TRAIT] is True
+    assert "unknown" in notes[0]
+
+
+def _inv(total, reserved=0, ratio=1.0):
+    return {"total": total, "reserved": reserved, "allocation_ratio": ratio,
+            "min_unit": 1, "max_unit": total, "step_size": 1}
+
+
+@pytest.mark.parametrize("old, new, judged", [
+    (_inv(16), _inv(16, 16), 16),            # maintenance: reserved raised, not judged
+    (_inv(16, 2), _inv(16, 16, 4.0), 56),    # the ratio still counts
+    (_inv(16, 4), _inv(16, 0), 16),          # reserved lowered: counted
+    (_inv(16), _inv(8, 8), 8),               # total lowered: judged on the new total
+    (None, _inv(8, 8), 0),                   # a new class: as it is
+])
+def test_usage_guard_does_not_count_a_raised_reservation(old, new, judged):
+    assert guarded_capacity(old, new) == judged
+
+
+def _status(record, placement, error=None):
+    return maint.status("h", "/s/state.json", record, error, placement)
+
+
+def _root(traits, **inventories):
+    return {"root_uuid": "u", "traits": traits, "inventories": inventories}
+
+
+@pytest.mark.parametrize("record, placement, on, agree", [
+    (ON, None, "on", None),                                           # not configured
+    (ON, _root([TRAIT], VCPU=_inv(4, 4)), "on", True),
+    (ON, _root([], VCPU=_inv(4, 0)), "on", False),                    # not yet applied
+    (ON, _root([TRAIT], VCPU=_inv(4, 4), PCPU=_inv(4, 0)), "on", False),
+    (None, _root([TRAIT], VCPU=_inv(4, 4)), "on", True),              # state file lost
+    (OFF, _root([TRAIT], VCPU=_inv(4, 4)), "off", False),             # off pending
+    (None, _root([], VCPU=_inv(4, 0)), "off", True),
+])
+def test_status_compares_the_state_file_with_placement(record, placement, on, agree):
+    report = _status(record, placement)
+    assert (report["maintenance"], report["agree"]) == (on, agree)
+    text = maint.status_text(report)
+    assert f"maintenance is {on.upper()}" in text
+
+
+def test_status_of_an_unreadable_state_file_names_the_error_and_trusts_placement():
+    report = _status(None, _root([TRAIT], VCPU=_inv(4, 4)), error="state file x fails its sha256")
+    assert report["maintenance"] == "on" and "unknown" in report["reason"]
+    assert report["state_file"]["maintenance"] == "unreadable"
+    assert "sha256" in maint.status_text(report)
+
+
+def test_an_applied_off_is_forgotten_but_a_newer_record_is_kept(tmp_path):
+    from node_agent.cycle.desired import MAINTENANCE_KEY, forget_applied_off
+    from node_agent.state import StateStore
+
+    store = StateStore(tmp_path)
+    store.save({"root_uuid": "r", MAINTENANCE_KEY: OFF})
+    forget_applied_off(store, OFF)
+    assert store.load() == {"root_uuid": "r"}
+
+    store.save({MAINTENANCE_KEY: ON})  # `maintenance on` ran during the cycle
+    forget_applied_off(store, OFF)
+    assert store.load() == {MAINTENANCE_KEY: ON}
+    forget_applied_off(store, ON)      # an on record is never dropped
+    assert store.load() == {MAINTENANCE_KEY: ON}

@@ -1,7 +1,7 @@
 import pytest
 
 from node_agent.errors import ParseError
-from node_agent.meminfo import parse_node_meminfo
+from node_agent.host.meminfo import parse_node_meminfo
 from tests.hostdata import HOSTDATA
 
 NODE_TEXT = """\

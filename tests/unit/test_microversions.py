@@ -2,8 +2,8 @@
 
 import pytest
 
-from node_agent import microversions
-from node_agent.placement import PlacementClient, version_refusal
+from node_agent.placement import microversions
+from node_agent.placement.client import PlacementClient, version_refusal
 
 
 @pytest.mark.parametrize("version, wanted, expected", [
@@ -64,7 +64,7 @@ def test_server_that_dropped_our_version_is_refused():
 
 
 def test_request_stats_count_forever_but_keep_only_recent_requests():
-    from node_agent.placement import RequestStats
+    from node_agent.placement.client import RequestStats
 
     stats = RequestStats()
     for n in range(RequestStats.LOG_LIMIT + 500):

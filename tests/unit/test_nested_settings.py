@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from node_agent.configfile import load_conf
-from node_agent.device_spec import PciDeviceSpec, parse_spec, physnet_trait
+from node_agent.config.files import load_conf
+from node_agent.model.device_spec import PciDeviceSpec, parse_spec, physnet_trait
 from node_agent.errors import ConfigError
-from node_agent.hugepages import ReservedPages, parse_reservation, parse_size_kb
-from node_agent.settings import load_settings
+from node_agent.model.hugepages import ReservedPages, parse_reservation, parse_size_kb
+from node_agent.config.settings import load_settings
 
 
 def load(tmp_path, text: str):
@@ -94,6 +94,15 @@ resource_class = baremetal.gold
                            "Write it as 'CUSTOM_BAREMETAL_GOLD'.")
 
 
+def test_resource_class_over_255_characters_is_refused_at_config_time(tmp_path):
+    name = "CUSTOM_" + "G" * 249
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, f"[node]\nresource_class = {name}\n")
+    assert list(err.value.problems) == [
+        f"[node] resource_class = '{name[:40]}...' is 256 characters long; "
+        "Placement takes at most 255. Shorten it."]
+
+
 def test_short_pci_address_gets_domain_zero():
     assert parse_spec('{"address": "3B:00.0", "physical_network": "p"}').address == \
         "0000:3b:00.0"
@@ -104,6 +113,8 @@ def test_short_pci_address_gets_domain_zero():
     ('{"address": "0000:3b:00.0", "colour": "red"}', "unknown key(s) colour"),
     ('{"vendor_id": "80861", "physical_network": "p"}', "not 4 hex digits"),
     ('{"address": "", "physical_network": "p"}', "non-empty string"),
+    ('{"address": "0000:3b:00.0", "physical_network": "%s"}' % ("p" * 241),
+     "longer than Placement's 255 characters"),
 ])
 def test_bad_device_specs_say_what_is_wrong(text, problem):
     with pytest.raises(ValueError, match=problem.replace("(", r"\(").replace(")", r"\)")):

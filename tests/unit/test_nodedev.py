@@ -5,7 +5,7 @@ import re
 import pytest
 
 from node_agent.errors import ParseError
-from node_agent.nodedev import MdevType, parse_node_device
+from node_agent.host.nodedev import MdevType, parse_node_device
 from tests.hostdata import HOSTDATA
 
 NODEDEV = HOSTDATA / "nodedevschemadata"

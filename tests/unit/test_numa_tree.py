@@ -8,12 +8,13 @@ import os_resource_classes as orc
 import os_traits
 import pytest
 
-from node_agent.build import build_tree
-from node_agent.cpuset import parse_cpu_spec, parse_cpulist
+from node_agent.tree.build import build_tree
+from node_agent.model.cpuset import parse_cpu_spec, parse_cpulist
 from node_agent.errors import ConfigError
-from node_agent.hugepages import ReservedPages
-from node_agent.numa_tree import spread
-from node_agent.partition import partition_cpus
+from node_agent.model.hugepages import ReservedPages
+from node_agent.tree.numa import spread
+from node_agent.tree.ownership import AGENT_CHILD_TRAIT
+from node_agent.policy.partition import partition_cpus
 from tests.hostdata import ground_truth
 from tests.snapshots import settings, snapshot
 
@@ -45,7 +46,7 @@ def test_each_node_holds_its_online_cpus_and_memory_and_root_keeps_disk(tree_dir
         node_cpus = parse_cpulist(truth[node_id]["cpus"]) & online
         memory_mb = truth[node_id]["MemTotal_kB"] // 1024
         assert child.parent == "fixture"
-        assert child.traits == {os_traits.HW_NUMA_ROOT: True}
+        assert child.traits == {os_traits.HW_NUMA_ROOT: True, AGENT_CHILD_TRAIT: True}
         assert child.inventories[orc.VCPU].total == len(node_cpus)
         assert child.inventories[orc.VCPU].allocation_ratio == 4.0
         assert child.inventories[orc.MEMORY_MB].total == memory_mb
@@ -109,7 +110,8 @@ def test_hmat_cpu_less_node_with_memory_holds_only_memory(tmp_path):
     assert inventory(tree, "fixture_NUMA_0")[orc.VCPU]["total"] == 24
     assert set(inventory(tree, "fixture_NUMA_1")) == {orc.MEMORY_MB}
     assert inventory(tree, "fixture_NUMA_1")[orc.MEMORY_MB]["total"] == 1024
-    assert tree.by_name("fixture_NUMA_1").traits == {os_traits.HW_NUMA_ROOT: True}
+    assert tree.by_name("fixture_NUMA_1").traits == {os_traits.HW_NUMA_ROOT: True,
+                                                     AGENT_CHILD_TRAIT: True}
 
 
 def test_hmat_without_node_meminfo_keeps_memory_on_the_root(tmp_path):

@@ -9,14 +9,14 @@ from pathlib import Path
 import os_resource_classes as orc
 import pytest
 
-from node_agent.build import build_tree
-from node_agent.device_spec import parse_spec
+from node_agent.tree.build import build_tree
+from node_agent.model.device_spec import parse_spec
 from node_agent.errors import DiscoveryError
-from node_agent.partition import partition_cpus
-from node_agent.pci import read_pci, with_mdev_parents
-from node_agent.pci_tree import chosen_mdev_type, gpu_provider_name
-from node_agent.sysfs import SysFS
-from node_agent.topology import Guest, GuestMdev
+from node_agent.policy.partition import partition_cpus
+from node_agent.host.sysfs_pci import read_pci, with_mdev_parents
+from node_agent.tree.pci import chosen_mdev_type, gpu_provider_name
+from node_agent.host.sysfs import SysFS
+from node_agent.model.snapshot import Guest, GuestMdev
 from tests.snapshots import settings, snapshot
 
 GPU = "0000:81:00.0"
@@ -182,7 +182,7 @@ def test_pf_in_device_spec_becomes_a_child_with_physnet_trait(sysroot, tmp_path)
     tree = tree_for(host_with(sysroot, tmp_path), pci_device_specs=(spec,))
     child = tree.by_name("fixture_0000:3b:00.0")
     assert child.parent == "fixture"
-    assert child.inventories[orc.SRIOV_NET_VF].total == 64
+    assert child.inventories[orc.SRIOV_NET_VF].total == 8  # enabled VFs, by default
     assert child.traits == {"CUSTOM_PHYSNET_PHYS_NET_1": True}
 
 
@@ -222,7 +222,7 @@ def test_devices_and_numa_children_together(sysroot, tmp_path):
 
 
 def test_discovery_reads_devices_only_when_options_ask(sysroot, tmp_path):
-    from node_agent.discover import discover
+    from node_agent.host.discover import discover
     from tests.hostdata import HOSTDATA
 
     system = HOSTDATA / "virhostcpudata" / "linux-test4"

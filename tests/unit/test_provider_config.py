@@ -6,13 +6,14 @@ import os_resource_classes as orc
 import os_traits
 import pytest
 
-from node_agent.build import build_tree
+from node_agent.tree.build import build_tree
 from node_agent.errors import ConfigError
-from node_agent.partition import partition_cpus
-from node_agent.provider_config import (
-    applied_traits, apply_provider_configs, load_provider_configs, parse_provider_config,
-    unmatched)
-from node_agent.provider_tree import Inventory
+from node_agent.tree.ownership import AGENT_CHILD_TRAIT
+from node_agent.policy.partition import partition_cpus
+from node_agent.policy.provider_config import (applied_traits, apply_provider_configs,
+                                               parse_provider_config, unmatched)
+from node_agent.config.provider_files import load_provider_configs
+from node_agent.model.provider_tree import Inventory
 from tests.snapshots import settings, snapshot
 
 ROOT_FILE = """
@@ -125,7 +126,8 @@ def test_applied_to_root_and_named_child(tmp_path):
     assert tree.root.traits["CUSTOM_GOLD"] is True
     assert tree.root.traits[os_traits.COMPUTE_NODE] is True
     numa1 = tree.by_name("fixture_NUMA_1")
-    assert numa1.traits == {os_traits.HW_NUMA_ROOT: True, "CUSTOM_FAST_MEMORY": True}
+    assert numa1.traits == {os_traits.HW_NUMA_ROOT: True, AGENT_CHILD_TRAIT: True,
+                           "CUSTOM_FAST_MEMORY": True}
     assert "CUSTOM_LICENSE_WINDOWS" not in numa1.inventories
 
 
@@ -189,6 +191,56 @@ def test_uuid_entry_applies_once_the_tree_knows_uuids(tmp_path):
     tree = numa_tree(tmp_path, ()).with_uuids({"fixture_NUMA_0": uuid})
     applied = apply_provider_configs(tree, configs, {})
     assert applied.by_name("fixture_NUMA_0").traits["CUSTOM_X"] is True
+
+
+def test_compute_node_sentinel_under_name_applies_to_the_root_as_in_novas_example(tmp_path):
+    # nova's own example_provider.yaml identifies the root by name: $COMPUTE_NODE.
+    configs = parse_provider_config(ROOT_FILE.replace("uuid: $COMPUTE_NODE",
+                                                      "name: '$COMPUTE_NODE'"), "a.yaml")
+    tree = numa_tree(tmp_path, configs)
+    assert tree.root.traits["CUSTOM_GOLD"] is True
+    assert "CUSTOM_LICENSE_WINDOWS" in tree.root.inventories
+
+
+def test_root_named_by_name_and_by_uuid_is_refused_naming_both_entries(tmp_path):
+    uuid = "9f4b3c1e-8d1a-4f7c-9a4e-2b3c4d5e6f70"
+    configs = parse_provider_config(
+        "meta: {schema_version: '1.0'}\nproviders:\n"
+        "  - identification: {name: fixture}\n    traits: {additional: [CUSTOM_A]}\n"
+        f"  - identification: {{uuid: '{uuid}'}}\n    traits: {{additional: [CUSTOM_B]}}\n",
+        "a.yaml")
+    tree = numa_tree(tmp_path, ()).with_uuids({"fixture": uuid})
+    with pytest.raises(ConfigError) as err:
+        apply_provider_configs(tree, configs, {})
+    message = str(err.value)
+    assert "a.yaml providers[0]" in message and "a.yaml providers[1]" in message
+    assert "Merge the two entries" in message
+
+
+@pytest.mark.parametrize("entry, what", [
+    ("traits: {additional: [CUSTOM_%s]}" % ("T" * 249), "trait"),
+    ("inventories: {additional: [{CUSTOM_%s: {total: 1}}]}" % ("R" * 249),
+     "resource class"),
+])
+def test_names_over_255_characters_are_refused_when_the_file_is_read(entry, what):
+    problems = errors_of("meta: {schema_version: '1.0'}\nproviders:\n"
+                         f"  - identification: {{name: p}}\n    {entry}\n")
+    assert any(f"{what} CUSTOM_" in p and "256 characters long" in p
+               and "at most 255" in p for p in problems), problems
+
+
+def test_a_255_character_trait_is_accepted():
+    (config,) = parse_provider_config(
+        "meta: {schema_version: '1.0'}\nproviders:\n  - identification: {name: p}\n"
+        f"    traits: {{additional: [CUSTOM_{'T' * 248}]}}\n", "a.yaml")
+    assert len(next(iter(config.traits))) == 255
+
+
+def test_provider_name_over_200_characters_is_refused():
+    problems = errors_of("meta: {schema_version: '1.0'}\nproviders:\n"
+                         f"  - identification: {{name: {'p' * 201}}}\n"
+                         "    traits: {additional: [CUSTOM_A]}\n")
+    assert any("201 characters long" in p for p in problems), problems
 
 
 def test_directory_is_read_in_name_order_and_duplicates_refused(tmp_path):

@@ -6,16 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.build import build_tree
-from node_agent.cpuset import parse_cpu_spec
-from node_agent.domain import parse_domain
-from node_agent.partition import partition_cpus
-from node_agent.provider_tree import Inventory, Provider, ProviderTree
-from node_agent.reshape import (Consumer, ProviderAllocations, affected_consumers, chain,
-                                compute_reshape, guest_names, hold_inventories, host_rule,
-                                move_targets, pcpu_to_numa_children, pinned_to_pcpu,
-                                rule_provider_names, rule_sources, vgpu_to_gpu_children)
-from node_agent.topology import GuestMdev
+from node_agent.tree.build import build_tree
+from node_agent.model.cpuset import parse_cpu_spec
+from node_agent.host.domain import parse_domain
+from node_agent.policy.partition import partition_cpus
+from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
+from node_agent.placement.reshape_engine import (Consumer, ProviderAllocations, affected_consumers, chain,
+                                                 compute_reshape, guest_names, hold_inventories, host_rule,
+                                                 move_targets, pcpu_to_numa_children, pinned_to_pcpu,
+                                                 rule_provider_names, rule_sources, vgpu_to_gpu_children)
+from node_agent.model.snapshot import GuestMdev
 from tests.snapshots import settings, snapshot
 
 HOST_XML = Path(__file__).resolve().parents[1] / "data" / "libvirt" / "host.xml"

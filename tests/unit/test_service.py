@@ -9,9 +9,9 @@ from dataclasses import dataclass
 import pytest
 
 from node_agent.errors import ConfigError, DiscoveryError
-from node_agent.placement import Unavailable
-from node_agent.service import (CycleResult, Health, Service, jittered,
-                                problem_kind, retry_delay)
+from node_agent.placement.client import Unavailable
+from node_agent.service.loop import (CycleResult, Health, Service, jittered,
+                                     problem_kind, retry_delay)
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ def test_invalid_reload_keeps_the_running_config_and_logs_each_problem(caplog):
     service = Service(cycle, bad_load, Timing(), tick=0.01)
     thread, _ = start(service)
     wait_for(lambda: seen)
-    with caplog.at_level(logging.ERROR, logger="node_agent.service"):
+    with caplog.at_level(logging.ERROR, logger="node_agent.service.loop"):
         service.request_reload()
         count = len(seen)
         wait_for(lambda: len(seen) > count + 2)
@@ -204,7 +204,7 @@ def test_an_outage_is_logged_once_and_its_end_once(caplog):
         return CycleResult(summary="no change (0 requests)")
 
     service = Service(cycle, Timing, Timing(), tick=0.01)
-    with caplog.at_level(logging.DEBUG, logger="node_agent.service"):
+    with caplog.at_level(logging.DEBUG, logger="node_agent.service.loop"):
         thread, _ = start(service)
         wait_for(lambda: len(done) >= 8)
         service.request_stop()

@@ -4,11 +4,11 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.cpuset import CpuSet, parse_cpulist
+from node_agent.model.cpuset import CpuSet, parse_cpulist
 from node_agent.errors import DiscoveryError, ParseError
-from node_agent.sysfs import SysFS
-from node_agent.sysfs_topology import read_topology
-from node_agent.topology import HugePagePool
+from node_agent.host.sysfs import SysFS
+from node_agent.host.sysfs_topology import read_topology
+from node_agent.model.snapshot import HugePagePool
 from tests.hostdata import HOSTDATA, SYSFS_TREES, ground_truth, sysfs_root_for, tree_name
 
 TREE_IDS = [tree_name(tree) for tree in SYSFS_TREES]
@@ -375,7 +375,7 @@ def test_unreadable_file_is_a_read_error_not_an_absent_file(tmp_path):
 
 def test_sysfs_absent_file_is_none_and_logged_at_debug(tmp_path, caplog):
     sysfs = SysFS(str(tmp_path))
-    with caplog.at_level(logging.DEBUG, logger="node_agent.sysfs"):
+    with caplog.at_level(logging.DEBUG, logger="node_agent.host.sysfs"):
         assert sysfs.read("devices/system/cpu/isolated") is None
     assert "isolated is absent" in caplog.text
     assert sysfs.listdir("devices/system/node") is None

@@ -9,11 +9,11 @@ import uuid
 
 import pytest
 
-from node_agent import upstream
-from node_agent.cpuset import parse_cpu_spec, parse_cpulist
-from node_agent.cycle import desired_from
-from node_agent.reshape import host_rule, rule_provider_names
-from node_agent.topology import Guest, GuestMdev, MdevTypeInfo, PciGpu
+from node_agent.remote import upstream
+from node_agent.model.cpuset import parse_cpu_spec, parse_cpulist
+from node_agent.cycle.desired import desired_from
+from node_agent.placement.reshape_engine import host_rule, rule_provider_names
+from node_agent.model.snapshot import Guest, GuestMdev, MdevTypeInfo, PciGpu
 from tests.snapshots import settings, snapshot
 
 GPU1, GPU2 = "0000:81:00.0", "0000:82:00.0"
@@ -196,7 +196,7 @@ def _message(desired, mutate):
     (lambda b: b["tree"][0].update(uuid="not-a-uuid"), "is not a uuid"),
     (lambda b: b["reshape"].update(dedicated="2-x"), "body.reshape.dedicated"),
     (lambda b: b.update(tree=[]), "1 to 1000 providers"),
-    (lambda b: b.pop("reshape"), "body.reshape: must be an object"),
+    (lambda b: b.pop("reshape"), "body: 'reshape' is required"),
     # The nested rules' inputs.
     (lambda b: b["reshape"]["numa"][1].update(cpus="7-15"), "CPU 7 is in node 0 too"),
     (lambda b: b["reshape"]["numa"][1].update(id=0), "node 0 appears twice"),
@@ -207,22 +207,24 @@ def _message(desired, mutate):
     (lambda b: b["reshape"]["gpus"][0].update(address="81:00.0"), "not a PCI address"),
     (lambda b: b["reshape"]["gpus"].append(dict(b["reshape"]["gpus"][0])), "appears twice"),
     (lambda b: b["reshape"]["gpus"].pop(), "not described in body.reshape.gpus"),
-    (lambda b: b["reshape"]["guests"][0].pop("uuid"), "uuid (the consumer) is required"),
+    (lambda b: b["reshape"]["guests"][0].pop("uuid"), "body.reshape.guests[0]: 'uuid' is required"),
     (lambda b: b["reshape"]["guests"][1].update(uuid=b["reshape"]["guests"][0]["uuid"]),
      "a guest uuid appears twice"),
     (lambda b: b["reshape"]["guests"][0]["mdevs"][0].update(parent="gpu0"),
-     "mdevs[0].parent: 'gpu0' is not a PCI address"),
+     "mdevs[0].parent: is not a PCI address"),
     (lambda b: b["reshape"]["guests"][0]["vcpupin"].append([0, "4"]), "vCPU 0 is pinned twice"),
     (lambda b: b["reshape"]["guests"][0]["vcpupin"][0].__setitem__(0, "0"),
-     "must be [vcpu number, cpulist]"),
+     "vcpupin[0][0]: must be a non-negative integer"),
     (lambda b: b["reshape"]["guests"][0].update(numa_nodes=[-1]), "node ids"),
     (lambda b: b["reshape"]["guests"][0].update(metadata=[["hw:cpu_policy"]]),
      "[key, value] string pairs"),
 ])
 def test_malformed_body_is_refused_with_where_and_why(nested, mutate, words):
     message = _message(nested, mutate)
-    parsed = upstream.parse_message(message)
+    # The schema refuses in parse_message, a rule across fields in
+    # desired_from_body: the applier calls both.
     with pytest.raises(upstream.Malformed, match=re.escape(words)):
+        parsed = upstream.parse_message(message)
         upstream.desired_from_body(parsed.body, parsed.host)
 
 
@@ -269,7 +271,7 @@ def _no_placement():
 ])
 def test_heartbeat_is_answered_from_the_shared_record_until_the_verify_is_due(
         tmp_path, desired, cache, status):
-    from node_agent.applier import Applier
+    from node_agent.remote.applier import Applier
     from node_agent.state import StateStore
 
     body = upstream.body_of(desired)
@@ -284,3 +286,305 @@ def test_heartbeat_is_answered_from_the_shared_record_until_the_verify_is_due(
         assert reply["status"] == upstream.ERROR and "Tripwire" in reply["error"]
     else:
         assert reply == {"status": status, "seq": 6, "requests": 0}
+
+
+def test_guests_that_do_not_fit_are_refused_on_the_host_and_nothing_is_sent(tmp_path):
+    host = snapshot("virhostcpudata/linux-test4", tmp_path, guests=(PINNED, OTHERS[1]))
+    desired = desired_from(settings(host="node1", cpu_dedicated_set=parse_cpu_spec("3-15")),
+                           host)
+    # No bus is needed: the refusal comes before any message.
+    sender = object.__new__(upstream.MessagingUpstream)
+    sender.host, sender.timeout, sender.seq, sender.acked = "node1", 1.0, 0, None
+    sender.messages_sent = 0
+
+    report = sender.send(desired)
+
+    assert not report.ok and report.messages == 0 and sender.messages_sent == 0
+    assert [r.split(" (")[0] for r in report.reshape["refused"]] == [
+        "floating guest floating", "pinned guest pinned"]
+    assert "cpu_shared_set is empty" in report.errors[0]
+
+
+def test_keep_placement_ratio_crosses_the_wire_so_the_applier_keeps_operator_ratios():
+    from node_agent.model.provider_tree import Inventory
+    kept = Inventory(16, allocation_ratio=4.0, keep_placement_ratio=True)
+    assert upstream.inventory_from_wire(upstream.inventory_to_wire(kept), "x") == kept
+    assert "keep_placement_ratio" not in upstream.inventory_to_wire(Inventory(16))
+
+
+# ---------------------------------------------------------------- the published schema
+
+def _full(nested) -> dict:
+    return json.loads(json.dumps(upstream.full_message("node1", 1, upstream.body_of(nested))))
+
+
+def _at(message: dict, path: tuple):
+    for part in path:
+        message = message[part]
+    return message
+
+
+def _path(where: tuple) -> str:
+    """``body.tree[0].uuid``: how a refusal names the place."""
+    text = ""
+    for part in where:
+        text += f"[{part}]" if isinstance(part, int) else f".{part}" if text else part
+    return text or "message"
+
+
+def _redigest(message: dict) -> dict:
+    if "body" in message:
+        message["digest"] = upstream.digest_of(message["body"])
+    return message
+
+
+# Every key wire format 2.0 requires, at each level (the object's path, the key).
+REQUIRED = [((), k) for k in ("version", "host", "seq", "digest")] + [
+    (("body",), "tree"), (("body",), "reshape")] + [
+    (("body", "tree", 0), k) for k in ("name", "parent", "uuid", "inventories", "traits")] + [
+    (("body", "tree", 0, "inventories", "DISK_GB"), k)
+    for k in ("total", "reserved", "min_unit", "max_unit", "step_size", "allocation_ratio")] + [
+    (("body", "reshape"), k) for k in ("dedicated", "guests", "numa", "gpus")] + [
+    (("body", "reshape", "guests", 0), k)
+    for k in ("uuid", "name", "vcpus", "vcpupin", "numa_nodes", "mdevs", "metadata")] + [
+    (("body", "reshape", "guests", 0, "mdevs", 0), k) for k in ("uuid", "parent")] + [
+    (("body", "reshape", "numa", 0), k) for k in ("id", "cpus")] + [
+    (("body", "reshape", "gpus", 0), k) for k in ("address", "provider")]
+
+
+@pytest.mark.parametrize("where, key", REQUIRED,
+                         ids=[".".join(map(str, (*w, k))) for w, k in REQUIRED])
+def test_each_required_field_missing_is_refused_naming_its_path(nested, where, key):
+    message = _full(nested)
+    del _at(message, where)[key]
+    if where:
+        _redigest(message)
+    words = "not a wire version" if key == "version" else \
+        f"{_path(where)}: {key!r} is required"
+    with pytest.raises(upstream.Malformed, match=re.escape(words)):
+        upstream.parse_message(message)
+
+
+@pytest.mark.parametrize("where, value, words", [
+    (("host",), 7, "host: is not a host name"),
+    (("seq",), 1.0, "seq: must be a non-negative integer"),
+    (("seq",), "1", "seq: must be a non-negative integer"),
+    (("digest",), None, "digest: must be a sha256 in hex"),
+    (("body",), [], "body: must be an object"),
+    (("body", "tree"), {}, "body.tree: must be a list of 1 to 1000 providers"),
+    (("body", "tree", 0), "node1", "body.tree[0]: must be an object"),
+    (("body", "tree", 0, "name"), 1, "body.tree[0].name: name must be a string"),
+    (("body", "tree", 0, "parent"), 0, "body.tree[0].parent: parent must be a name or null"),
+    (("body", "tree", 0, "uuid"), 1, "body.tree[0].uuid: is not a uuid"),
+    (("body", "tree", 0, "inventories"), [], "body.tree[0].inventories: must be an object"),
+    (("body", "tree", 0, "inventories", "DISK_GB", "total"), True,
+     "inventories.DISK_GB.total: must be a non-negative integer"),
+    (("body", "tree", 0, "inventories", "DISK_GB", "total"), 16.0,
+     "inventories.DISK_GB.total: must be a non-negative integer"),
+    (("body", "tree", 0, "inventories", "DISK_GB", "max_unit"), "16",
+     "inventories.DISK_GB.max_unit: must be null or a positive integer"),
+    (("body", "tree", 0, "inventories", "DISK_GB", "allocation_ratio"), "16.0",
+     "inventories.DISK_GB.allocation_ratio: must be a number above 0"),
+    (("body", "tree", 0, "inventories", "DISK_GB"), 16, "inventories.DISK_GB: must be an object"),
+    (("body", "tree", 0, "traits"), ["HW_CPU_X86_AVX"], "body.tree[0].traits: must be an object"),
+    (("body", "reshape"), None, "body.reshape: must be an object"),
+    (("body", "reshape", "dedicated"), [2, 3], "body.reshape.dedicated: must be a string"),
+    (("body", "reshape", "guests"), {}, "body.reshape.guests: must be a list"),
+    (("body", "reshape", "guests", 0, "name"), None, "guests[0].name: must be a non-empty"),
+    (("body", "reshape", "guests", 0, "vcpus"), "2", "guests[0].vcpus: must be a non-negative"),
+    (("body", "reshape", "guests", 0, "vcpupin"), "0:2", "guests[0].vcpupin: must be a list"),
+    (("body", "reshape", "guests", 0, "vcpupin", 0, 1), 2, "vcpupin[0][1]: must be a string"),
+    (("body", "reshape", "guests", 0, "numa_nodes"), 0, "guests[0].numa_nodes: must be a list"),
+    (("body", "reshape", "guests", 0, "mdevs", 0), "uuid", "mdevs[0]: must be an object"),
+    (("body", "reshape", "guests", 0, "mdevs", 0, "parent"), 81, "mdevs[0].parent: is not a PCI"),
+    (("body", "reshape", "guests", 0, "metadata", 0, 1), 1, "metadata[0][1]: must be a string"),
+    (("body", "reshape", "numa", 0, "cpus"), [0, 1], "numa[0].cpus: must be a string"),
+    (("body", "reshape", "gpus", 0, "provider"), None, "gpus[0].provider: must be a string"),
+])
+def test_wrong_type_is_refused_naming_its_path(nested, where, value, words):
+    message = _full(nested)
+    _at(message, where[:-1])[where[-1]] = value
+    if where[0] == "body":
+        _redigest(message)
+    with pytest.raises(upstream.Malformed, match=re.escape(words)):
+        upstream.parse_message(message)
+
+
+def test_unknown_key_is_refused_in_a_known_minor_and_ignored_from_a_newer_minor(nested):
+    """A minor adds optional keys only: a 2.1 message with a key 2.1 lacks
+    is the sender's bug; a 2.9 message may carry keys this 2.1 reader does
+    not know yet."""
+    for where in ((), ("body",), ("body", "tree", 0), ("body", "reshape", "guests", 0)):
+        message = _full(nested)
+        _at(message, where)["hugepages"] = {"2M": 4}
+        _redigest(message)
+        with pytest.raises(upstream.Malformed,
+                           match=re.escape(f"{_path(where)}: unknown key "
+                                           "'hugepages' (not in this wire version)")):
+            upstream.parse_message(message)
+        message["version"] = "2.9"
+        parsed = upstream.parse_message(message)
+        remote = upstream.desired_from_body(parsed.body, parsed.host)
+        assert remote.tree == nested.tree
+
+
+def test_future_major_is_refused_by_its_version_before_its_shape_is_read(desired):
+    """A 3.0 message may look nothing like 2.0: the reason is the version
+    and which side to upgrade, not a schema path."""
+    message = {"version": "3.0", "host": "node1", "sequence": 1, "state": {"tree": "v3"}}
+    with pytest.raises(upstream.Malformed) as refused:
+        upstream.parse_message(message)
+    assert str(refused.value) == (
+        "version: wire format '3.0' is newer than this applier understands: upgrade "
+        "node-agent-applier (this applier reads 2.x)")
+
+
+def test_applier_refusal_names_the_path_counts_it_and_echoes_no_value(tmp_path, desired,
+                                                                     caplog):
+    from node_agent.remote.applier import Applier
+
+    secret = "rabbit://nova:s3cr3t@broker:5672/"
+    message = upstream.full_message("node1", 1, upstream.body_of(desired))
+    message["body"]["reshape"]["guests"][0]["vcpus"] = secret
+    message = _redigest(message)
+    applier = Applier(_no_placement, tmp_path)
+
+    reply = applier.handle(message)
+    reply_to_bad_envelope = applier.handle({**message, "host": secret})
+
+    assert reply == {"status": upstream.REFUSED, "error": "message refused: "
+                     "body.reshape.guests[0].vcpus: must be a non-negative integer"}
+    assert reply_to_bad_envelope["status"] == upstream.REFUSED
+    assert "host: is not a host name" in reply_to_bad_envelope["error"]
+    assert "s3cr3t" not in json.dumps([reply, reply_to_bad_envelope])
+    assert "s3cr3t" not in caplog.text
+    assert "refused a message from node1 (1 refused so far)" in caplog.text
+    assert "refused a message from a sender with no valid host name" in caplog.text
+    assert applier.refused == {"format": 2}
+
+
+def test_agent_bug_is_caught_before_sending_and_nothing_is_sent(tmp_path):
+    """A message the applier would refuse never leaves the host: the agent
+    checks it against the same schema (a guest with no name breaks it)."""
+    nameless = dataclasses.replace(OTHERS[1], name="")
+    host = snapshot("virhostcpudata/linux-test4", tmp_path, guests=(PINNED, nameless))
+    desired = desired_from(settings(host="node1", cpu_dedicated_set=parse_cpu_spec("2-5"),
+                                    cpu_shared_set=parse_cpu_spec("0-1,6-15")), host)
+    sender = object.__new__(upstream.MessagingUpstream)
+    sender.host, sender.timeout, sender.seq, sender.acked = "node1", 1.0, 0, None
+    sender.messages_sent, sender.clock = 0, lambda: 1.0
+    sender._client = None  # no bus: any attempt to send fails the test
+
+    report = sender.send(desired)
+
+    assert report.status == upstream.REFUSED and report.messages == 0
+    assert sender.messages_sent == 0 and sender.acked is None
+    assert report.errors == ["wire format 2.1: body.reshape.guests[1].name: "
+                             "must be a non-empty string"]
+    assert "nothing sent" in report.summary()
+
+
+def test_saved_messages_can_be_checked_from_the_command_line(tmp_path, nested, capsys):
+    from node_agent.remote.schema.__main__ import main
+
+    good = _full(nested)
+    bad = json.loads(json.dumps(good))
+    bad["body"]["reshape"]["numa"][0]["cpus"] = 7
+    files = {"good": good, "beat": upstream.heartbeat("node1", 2, good["digest"]),
+             "bad": _redigest(bad)}
+    for name, message in files.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(message))
+    (tmp_path / "torn.json").write_text('{"version": "2.0", ')
+
+    assert main([str(tmp_path / "good.json"), str(tmp_path / "beat.json")]) == 0
+    assert main([str(tmp_path / "good.json"), str(tmp_path / "bad.json")]) == 1
+    assert main([str(tmp_path / "bad.json"), str(tmp_path / "torn.json")]) == 2
+    out = capsys.readouterr()
+    assert "good.json: valid wire format 2.1 full message" in out.out
+    assert "beat.json: valid wire format 2.1 heartbeat" in out.out
+    assert "bad.json: refused: body.reshape.numa[0].cpus: must be a string" in out.out
+    assert "torn.json: cannot read a JSON message" in out.err
+
+
+# ---------------------------------------------------------------- 2.1: the host's limits
+
+def test_limits_travel_in_the_body_and_come_back_as_the_agent_computed_them(nested):
+    """Wire 2.1: the applier's limits_of reads what the agent's did."""
+    from node_agent.cycle.reconcile import limits_of
+
+    message = _full(nested)
+    assert message["version"] == "2.1"
+    assert message["body"]["limits"]["cpus"] == 16
+    parsed = upstream.parse_message(message)
+    remote = upstream.desired_from_body(parsed.body, parsed.host)
+    assert limits_of(remote) == limits_of(nested) is not None
+    # and back again: the applier's record re-encodes to the same body
+    assert upstream.body_of(remote)["limits"] == message["body"]["limits"]
+
+
+def test_a_change_of_the_hosts_facts_changes_the_digest(nested):
+    """The limits are part of the body: a heartbeat of the old digest would
+    let the applier keep checking against facts that are gone."""
+    import dataclasses
+
+    # A DIMM fewer: the same tree (it was built before), less memory.
+    fewer = dataclasses.replace(nested, host=dataclasses.replace(
+        nested.host, memory_mb=nested.host.memory_mb // 2,
+        nodes=tuple(dataclasses.replace(n, memory_kb=(n.memory_kb or 0) // 2)
+                    for n in nested.host.nodes)))
+    before, after = upstream.body_of(nested), upstream.body_of(fewer)
+    assert before["tree"] == after["tree"] and before["reshape"] == after["reshape"]
+    assert before["limits"] != after["limits"]
+    assert upstream.digest_of(before) != upstream.digest_of(after)
+
+
+def test_a_2_0_message_without_limits_is_still_accepted_and_checks_nothing(nested):
+    from node_agent.cycle.reconcile import limits_of
+
+    message = _full(nested)
+    del message["body"]["limits"]
+    message["version"] = "2.0"
+    _redigest(message)
+    parsed = upstream.parse_message(message)
+    remote = upstream.desired_from_body(parsed.body, parsed.host)
+    assert remote.tree == nested.tree and limits_of(remote) is None
+
+
+def test_a_2_0_message_carrying_limits_is_refused_they_came_with_2_1(nested):
+    message = _full(nested)
+    message["version"] = "2.0"
+    with pytest.raises(upstream.Malformed,
+                       match=re.escape("body: unknown key 'limits' (not in this wire version)")):
+        upstream.parse_message(message)
+
+
+@pytest.mark.parametrize("where, value, words", [
+    (("cpus",), -1, "body.limits.cpus: must be a non-negative integer"),
+    (("cpus",), 16.0, "body.limits.cpus: must be a non-negative integer"),
+    (("memory_mb",), True, "body.limits.memory_mb: must be a non-negative integer"),
+    (("online_cpus",), "16", "body.limits.online_cpus: must be null or a non-negative"),
+    (("hugepages",), {"2M": 4}, "is not a huge-page class"),
+    (("hugepages",), {"CUSTOM_MEMORY_PAGE_2048": -4},
+     "body.limits.hugepages.CUSTOM_MEMORY_PAGE_2048: must be a non-negative integer"),
+    (("vgpus",), None, "body.limits.vgpus: must be a non-negative integer"),
+    ((), "16 CPUs", "body.limits: must be an object"),
+])
+def test_malformed_limits_are_refused_naming_their_path(nested, where, value, words):
+    message = _full(nested)
+    if where:
+        message["body"]["limits"][where[0]] = value
+    else:
+        message["body"]["limits"] = value
+    _redigest(message)
+    with pytest.raises(upstream.Malformed, match=re.escape(words)):
+        upstream.parse_message(message)
+
+
+@pytest.mark.parametrize("key", ["cpus", "memory_mb", "disk_gb", "hugepages", "vgpus", "vfs",
+                                 "online_cpus"])
+def test_limits_missing_a_key_are_refused(nested, key):
+    message = _full(nested)
+    del message["body"]["limits"][key]
+    _redigest(message)
+    with pytest.raises(upstream.Malformed, match=re.escape(f"body.limits: {key!r} is required")):
+        upstream.parse_message(message)

@@ -1,0 +1,1 @@
+"""Developer tools, not shipped: an embedded Placement for tests and the make-run demo."""

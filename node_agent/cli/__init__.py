@@ -1,0 +1,1 @@
+"""Command lines: node-agent (main), ctl, and what --dry-run prints (render)."""

@@ -1,0 +1,477 @@
+"""``node-agent``: the command line. A table of contents of what the agent does.
+
+    node-agent --once --dry-run [--output json]   show what would be reported
+    node-agent --once                             one sync, then exit
+    node-agent --check-config                     validate and show the CPU split
+    node-agent                                    run as a service
+    node-agent maintenance on|off|status          close/reopen the host; compare records
+    node-agent audit [--output json]              allocations vs. local guests (reads only)
+
+Exit codes: 0 success; 78 bad configuration; 69 the host could not be read;
+75 Placement refused or was unreachable; 1 Placement does not match the host
+after a sync, or the audit found an alarm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import urllib.parse
+from typing import Optional, Sequence
+
+from node_agent.cli import render
+from node_agent.policy.capacity import check, host_limits, published
+from node_agent.config.files import oslo_args
+from node_agent.policy import maintenance as maint
+from node_agent.cycle.desired import APPLIED_KEY, MAINTENANCE_KEY, compute_desired, forget_applied_off
+from node_agent.errors import ConfigError, NodeAgentError, StateError
+from node_agent.policy.partition import node_split
+from node_agent.config.validation import config_args, placement_configured, validate
+
+LOG = logging.getLogger("node_agent")
+EX_NOT_IN_SYNC = 1
+
+
+SUBCOMMANDS_HELP = """subcommands (global options may come before or after them):
+  check-config [--connect]        same as --check-config
+  maintenance on|off [--reason T] reserve (on) or release (off) every inventory
+  ctl --host H COMMAND            ask a running agent over the message bus
+                                  (sync-now, status, maintenance on|off)
+
+Config files: --config-file FILE (repeatable) or --config-dir DIR; default
+/etc/node-agent/node-agent.conf (exit 78 when it is missing)."""
+
+SUBCOMMANDS = ("check-config", "maintenance", "ctl")
+# Global options that take a value, so the value is not read as a subcommand.
+_VALUE_OPTIONS = ("--config-file", "--config-dir", "--output")
+_CONFIG_OPTIONS = ("--config-file", "--config-dir")
+
+
+def _version() -> str:
+    import importlib.metadata
+    try:
+        return importlib.metadata.version("node-agent")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def split_subcommand(argv: Sequence[str]) -> tuple[list[str], Optional[str], list[str]]:
+    """(global options, subcommand or None, the subcommand's arguments).
+    ``node-agent --config-file F maintenance on`` and
+    ``node-agent maintenance on --config-file F`` mean the same."""
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        token = argv[i]
+        if token in _VALUE_OPTIONS:
+            i += 2
+            continue
+        if token in SUBCOMMANDS:
+            return argv[:i], token, argv[i + 1:]
+        i += 1
+    return argv, None, []
+
+
+def _config_options(argv: Sequence[str]) -> list[str]:
+    """The ``--config-file``/``--config-dir`` pairs among global options."""
+    out: list[str] = []
+    argv = list(argv)
+    for i, token in enumerate(argv):
+        if token in _CONFIG_OPTIONS and i + 1 < len(argv):
+            out += [token, argv[i + 1]]
+        elif token.split("=", 1)[0] in _CONFIG_OPTIONS and "=" in token:
+            out.append(token)
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="node-agent",
+        description="Report this compute node's resources to OpenStack Placement.",
+        epilog=SUBCOMMANDS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"node-agent {_version()}")
+    parser.add_argument("--config-file", action="append", default=[], metavar="FILE",
+                        help="config file; repeat to layer several (later ones win)")
+    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
+                        help="directory of *.conf files, read after --config-file")
+    parser.add_argument("--once", action="store_true", help="run one cycle and exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="write nothing anywhere; print the tree and the planned requests")
+    parser.add_argument("--output", choices=["text", "json"], default="text",
+                        help="output format of --dry-run and --check-config")
+    parser.add_argument("--check-config", action="store_true",
+                        help="validate the configuration against this host and print "
+                             "the CPU partition per NUMA node")
+    parser.add_argument("--connect", action="store_true",
+                        help="with --check-config: also check that Placement answers "
+                             "(endpoint, credentials, microversion), or with "
+                             "[agent] upstream = messaging that the broker does")
+    parser.add_argument("--debug", action="store_true", help="log at DEBUG level")
+    parser.add_argument("command", nargs="?", choices=["audit"],
+                        help="audit: compare the allocations on this host's providers "
+                             "with its guests; reads Placement, never writes it")
+    return parser
+
+
+def _setup_logging(debug: bool, reporting: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if debug else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr)
+    from node_agent import logs
+
+    logs.quiet_libraries()
+    if not debug:
+        if reporting:
+            # --once, --dry-run and --check-config print the host's warnings
+            # in their report; stderr keeps what goes wrong.
+            logging.getLogger("node_agent.host.discover").setLevel(logging.ERROR)
+
+
+def _setup_logging_from(conf, debug: bool, reporting: bool) -> None:
+    """Logging as the config file says (oslo.log), once it is known valid."""
+    from node_agent import logs
+
+    logs.setup(conf, debug)
+    if reporting and not conf.debug:
+        # --once and --dry-run print the host's warnings in their report.
+        logging.getLogger("node_agent.host.discover").setLevel(logging.ERROR)
+
+
+def _check_config(valid, output: str) -> int:
+    desired = valid.desired or compute_desired(valid.settings)  # raises what the host read hit
+    split = node_split(desired.partition, desired.host)
+    if output == "json":
+        print(json.dumps({"nodes": split, "warnings": list(desired.warnings)},
+                         indent=2, sort_keys=True))
+        return 0
+    print("Configuration is valid for this host. CPU partition of online CPUs:")
+    for row in split:
+        where = "host" if row["node"] is None else f"NUMA node {row['node']}"
+        print(f"  {where}: dedicated [{row['dedicated']}]  shared [{row['shared']}]  "
+              f"unused [{row['unused']}]")
+    for warning in desired.warnings:
+        print(f"warning: {warning}")
+    return 0
+
+
+def _connect(valid) -> int:
+    """``--check-config --connect``: Placement answers with these credentials
+    at a microversion the agent can use (direct mode), or the broker accepts
+    a connection (messaging mode). Raises PlacementError (75) otherwise."""
+    if valid.settings.upstream == "messaging":
+        from node_agent.remote.messaging import check_broker
+        where = check_broker(valid.conf)
+        print(f"Broker answers: {where}")
+        return 0
+    client = valid.client
+    newest = client.check_version()
+    # GET / needs no credentials; this one does (and admin rights).
+    client.get(f"/resource_providers?name={urllib.parse.quote(valid.settings.host)}")
+    print(f"Placement answers: {client.endpoint} (microversion up to {newest}); "
+          "the credentials are accepted.")
+    return 0
+
+
+def _syncer(conf, settings, client=None):
+    from pathlib import Path
+
+    from node_agent.placement.client import PlacementClient
+    from node_agent.state import StateStore
+    from node_agent.placement.sync import TreeSyncer
+
+    client = client or PlacementClient.from_conf(conf)
+    client.check_version()
+    return TreeSyncer(client, StateStore(Path(settings.state_path)),
+                      full_verify_interval=settings.full_verify_interval)
+
+
+def _state_store(settings):
+    from pathlib import Path
+
+    from node_agent.state import StateStore
+    return StateStore(Path(settings.state_path))
+
+
+def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
+    import time
+
+    from node_agent.service import metrics
+    from node_agent.cycle.reconcile import Reconciler
+
+    started = time.monotonic()
+    # --once reports everything but a bad provider file, then exits 78 naming
+    # it; --dry-run refuses the run, so the bad file is not missed.
+    desired = compute_desired(settings, state=_state_store(settings).load_or_empty(LOG),
+                              lenient_files=not dry_run)
+    changes = reshape = audit = None
+    tree = desired.tree
+    capacity, errors = None, []
+    code = 0
+    if settings.upstream == "messaging":
+        # --dry-run shows the tree only: it must work without the bus, and
+        # the applier, not this host, is the one that reads Placement.
+        if not dry_run:
+            tree, changes, reshape, code, errors = _send_once(conf, settings, desired)
+    elif placement_configured(conf):
+        syncer = _syncer(conf, settings, client)
+        reconciler = Reconciler(syncer.client, syncer)
+        desired = reconciler.maintained(desired)
+        if dry_run:
+            tree, changes, reshape = reconciler.plan(desired)
+            capacity = syncer.last_capacity
+            if syncer.cached_tree():  # else nothing is allocated on this host yet
+                audit = _audit_of(syncer, desired, settings, save=False)
+        else:
+            try:
+                outcome = reconciler.apply(desired)
+                if outcome.ok:
+                    syncer.remember(APPLIED_KEY, desired.applied)
+                    forget_applied_off(syncer.store, desired.maintenance)
+            except StateError as exc:
+                raise StateError(f"{exc} {_written(syncer.client)}") from None
+            tree = outcome.report.tree or tree
+            changes = outcome.report.applied
+            reshape = _reshape_record(outcome.reshape)
+            capacity, errors = outcome.report.capacity, outcome.errors
+            for error in outcome.errors:
+                print(f"node-agent: {error}", file=sys.stderr)
+            if not outcome.ok:
+                code = EX_NOT_IN_SYNC
+            metrics.write_once(conf, desired, syncer.client, time.monotonic() - started,
+                               outcome.errors)
+    elif not dry_run:
+        raise NodeAgentError("no Placement is configured ([placement] auth_type); "
+                             "use --dry-run to only show the tree")
+    if capacity is None and changes is None:
+        # Placement not consulted: the verdict on the desired tree alone.
+        capacity = check(published(desired.tree),
+                         host_limits(desired.host, desired.partition)).as_dict()
+    report = render.report_dict(tree, desired.warnings, changes, reshape, capacity, errors)
+    report = render.with_audit(report, audit)
+    print(render.as_json(report) if output == "json" else render.as_text(report), end="")
+    if desired.refused_files:
+        error = ConfigError(list(desired.refused_files))
+        print(_error_text(error), file=sys.stderr)
+        return error.exit_code
+    return code
+
+
+def _audit_of(syncer, desired, settings, save: bool) -> dict:
+    """The allocation audit against the tree the syncer has just read."""
+    from node_agent.cycle.audit import Auditor
+
+    return Auditor(syncer).run(desired, settings.host, settings.numa_in_placement,
+                               save=save).as_dict()
+
+
+def _audit(conf, settings, output: str) -> int:
+    """``node-agent audit``: read the tree and its allocations, compare them
+    with the local guests, print the findings. Keeps its observations (first
+    seen times) in the state file; never writes to Placement."""
+    if not placement_configured(conf):
+        raise ConfigError("node-agent audit reads Placement, and none is configured: "
+                          "set [placement] auth_type (or endpoint_override).")
+    desired = compute_desired(settings, state=_state_store(settings).load_or_empty(LOG))
+    syncer = _syncer(conf, settings)
+    syncer.plan(desired.tree)  # reads the tree (and writes nothing)
+    if not syncer.cached_tree():
+        print(f"node-agent: error: {settings.host} has no provider in Placement at "
+              f"{syncer.client.endpoint} yet, so nothing can be allocated on it; "
+              "run `node-agent --once` (or start the service) first.", file=sys.stderr)
+        return EX_NOT_IN_SYNC
+    audit = _audit_of(syncer, desired, settings, save=True)
+    if output == "json":
+        print(render.as_json({"host": settings.host, "audit": audit}))
+    else:
+        print("\n".join(render.audit_lines(audit)))
+    return EX_NOT_IN_SYNC if audit["alarms"] else 0
+
+
+def _written(client) -> str:
+    """What this run wrote to Placement, for an error raised after it."""
+    writes = [f"{method} {path} -> {status}" for method, path, status in client.stats.log
+              if method != "GET"]
+    if not writes:
+        return "Nothing was written to Placement."
+    return (f"Placement was already written ({len(writes)} request(s): "
+            f"{'; '.join(writes)}); it is the reference, the next run rebuilds "
+            "the state from it.")
+
+
+def _send_once(conf, settings, desired):
+    """``--once`` with ``[agent] upstream = messaging``: one call to
+    node-agent-applier. Returns (tree, changes, reshape, exit code, errors)."""
+    from node_agent.remote import upstream
+
+    sender = upstream.MessagingUpstream(conf, settings.host, settings.upstream_topic,
+                                        settings.upstream_timeout)
+    try:
+        report = sender.send(desired)
+    finally:
+        sender.close()
+    upstream.remember(_state_store(settings), report, desired)
+    if report.ok:
+        forget_applied_off(_state_store(settings), desired.maintenance)
+    for error in report.errors:
+        print(f"node-agent: {error}", file=sys.stderr)
+    return (desired.tree.with_uuids(report.uuids), report.applied, report.reshape,
+            0 if report.ok else EX_NOT_IN_SYNC, list(report.errors))
+
+
+def _reshape_record(outcome) -> Optional[dict]:
+    """The ``reshape`` key after a real run: what was moved, or why not."""
+    if outcome is None:
+        return None
+    if isinstance(outcome, NodeAgentError):
+        return {"refused": [str(outcome)], "lines": [f"REFUSED: {outcome}"]}
+    if not outcome.reshaped:
+        return None
+    record = outcome.reshape.as_dict()
+    record["request_id"] = outcome.request_id
+    record["response_lost"] = outcome.response_lost
+    if outcome.response_lost:
+        record["lines"] = record["lines"] + [
+            "POST /reshaper was committed but its answer was lost; the moves above "
+            "were read back from Placement"]
+    return record
+
+
+def _maintenance(argv: list[str]) -> int:
+    """``node-agent maintenance on|off|status``. ``on``/``off`` record the
+    operator's wish in the state file; the next cycle (the service's, or
+    ``--once``) applies it to Placement, so the agent stays the one writer of
+    its tree. ``status`` compares the state file with Placement."""
+    import datetime
+
+    parser = argparse.ArgumentParser(prog="node-agent maintenance")
+    parser.add_argument("switch", choices=["on", "off", "status"])
+    parser.add_argument("--reason", default="")
+    parser.add_argument("--output", choices=["text", "json"], default="text",
+                        help="output format of status")
+    parser.add_argument("--config-file", action="append", default=[], metavar="FILE")
+    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR")
+    args = parser.parse_args(argv)
+    try:
+        valid = validate(config_args(oslo_args(args)), read_host=False,
+                         need_upstream=False)
+        conf, settings = valid.conf, valid.settings
+        if args.switch == "status":
+            return _maintenance_status(conf, settings, args.output)
+        store = _state_store(settings)
+        state = store.load_or_empty(LOG)
+        now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+        state[MAINTENANCE_KEY] = maint.record(args.switch == "on", args.reason, now)
+        store.save(state)
+    except (NodeAgentError, OSError) as exc:
+        print(f"node-agent: error: {exc}", file=sys.stderr)
+        return getattr(exc, "exit_code", 1)
+    what = ("every inventory gets reserved = total and the root "
+            f"{maint.TRAIT}" if args.switch == "on" else
+            f"the configured reservations come back and {maint.TRAIT} is removed")
+    print(f"maintenance {args.switch} for {settings.host}: {what} at the next cycle "
+          "(run `node-agent --once` to apply it now)")
+    return 0
+
+
+def _maintenance_status(conf, settings, output: str) -> int:
+    from node_agent.state import StateCorrupt
+
+    store = _state_store(settings)
+    state, error = {}, None
+    try:
+        state = store.load()
+    except (StateCorrupt, OSError) as exc:
+        error = str(exc)
+    seen = _root_in_placement(conf, settings, state) if placement_configured(conf) else None
+    report = maint.status(settings.host, str(store.path), state.get(MAINTENANCE_KEY),
+                          error, seen)
+    print(render.as_json(report) + "\n" if output == "json" else maint.status_text(report), end="")
+    return 0
+
+
+def _root_in_placement(conf, settings, state) -> dict:
+    """The root's traits and inventories, found by the state file's uuid or
+    else by the host's name (the state file may be gone)."""
+    from urllib.parse import quote
+
+    from node_agent.placement.errors import NotFound
+    from node_agent.placement.client import PlacementClient
+
+    client = PlacementClient.from_conf(conf)
+    client.check_version()
+    candidates = [state.get("root_uuid")] if state.get("root_uuid") else []
+    found = client.get(f"/resource_providers?name={quote(settings.host)}")["resource_providers"]
+    candidates += [rp["uuid"] for rp in found]
+    for uuid in candidates:
+        try:
+            traits = client.get(f"/resource_providers/{uuid}/traits")["traits"]
+            inventories = client.get(f"/resource_providers/{uuid}/inventories")["inventories"]
+        except NotFound:
+            continue
+        return {"root_uuid": uuid, "traits": traits, "inventories": inventories}
+    return {"root_uuid": None, "traits": [], "inventories": {}}
+
+
+def _error_text(exc: NodeAgentError) -> str:
+    problems = getattr(exc, "problems", None) or (str(exc),)
+    if len(problems) == 1:
+        return f"node-agent: error: {problems[0]}"
+    lines = [f"node-agent: error: {len(problems)} problems in the configuration:"]
+    return "\n".join(lines + [f"  - {p}" for p in problems])
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    before, command, rest = split_subcommand(argv)
+    if any(a in ("-h", "--help", "--version") for a in before):
+        _parser().parse_args(before)  # prints the whole command's help, exits 0
+    if command in ("ctl", "maintenance"):
+        extra = [a for a in before if a not in _config_options(before)]
+        if extra:
+            print(f"node-agent: error: {' '.join(extra)} cannot be used with "
+                  f"`{command}`; only --config-file and --config-dir can",
+                  file=sys.stderr)
+            return 2
+        if command == "ctl":
+            from node_agent.cli import ctl
+            return ctl.main(rest + _config_options(before))
+        return _maintenance(rest + _config_options(before))
+    elif command == "check-config":
+        argv = before + rest + ["--check-config"]
+    args = _parser().parse_args(argv)
+    if args.connect and not args.check_config:
+        print("node-agent: error: --connect goes with --check-config", file=sys.stderr)
+        return 2
+    _setup_logging(args.debug, reporting=bool(args.once or args.dry_run or args.check_config
+                                              or args.command))
+    try:
+        files = config_args(oslo_args(args))
+        if args.check_config:
+            valid = validate(files)
+            code = _check_config(valid, args.output)
+            return _connect(valid) if args.connect else code
+        if args.command == "audit":
+            valid = validate(files, read_host=False, need_upstream=False)
+            _setup_logging_from(valid.conf, args.debug, reporting=True)
+            return _audit(valid.conf, valid.settings, args.output)
+        if args.once or args.dry_run:
+            valid = validate(files, read_host=False, need_upstream=not args.dry_run)
+            _setup_logging_from(valid.conf, args.debug, reporting=True)
+            return _run_once(valid.conf, valid.settings, args.dry_run, args.output,
+                             valid.client)
+        from node_agent.service import daemon
+        loaded = daemon.load(files)
+        _setup_logging_from(loaded.conf, args.debug, reporting=False)
+        return daemon.run(files, loaded)
+    except NodeAgentError as exc:
+        print(_error_text(exc), file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

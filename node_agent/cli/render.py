@@ -1,0 +1,160 @@
+"""What ``--dry-run`` and ``--once`` print: the tree, the changes, the
+capacity verdict, errors and warnings.
+
+The JSON form has stable keys because operators script against it:
+``providers``, ``changes`` (planned by ``--dry-run``, applied by ``--once``;
+null when Placement was not consulted), ``reshape`` (null when there is
+none), ``capacity`` (the invariant's verdict, :mod:`node_agent.policy.capacity`:
+``ok``, ``violations``, and when Placement was consulted what is ``kept``
+as Placement holds it, ``closed`` (fully reserved) and the consumers
+``blocking`` the change), ``errors`` (what could not be applied, and why)
+and ``warnings``. ``audit`` (the allocation audit,
+:meth:`node_agent.policy.audit.AuditResult.as_dict`) is there when
+``--dry-run`` consulted Placement, and only then, so the output of a run
+without Placement is as it was.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional, Sequence
+
+from node_agent.model.provider_tree import ProviderTree
+
+
+def tree_as_dict(tree: ProviderTree) -> list[dict]:
+    return [
+        {
+            "name": p.name,
+            "uuid": p.uuid,
+            "parent": p.parent,
+            "inventories": {rc: inv.as_placement() for rc, inv in sorted(p.inventories.items())},
+            "traits": sorted(p.wanted_traits),
+        }
+        for p in tree.providers
+    ]
+
+
+def change_as_dict(change) -> dict:
+    return {"method": change.method, "path": change.path, "summary": change.summary}
+
+
+def report_dict(tree: ProviderTree, warnings: Sequence[str],
+                changes: Optional[Sequence] = None, reshape: Optional[dict] = None,
+                capacity: Optional[dict] = None, errors: Sequence[str] = ()) -> dict:
+    return {
+        "providers": tree_as_dict(tree),
+        "changes": None if changes is None else [change_as_dict(c) for c in changes],
+        "reshape": reshape,
+        "capacity": capacity,
+        "errors": list(errors),
+        "warnings": list(warnings),
+    }
+
+
+def as_json(report: dict) -> str:
+    return json.dumps(report, indent=2, sort_keys=True)
+
+
+def _inventory_line(rc: str, inv: dict, width: int) -> str:
+    ratio = inv["allocation_ratio"]
+    return (f"{rc:<{width}}  total {inv['total']:>7}  reserved {inv['reserved']:>5}"
+            f"  ratio {float(ratio)}  units {inv['min_unit']}-{inv['max_unit']}/{inv['step_size']}")
+
+
+def _provider_lines(provider: dict, depth: int) -> list[str]:
+    pad = "  " * depth
+    uuid = provider["uuid"] or "not yet in Placement"
+    lines = [f"{pad}{provider['name']}  [{uuid}]"]
+    inventories = provider["inventories"]
+    width = max((len(rc) for rc in inventories), default=0)
+    for rc, inv in inventories.items():
+        lines.append(f"{pad}  {_inventory_line(rc, inv, width)}")
+    if not inventories:
+        lines.append(f"{pad}  (no inventory)")
+    if provider["traits"]:
+        lines.append(f"{pad}  traits: {', '.join(provider['traits'])}")
+    return lines
+
+
+def with_audit(report: dict, audit: Optional[dict]) -> dict:
+    return report if audit is None else {**report, "audit": audit}
+
+
+def audit_lines(audit: dict) -> list[str]:
+    """The ``Audit`` section: alarms first, then in-flight and pending cases."""
+    findings = audit["findings"]
+    head = (f"Allocation audit ({audit['consumers']} consumers on {audit['providers']} "
+            f"providers): ")
+    if not findings:
+        return [head + "every allocation matches a local guest of its size."]
+    lines = [head + f"{audit['alarms']} alarm(s)."]
+    for state, title in (("alarm", "ALARM"), ("in_flight", "in flight (not an alarm)"),
+                         ("pending", "pending")):
+        for f in (f for f in findings if f["state"] == state):
+            who = f"guest {f['guest']} ({f['consumer']})" if f["guest"] else \
+                f"consumer {f['consumer']}"
+            extra = [f"type {f['consumer_type']}"] if f["consumer_type"] else []
+            if f["orphaned_for_s"]:
+                extra.append(f"orphaned for {int(f['orphaned_for_s'])} s")
+            tail = f" [{', '.join(extra)}]" if extra else ""
+            lines.append(f"  {title}: {f['kind']} {who}: {f['detail']}{tail}")
+    return lines
+
+
+def as_text(report: dict) -> str:
+    providers = report["providers"]
+    depth_of: dict[str, int] = {}
+    lines = ["Provider tree:"]
+    for provider in providers:
+        parent = provider["parent"]
+        depth = 1 if parent is None else depth_of.get(parent, 1) + 1
+        depth_of[provider["name"]] = depth
+        lines += _provider_lines(provider, depth)
+    lines.append("")
+    errors = report.get("errors") or []
+    if report["changes"] is None:
+        lines.append("Changes: Placement not consulted.")
+    elif not report["changes"] and not errors and (report.get("capacity") or {}).get(
+            "ok", True):
+        lines.append("Changes: none, Placement already matches this host.")
+    elif not report["changes"]:
+        lines.append("Changes: none that can be sent; Placement does not match this host "
+                     "(see Capacity and Errors).")
+    else:
+        lines.append(f"Changes ({len(report['changes'])} requests, in order):")
+        for n, change in enumerate(report["changes"], 1):
+            lines.append(f"  {n}. {change['method']} {change['path']}  -- {change['summary']}")
+    if report["reshape"]:
+        lines += ["", "Reshape:"] + [f"  {line}" for line in report["reshape"].get("lines", [])]
+    lines += _capacity_lines(report.get("capacity"))
+    if report.get("audit"):
+        lines += [""] + audit_lines(report["audit"])
+    if errors:
+        lines += ["", "Errors (not applied, retried next cycle):"] + [f"  - {e}" for e in errors]
+    if report["warnings"]:
+        lines += ["", "Warnings:"] + [f"  - {w}" for w in report["warnings"]]
+    return "\n".join(lines) + "\n"
+
+
+def _capacity_lines(capacity: Optional[dict]) -> list[str]:
+    if not capacity:
+        return []
+    if capacity["ok"]:
+        return ["", "Capacity: the tree stays within what the host has."]
+    lines = ["", "Capacity: the planned tree would overstate the host; it is not sent whole:"]
+    lines += [f"  - {v['resource']}: {v['published']} units published on "
+              f"{', '.join(v['where'])}, the host has {v['host_has']}"
+              if v["host_has"] is not None else
+              f"  - {v['resource']} offered on the root and its children "
+              f"({', '.join(v['where'])})" for v in capacity["violations"]]
+    if capacity.get("kept"):
+        lines.append(f"  Kept as Placement holds them: {', '.join(capacity['kept'])}")
+    if capacity.get("closed"):
+        lines.append(f"  Published fully reserved: {', '.join(capacity['closed'])}")
+    for b in capacity.get("blocking") or []:
+        who = f"guest {b['guest']} ({b['consumer']})" if b.get("guest") else \
+            f"consumer {b['consumer']} (not a guest of this host)"
+        held = " ".join(f"{rc}={n}" for rc, n in sorted(b["resources"].items()))
+        lines.append(f"  Blocked by {who}: {held} on {b['provider']}")
+    return lines

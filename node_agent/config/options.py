@@ -1,0 +1,410 @@
+"""Every oslo.config option of the agent, registered on a ConfigOpts passed in.
+
+Nothing registers on a global object: callers build a ``cfg.ConfigOpts()``,
+call :func:`register_opts`, parse, then turn it once into the frozen
+``Settings`` of :mod:`node_agent.config.settings`. ``list_opts`` feeds
+oslo-config-generator, which writes ``etc/node-agent.conf.sample``.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from keystoneauth1 import loading as ks_loading
+from oslo_config import cfg
+
+DEFAULT_OPTS = [
+    cfg.StrOpt(
+        "host",
+        default=socket.gethostname(),
+        sample_default="<hostname>",
+        help="Name of this compute node. It names the root resource provider "
+             "in Placement, so it must be unique in the cloud and must not "
+             "change while instances run here."),
+    cfg.StrOpt(
+        "state_path",
+        help="Older name of [agent] state_path, read only when that is unset "
+             "and no nova.conf is among the config files: in nova.conf this "
+             "is nova's own directory (/var/lib/nova), where the agent never "
+             "writes."),
+]
+
+# nova's legacy options live in [DEFAULT] (nova/conf/compute.py); the agent
+# keeps them in [compute]. A nova.conf's [DEFAULT] value applies when the
+# same option is not set in [compute]: the agent's own section wins.
+NOVA_DEFAULT_OPTS = [
+    kind(name, help=f"nova's name for [compute] {name}.", **limits)
+    for kind, limits, names in (
+        (cfg.IntOpt, {"min": 0}, ("reserved_host_memory_mb", "reserved_host_disk_mb",
+                                  "reserved_host_cpus")),
+        (cfg.FloatOpt, {"min": 0.0}, tuple(
+            f"{prefix}{kind}_allocation_ratio" for prefix in ("", "initial_")
+            for kind in ("cpu", "ram", "disk"))),
+        (cfg.StrOpt, {}, ("vcpu_pin_set", "instances_path")),
+        (cfg.MultiStrOpt, {}, ("reserved_huge_pages",)),
+    )
+    for name in names
+]
+NOVA_DEFAULT_NAMES = frozenset(opt.dest for opt in NOVA_DEFAULT_OPTS)
+
+HOST_OPTS = [
+    cfg.StrOpt(
+        "sysfs_root",
+        default="/sys",
+        help="Where sysfs is mounted. Every sysfs read goes through this "
+             "root; point it at a captured tree to test the agent."),
+]
+
+LIBVIRT_OPTS = [
+    cfg.StrOpt(
+        "connection_uri",
+        default="qemu:///system",
+        help="libvirt URI, opened read-only. Leave empty on a host with no "
+             "hypervisor: the agent then discovers from sysfs alone and "
+             "reports no guests."),
+    cfg.BoolOpt(
+        "cpu_power_management",
+        default=False,
+        help="nova's option: nova powers down idle dedicated CPUs, so CPUs "
+             "of cpu_dedicated_set may be offline. They must still be "
+             "present, and each counts once in PCPU, online or not."),
+]
+
+COMPUTE_OPTS = [
+    cfg.StrOpt(
+        "cpu_dedicated_set",
+        help="Host CPUs for pinned guests, reported as PCPU. Grammar: a "
+             "comma list of N, A-B, ^N, ^A-B (for example '4-15,^8'). Must "
+             "not overlap cpu_shared_set; cannot be combined with "
+             "vcpu_pin_set or reserved_host_cpus."),
+    cfg.StrOpt(
+        "cpu_shared_set",
+        help="Host CPUs for floating (unpinned) guests, reported as VCPU. "
+             "Same grammar as cpu_dedicated_set. Unset with "
+             "cpu_dedicated_set unset: every online CPU is VCPU."),
+    cfg.StrOpt(
+        "vcpu_pin_set",
+        deprecated_for_removal=True,
+        deprecated_reason="Use cpu_shared_set and cpu_dedicated_set.",
+        help="Deprecated. Host CPUs for guests, all reported as VCPU. "
+             "Cannot be combined with cpu_dedicated_set."),
+    cfg.IntOpt(
+        "reserved_host_cpus",
+        default=0,
+        min=0,
+        help="Number of VCPU held back for the host. Only valid when neither "
+             "cpu_shared_set nor cpu_dedicated_set is set: with them, leave "
+             "host CPUs out of both sets instead."),
+    cfg.IntOpt(
+        "reserved_host_memory_mb",
+        default=512,
+        min=0,
+        help="MiB of host memory reported as reserved in MEMORY_MB."),
+    cfg.IntOpt(
+        "reserved_host_disk_mb",
+        default=0,
+        min=0,
+        help="MiB of disk reserved for the host; rounded up to whole GiB in "
+             "DISK_GB."),
+    cfg.FloatOpt(
+        "cpu_allocation_ratio",
+        help="VCPU overcommit ratio. Unset: initial_cpu_allocation_ratio."),
+    cfg.FloatOpt(
+        "ram_allocation_ratio",
+        help="MEMORY_MB overcommit ratio. Unset: initial_ram_allocation_ratio."),
+    cfg.FloatOpt(
+        "disk_allocation_ratio",
+        help="DISK_GB overcommit ratio. Unset: initial_disk_allocation_ratio."),
+    cfg.FloatOpt("initial_cpu_allocation_ratio", default=4.0,
+                 help="VCPU ratio used when cpu_allocation_ratio is unset."),
+    cfg.FloatOpt("initial_ram_allocation_ratio", default=1.0,
+                 help="MEMORY_MB ratio used when ram_allocation_ratio is unset."),
+    cfg.FloatOpt("initial_disk_allocation_ratio", default=1.0,
+                 help="DISK_GB ratio used when disk_allocation_ratio is unset."),
+    cfg.StrOpt(
+        "instances_path",
+        default="/var/lib/nova/instances",
+        help="Directory holding guest disks. DISK_GB is the size of the "
+             "filesystem that holds it."),
+    cfg.BoolOpt(
+        "pcpu_transition_mode",
+        default=False,
+        help="Removed: it reported the same CPUs as both VCPU and PCPU, so "
+             "the scheduler could book each CPU twice. Setting it to true is "
+             "refused; set cpu_dedicated_set (and cpu_shared_set) instead: "
+             "the agent moves pinned guests from VCPU to PCPU in one reshape."),
+    # --- nested providers (numa_tree, provider_config) ---
+    cfg.BoolOpt(
+        "numa_in_placement",
+        default=False,
+        help="Report each NUMA node as a child provider <host>_NUMA_<id> "
+             "(traits HW_NUMA_ROOT and CUSTOM_NODE_AGENT_CHILD) holding its "
+             "PCPU, VCPU, MEMORY_MB and huge pages (CUSTOM_MEMORY_PAGE_<KiB>); "
+             "the root keeps DISK_GB. Host reservations are charged to the "
+             "lowest node first. Turning it on or off while guests run moves "
+             "their allocations in one reshape; turning it off then deletes "
+             "the children."),
+    cfg.MultiStrOpt(
+        "reserved_huge_pages",
+        default=[],
+        help="Huge pages held back for the host, one line per node and size, "
+             "in nova's format node:N,size:S,count:C. size is KiB (2048) or "
+             "has a unit (2M, 1G). Used with numa_in_placement."),
+    cfg.StrOpt(
+        "provider_config_location",
+        default="/etc/node-agent/provider_config/",
+        help="Directory of *.yaml files in nova's provider.yaml schema 1.0 "
+             "adding CUSTOM_ inventories and traits to providers. Re-read "
+             "every cycle. A missing directory means no files."),
+]
+
+DEVICES_OPTS = [
+    cfg.ListOpt(
+        "enabled_mdev_types",
+        default=[],
+        help="mdev types (as in mdev_supported_types, e.g. nvidia-35) "
+             "reported as VGPU. Each GPU offering one of them becomes a child "
+             "<host>_pci_<domain>_<bus>_<slot>_<function>. A GPU uses the "
+             "first listed type it already has mdevs of, else the first "
+             "listed type it offers. Empty: no VGPU."),
+]
+
+PCI_OPTS = [
+    cfg.MultiStrOpt(
+        "device_spec",
+        default=[],
+        help="One JSON object per line, as nova's: "
+             '{"address": "0000:81:00.0", "physical_network": "physnet1"} '
+             'or {"devname": "enp129s0f0", "physical_network": "physnet1"}. '
+             "SR-IOV PFs matched by a spec with a physical_network become "
+             "children <host>_<PF address> with SRIOV_NET_VF and trait "
+             "CUSTOM_PHYSNET_<NAME>."),
+    cfg.BoolOpt(
+        "report_sriov_numvfs",
+        default=True,
+        help="Report the VFs enabled now (sriov_numvfs), which guests can "
+             "use. False reports the most the PF supports (sriov_totalvfs), "
+             "which overstates the host until that many VFs are enabled."),
+]
+
+NODE_OPTS = [
+    cfg.StrOpt(
+        "resource_class",
+        help="Whole-node (bare-metal) mode: report this host as exactly one "
+             "unit of this custom class (for example CUSTOM_BAREMETAL_GOLD) "
+             "and no other inventory. Unset: report CPUs, memory and disk."),
+]
+
+AGENT_OPTS = [
+    cfg.StrOpt(
+        "state_path",
+        help="Directory where the agent keeps its state: the root provider "
+             "uuid and what it last applied. Must be writable by the service "
+             "user. Losing it is safe: the agent adopts its provider by name. "
+             "Unset: [DEFAULT] state_path if given outside a nova.conf, else "
+             "/var/lib/node-agent."),
+    cfg.IntOpt(
+        "report_interval",
+        default=60,
+        min=1,
+        help="Seconds between two cycles of discover-and-sync."),
+    cfg.IntOpt(
+        "full_verify_interval",
+        default=300,
+        min=0,
+        help="Seconds between verifications of the tree in Placement, which "
+             "catch changes made out of band (a provider deleted, an inventory "
+             "edited by hand): one read of the tree, then the providers whose "
+             "generation moved. Between them a cycle with no host change sends "
+             "nothing. 0 verifies every cycle."),
+    cfg.IntOpt(
+        "startup_splay",
+        default=30,
+        min=0,
+        help="The service waits a random 0 to startup_splay seconds before "
+             "its first cycle, so a fleet restarted together does not reach "
+             "Placement all at once. 0 starts at once."),
+    cfg.FloatOpt(
+        "interval_jitter",
+        default=0.1,
+        min=0,
+        max=0.5,
+        help="Each wait between cycles is report_interval times a random "
+             "factor in 1 +/- interval_jitter, so agents drift apart."),
+    cfg.IntOpt(
+        "retry_max_interval",
+        default=300,
+        min=1,
+        help="While Placement or the host cannot be read, the wait between "
+             "cycles doubles from report_interval up to this many seconds "
+             "(never less than report_interval)."),
+    cfg.IntOpt(
+        "metrics_port",
+        default=0,
+        min=0,
+        max=65535,
+        help="Serve Prometheus metrics over HTTP on this port "
+             "(metrics_host). 0 serves none."),
+    cfg.StrOpt(
+        "metrics_host",
+        default="127.0.0.1",
+        help="Address the metrics endpoint listens on."),
+    cfg.StrOpt(
+        "upstream",
+        default="placement",
+        choices=[("placement", "write to Placement directly with the "
+                               "[placement] credentials"),
+                 ("messaging", "send the tree over oslo.messaging "
+                               "([DEFAULT] transport_url) to node-agent-applier, "
+                               "which holds the Placement credentials")],
+        help="Where the agent sends its provider tree. In messaging mode the "
+             "agent needs no [placement] section at all."),
+    cfg.FloatOpt(
+        "upstream_timeout",
+        default=60,
+        min=1,
+        help="Messaging mode: seconds to wait for node-agent-applier's answer. "
+             "No answer counts as an outage: the agent retries with backoff."),
+    cfg.StrOpt(
+        "upstream_topic",
+        default="node-agent-applier",
+        help="Messaging mode: the RPC topic node-agent-applier listens on "
+             "(its [applier] topic)."),
+    cfg.StrOpt(
+        "metrics_textfile",
+        help="Also write the metrics after each cycle to this file, for "
+             "node_exporter's textfile collector (a path ending in .prom). "
+             "Unset writes none."),
+]
+
+APPLIER_OPTS = [
+    cfg.StrOpt(
+        "topic",
+        default="node-agent-applier",
+        help="RPC topic the applier processes share; RabbitMQ hands each "
+             "agent message to one of them."),
+    cfg.StrOpt(
+        "state_path",
+        default="/var/lib/node-agent-applier",
+        help="Directory shared by every applier process: per host, the "
+             "syncer's state, the last applied sequence number and a lock. "
+             "Processes on several machines need a shared filesystem with "
+             "POSIX locks here."),
+    cfg.IntOpt(
+        "full_verify_interval",
+        default=300,
+        min=0,
+        help="Seconds between verifications of a host's tree in Placement "
+             "(as the agent's own full_verify_interval), made when that host's "
+             "heartbeat arrives."),
+    cfg.FloatOpt(
+        "lock_timeout",
+        default=20,
+        min=0,
+        help="Seconds a message waits for another process applying the same "
+             "host before it is answered 'busy'."),
+]
+
+PLACEMENT_GROUP = "placement"
+
+
+def register_opts(conf: cfg.ConfigOpts) -> None:
+    conf.register_opts(DEFAULT_OPTS)
+    conf.register_opts(NOVA_DEFAULT_OPTS)
+    conf.register_opts(HOST_OPTS, group="host")
+    conf.register_opts(LIBVIRT_OPTS, group="libvirt")
+    conf.register_opts(COMPUTE_OPTS, group="compute")
+    conf.register_opts(AGENT_OPTS, group="agent")
+    conf.register_opts(DEVICES_OPTS, group="devices")
+    conf.register_opts(PCI_OPTS, group="pci")
+    conf.register_opts(NODE_OPTS, group="node")
+    conf.register_opts(APPLIER_OPTS, group="applier")
+    conf.register_opts(_session_opts(), group=PLACEMENT_GROUP)
+    from node_agent import logs
+    logs.register(conf)
+    ks_loading.register_auth_conf_options(conf, PLACEMENT_GROUP)
+    ks_loading.register_adapter_conf_options(conf, PLACEMENT_GROUP)
+
+
+def default_host(conf: cfg.ConfigOpts) -> str:
+    """``[DEFAULT] host``. oslo.config resolves ``conf.host`` to the ``[host]``
+    group, which shadows the option of the same name, so it is read here from
+    the parsed files directly (then the default)."""
+    opt = conf._get_opt_info("host")["opt"]
+    try:
+        value, _loc = opt._get_from_namespace(conf._namespace, None)
+    except (KeyError, AttributeError):
+        return opt.default
+    return value if value is not None else opt.default
+
+
+# keystoneauth's session has no timeout by default: a Placement that accepts
+# the connection and never answers would block a cycle for ever.
+PLACEMENT_TIMEOUT = 30
+
+
+def _session_opts():
+    """keystoneauth's session options, with ``timeout`` defaulting to
+    :data:`PLACEMENT_TIMEOUT` seconds instead of none."""
+    opts = []
+    for opt in ks_loading.get_session_conf_options():
+        if opt.dest == "timeout":
+            opt = cfg.FloatOpt("timeout", default=PLACEMENT_TIMEOUT, min=0.1,
+                             help="Seconds to wait for each Placement request "
+                                  "(connect and answer) before it counts as "
+                                  "unreachable. A timed-out request is not "
+                                  "retried within the cycle.")
+        opts.append(opt)
+    return opts
+
+
+def _placement_opts():
+    opts = (_session_opts()
+            + ks_loading.get_auth_common_conf_options()
+            + ks_loading.get_adapter_conf_options())
+    for name in ("password", "v3applicationcredential", "admin_token"):
+        opts += ks_loading.get_auth_plugin_conf_options(name)
+    unique = {}
+    for opt in opts:
+        unique.setdefault(opt.dest, opt)
+    return list(unique.values())
+
+
+def messaging_default_opts() -> list:
+    """oslo.messaging's ``[DEFAULT]`` options (``transport_url``...). They are
+    registered by oslo.messaging itself when a transport is made; listed here
+    so config checks and the sample file know them."""
+    import warnings
+    with warnings.catch_warnings():
+        # oslo.messaging imports oslo.service, which warns about eventlet
+        # even though the agent never uses it.
+        warnings.simplefilter("ignore")
+        from oslo_messaging import opts as messaging_opts
+    return [opt for group, opts in messaging_opts.list_opts() if group is None
+            for opt in opts]
+
+
+def _log_opts() -> list:
+    """oslo.log's ``[DEFAULT]`` options (debug, log_file, use_journal, use_json...)."""
+    from oslo_log import _options
+    return [opt for _group, opts in _options.list_opts() for opt in opts]
+
+
+def list_opts(with_messaging: bool = True):
+    """Entry point for oslo-config-generator (namespace ``node_agent``).
+
+    ``with_messaging=False`` skips oslo.messaging's options, whose import
+    costs a third of a second that ``--dry-run`` should not pay."""
+    return [
+        ("DEFAULT", DEFAULT_OPTS + NOVA_DEFAULT_OPTS + _log_opts()
+         + (messaging_default_opts() if with_messaging else [])),
+        ("host", HOST_OPTS),
+        ("libvirt", LIBVIRT_OPTS),
+        ("compute", COMPUTE_OPTS),
+        ("agent", AGENT_OPTS),
+        ("devices", DEVICES_OPTS),
+        ("pci", PCI_OPTS),
+        ("node", NODE_OPTS),
+        ("applier", APPLIER_OPTS),
+        (PLACEMENT_GROUP, _placement_opts()),
+    ]

@@ -1,0 +1,308 @@
+"""The agent's configuration, validated once and frozen.
+
+``load_settings(conf)`` turns a parsed ``ConfigOpts`` into :class:`Settings`
+(plain data, defined in :mod:`node_agent.model.settings` so the pure core
+never loads oslo.config),
+collecting every problem it can see without looking at the host. Checks that
+need the host (CPUs present and online, reserved below total) live in
+:mod:`node_agent.policy.partition`.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from typing import Optional
+
+import os_resource_classes as orc
+from oslo_config import cfg
+
+from node_agent.config import options as conf_mod
+from node_agent.model.cpuset import CpuSet, CpuSetSyntaxError, parse_cpu_spec
+from node_agent.model.device_spec import parse_device_specs
+from node_agent.errors import ConfigError
+from node_agent.model.settings import Settings
+from node_agent.model.hugepages import parse_reserved_huge_pages
+
+LOG = logging.getLogger(__name__)
+
+CPU_SPEC_HELP = ("a comma list of N, A-B, ^N or ^A-B, for example '2-7,^4'")
+
+
+class _Group:
+    def __init__(self, get: "_Reader", group: str):
+        self._get = get
+        self._group = group
+
+    def __getattr__(self, name):
+        if self._group == "compute" and name in conf_mod.NOVA_DEFAULT_NAMES:
+            return self._get.compute_or_nova_default(name, _FALLBACKS.get(name))
+        return self._get(self._group, name, fallback=_FALLBACKS.get(name))
+
+
+_FALLBACKS = {"reserved_host_cpus": 0, "reserved_host_memory_mb": 0,
+              "reserved_host_disk_mb": 0, "report_interval": 60,
+              "full_verify_interval": 300, "pcpu_transition_mode": False,
+              "startup_splay": 30, "interval_jitter": 0.1,
+              "retry_max_interval": 300}
+
+
+def _cpu_spec(group: str, name: str, value: Optional[str], problems: list) -> Optional[CpuSet]:
+    if value is None or value == "":
+        return None  # "cpu_shared_set =" is unset, as nova reads it
+    try:
+        cpus = parse_cpu_spec(value)
+    except CpuSetSyntaxError as exc:
+        problems.append(f"[{group}] {name} = '{value}' is not a CPU spec: {exc}. "
+                        f"Write {CPU_SPEC_HELP}, or remove the option.")
+        return None
+    if not cpus:
+        problems.append(f"[{group}] {name} = '{value}' leaves no CPU after exclusions. "
+                        "List at least one CPU, or remove the option.")
+        return None
+    return cpus
+
+
+def _ratio(group: str, name: str, value: Optional[float], initial_name: str,
+           initial: float, problems: list) -> float:
+    # nova reads 0.0 as unset (its default before Stein), so nova.conf
+    # files that still carry it mean the initial ratio.
+    chosen, chosen_name = (value, name) if value else (initial, initial_name)
+    # NaN compares false with everything, so "<= 0" alone would let it in.
+    if chosen is None or not math.isfinite(chosen) or chosen <= 0:
+        problems.append(f"[{group}] {chosen_name} = {chosen} must be greater than 0 "
+                        "(1.0 means no overcommit).")
+        return 1.0
+    return float(chosen)
+
+
+class _Reader:
+    """Reads options, turning oslo's type and range errors into problems."""
+
+    def __init__(self, conf, problems: list):
+        self._conf = conf
+        self._problems = problems
+
+    def __call__(self, group: Optional[str], name: str, fallback=None):
+        try:
+            if group is None:
+                return self._conf[name]
+            return getattr(getattr(self._conf, group), name)
+        except (cfg.ConfigFileValueError, ValueError) as exc:
+            detail = str(exc).split(" is not valid: ")[-1]
+            self._problems.append(f"[{group or 'DEFAULT'}] {name} has an invalid value"
+                                  f"{self._shown(group, name)}: {detail}. See "
+                                  "etc/node-agent.conf.sample for what it accepts.")
+            return fallback
+
+    def compute_or_nova_default(self, name: str, fallback=None):
+        """``[compute] name`` when a file sets it there, else nova's
+        ``[DEFAULT] name`` when set, else the ``[compute]`` default."""
+        if _configured_value(self._conf, name, "compute") is None:
+            value = self(None, name)
+            if value is not None and value != []:
+                return value
+        return self("compute", name, fallback)
+
+    def _shown(self, group: Optional[str], name: str) -> str:
+        """`` 'value'`` as written in the file; nothing for secret options."""
+        try:
+            if self._conf._get_opt_info(name, group)["opt"].secret:
+                return ""
+        except (cfg.NoSuchOptError, cfg.NoSuchGroupError, KeyError):
+            return ""
+        raw = _configured_value(self._conf, name, group)
+        return "" if raw is None else f" '{raw}'"
+
+
+_CUSTOM_NAME = re.compile(r"^CUSTOM_[A-Z0-9_]+$")
+
+
+def _node_resource_class(value: Optional[str], problems: list) -> Optional[str]:
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    if len(value) > 255:
+        problems.append(f"[node] resource_class = '{value[:40]}...' is {len(value)} "
+                        "characters long; Placement takes at most 255. Shorten it.")
+        return None
+    if not _CUSTOM_NAME.match(value):
+        suggestion = value if value.startswith("CUSTOM_") else orc.normalize_name(value)
+        suggestion = "CUSTOM_" + re.sub("[^A-Z0-9_]", "_", suggestion[7:].upper())
+        problems.append(f"[node] resource_class = '{value}' is not a custom resource "
+                        "class (CUSTOM_ followed by A-Z, 0-9 and _). "
+                        f"Write it as '{suggestion}'.")
+        return None
+    return value
+
+
+def _nested_provider_values(get: "_Reader", problems: list) -> dict:
+    compute = _Group(get, "compute")
+    return dict(
+        numa_in_placement=bool(compute.numa_in_placement),
+        reserved_huge_pages=parse_reserved_huge_pages(
+            compute.reserved_huge_pages or (), problems),
+        provider_config_location=compute.provider_config_location
+        or "/etc/node-agent/provider_config/",
+        enabled_mdev_types=tuple(
+            t.strip() for t in (get("devices", "enabled_mdev_types") or ()) if t.strip()),
+        pci_device_specs=parse_device_specs(get("pci", "device_spec") or (), problems),
+        report_sriov_numvfs=bool(get("pci", "report_sriov_numvfs")),
+        node_resource_class=_node_resource_class(get("node", "resource_class"), problems),
+    )
+
+
+def load_settings(conf) -> Settings:
+    """Validate the option values that need no host knowledge.
+
+    Raises ConfigError listing every problem found.
+    """
+    settings, problems = check_settings(conf)
+    if problems:
+        raise ConfigError(problems)
+    return settings
+
+
+def check_settings(conf) -> tuple[Settings, list[str]]:
+    """The settings and every problem found in them. With problems, a bad
+    value is left at its default (a bad CPU spec at unset), so checks that
+    need the host can still run on the rest in the same pass."""
+    problems: list[str] = []
+    get = _Reader(conf, problems)
+    compute = _Group(get, "compute")
+    agent = _Group(get, "agent")
+    values = dict(
+        cpu_dedicated_set=_cpu_spec("compute", "cpu_dedicated_set",
+                                    compute.cpu_dedicated_set, problems),
+        cpu_shared_set=_cpu_spec("compute", "cpu_shared_set",
+                                 compute.cpu_shared_set, problems),
+        vcpu_pin_set=_cpu_spec("compute", "vcpu_pin_set", compute.vcpu_pin_set, problems),
+        reserved_host_cpus=compute.reserved_host_cpus,
+        reserved_host_memory_mb=compute.reserved_host_memory_mb,
+        reserved_host_disk_mb=compute.reserved_host_disk_mb,
+        instances_path=compute.instances_path,
+        pcpu_transition_mode=compute.pcpu_transition_mode,
+        report_interval=agent.report_interval,
+        full_verify_interval=agent.full_verify_interval,
+        startup_splay=agent.startup_splay,
+        interval_jitter=agent.interval_jitter,
+        retry_max_interval=agent.retry_max_interval,
+        upstream=agent.upstream or "placement",
+        upstream_timeout=float(agent.upstream_timeout or 60.0),
+        upstream_topic=agent.upstream_topic or "node-agent-applier",
+        state_path=_state_path(conf, get),
+        sysfs_root=conf.host.sysfs_root,
+        libvirt_uri=(conf.libvirt.connection_uri or "").strip(),
+        cpu_power_management=bool(get("libvirt", "cpu_power_management")),
+    )
+    values["explicit_ratios"] = frozenset(
+        kind for kind in ("cpu", "ram", "disk")
+        if getattr(compute, f"{kind}_allocation_ratio"))
+    for kind in ("cpu", "ram", "disk"):
+        values[f"{kind}_allocation_ratio"] = _ratio(
+            "compute", f"{kind}_allocation_ratio",
+            getattr(compute, f"{kind}_allocation_ratio"),
+            f"initial_{kind}_allocation_ratio",
+            getattr(compute, f"initial_{kind}_allocation_ratio"), problems)
+    values.update(_nested_provider_values(get, problems))
+    host = conf_mod.default_host(conf)
+    if not host or not host.strip():
+        problems.append("[DEFAULT] host is empty. Set it to this node's name, "
+                        "or remove it to use the machine's hostname.")
+    _read_every_option(get, conf)
+    problems.extend(transport_url_problems(conf))
+    return Settings(host=(host or "").strip(), **values), list(dict.fromkeys(problems))
+
+
+DEFAULT_STATE_PATH = "/var/lib/node-agent"
+
+
+def _state_path(conf, get: "_Reader") -> str:
+    """``[agent] state_path``; else ``[DEFAULT] state_path``, the older name,
+    unless a nova.conf is loaded, where it is nova's own directory."""
+    own = get("agent", "state_path")
+    if own:
+        return own
+    legacy = get(None, "state_path")
+    if not legacy:
+        return DEFAULT_STATE_PATH
+    from node_agent.config.files import nova_only_keys
+    if nova_only_keys(conf):
+        LOG.info("[DEFAULT] state_path = %s is nova's directory (a nova.conf is "
+                 "loaded); the agent keeps its state in %s. Set [agent] "
+                 "state_path to choose.", legacy, DEFAULT_STATE_PATH)
+        return DEFAULT_STATE_PATH
+    return legacy
+
+
+# Groups whose options are all ours (or keystoneauth's) to type-check.
+_CHECKED_GROUPS = ("host", "libvirt", "compute", "agent", "devices", "pci", "node",
+                   conf_mod.PLACEMENT_GROUP)
+
+
+def _read_every_option(get: "_Reader", conf) -> None:
+    """oslo.config checks a value's type and range only when it is read, so
+    an option only the service reads (``metrics_port = 70000``) would pass
+    ``--check-config`` and fail later; read them all now."""
+    for group in _CHECKED_GROUPS:
+        for name in list(conf[group]):
+            get(group, name)
+
+
+# Where oslo.messaging reads transport URLs: (group, label in messages).
+_TRANSPORT_URL_OPTS = ((None, "[DEFAULT] transport_url"),
+                       ("oslo_messaging_notifications",
+                        "[oslo_messaging_notifications] transport_url"))
+
+
+def _masked_url(url: str) -> str:
+    """The URL with any password replaced by ``***``, fit for a message."""
+    return re.sub(r"(//|,)([^:@/,]*):[^@/]*@", r"\1\2:***@", url)
+
+
+def _configured_value(conf, name: str, group: Optional[str]) -> Optional[str]:
+    """An option's value as written in the files, whether or not it is
+    registered (oslo.messaging registers transport_url only when used)."""
+    opt = cfg.StrOpt(name)
+    try:
+        value, _loc = opt._get_from_namespace(conf._namespace, group)
+    except (KeyError, AttributeError, cfg.Error):
+        return None
+    return value
+
+
+def transport_url_problems(conf) -> list[str]:
+    """Problems with the configured transport URLs (none when unset)."""
+    problems = []
+    for group, label in _TRANSPORT_URL_OPTS:
+        url = _configured_value(conf, "transport_url", group)
+        if not url:
+            continue
+        why = _transport_url_error(url)
+        if why:
+            problems.append(f"{label} = '{_masked_url(url)}' is not a valid transport "
+                            f"URL: {why}. Write driver://user:password@host:port/vhost, "
+                            "for example rabbit://node-agent:SECRET@rabbit1:5672/.")
+    return problems
+
+
+def _transport_url_error(url: str) -> Optional[str]:
+    import importlib.metadata
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # oslo.service's eventlet notice
+        import oslo_messaging
+    try:
+        parsed = oslo_messaging.TransportURL.parse(cfg.ConfigOpts(), url)
+    except (oslo_messaging.InvalidTransportURL, ValueError) as exc:
+        return _masked_url(str(exc))
+    drivers = {e.name for e in importlib.metadata.entry_points(
+        group="oslo.messaging.drivers")}
+    if parsed.transport not in drivers:
+        return (f"no messaging driver '{parsed.transport}' "
+                f"(installed: {', '.join(sorted(drivers))})")
+    for host in parsed.hosts:
+        if host.port is not None and not 0 < host.port < 65536:
+            return f"port {host.port} is outside 1-65535"
+    return None

@@ -1,0 +1,115 @@
+"""The one validation of the configuration: start-up, SIGHUP and
+``--check-config`` all call :func:`validate`, so they cannot disagree.
+
+It collects every problem in one pass, in the order an operator reads a
+file: what cannot be decoded or parsed (which stops there: nothing else can
+be read), unknown options, bad values, what the values mean on this host
+(CPU sets against the online CPUs...), and what the chosen mode needs
+(``[placement]`` for direct mode, ``transport_url`` for messaging).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+from node_agent.config.files import parse_conf, unknown_options
+from node_agent.errors import ConfigError, DiscoveryError
+from node_agent.model.settings import Settings
+from node_agent.config.settings import check_settings
+
+DEFAULT_CONFIG_FILE = "/etc/node-agent/node-agent.conf"
+
+
+@dataclass(frozen=True)
+class Validated:
+    conf: object
+    settings: Settings
+    desired: object = None  # cycle.Desired, when the host was read
+    client: object = None   # PlacementClient (direct mode), not yet contacted
+
+
+def config_args(args: Sequence[str], default: str = DEFAULT_CONFIG_FILE) -> list[str]:
+    """``args``, or ``--config-file default`` when no file is named.
+
+    A missing default file is refused: running on built-in defaults would
+    write a state file for a host named after the machine, against no
+    Placement the operator chose.
+    """
+    args = list(args)
+    if any(a in ("--config-file", "--config-dir") for a in args):
+        return args
+    if not os.path.exists(default):
+        raise ConfigError(f"no configuration: {default} does not exist and no "
+                          "--config-file or --config-dir was given. Create it (see "
+                          "etc/node-agent.conf.sample) or name a file with "
+                          "--config-file FILE.")
+    return ["--config-file", default]
+
+
+def placement_configured(conf) -> bool:
+    group = conf.placement
+    return bool(group.auth_type or group.endpoint_override)
+
+
+def mode_problems(conf, settings: Settings) -> tuple[list[str], object]:
+    """What ``[agent] upstream`` needs: (problems, PlacementClient or None)."""
+    from node_agent.config.settings import _configured_value
+
+    if settings.upstream == "messaging":
+        if _configured_value(conf, "transport_url", None):
+            return [], None
+        return ["[agent] upstream = messaging needs [DEFAULT] transport_url (the "
+                "broker node-agent-applier listens on); set it, or set upstream = "
+                "placement with a [placement] section."], None
+    if not placement_configured(conf):
+        return ["no Placement is configured: set [placement] auth_type (and its "
+                "credentials) or endpoint_override, or [agent] upstream = messaging "
+                "with [DEFAULT] transport_url; use --once --dry-run to only show "
+                "the tree"], None
+    from node_agent.placement.client import PlacementClient
+    try:
+        return [], PlacementClient.from_conf(conf)
+    except ConfigError as exc:
+        return list(exc.problems), None
+
+
+def validate(args: Sequence[str], *, read_host: bool = True, need_upstream: bool = True,
+             state: Optional[dict] = None, lenient_files: bool = False) -> Validated:
+    """Parse and check the config files named by ``args`` (oslo.config
+    arguments); raises ConfigError listing every problem.
+
+    ``read_host``: also check the values against this host (sysfs and the
+    operator's provider files; libvirt is not opened). A host that cannot be
+    read is not a config problem: the cycle reports it.
+    ``need_upstream``: check what the mode needs (the service and
+    ``--check-config``; not ``--dry-run``, which works without Placement).
+    ``lenient_files``: a bad operator provider file is not a problem here
+    (the service reports the rest and logs the file each cycle it is bad).
+    """
+    conf = parse_conf(args)
+    problems = unknown_options(conf)
+    settings, more = check_settings(conf)
+    problems += more
+    client = None
+    if need_upstream:
+        more, client = mode_problems(conf, settings)
+        problems += more
+    desired = None
+    if read_host:
+        from node_agent.cycle.desired import compute_desired
+        try:
+            desired = compute_desired(settings, state=state, lenient_files=lenient_files)
+        except ConfigError as exc:
+            problems += exc.problems
+        except DiscoveryError:
+            pass  # not a config problem: the cycle reports it
+        except Exception:
+            if not problems:
+                raise
+            # A value already refused above (left at a default the host
+            # read cannot use); the problems listed say what to fix.
+    if problems:
+        raise ConfigError(list(dict.fromkeys(problems)))
+    return Validated(conf, settings, desired, client)

@@ -1,0 +1,123 @@
+"""One cycle's pure pipeline, plus the reads that feed it.
+
+discover (shell) -> partition -> build (+ operator files, maintenance):
+the desired tree, what to remember for next cycle, and what a person should
+be warned about.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Optional, Sequence
+
+from node_agent.tree.build import build_tree
+from node_agent.host.discover import discover
+from node_agent.policy import maintenance as maint
+from node_agent.policy.partition import CpuPartition, partition_cpus
+from node_agent.tree.pci import unmatched_device_options
+from node_agent.policy.provider_config import (ProviderConfig, applied_traits,
+                                               apply_provider_configs, unmatched)
+from node_agent.config.provider_files import load_provider_configs, load_provider_files
+from node_agent.model.provider_tree import ProviderTree
+from node_agent.model.settings import Settings
+from node_agent.model.snapshot import HostSnapshot
+
+LOG = logging.getLogger(__name__)
+
+# Keys of the state file this module reads (the syncer owns the others).
+APPLIED_KEY = "provider_config_applied"
+MAINTENANCE_KEY = "maintenance"
+PROVIDERS_KEY = "providers"  # written by the syncer: name -> uuid
+
+
+@dataclass(frozen=True)
+class Desired:
+    host: HostSnapshot
+    partition: CpuPartition
+    tree: ProviderTree
+    # Operator-file traits applied this cycle, by provider: remember them so
+    # a trait removed from a file is removed from its provider next cycle.
+    applied: Mapping[str, Sequence[str]] = field(default_factory=dict)
+    maintenance: Optional[Mapping] = None
+    notes: tuple[str, ...] = ()
+    # Problems of operator provider files refused this cycle (the others
+    # and the rest of the tree are still reported).
+    refused_files: tuple[str, ...] = ()
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self.host.warnings + self.partition.warnings + self.notes
+
+
+def desired_from(settings: Settings, host: HostSnapshot,
+                 configs: Sequence[ProviderConfig] = (),
+                 previously_applied: Optional[Mapping[str, Sequence[str]]] = None,
+                 maintenance: Optional[Mapping] = None,
+                 known_uuids: Optional[Mapping[str, str]] = None,
+                 refused_files: Sequence[str] = ()) -> Desired:
+    """Pure: the tree this host should have under these settings.
+
+    ``known_uuids`` (provider name -> uuid, from the state file) lets
+    operator files identify providers by uuid. With ``refused_files`` (a
+    provider file could not be used) no trait a file added before is
+    removed: the refused file may be the one that added it.
+    """
+    partition = partition_cpus(settings, host)
+    previous = {name: set(traits) for name, traits in (previously_applied or {}).items()}
+    tree = build_tree(settings, host, partition).with_uuids(known_uuids or {})
+    tree = apply_provider_configs(tree, configs, {} if refused_files else previous)
+    notes = [f"provider file entry {c.source} names a provider that is not on this "
+             f"host: {c.identity}" for c in unmatched(tree, configs)]
+    notes += unmatched_device_options(settings, host)
+    tree, maintenance_notes = maint.apply(tree, maintenance)
+    notes += maintenance_notes
+    now = applied_traits(configs, tree)
+    if refused_files:
+        notes += [f"provider file refused, the other files and the rest of the tree are "
+                  f"reported: {problem}" for problem in refused_files]
+        for name, traits in previous.items():  # still remembered: not removed
+            now.setdefault(name, set()).update(traits)
+    applied = {name: sorted(traits) for name, traits in now.items()}
+    return Desired(host, partition, tree, applied, maintenance, tuple(notes),
+                   tuple(refused_files))
+
+
+def with_placement_maintenance(desired: Desired, root_traits) -> Desired:
+    """Pure: ``desired`` kept in maintenance when the state file has no
+    record but Placement's root carries the disabled trait
+    (:func:`node_agent.policy.maintenance.from_placement`); else unchanged."""
+    record = maint.from_placement(desired.maintenance, root_traits)
+    if record is desired.maintenance:
+        return desired
+    tree, notes = maint.apply(desired.tree, record)
+    return replace(desired, tree=tree, maintenance=record, notes=desired.notes + tuple(notes))
+
+
+def forget_applied_off(store, record: Optional[Mapping]) -> None:
+    """After a cycle that applied ``record`` cleanly: an ``off`` record is
+    done, so drop it (unless the file has changed since), and from then on
+    the root's disabled trait alone means maintenance again."""
+    if maint.requested(record) is not False:
+        return
+    state = store.load_or_empty(LOG)
+    if state.get(MAINTENANCE_KEY) == record:
+        del state[MAINTENANCE_KEY]
+        store.save(state)
+
+
+def compute_desired(settings: Settings, hypervisor=None,
+                    state: Optional[Mapping] = None, lenient_files: bool = False) -> Desired:
+    """Read the host and the operator files; ``state`` is the agent's state file.
+
+    A bad provider file raises ConfigError, or with ``lenient_files`` (the
+    service, ``--once``) is left out and listed in ``refused_files``.
+    """
+    state = state or {}
+    if lenient_files:
+        configs, refused = load_provider_files(settings.provider_config_location)
+    else:
+        configs, refused = load_provider_configs(settings.provider_config_location), ()
+    return desired_from(settings, discover(settings, hypervisor), configs,
+                        state.get(APPLIED_KEY), state.get(MAINTENANCE_KEY),
+                        state.get(PROVIDERS_KEY), refused)

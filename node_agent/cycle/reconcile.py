@@ -1,0 +1,225 @@
+"""One cycle against Placement: reshape when the tree's shape changed, then sync.
+
+Shared by ``--once``, the service and the central applier, so there is one
+order of operations everywhere:
+
+1. if the shape of the desired tree (providers and their classes, and the
+   dedicated CPU set) differs from the last one applied -- or this is the
+   first cycle of the process -- ask Placement whether allocations must
+   move (VCPU -> PCPU for pinned guests, VGPU from the root to GPU children,
+   flat -> NUMA children: :func:`node_agent.placement.reshape_engine.host_rule`), and move
+   them in one ``POST /reshaper``;
+2. sync the tree. The syncer is told the inventories the reshape set, so an
+   unchanged tree costs no request; when the reshape had to create children
+   it re-reads the tree and adopts them by name.
+
+Before either, guests the new CPU sets leave without CPUs (a pinned guest
+outside cpu_dedicated_set, a floating guest with no cpu_shared_set left:
+:mod:`node_agent.policy.guest_fit`) refuse the whole cycle: nothing is written.
+
+A refused reshape (a pinned guest outside the new dedicated set, too few
+PCPU, a guest that cannot be attributed to a GPU or a NUMA node) keeps the
+inventories of the classes it would have moved as Placement has them, and
+syncs the rest: offering PCPU while pinned guests still hold VCPU (or VGPU
+on children while guests hold it on the root) would let the scheduler
+double-book the host.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Mapping, Optional, Union
+
+from node_agent.policy.capacity import HostLimits, Published, as_published, check, host_limits
+from node_agent.cycle.desired import PROVIDERS_KEY, Desired, with_placement_maintenance
+from node_agent.errors import GuestsDoNotFit, ReshapeError
+from node_agent.policy.guest_fit import misfits
+from node_agent.model.provider_tree import ProviderTree
+from node_agent.placement.reshape_engine import Reshape, guest_names, hold_inventories
+from node_agent.placement.reshaper import (HostReshape, ReshapeOutcome, ensure_reshaped,
+                                           host_reshape_inputs, plan_reshape, read_inventories)
+from node_agent.placement.sync import Change, SyncReport, TreeSyncer
+from node_agent.model.snapshot import HostSnapshot
+
+LOG = logging.getLogger(__name__)
+
+
+def limits_of(desired: Desired) -> Optional[HostLimits]:
+    """The host's limits: from its facts when the host was discovered here;
+    on the central applier, the ones the agent sent with the tree (wire
+    2.1's ``body.limits``, :class:`node_agent.remote.upstream.RemoteDesired`).
+    None only from a 2.0 agent, which sends none: the invariant cannot be
+    checked for that host."""
+    if isinstance(desired.host, HostSnapshot):
+        return host_limits(desired.host, desired.partition)
+    return getattr(desired, "limits", None)
+
+
+def _chain(*hooks):
+    hooks = [h for h in hooks if h is not None]
+
+    def call(body):
+        for hook in hooks:
+            hook(body)
+    return call
+
+
+def shape_of(desired: Desired) -> tuple:
+    """What decides whether allocations may have to move."""
+    return (tuple((p.name, p.parent, tuple(sorted(p.inventories)))
+                  for p in desired.tree.providers),
+            str(desired.partition.dedicated))
+
+
+def guests_refused(desired: Desired) -> Optional[GuestsDoNotFit]:
+    """The refusal when guests do not fit the desired CPU sets
+    (:func:`node_agent.policy.guest_fit.misfits`), else None. The central applier's
+    partition carries only the dedicated set: floating guests are judged on
+    the agent's side alone."""
+    partition = desired.partition
+    reasons = misfits(desired.host.guests, partition.dedicated,
+                      getattr(partition, "shared", None))
+    return GuestsDoNotFit(reasons) if reasons else None
+
+
+@dataclass
+class CycleOutcome:
+    report: SyncReport
+    reshape: Optional[Union[ReshapeOutcome, ReshapeError]] = None
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok and not isinstance(self.reshape, ReshapeError)
+
+    @property
+    def errors(self) -> list[str]:
+        refused = [str(self.reshape)] if isinstance(self.reshape, ReshapeError) else []
+        return refused + list(self.report.errors)
+
+
+class Reconciler:
+    """Keeps one host's tree in Placement, reshaping first when needed."""
+
+    def __init__(self, client, syncer: TreeSyncer):
+        self.client = client
+        self.syncer = syncer
+        self._applied_shape: Optional[tuple] = None
+
+    def _known_uuids(self) -> Mapping[str, str]:
+        return self.syncer.state.get(PROVIDERS_KEY, {})
+
+    def _held_tree(self, inputs: HostReshape) -> ProviderTree:
+        rule = inputs.rule
+        held = sorted(set(getattr(rule, "providers", ())) - inputs.absent)
+        current = read_inventories(self.client, held)
+        return hold_inventories(inputs.tree, current, getattr(rule, "classes", ()),
+                                getattr(rule, "providers", None))
+
+    def _inputs(self, desired: Desired) -> Optional[HostReshape]:
+        return host_reshape_inputs(self.client, desired, self._known_uuids(),
+                                   self.syncer.owned_children, self.syncer.cached_tree())
+
+    def _reshape(self, desired: Desired, before_post=None
+                 ) -> tuple[Optional[Union[ReshapeOutcome, ReshapeError]], ProviderTree]:
+        inputs = self._inputs(desired)
+        if inputs is None:
+            return ReshapeOutcome(False, Reshape(None)), desired.tree
+        guard = self._capacity_guard(desired, inputs.tree)
+        kw = {"before_post": _chain(guard, before_post)} if guard or before_post else {}
+        try:
+            outcome = ensure_reshaped(self.client, inputs.tree, desired.host.guests,
+                                      inputs.rule, absent=inputs.absent, **kw)
+        except ReshapeError as exc:
+            LOG.error("reshape refused, the inventory it would move is kept as it is: %s",
+                      exc)
+            return exc, self._held_tree(inputs)
+        if outcome.created:
+            self.syncer.invalidate()  # the sync re-reads the tree and adopts them
+        elif outcome.reshaped:
+            self.syncer.note_inventories(outcome.inventories)
+        # Emptied (or empty already): the sync deletes them, state file or not.
+        self.syncer.claim_children(inputs.retired)
+        return outcome, desired.tree
+
+    def maintained(self, desired: Desired) -> Desired:
+        """``desired`` kept in maintenance when Placement's root says so and
+        the state file does not say otherwise (a lost or corrupt state file
+        cannot end maintenance). Reads what the sync reads next, from the
+        syncer's cache between full verifications."""
+        if desired.maintenance:
+            return desired  # the state file decides; no read needed
+        return with_placement_maintenance(desired, self.syncer.root_traits(desired.tree))
+
+    def _capacity_guard(self, desired: Desired, tree: ProviderTree):
+        """A check of the ``POST /reshaper`` body, called just before it is
+        sent: the inventories it sets (a reshape keeps a class on the root
+        for consumers it does not move, while the children get theirs), with
+        the other providers of the tree as the syncer's cache knows them,
+        must not overstate the host; else the reshape is refused
+        (ReshapeError) and its classes are held as they are. It costs no
+        request: without a cache (a process's first cycle) only the body is
+        checked, and the sync that follows checks the whole tree."""
+        limits = limits_of(desired)
+        if limits is None:
+            return None
+
+        def guard(body: dict) -> None:
+            planned = {u: e["inventories"] for u, e in body["inventories"].items()}
+            untouched = [Published(s.name, s.parent_uuid is None, s.inventories)
+                         for u, s in (self.syncer.cached() or {}).items() if u not in planned]
+            names = {p.uuid: p.name for p in tree.providers}
+            verdict = check(as_published(planned, names, tree.root.uuid, untouched), limits)
+            if not verdict.ok:
+                raise ReshapeError(
+                    "reshape not sent: the tree it would leave overstates the host ("
+                    + "; ".join(verdict.lines()) + "); the classes it would move are kept "
+                    "as Placement holds them")
+        return guard
+
+    def apply(self, desired: Desired, before_post=None) -> CycleOutcome:
+        refused = guests_refused(desired)
+        if refused is not None:
+            LOG.error("%s", refused)
+            return CycleOutcome(SyncReport(), refused)
+        shape = shape_of(desired)
+        tree, outcome = desired.tree, None
+        if shape != self._applied_shape:
+            outcome, tree = self._reshape(desired, before_post)
+        report = self.syncer.sync(tree, limits_of(desired), guest_names(desired.host.guests))
+        result = CycleOutcome(report, outcome)
+        if result.ok:
+            self._applied_shape = shape
+        return result
+
+    def plan(self, desired: Desired) -> tuple[ProviderTree, list[Change], Optional[dict]]:
+        """For ``--dry-run``: the tree with uuids, the sync's requests, the reshape plan.
+        :attr:`TreeSyncer.last_capacity` then holds the capacity verdict.
+        Guests that do not fit: no request would be sent, the refusal is the plan."""
+        refused = guests_refused(desired)
+        if refused is not None:
+            return (desired.tree, [],
+                    {"refused": list(refused.reasons),
+                     "lines": [f"REFUSED: {r}" for r in refused.reasons]
+                     + ["nothing would be written to Placement"]})
+        tree, changes = self.syncer.plan_with_tree(desired.tree, limits_of(desired),
+                                                   guest_names(desired.host.guests))
+        inputs = self._inputs(desired)
+        if inputs is None:
+            return tree, changes, None
+        reshape = plan_reshape(self.client, inputs.tree, desired.host.guests, inputs.rule,
+                               inputs.absent)
+        if not reshape.refusals:
+            changes = changes + _retired_deletes(inputs, changes)
+        return tree, changes, (reshape.as_dict() if reshape.needed or reshape.refusals
+                               else None)
+
+
+def _retired_deletes(inputs: HostReshape, planned: list[Change]) -> list[Change]:
+    """The deletes the sync sends after a way-back reshape for children the
+    state file does not list (so the sync's own plan does not show them)."""
+    paths = {c.path for c in planned}
+    return [Change("DELETE", f"/resource_providers/{p.uuid}",
+                   f"delete provider {p.name} (no longer on the host)", provider=p.name)
+            for p in inputs.tree.providers
+            if p.uuid in inputs.retired and f"/resource_providers/{p.uuid}" not in paths]

@@ -1,0 +1,150 @@
+"""The one gateway to libvirt: raw XML out, nothing parsed here.
+
+This is the only module that imports ``libvirt``. It opens a read-only
+connection (the agent never changes the hypervisor) on first use and hands
+back XML strings, which ``capabilities``, ``domain`` and ``nodedev`` parse.
+Every libvirt failure leaves as a ``DiscoveryError`` naming the URI.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, TypeVar
+
+import libvirt
+
+from node_agent.errors import DiscoveryError
+
+T = TypeVar("T")
+
+
+def _ignore_libvirt_error(_ctx, _err) -> None:
+    """libvirt's default handler prints every error to stderr, even ones we
+    catch and report ourselves; the exception carries the same message."""
+
+
+libvirt.registerErrorHandler(_ignore_libvirt_error, None)
+
+# An object listed a moment ago may be gone by the time we ask for its XML
+# (a guest undefined, a VF disabled); that is a normal race, not a failure.
+_VANISHED = frozenset({libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_NO_NODE_DEVICE})
+
+
+def _dead(conn: "libvirt.virConnect") -> bool:
+    """Whether a call failed because the connection itself is gone."""
+    try:
+        return not conn.isAlive()
+    except libvirt.libvirtError:
+        return True
+
+
+class Hypervisor:
+    """A lazily opened, read-only libvirt connection.
+
+    ``uri`` is passed to ``libvirt.openReadOnly`` unchanged, e.g.
+    ``qemu:///system`` or ``test:///abs/path/host.xml``.
+    """
+
+    def __init__(self, uri: str):
+        if not uri:
+            raise ValueError("a libvirt URI is required (e.g. qemu:///system)")
+        self.uri = uri
+        self._conn: Optional["libvirt.virConnect"] = None
+
+    def _connection(self) -> "libvirt.virConnect":
+        if self._conn is None:
+            try:
+                self._conn = libvirt.openReadOnly(self.uri)
+            except libvirt.libvirtError as exc:
+                raise DiscoveryError(
+                    f"cannot connect to libvirt at {self.uri}: {exc.get_error_message()}"
+                ) from exc
+        return self._conn
+
+    def _call(self, what: str, fn: Callable[["libvirt.virConnect"], T]) -> T:
+        """``fn(connection)``; a libvirt error becomes a DiscoveryError.
+
+        When the kept connection turns out dead (libvirtd restarted since the
+        last call: an upgrade, a crash), it is reopened once and ``fn``
+        retried, so a restart between cycles costs no failed cycle.
+        """
+        reused = self._conn is not None
+        conn = self._connection()
+        try:
+            return fn(conn)
+        except libvirt.libvirtError as exc:
+            if not (reused and _dead(conn)):
+                raise DiscoveryError(
+                    f"libvirt at {self.uri}: cannot {what}: {exc.get_error_message()}"
+                ) from exc
+        self.close()
+        return self._call(what, fn)  # on a fresh connection: no second retry
+
+    def capabilities_xml(self) -> str:
+        """The host capabilities document (``virsh capabilities``)."""
+        return self._call("read capabilities", lambda conn: conn.getCapabilities())
+
+    def expand_cpu_features(self, cpu_xml: str) -> str:
+        """The CPU with every feature its model implies listed explicitly.
+
+        Capabilities list only the features on top of the named model
+        (Haswell implies AVX2 without listing it); traits need them all.
+        """
+        flags = libvirt.VIR_CONNECT_BASELINE_CPU_EXPAND_FEATURES
+        return self._call("expand CPU features",
+                          lambda conn: conn.baselineCPU([cpu_xml], flags))
+
+    def domain_xmls(self) -> list[tuple[str, bool]]:
+        """``(XMLDesc, running)`` for every running and defined domain.
+
+        A domain that disappears between listing and reading is skipped.
+        """
+        domains = self._call("list domains", lambda conn: conn.listAllDomains(0))
+        result = []
+        for dom in domains:
+            try:
+                result.append((dom.XMLDesc(0), bool(dom.isActive())))
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() in _VANISHED:
+                    continue
+                raise DiscoveryError(
+                    f"libvirt at {self.uri}: cannot read domain {dom.UUIDString()}: "
+                    f"{exc.get_error_message()}"
+                ) from exc
+        return result
+
+    def node_device_xmls(self, cap: Optional[str] = None) -> list[str]:
+        """Node-device XML of every device, or only those with capability
+        ``cap`` (libvirt's names: ``pci``, ``mdev``, ``mdev_types``, ``net``...).
+
+        A device that disappears between listing and reading is skipped.
+        """
+        names = self._call(
+            f"list node devices (cap={cap})", lambda conn: conn.listDevices(cap, 0))
+        conn = self._connection()
+        result = []
+        for name in names:
+            try:
+                result.append(conn.nodeDeviceLookupByName(name).XMLDesc(0))
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() in _VANISHED:
+                    continue
+                raise DiscoveryError(
+                    f"libvirt at {self.uri}: cannot read node device {name}: "
+                    f"{exc.get_error_message()}"
+                ) from exc
+        return result
+
+    def close(self) -> None:
+        """Close the connection if open; the next call reopens it."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except libvirt.libvirtError:
+                pass  # closing a dead connection has nothing left to release
+
+    def __enter__(self) -> "Hypervisor":
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()

@@ -1,0 +1,68 @@
+"""Logging through oslo.log, as every OpenStack service does: ``debug``,
+``log_file``, ``use_journal``, ``use_json`` and the format options come
+from ``[DEFAULT]`` of the config file, and node-agent and
+node-agent-applier log in the same format.
+
+Libraries that talk a lot at DEBUG (stevedore lists every plugin it loads)
+stay at WARNING even with ``--debug``; an operator who wants them says so in
+``default_log_levels``. Log options are read at start; SIGHUP does not
+change them.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from oslo_log import log as oslo_log
+
+from node_agent.errors import ConfigError
+
+DOMAIN = "node-agent"
+# Added to oslo.log's own list (which already quiets stevedore, keystoneauth,
+# urllib3, amqp...).
+QUIET_LIBRARIES = ("oslo_service=WARN", "oslo_concurrency=WARN", "kombu=WARN",
+                   "oslo_config=WARN", "oslo_policy=WARN", "stevedore=WARN",
+                   "keystoneauth1=WARN", "urllib3=WARN", "libvirt=WARN")
+
+
+def quiet_libraries() -> None:
+    """Apply the library levels before the config is read (its parsing
+    loads plugins through stevedore, which logs each at DEBUG)."""
+    for item in oslo_log.get_default_log_levels() + list(QUIET_LIBRARIES):
+        name, _, level = item.partition("=")
+        logging.getLogger(name).setLevel(logging.getLevelName(level))
+
+
+def register(conf) -> None:
+    """oslo.log's options, with node-agent's quieter library levels."""
+    oslo_log.register_options(conf)
+    conf.set_default("default_log_levels",
+                     list(dict.fromkeys(oslo_log.get_default_log_levels()
+                                        + list(QUIET_LIBRARIES))))
+
+
+def setup(conf, debug: bool = False) -> None:
+    """Configure the root logger from ``conf``; ``debug`` is ``--debug``.
+
+    Raises ConfigError when the options ask for what this host lacks
+    (``use_journal`` without the systemd Python bindings).
+    """
+    if debug:
+        conf.set_override("debug", True)
+    if conf.use_journal:
+        try:
+            import systemd.journal  # noqa: F401 (oslo.log's journal handler needs it)
+        except ImportError:
+            raise ConfigError("[DEFAULT] use_journal = true needs the systemd Python "
+                              "bindings (Debian: python3-systemd, PyPI: systemd-python). "
+                              "Install them, or remove use_journal: under systemd, "
+                              "stderr already goes to the journal.") from None
+    if not (conf.log_file or conf.log_dir or conf.use_journal or conf.use_syslog):
+        # oslo.log would fall back to stdout, where --dry-run prints its report.
+        conf.set_override("use_stderr", True)
+    try:
+        oslo_log.setup(conf, DOMAIN)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"logging cannot be set up: {exc}. Check [DEFAULT] log_file, "
+                          "log_dir and log_config_append.") from None
+    logging.captureWarnings(True)

@@ -1,0 +1,1 @@
+"""Pure data: the host snapshot, the provider tree, CPU sets, huge-page classes, PCI device specs. Reads nothing."""

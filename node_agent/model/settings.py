@@ -1,0 +1,61 @@
+"""The frozen settings the pure core receives: plain data, no oslo.config.
+
+:func:`node_agent.config.settings.load_settings` builds it from a parsed
+``ConfigOpts``; tests and the decisions (partition, tree) take it as a value.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from node_agent.model.cpuset import CpuSet
+from node_agent.model.device_spec import PciDeviceSpec
+from node_agent.model.hugepages import ReservedPages
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str
+    state_path: str
+    sysfs_root: str
+    libvirt_uri: str
+    cpu_dedicated_set: Optional[CpuSet]
+    cpu_shared_set: Optional[CpuSet]
+    vcpu_pin_set: Optional[CpuSet]
+    reserved_host_cpus: int
+    reserved_host_memory_mb: int
+    reserved_host_disk_mb: int
+    cpu_allocation_ratio: float
+    ram_allocation_ratio: float
+    disk_allocation_ratio: float
+    instances_path: str
+    pcpu_transition_mode: bool = False
+    report_interval: int = 60
+    full_verify_interval: int = 300
+    startup_splay: int = 30
+    interval_jitter: float = 0.1
+    retry_max_interval: int = 300
+    # Nested providers (numa_tree, pci_tree, provider_config, whole-node mode).
+    numa_in_placement: bool = False
+    reserved_huge_pages: tuple[ReservedPages, ...] = ()
+    provider_config_location: str = "/etc/node-agent/provider_config/"
+    enabled_mdev_types: tuple[str, ...] = ()
+    pci_device_specs: tuple[PciDeviceSpec, ...] = ()
+    report_sriov_numvfs: bool = True
+    node_resource_class: Optional[str] = None
+    # Where the tree goes: "placement" (direct) or "messaging" (the applier).
+    upstream: str = "placement"
+    upstream_timeout: float = 60.0
+    upstream_topic: str = "node-agent-applier"
+    # [libvirt] cpu_power_management: dedicated CPUs may be offline.
+    cpu_power_management: bool = False
+    # Kinds ("cpu", "ram", "disk") whose *_allocation_ratio is set: those
+    # ratios are asserted every cycle; the others are initial_* ratios that
+    # apply only when the class is new in Placement (nova's rule).
+    explicit_ratios: frozenset[str] = frozenset({"cpu", "ram", "disk"})
+
+    def keeps_placement_ratio(self, kind: str) -> bool:
+        """nova's rule: without ``{kind}_allocation_ratio`` the initial ratio
+        applies to a new class only; Placement's ratio is kept after that."""
+        return kind not in self.explicit_ratios

@@ -1,0 +1,170 @@
+"""The host as discovered: one immutable snapshot, built by discovery, read by the core.
+
+Nothing here reads the world. Discovery fills these records; the CPU policy
+and the tree builder only read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from node_agent.model.cpuset import CpuSet
+
+
+@dataclass(frozen=True)
+class Cpu:
+    """One logical CPU. Topology ids are None when the kernel hides them
+    (offline CPUs have no ``topology/`` directory)."""
+
+    id: int
+    online: bool
+    package_id: Optional[int] = None
+    die_id: Optional[int] = None
+    core_id: Optional[int] = None
+    # SMT siblings including this CPU itself; a lone CPU lists only itself.
+    siblings: CpuSet = field(default_factory=CpuSet)
+    node_id: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class HugePagePool:
+    size_kb: int
+    total: int
+    free: int
+
+
+@dataclass(frozen=True)
+class NumaNode:
+    id: int
+    # Present CPUs of this node (the kernel's cpulist can name absent ones).
+    cpus: CpuSet
+    memory_kb: Optional[int]  # MemTotal from node meminfo, None if unreadable
+    hugepages: tuple[HugePagePool, ...] = ()
+    # NUMA distances to other nodes, by node id.
+    distances: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class HostCpuModel:
+    """libvirt's view of the host CPU (capabilities ``<host><cpu>``)."""
+
+    arch: Optional[str] = None
+    model: Optional[str] = None
+    vendor: Optional[str] = None
+    features: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class GuestMdev:
+    uuid: str
+    # PCI address of the parent GPU when known, as ``0000:00:02.0``.
+    parent: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Guest:
+    """A libvirt domain, as far as resource accounting needs it."""
+
+    uuid: str
+    name: str
+    vcpus: int
+    running: bool
+    memory_kb: int
+    # vCPU number -> host CPUs it may run on, from <cputune><vcpupin>.
+    vcpupin: tuple[tuple[int, CpuSet], ...] = ()
+    # Host NUMA nodes from <numatune><memory nodeset=...>.
+    numa_nodes: frozenset[int] = frozenset()
+    hugepages: bool = False
+    mdevs: tuple[GuestMdev, ...] = ()
+    # nova-style metadata: flavor extra specs and the instance name.
+    metadata: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def pinned_cpus(self) -> CpuSet:
+        cpus = CpuSet()
+        for _vcpu, host in self.vcpupin:
+            cpus = cpus | host
+        return cpus
+
+    @property
+    def pinned(self) -> bool:
+        """Every vCPU pinned to host CPUs, or nova metadata says dedicated."""
+        meta = dict(self.metadata)
+        if meta.get("hw:cpu_policy") == "dedicated":
+            return True
+        pinned_vcpus = {vcpu for vcpu, host in self.vcpupin if host}
+        return self.vcpus > 0 and pinned_vcpus >= set(range(self.vcpus))
+
+
+@dataclass(frozen=True)
+class MdevTypeInfo:
+    """One mdev type a PCI device offers, from sysfs ``mdev_supported_types/<id>``."""
+
+    id: str
+    available_instances: int
+    name: Optional[str] = None
+    device_api: Optional[str] = None
+    # uuids of the mdevs of this type already created on the device.
+    mdevs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class PciGpu:
+    """A PCI device that offers mdev types (a vGPU-capable GPU)."""
+
+    address: str  # 0000:81:00.0
+    mdev_types: tuple[MdevTypeInfo, ...]
+    numa_node: Optional[int] = None  # None: the kernel reports no affinity
+    vendor_id: Optional[str] = None
+    product_id: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class SriovPf:
+    """An SR-IOV physical function."""
+
+    address: str
+    total_vfs: int
+    num_vfs: int
+    numa_node: Optional[int] = None
+    vendor_id: Optional[str] = None
+    product_id: Optional[str] = None
+    # Network interface names of the PF (``net/``), empty for non-NICs.
+    netdevs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostSnapshot:
+    """Everything one discovery cycle learnt about the host."""
+
+    hostname: str
+    present: CpuSet
+    online: CpuSet
+    isolated: CpuSet
+    cpus: tuple[Cpu, ...]
+    # Empty when the host has no ``node/`` directory (non-NUMA).
+    nodes: tuple[NumaNode, ...]
+    memory_mb: int
+    disk_gb: int
+    cpu_model: HostCpuModel = HostCpuModel()
+    page_sizes_kb: tuple[int, ...] = ()
+    guests: tuple[Guest, ...] = ()
+    # Non-fatal findings a person should see (sysfs vs libvirt disagreement...).
+    warnings: tuple[str, ...] = ()
+    gpus: tuple[PciGpu, ...] = ()
+    sriov_pfs: tuple[SriovPf, ...] = ()
+
+    def node_of(self, cpu_id: int) -> Optional[int]:
+        for node in self.nodes:
+            if cpu_id in node.cpus:
+                return node.id
+        return None
+
+    @property
+    def has_smt(self) -> bool:
+        """True when any online CPU has an online sibling."""
+        for cpu in self.cpus:
+            if cpu.online and len(cpu.siblings & self.online) > 1:
+                return True
+        return False

@@ -1,0 +1,329 @@
+"""The agent's only HTTP speaker: a small JSON client for Placement.
+
+Every request carries the one microversion ``microversions.REQUIRED``.
+Failures come back as typed errors a caller can act on:
+
+* ``GenerationConflict`` (409 placement.concurrent_update): a provider or
+  consumer generation was stale; re-read and retry the plan.
+* ``InventoryInUse`` (409 placement.inventory.inuse): inventory would drop
+  below what is allocated; the caller needs a reshape or must wait.
+* ``DuplicateName`` (409 placement.duplicate_name): a provider of that name
+  exists already (adopt it).
+* ``NotFound`` (404), ``AuthError`` (401/403).
+* ``Unavailable``: no answer (refused, timeout, TLS) or 5xx, after a bounded
+  number of retries. A retried POST may have been applied the first time, so
+  its retry can end in a 409 the caller already handles.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+import tenacity
+from keystoneauth1 import adapter as ks_adapter
+from keystoneauth1 import exceptions as ks_exc
+from keystoneauth1 import loading as ks_loading
+from keystoneauth1 import session as ks_session
+from keystoneauth1 import token_endpoint
+
+from node_agent import errors
+from node_agent.placement import microversions
+from node_agent.placement.errors import (AuthError, DuplicateName, GenerationConflict,
+                                        InventoryInUse, NotFound, PlacementError, Unavailable)
+from node_agent.config.options import PLACEMENT_GROUP
+
+LOG = logging.getLogger(__name__)
+
+SERVICE_TYPE = "placement"
+NO_RESPONSE = 0  # status recorded in RequestStats when nothing came back
+
+
+_CONFLICTS = {
+    "placement.concurrent_update": GenerationConflict,
+    "placement.inventory.inuse": InventoryInUse,
+    "placement.duplicate_name": DuplicateName,
+}
+
+
+@dataclass
+class RequestStats:
+    """Counts of every HTTP request sent, retries included (status 0 = no
+    response), and the most recent ones in ``log``. Counters, not a scan of
+    the log: a service sends requests for months."""
+
+    LOG_LIMIT = 1000
+
+    log: list[tuple[str, str, int]] = field(default_factory=list)
+    reads: int = 0
+    writes: int = 0
+    by_status: Counter = field(default_factory=Counter)  # (method, status) -> n
+
+    def record(self, method: str, path: str, status: int) -> None:
+        self.log.append((method, path, status))
+        if len(self.log) > self.LOG_LIMIT:
+            del self.log[:len(self.log) - self.LOG_LIMIT]
+        if method == "GET":
+            self.reads += 1
+        else:
+            self.writes += 1
+        self.by_status[(method, status)] += 1
+
+    @property
+    def total(self) -> int:
+        return self.reads + self.writes
+
+    def reset(self) -> None:
+        self.log.clear()
+        self.reads = self.writes = 0
+        self.by_status.clear()
+
+
+class _Retryable(Exception):
+    """One attempt failed in a way worth trying again."""
+
+    def __init__(self, error: PlacementError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _error_fields(response) -> tuple[str | None, str]:
+    """(code, detail) from Placement's JSON error body (1.23+), tolerant of
+    the plain-text bodies a proxy in front of it may send."""
+    try:
+        first = response.json()["errors"][0]
+        detail = first.get("detail") or first.get("title") or ""
+        return first.get("code"), " ".join(detail.split())
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None, (response.text or "").strip()[:500]
+
+
+def _connection_reason(exc: Exception) -> str:
+    """The innermost reason of a connection failure, without urllib3's noise."""
+    text = str(exc)
+    for marker in ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed"):
+        if marker in text:
+            return "TLS certificate verify failed (check [placement] cafile)"
+    for reason in ("Connection refused", "Name or service not known",
+                   "timed out", "No route to host", "Network is unreachable"):
+        if reason in text:
+            return reason.lower()
+    return text
+
+
+def error_for(status: int, code: str | None, detail: str, method: str,
+              path: str, request_id: str | None) -> PlacementError:
+    """The typed error for a refused request (pure, so it is unit-testable)."""
+    if status in (401, 403):
+        cls = AuthError
+    elif status == 404:
+        cls = NotFound
+    elif status == 409:
+        cls = _CONFLICTS.get(code, PlacementError)
+    elif status >= 500:
+        cls = Unavailable
+    else:
+        cls = PlacementError
+    message = f"{method} {path} -> {status}"
+    if code and code != "placement.undefined_code":
+        message += f" {code}"
+    if detail:
+        message += f": {detail}"
+    return cls(message, status=status, code=code, detail=detail,
+               method=method, path=path, request_id=request_id)
+
+
+def version_refusal(url: str, server_min: str, server_max: str,
+                    required: str = microversions.REQUIRED) -> str | None:
+    """Why a server offering ``server_min``..``server_max`` cannot serve the
+    agent, or None if it can."""
+    if not microversions.at_least(server_max, required):
+        lacking = "; ".join(f"{v} {why}" for v, why
+                            in microversions.missing_features(server_max))
+        return (f"Placement at {url} supports up to {server_max}; node-agent "
+                f"needs {required}. Missing: {lacking}. Upgrade Placement "
+                f"(Xena or newer).")
+    if not microversions.at_least(required, server_min):
+        return (f"Placement at {url} supports {server_min} to {server_max}; "
+                f"node-agent speaks {required}, which it no longer accepts. "
+                f"Upgrade node-agent.")
+    return None
+
+
+class PlacementClient:
+    MICROVERSION = microversions.REQUIRED
+
+    def __init__(self, adapter: ks_adapter.Adapter, retries: int = 3,
+                 backoff: float = 0.2):
+        """``retries`` is how many times a failed attempt is repeated (so
+        up to ``retries + 1`` requests); waits grow exponentially from
+        ``backoff`` seconds, capped at 5 s."""
+        self._adapter = adapter
+        self._retries = max(0, retries)
+        self._backoff = backoff
+        self.stats = RequestStats()
+        self.last_request_id: str | None = None
+        # The server's newest microversion, once check_version() asked.
+        self.server_max: str | None = None
+
+    @classmethod
+    def from_conf(cls, conf, **kw) -> "PlacementClient":
+        """Build from ``[placement]`` (keystoneauth session, auth, adapter
+        options). Raises ConfigError naming the options to set."""
+        group = PLACEMENT_GROUP
+        try:
+            auth = ks_loading.load_auth_from_conf_options(conf, group)
+        except ks_exc.MissingRequiredOptions as exc:
+            names = ", ".join(f"[{group}] {opt.dest}" for opt in exc.options)
+            raise errors.ConfigError(
+                f"[{group}] auth_type={conf[group].auth_type} needs {names}; "
+                f"set them in the config file.") from exc
+        except ks_exc.NoMatchingPlugin as exc:
+            raise errors.ConfigError(
+                f"[{group}] auth_type={conf[group].auth_type!r} is not a known "
+                f"keystoneauth plugin; use for example 'password' or "
+                f"'v3applicationcredential'.") from exc
+        if auth is None:
+            raise errors.ConfigError(
+                f"[{group}] auth_type is not set; set it (for example "
+                f"'password' with auth_url, username, password, "
+                f"project_name, user_domain_name, project_domain_name).")
+        if conf[group].insecure:
+            LOG.warning("[%s] insecure = true: the Placement server's TLS "
+                        "certificate is NOT verified; anyone on the path can "
+                        "impersonate Placement. Set cafile instead.", group)
+        session = ks_loading.load_session_from_conf_options(
+            conf, group, auth=auth)
+        adapter = ks_loading.load_adapter_from_conf_options(
+            conf, group, session=session, auth=auth)
+        if not adapter.service_type:
+            adapter.service_type = SERVICE_TYPE
+        return cls(adapter, **kw)
+
+    @classmethod
+    def for_endpoint(cls, url: str, token: str = "admin",
+                     timeout: float = 30, **kw) -> "PlacementClient":
+        """A client for a known URL and fixed token (noauth2 test servers,
+        the embedded Placement of ``make run``)."""
+        auth = token_endpoint.Token(url, token)
+        session = ks_session.Session(auth=auth, timeout=timeout)
+        adapter = ks_adapter.Adapter(session, service_type=SERVICE_TYPE,
+                                     endpoint_override=url)
+        return cls(adapter, **kw)
+
+    @property
+    def adapter(self) -> ks_adapter.Adapter:
+        """The keystoneauth adapter, to share one session between clients."""
+        return self._adapter
+
+    @property
+    def endpoint(self) -> str:
+        try:
+            return self._adapter.get_endpoint() or "?"
+        except ks_exc.ClientException:
+            return "?"
+
+    def check_version(self) -> str:
+        """``GET /``; returns the server's newest microversion. Raises
+        PlacementError if it cannot serve ``MICROVERSION``."""
+        root = self._request("GET", "/", None, versioned=False)
+        try:
+            version = next(v for v in root["versions"] if v["id"] == "v1.0")
+            server_min, server_max = (version["min_version"],
+                                      version["max_version"])
+        except (StopIteration, KeyError, TypeError) as exc:
+            raise PlacementError(
+                f"{self.endpoint} does not look like Placement: GET / "
+                f"answered {root!r}", method="GET", path="/") from exc
+        refusal = version_refusal(self.endpoint, server_min, server_max,
+                                  self.MICROVERSION)
+        if refusal:
+            raise PlacementError(refusal, method="GET", path="/")
+        self.server_max = server_max
+        return server_max
+
+    def get(self, path: str, microversion: str | None = None) -> dict:
+        """``microversion`` overrides ``MICROVERSION`` for this read only (a
+        read's answer may grow at a newer version; writes keep the one)."""
+        return self._request("GET", path, None, microversion=microversion)
+
+    def put(self, path: str, body) -> dict | None:
+        return self._request("PUT", path, body)
+
+    def post(self, path: str, body) -> dict | None:
+        return self._request("POST", path, body)
+
+    def delete(self, path: str) -> None:
+        self._request("DELETE", path, None)
+
+    def _where(self) -> str:
+        return (getattr(self._adapter, "endpoint_override", None)
+                or "the catalog endpoint")
+
+    def _request(self, method: str, path: str, body, versioned: bool = True,
+                 microversion: str | None = None):
+        retrying = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(_Retryable),
+            stop=tenacity.stop_after_attempt(self._retries + 1),
+            wait=tenacity.wait_exponential(multiplier=self._backoff,
+                                           max=5),
+            before_sleep=self._log_retry,
+            reraise=True)
+        try:
+            return retrying(self._attempt, method, path, body, versioned, microversion)
+        except _Retryable as exc:
+            raise exc.error from exc.__cause__
+
+    def _attempt(self, method, path, body, versioned, microversion=None):
+        kwargs = {"raise_exc": False}
+        if versioned:
+            kwargs["microversion"] = microversion or self.MICROVERSION
+        if body is not None:
+            kwargs["json"] = body
+        try:
+            response = self._adapter.request(path, method, **kwargs)
+        except ks_exc.ConnectTimeout as exc:
+            # Not retried: a server that accepts and never answers would
+            # hold the cycle for (retries + 1) timeouts.
+            self.stats.record(method, path, NO_RESPONSE)
+            timeout = getattr(self._adapter.session, "timeout", None)
+            raise Unavailable(
+                f"{method} {path}: Placement at {self._where()} did not answer "
+                f"within {timeout or '?'}s ([{PLACEMENT_GROUP}] timeout): {exc}",
+                method=method, path=path) from exc
+        except (ks_exc.ConnectionError, ks_exc.RequestTimeout,
+                ks_exc.DiscoveryFailure) as exc:
+            # keystoneauth's message names the URL; it never holds the token.
+            self.stats.record(method, path, NO_RESPONSE)
+            raise _Retryable(Unavailable(
+                f"{method} {path}: Placement at {self._where()} "
+                f"is unreachable: {_connection_reason(exc)}",
+                method=method, path=path)) from exc
+        except ks_exc.EndpointNotFound as exc:
+            raise errors.ConfigError(
+                f"No Placement endpoint found in the service catalog: {exc}; "
+                f"check [{PLACEMENT_GROUP}] region_name, valid_interfaces or "
+                f"endpoint_override.") from exc
+        except ks_exc.Unauthorized as exc:
+            raise AuthError(f"{method} {path}: authentication failed: {exc}",
+                            status=401, method=method, path=path) from exc
+        status = response.status_code
+        request_id = response.headers.get("x-openstack-request-id")
+        self.last_request_id = request_id
+        self.stats.record(method, path, status)
+        LOG.debug("%s %s -> %s (%s)", method, path, status, request_id)
+        if status < 400:
+            return response.json() if response.content else None
+        code, detail = _error_fields(response)
+        error = error_for(status, code, detail, method, path, request_id)
+        if status >= 500:
+            raise _Retryable(error)
+        raise error
+
+    def _log_retry(self, state: tenacity.RetryCallState) -> None:
+        # DEBUG: the caller reports the outcome once; an outage must not
+        # write a line per retry.
+        LOG.debug("%s; retry %d of %d in %.1fs",
+                    state.outcome.exception(), state.attempt_number,
+                    self._retries, state.next_action.sleep)

@@ -1,0 +1,1 @@
+"""Pure decisions: CPU partition, maintenance, operator provider files, the capacity invariant."""

@@ -1,0 +1,1 @@
+"""The message bus: notifications and control RPC, the agent's upstream sender and wire format, the central applier."""

@@ -1,0 +1,471 @@
+"""``node-agent-applier``: the central side of ``[agent] upstream = messaging``.
+
+It holds the Placement credentials ([placement] in its own config file) and
+applies what agents send (see :mod:`node_agent.remote.upstream` for the wire
+format) with the same engine as the direct mode:
+:class:`~node_agent.cycle.reconcile.Reconciler` (reshape first, then the tree
+sync), one per host.
+
+Several processes share one topic ([applier] topic): RabbitMQ hands each
+message to one of them. What they must agree on lives under the shared
+[applier] state_path, one directory per host:
+
+* ``state.json``: the syncer's state (root uuid, providers, children it
+  created) and the ``applier`` record: the last applied sequence number,
+  digest and body, whether it applied cleanly, which process applied it
+  last, and what the direct mode keeps in memory between cycles: the
+  syncer's cache of the tree (each provider's generation, parent,
+  inventories and traits, and the wall-clock time of the last full read)
+  and the digest of the tree's shape last applied cleanly (a reshape check
+  is due when it changes);
+* ``lock``: a POSIX lock held while one message of that host is handled,
+  so per-host order holds across processes, and a killed process releases
+  it at once (the kernel drops its locks).
+
+Every message is handled with objects built from that file, so a host
+costs Placement the same requests whichever process its message reaches:
+as many as the direct mode's agent, whose syncer and reconciler live on
+between cycles. The cache is a hint, as it is in the direct mode: a
+generation that moved turns into a 409 and a re-read, and the full verify
+(``GET /resource_providers?in_tree=<root>``, then a provider's inventories
+and traits only where its generation moved) runs every
+``full_verify_interval`` seconds. Before anything is written to Placement
+the cache and the shape are taken out of the record, and put back once
+the apply is done: a process killed (or failing) mid-apply leaves none,
+and the next message reads the tree and checks the allocations again.
+
+Per-host order: a message whose ``seq`` is not above the record's is
+answered ``stale`` and ignored.
+
+A host may only change its own subtree: the root must be named as the
+sending host, every child must hang under it and be named ``<host>_...``
+(checked in :func:`node_agent.remote.upstream.tree_from_wire`), and a provider
+name or uuid that Placement shows under another root is refused and
+logged (:meth:`Applier.foreign` says exactly what is looked up). The
+sending host is the ``host`` of the message: oslo.messaging does not
+authenticate senders, so this protects against mistakes and against a
+confused agent, not against a hostile hypervisor holding the shared broker
+credentials.
+
+Killed mid-apply: the sync writes one provider at a time and the next
+message from that host (its next cycle) finds the tree as it is and
+finishes it; the reshape is one POST /reshaper, applied or not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid as uuidlib
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+from urllib.parse import quote
+
+from node_agent.remote import upstream as wire
+from node_agent.errors import ConfigError, NodeAgentError, PlacementError, ReshapeError
+from node_agent.cycle.reconcile import Reconciler, shape_of
+from node_agent.state import StateStore
+
+LOG = logging.getLogger(__name__)
+
+RECORD_KEY = "applier"
+# Keys of the record that hold only between completed applies.
+CACHE_KEY, SHAPE_KEY = "cache", "shape"
+LOCK_FILE = "lock"
+LOCK_POLL = 0.05
+
+
+class Busy(Exception):
+    """Another thread or process holds the host's lock."""
+
+
+class HostLock:
+    """``flock`` on ``directory/lock``, waiting up to ``timeout`` seconds."""
+
+    def __init__(self, directory: Path, timeout: float):
+        self.path = directory / LOCK_FILE
+        self.timeout = timeout
+        self._fd: Optional[int] = None
+
+    def __enter__(self) -> "HostLock":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._fd = fd
+                return self
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    os.close(fd)
+                    raise Busy() from None
+                time.sleep(LOCK_POLL)
+
+    def __exit__(self, *exc) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+
+
+@dataclass
+class _Local:
+    """One message's objects for its host, built from the host's record."""
+
+    client: object
+    syncer: object
+    reconciler: object
+
+
+def _changes(changes) -> list[dict]:
+    return [{"method": c.method, "path": c.path, "summary": c.summary,
+             "provider": c.provider} for c in changes]
+
+
+def _reshape_record(reshape) -> Optional[dict]:
+    if reshape is None:
+        return None
+    if isinstance(reshape, NodeAgentError):
+        return {"refused": [str(reshape)], "lines": [f"REFUSED: {reshape}"]}
+    if not reshape.reshaped:
+        return None
+    record = reshape.reshape.as_dict()
+    record["request_id"] = reshape.request_id
+    return record
+
+
+def shape_digest(shape: tuple) -> str:
+    """A short, stable name for :func:`node_agent.cycle.reconcile.shape_of`."""
+    return hashlib.sha256(wire.canonical(shape).encode("utf-8")).hexdigest()
+
+
+class Applier:
+    """Handles one message at a time per host; safe to call from many threads.
+
+    ``client_factory()`` returns a new PlacementClient (sharing one session):
+    each message gets its own, so request counts stay per host.
+    """
+
+    def __init__(self, client_factory: Callable[[], object], state_path: Path,
+                 full_verify_interval: float = 300, lock_timeout: float = 20,
+                 clock: Callable[[], float] = time.time, token: Optional[str] = None):
+        self.client_factory = client_factory
+        self.state_path = Path(state_path)
+        self.full_verify_interval = full_verify_interval
+        self.lock_timeout = lock_timeout
+        # The wall clock: the time of a host's last full read travels
+        # between processes in its record.
+        self.clock = clock
+        self.token = token or f"{socket.gethostname()}:{os.getpid()}:{uuidlib.uuid4().hex[:8]}"
+        # Messages refused since start, by cause: "format" (the wire
+        # schema, the version or the digest) and "tree" (a rule across
+        # fields, or another host's providers).
+        self.refused: Counter[str] = Counter()
+        # Messages applied without the capacity invariant, by host: a 2.0
+        # agent sends no limits (wire 2.1's body.limits). Logged once per host.
+        self.unchecked: Counter[str] = Counter()
+
+    def handle(self, raw) -> dict:
+        """The reply to one message (a JSON-able dict; never raises)."""
+        try:
+            message = wire.parse_message(raw)
+        except wire.Malformed as exc:
+            self.refused["format"] += 1
+            LOG.warning("refused a message from %s (%d refused so far): %s",
+                        wire.sender_of(raw), sum(self.refused.values()), exc)
+            return {"status": wire.REFUSED, "error": f"message refused: {exc}"}
+        try:
+            with HostLock(self.state_path / message.host, self.lock_timeout):
+                return self._handle(message)
+        except Busy:
+            return {"status": wire.BUSY, "seq": message.seq,
+                    "error": f"another applier has held {message.host} for "
+                             f"{self.lock_timeout:g}s"}
+        except wire.Malformed as exc:
+            self.refused["tree"] += 1
+            LOG.warning("refused the tree of %s: %s", message.host, exc)
+            return {"status": wire.REFUSED, "seq": message.seq, "error": str(exc)}
+        except (PlacementError, ReshapeError) as exc:
+            LOG.error("%s seq %d: %s", message.host, message.seq, exc)
+            return {"status": wire.ERROR, "seq": message.seq, "error": str(exc)}
+        except Exception as exc:  # one host's bug must not stop the others
+            LOG.exception("%s seq %d: unexpected failure", message.host, message.seq)
+            return {"status": wire.ERROR, "seq": message.seq,
+                    "error": f"applier failure: {type(exc).__name__}: {exc}"}
+
+    # -- one message, under the host's lock
+
+    def _handle(self, message: wire.Message) -> dict:
+        store = StateStore(self.state_path / message.host)
+        record = store.load_or_empty(LOG).get(RECORD_KEY, {})
+        last = record.get("seq", -1)
+        if message.seq <= last:
+            LOG.info("%s seq %d ignored: %d was applied already (stale)",
+                     message.host, message.seq, last)
+            return {"status": wire.STALE, "seq": message.seq, "last_seq": last}
+        body = message.body
+        if body is None:
+            if record.get("digest") != message.digest or "body" not in record:
+                return {"status": wire.UNKNOWN_DIGEST, "seq": message.seq}
+            if record.get("ok") and not self._verify_due(record):
+                LOG.debug("%s seq %d: heartbeat, no change", message.host, message.seq)
+                return {"status": wire.UNCHANGED, "seq": message.seq, "requests": 0}
+            body = record["body"]  # again: its full verify is due, or it failed
+        desired = wire.desired_from_body(body, message.host)
+        if desired.limits is None:
+            self._unchecked(message.host)
+        local = self._local(message.host, record, desired)
+        start = local.client.stats.total
+        problems = self.foreign(local, desired.tree)
+        if problems:
+            self.refused["tree"] += 1
+            LOG.error("refused the tree of %s (seq %d): %s", message.host, message.seq,
+                      "; ".join(problems))
+            return {"status": wire.REFUSED, "seq": message.seq,
+                    "error": "; ".join(problems)}
+        self._take(store, record)
+        outcome = local.reconciler.apply(desired)
+        report = outcome.report
+        # What the reconciler keeps: the shape once applied cleanly, else
+        # the one it started with.
+        shape = shape_digest(shape_of(desired))
+        if not (outcome.ok or record.get(SHAPE_KEY) == shape):
+            shape = None
+        self._save(store, {
+            "seq": message.seq, "digest": message.digest, "body": body,
+            "ok": outcome.ok, "by": self.token, SHAPE_KEY: shape,
+            CACHE_KEY: local.syncer.export_cache()})
+        requests = local.client.stats.total - start
+        log = LOG.warning if not outcome.ok else LOG.info if report.applied else LOG.debug
+        log("%s seq %d: %s", message.host, message.seq, report.summary())
+        return {"status": wire.APPLIED, "seq": message.seq, "ok": outcome.ok,
+                "summary": report.summary(), "errors": outcome.errors,
+                "applied": _changes(report.applied),
+                "reshape": _reshape_record(outcome.reshape), "requests": requests,
+                "uuids": {p.name: p.uuid for p in report.tree.providers}
+                if report.tree else {}}
+
+    def _unchecked(self, host: str) -> None:
+        """A body without the host's limits (a 2.0 agent): applied as before
+        2.1, without the capacity invariant, which needs the host's facts."""
+        self.unchecked[host] += 1
+        if self.unchecked[host] == 1:
+            LOG.warning("%s sends wire format 2.0, without the host's limits: the "
+                        "capacity invariant is not checked for this host until it sends "
+                        "2.1 (upgrade node-agent on it); %d host(s) unchecked so far",
+                        host, len(self.unchecked))
+
+    def _verify_due(self, record: dict) -> bool:
+        """The test the syncer makes, on the record's copy of its cache."""
+        try:
+            verified_at = float(record[CACHE_KEY]["verified_at"])
+        except (KeyError, TypeError, ValueError):
+            return True
+        return self.clock() - verified_at >= self.full_verify_interval
+
+    def _save(self, store: StateStore, record: dict) -> None:
+        # The syncer owns the other keys of the same file.
+        store.save({**store.load_or_empty(LOG), RECORD_KEY: record})
+
+    def _take(self, store: StateStore, record: dict) -> None:
+        """Drop the cache and the shape from the shared record before
+        writing to Placement; :meth:`_handle` puts them back when done."""
+        if record.get(CACHE_KEY) is None and record.get(SHAPE_KEY) is None:
+            return
+        self._save(store, {k: v for k, v in record.items() if k not in (CACHE_KEY, SHAPE_KEY)})
+
+    def _local(self, host: str, record: dict, desired) -> _Local:
+        """A syncer and a reconciler holding what the record holds: the
+        direct mode's, as its previous cycle left them."""
+        from node_agent.placement.sync import TreeSyncer
+
+        client = self.client_factory()
+        syncer = TreeSyncer(client, StateStore(self.state_path / host),
+                            full_verify_interval=self.full_verify_interval, clock=self.clock)
+        syncer.import_cache(record.get(CACHE_KEY))
+        reconciler = Reconciler(client, syncer)
+        shape = shape_of(desired)
+        if record.get(SHAPE_KEY) == shape_digest(shape):
+            # Reconciler keeps this between cycles and has no setter: the
+            # allocations were checked for this shape when it was applied.
+            reconciler._applied_shape = shape
+        return _Local(client, syncer, reconciler)
+
+    # -- the ownership check
+
+    def foreign(self, local: _Local, tree) -> list[str]:
+        """Providers of ``tree`` that Placement shows in another host's tree.
+
+        What is looked up (a host costs these once, not every cycle):
+
+        * the root: its uuid is the state's; without one, the provider named
+          like the host (``GET ?name=``), which must be a root: a provider of
+          that name with a parent belongs to another host's tree;
+        * children whose name the state does not hold, when the root exists:
+          ``GET ?in_tree=<root>`` (only when the root was looked up by name,
+          i.e. the state was lost: most children are then in it); a name not
+          in this host's tree is looked up (``GET ?name=``, one each) and
+          refused if Placement has it under another root. The reshape
+          resolves such names globally, so they must be checked first. When
+          the root does not exist nothing can be reshaped, and the sync's
+          ``POST`` of a name that exists anywhere gets a 409 and adopts the
+          provider only when it is in this host's tree: no lookup;
+        * every uuid the message carries that the state does not hold
+          (``GET /resource_providers/{uuid}``): refused if in another tree.
+        """
+        client = local.client
+        state = local.syncer.state
+        known = dict(state.get("providers", {}))
+        problems: list[str] = []
+        root = state.get("root_uuid")
+        looked_up = root is None
+        if looked_up:
+            found = self._by_name(client, tree.root.name)
+            if found and found.get("parent_provider_uuid"):
+                return [f"{tree.root.name}: a provider of that name is a child in "
+                        f"another tree (root {found.get('root_provider_uuid')})"]
+            root = found["uuid"] if found else None
+        ours = set(known.values()) | ({root} if root else set())
+        for provider in tree.providers:
+            if provider.uuid and provider.uuid not in ours:
+                found = self._by_uuid(client, provider.uuid)
+                if found and found.get("root_provider_uuid") != root:
+                    problems.append(f"{provider.name}: uuid {provider.uuid} is provider "
+                                    f"{found['name']!r} of another host's tree")
+        unknown = [p.name for p in tree.providers[1:] if p.name not in known]
+        if root is None or not unknown:
+            return problems
+        in_tree = self._tree_names(client, root) if looked_up else set()
+        for name in unknown:
+            if name in in_tree:
+                continue
+            found = self._by_name(client, name)
+            if found and found.get("root_provider_uuid") != root:
+                problems.append(f"{name}: a provider of that name belongs to another "
+                                f"tree (root {found.get('root_provider_uuid')})")
+        return problems
+
+    @staticmethod
+    def _by_name(client, name: str) -> Optional[dict]:
+        found = client.get(f"/resource_providers?name={quote(name)}")["resource_providers"]
+        return found[0] if found else None
+
+    @staticmethod
+    def _tree_names(client, root: str) -> set[str]:
+        listed = client.get(f"/resource_providers?in_tree={root}")["resource_providers"]
+        return {rp["name"] for rp in listed}
+
+    @staticmethod
+    def _by_uuid(client, uuid: str) -> Optional[dict]:
+        from node_agent.placement.client import NotFound
+
+        try:
+            return client.get(f"/resource_providers/{uuid}")
+        except NotFound:
+            return None
+
+
+class Endpoint:
+    """The RPC method agents call."""
+
+    def __init__(self, applier: Applier):
+        from node_agent.remote import messaging
+
+        self.applier = applier
+        self.target = messaging.oslo_messaging().Target(version=wire.RPC_VERSION)
+
+    def apply(self, ctxt, message):
+        return self.applier.handle(message)
+
+
+# ---------------------------------------------------------------- main
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="node-agent-applier",
+        description="Apply node-agent trees received over oslo.messaging to Placement.")
+    parser.add_argument("--config-file", action="append", default=[], metavar="FILE")
+    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR")
+    parser.add_argument("--debug", action="store_true", help="log at DEBUG level")
+    return parser
+
+
+def _placement_client(conf):
+    from node_agent.placement.client import PlacementClient
+
+    group = conf.placement
+    if not (group.auth_type or group.endpoint_override):
+        raise ConfigError("node-agent-applier needs Placement: set [placement] auth_type "
+                          "(and its credentials) or endpoint_override")
+    return PlacementClient.from_conf(conf)
+
+
+def serve(conf) -> int:
+    """Listen until SIGTERM/SIGINT; returns the exit code."""
+    from node_agent.remote import messaging
+    from node_agent.placement.client import PlacementClient
+    from node_agent.service.loop import systemd_notifier
+
+    rpc_url, _ = messaging.urls(conf)
+    if not rpc_url:
+        raise ConfigError("node-agent-applier needs [DEFAULT] transport_url (the bus the "
+                          "agents send to)")
+    base = _placement_client(conf)
+    base.check_version()
+    group = conf.applier
+    applier = Applier(lambda: PlacementClient(base.adapter), Path(group.state_path),
+                      full_verify_interval=group.full_verify_interval,
+                      lock_timeout=group.lock_timeout)
+    om = messaging.oslo_messaging()
+    transport = om.get_rpc_transport(conf, url=rpc_url)
+    # server= only names this process's own queue; agents call the topic
+    # without a server, so every process consumes from one shared queue.
+    target = om.Target(topic=group.topic, server=f"{socket.gethostname()}-{os.getpid()}")
+    server = om.get_rpc_server(transport, target, [Endpoint(applier)], executor="threading")
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    server.start()
+    notifier = systemd_notifier()
+    notifier.notify("READY=1")
+    notifier.notify(f"STATUS=listening on topic {group.topic}")
+    LOG.info("node-agent-applier listening on topic %s (state in %s)", group.topic,
+             group.state_path)
+    while not stop.wait(5):
+        notifier.notify("WATCHDOG=1")
+    notifier.notify("STOPPING=1")
+    server.stop()
+    server.wait()
+    transport.cleanup()
+    LOG.info("node-agent-applier stopped")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    from node_agent.remote import messaging
+    from node_agent.config.files import load_conf, oslo_args
+
+    from node_agent import logs
+
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        conf = load_conf(oslo_args(args))
+        logs.setup(conf, args.debug)  # the same format as node-agent
+        messaging.register(conf)
+        return serve(conf)
+    except NodeAgentError as exc:
+        print(f"node-agent-applier: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,342 @@
+"""The agent as a service: the cycle (discover, then sync), the status it
+keeps, and the wiring of loop, systemd, messaging and metrics.
+
+The service needs Placement: without ``[placement]`` it refuses to start
+(exit 78), as ``--once`` does; ``--dry-run`` is the way to look without it.
+Placement being *unreachable* is different: that is a state the service
+waits out (see :mod:`node_agent.service.loop`).
+
+Messaging options (``transport_url``...) are read at start only; a SIGHUP
+reloads everything else.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+from node_agent.policy import maintenance as maint
+from node_agent.cycle.desired import (APPLIED_KEY, MAINTENANCE_KEY, Desired, compute_desired,
+                                      forget_applied_off)
+from node_agent.errors import NodeAgentError, PlacementError
+from node_agent.model.settings import Settings
+from node_agent.state import StateStore
+from node_agent.service.loop import CycleResult, Service, systemd_notifier
+
+LOG = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One validated reading of the config files."""
+
+    conf: object
+    settings: Settings
+    client: object  # PlacementClient, not yet contacted
+
+    def __getattr__(self, name):
+        # The loop reads its timing (report_interval...) from the settings.
+        return getattr(self.settings, name)
+
+
+def load(args: Sequence[str]) -> Loaded:
+    """Parse and validate the config files (:func:`node_agent.config.validation.validate`,
+    the same checks as ``--check-config``); raises ConfigError."""
+    from node_agent.config.validation import validate
+
+    valid = validate(args, lenient_files=True)
+    # With upstream = messaging the client is None: node-agent-applier holds Placement.
+    return Loaded(valid.conf, valid.settings, valid.client)
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+class Maintenance:
+    """The operator's maintenance flag: the ``maintenance`` key of the state
+    file, as ``node-agent maintenance`` writes it. :mod:`node_agent.cycle.desired`
+    turns it into a fully reserved tree on the next cycle."""
+
+    def __init__(self, state_path: str):
+        self._store = StateStore(Path(state_path))
+
+    def get(self, last: Optional[Desired] = None) -> dict:
+        """The state file's say; ``last`` (the last cycle's desired) adds
+        maintenance kept on by Placement's disabled trait alone."""
+        saved = self._store.load_or_empty(LOG).get(MAINTENANCE_KEY)
+        if not saved and last is not None and maint.is_on(last.maintenance):
+            return {"on": True, "reason": maint.UNKNOWN_REASON, "since": None,
+                    "source": "placement"}
+        if not maint.is_on(saved):
+            return {"on": False, "reason": None, "since": None,
+                    "off_pending": maint.requested(saved) is False}
+        return {"on": True, "reason": saved.get("reason") or None,
+                "since": saved.get("since"), "source": "state file"}
+
+    def set(self, on: bool, reason: Optional[str] = None) -> dict:
+        # Merged into the file as it is now: the syncer owns the other keys.
+        state = self._store.load_or_empty(LOG)
+        state[MAINTENANCE_KEY] = maint.record(on, reason, _now())
+        self._store.save(state)
+        LOG.info("maintenance %s%s", "on" if on else "off", f": {reason}" if reason else "")
+        return self.get()
+
+
+def tree_summary(desired: Optional[Desired]) -> list[dict]:
+    if desired is None:
+        return []
+    return [{"name": p.name, "uuid": p.uuid, "parent": p.parent,
+             "inventories": {rc: inv.total for rc, inv in sorted(p.inventories.items())}}
+            for p in desired.tree.providers]
+
+
+class Agent:
+    """The cycle of the service and what it remembers between cycles.
+
+    A failed discovery raises before anything is sent, so Placement keeps
+    the last reported inventory: a host read that fails never shrinks it.
+    """
+
+    def __init__(self, messenger=None):
+        self.messenger = messenger
+        self._hypervisor = None  # one libvirt connection for the service's life
+        self._version_checked = False
+        self.last_desired: Optional[Desired] = None
+        self.last_sync: Optional[dict] = None      # last sync that ran
+        self.last_error: Optional[dict] = None     # last cycle that raised
+        self.reshapes = 0
+        self.reshape_errors = 0
+        self._reconciler = None
+        self._upstream = None  # upstream = messaging: node_agent.remote.upstream
+        self._syncer = None
+        self._syncer_for: Optional[Loaded] = None
+        self._refused_files: tuple = ()
+        self._auditor = None  # node_agent.cycle.audit, on full verifies
+        self.last_audit: Optional[dict] = None
+        self._lock = threading.Lock()
+
+    def _syncer_of(self, loaded: Loaded):
+        from node_agent.placement.sync import TreeSyncer
+
+        if self._syncer_for is not loaded:  # first cycle, or a reload
+            # spread: a fleet started together does not verify together.
+            self._syncer = TreeSyncer(loaded.client, StateStore(Path(loaded.settings.state_path)),
+                                      full_verify_interval=loaded.settings.full_verify_interval,
+                                      spread=True)
+            self._syncer_for = loaded
+            self._version_checked = False
+            from node_agent.cycle.reconcile import Reconciler
+            self._reconciler = Reconciler(loaded.client, self._syncer)
+            from node_agent.cycle.audit import Auditor
+            self._auditor = Auditor(self._syncer)
+        if not self._version_checked:
+            loaded.client.check_version()
+            self._version_checked = True
+        return self._syncer
+
+    def __call__(self, loaded: Loaded) -> CycleResult:
+        started = _now()
+        settings = loaded.settings
+        try:
+            state = StateStore(Path(settings.state_path)).load_or_empty(LOG)
+            desired = compute_desired(settings, self._hypervisor_for(settings.libvirt_uri),
+                                      state=state, lenient_files=True)
+            self._note_refused_files(desired.refused_files)
+            if settings.upstream == "messaging":
+                outcome = self._via_applier(loaded, desired)
+            else:
+                syncer = self._syncer_of(loaded)
+                verified_at = syncer.verified_at
+                desired = self._reconciler.maintained(desired)
+                outcome = self._reconciler.apply(desired, **self._reshape_hooks(loaded))
+                if outcome.ok:
+                    syncer.remember(APPLIED_KEY, desired.applied)
+                if syncer.verified_at != verified_at:  # this cycle read the whole tree
+                    self._audit(loaded, desired)
+            if outcome.ok:
+                forget_applied_off(StateStore(Path(settings.state_path)), desired.maintenance)
+            report = outcome.report
+            self._note_reshape(loaded, outcome)
+        except NodeAgentError as exc:
+            with self._lock:
+                self.last_error = {"time": started, "error": str(exc)}
+            if isinstance(exc, PlacementError) and self.messenger:
+                self.messenger.sync_error(loaded.settings.host, [str(exc)])
+            raise
+        with self._lock:
+            self.last_desired = desired
+            self.last_error = None
+            self.last_sync = {"time": started, "ok": outcome.ok,
+                              "summary": report.summary(),
+                              "errors": outcome.errors}
+        if self.messenger:
+            if report.applied:
+                self.messenger.inventory_update(loaded.settings.host, report.applied,
+                                                tree_summary(desired))
+            if outcome.errors:
+                self.messenger.sync_error(loaded.settings.host, outcome.errors)
+        return CycleResult(outcome.ok, report.summary())
+
+    def _note_refused_files(self, refused: tuple) -> None:
+        """Log bad provider files when the set changes, not every cycle."""
+        if refused == self._refused_files:
+            return
+        if refused:
+            LOG.error("operator provider files refused; the other files and the rest "
+                      "of the tree are still reported:\n%s",
+                      "\n".join(f"  - {problem}" for problem in refused))
+        else:
+            LOG.info("operator provider files are all valid again")
+        self._refused_files = refused
+
+    def _audit(self, loaded: Loaded, desired: Desired) -> None:
+        """The allocation audit, after a sync that verified the whole tree.
+        A failed read is logged; the cycle's sync result stands."""
+        settings = loaded.settings
+        try:
+            result = self._auditor.run(desired, settings.host, settings.numa_in_placement)
+        except NodeAgentError as exc:
+            LOG.warning("allocation audit not done: %s", exc)
+            return
+        with self._lock:
+            self.last_audit = result.as_dict()
+        if self._auditor.changed() and self.messenger:
+            self.messenger.audit(settings.host, self.last_audit)
+
+    def _via_applier(self, loaded: Loaded, desired: Desired):
+        """``[agent] upstream = messaging``: node-agent-applier applies it."""
+        from node_agent.remote import upstream
+        from node_agent.cycle.reconcile import CycleOutcome
+
+        settings = loaded.settings
+        if self._upstream is None:  # messaging options are read at start only
+            self._upstream = upstream.MessagingUpstream(
+                loaded.conf, settings.host, settings.upstream_topic,
+                settings.upstream_timeout)
+        report = self._upstream.send(desired, timeout=settings.upstream_timeout)
+        upstream.remember(StateStore(Path(settings.state_path)), report, desired)
+        return CycleOutcome(report)
+
+    def close(self) -> None:
+        if self._upstream is not None:
+            self._upstream.close()
+        if self._hypervisor is not None:
+            self._hypervisor.close()
+
+    def _hypervisor_for(self, uri: str):
+        """The service's libvirt connection (reopened after a failed read or
+        a reload that changed the URI); None without a hypervisor."""
+        if not uri:
+            return None
+        if self._hypervisor is None or self._hypervisor.uri != uri:
+            from node_agent.host.hypervisor import Hypervisor
+            if self._hypervisor is not None:
+                self._hypervisor.close()
+            self._hypervisor = Hypervisor(uri)
+        return self._hypervisor
+
+    def _reshape_hooks(self, loaded: Loaded) -> dict:
+        """Announce a reshape just before its POST (reshape.start)."""
+        if not self.messenger:
+            return {}
+
+        def before_post(body):
+            self.messenger.reshape("start", loaded.settings.host,
+                                   {"consumers": len(body.get("allocations", {}))})
+        return {"before_post": before_post}
+
+    def _note_reshape(self, loaded: Loaded, outcome) -> None:
+        from node_agent.errors import ReshapeError
+
+        reshape = outcome.reshape
+        host = loaded.settings.host
+        if isinstance(reshape, ReshapeError):
+            with self._lock:
+                self.reshape_errors += 1
+            if self.messenger:
+                self.messenger.reshape("error", host, {"error": str(reshape)})
+        elif reshape is not None and reshape.reshaped:
+            with self._lock:
+                self.reshapes += 1
+            if self.messenger:
+                self.messenger.reshape("end", host, {
+                    "consumers_moved": reshape.consumers_moved,
+                    "request_id": reshape.request_id})
+
+    def status(self, service: Service) -> dict:
+        """What ``get_status`` answers: a JSON-able summary."""
+        with self._lock:
+            desired = self.last_desired
+            health = service.health
+            return {
+                "host": service.config.settings.host,
+                "cycles": service.cycles,
+                "problem": None if health.kind is None else {
+                    "kind": health.kind, "message": health.message,
+                    "failed_cycles": health.failures},
+                "last_sync": self.last_sync,
+                "last_error": self.last_error,
+                "audit": self.last_audit,
+                "maintenance": Maintenance(service.config.settings.state_path).get(desired),
+                "tree": tree_summary(desired),
+                "warnings": list(desired.warnings) if desired else [],
+            }
+
+
+class Control:
+    """What the RPC endpoints act on (kept apart from oslo.messaging)."""
+
+    SYNC_WAIT = 120.0
+
+    def __init__(self, agent: Agent, service: Service):
+        self.agent = agent
+        self.service = service
+
+    def sync_now(self) -> dict:
+        number = self.service.trigger(wait=self.SYNC_WAIT)
+        status = self.status()
+        status["triggered_cycle"] = number
+        return status
+
+    def status(self) -> dict:
+        return self.agent.status(self.service)
+
+    def set_maintenance(self, on: bool, reason: Optional[str] = None) -> dict:
+        result = Maintenance(self.service.config.settings.state_path).set(on, reason)
+        self.service.trigger(wait=self.SYNC_WAIT)  # reserve (or release) it now
+        return result
+
+
+def run(args: Sequence[str], loaded: Optional[Loaded] = None) -> int:
+    """Run as a service until SIGTERM/SIGINT; returns the exit code.
+
+    Raises ConfigError (exit 78) when the configuration cannot start.
+    """
+    loaded = loaded or load(args)
+    from node_agent.remote import messaging
+    from node_agent.service import metrics
+
+    messenger = messaging.from_conf(loaded.conf, loaded.settings.host)
+    collector = metrics.from_conf(loaded.conf)
+    agent = Agent(messenger=messenger)
+    service = Service(agent, lambda: load(args), loaded, notifier=systemd_notifier(),
+                      after_cycle=collector.cycle_done if collector else None)
+    service.install_signal_handlers()
+    control = Control(agent, service)
+    try:
+        if collector:
+            collector.start(agent, service)  # a busy port stops here, before READY=1
+        if messenger:
+            messenger.start_rpc(control)
+        return service.run()
+    finally:
+        agent.close()
+        if messenger:
+            messenger.stop()
+        if collector:
+            collector.stop()

@@ -1,0 +1,185 @@
+"""Prometheus metrics, computed at scrape time from the agent's current
+state (a custom collector), never kept as increments that could drift.
+
+Served over HTTP on ``[agent] metrics_port`` (``metrics_host``) and/or
+written after each cycle to ``[agent] metrics_textfile`` for
+node_exporter's textfile collector. Both are off by default.
+
+Placement request counts come from the client's request log, so they
+restart from zero when a SIGHUP builds a new client.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Optional
+
+from prometheus_client import (CollectorRegistry, Histogram, start_http_server,
+                               write_to_textfile)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from node_agent.errors import ResourceError
+from node_agent.policy.maintenance import is_on
+
+LOG = logging.getLogger(__name__)
+PREFIX = "node_agent"
+
+
+# Cycle durations: a cycle with no change takes well under a second, a
+# first sync or a reshape several seconds, a hung Placement up to its timeout.
+DURATION_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, float("inf"))
+
+
+def _counter(name, doc, value):
+    """A monotonic count: exposed as ``<name>_total`` of type counter."""
+    family = CounterMetricFamily(f"{PREFIX}_{name}", doc)
+    family.add_metric([], value)
+    return family
+
+
+def _gauge(name, doc, value=None, labels=()):
+    family = GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=list(labels) or None)
+    if value is not None:
+        family.add_metric([], value)
+    return family
+
+
+class AgentCollector:
+    """Reads the agent and the loop when scraped."""
+
+    def __init__(self, agent, service):
+        self.agent = agent
+        self.service = service
+
+    def collect(self):
+        service, agent = self.service, self.agent
+        yield _gauge("last_cycle_duration_seconds", "Duration of the last cycle.",
+                     service.last_duration or 0.0)
+        yield _gauge("last_success_timestamp_seconds",
+                     "Unix time of the last cycle that synced (0: none yet).",
+                     service.last_success or 0.0)
+        yield _counter("cycles", "Cycles run since the agent started.", service.cycles)
+        yield _gauge("failed_cycles", "Failed cycles in a row (0 when healthy).",
+                     service.health.failures)
+        problem = _gauge("problem", "1 for the current problem kind (placement, "
+                         "host, config, state, internal).", labels=["kind"])
+        for kind in ("placement", "host", "config", "state", "internal"):
+            problem.add_metric([kind], 1 if service.health.kind == kind else 0)
+        yield problem
+        last = agent.last_sync or {}
+        yield _gauge("sync_errors", "Changes the last sync could not apply.",
+                     len(last.get("errors", [])))
+        yield _counter("reshapes", "Reshapes done since the agent started.", agent.reshapes)
+        yield _counter("reshape_errors", "Reshapes refused or failed since the agent "
+                       "started.", agent.reshape_errors)
+        desired = agent.last_desired
+        maintenance = bool(desired and is_on(desired.maintenance))
+        yield _gauge("maintenance", "1 while the reported tree is in maintenance.",
+                     1 if maintenance else 0)
+        yield self._inventories()
+        yield self._requests()
+        yield self._audit()
+
+    def _audit(self):
+        """Absent until the first audit ran: no audit is not "no finding"."""
+        family = _gauge("audit_findings", "Findings of the last allocation audit, "
+                        "per kind (orphan, no_allocation, size_mismatch) and state "
+                        "(alarm, in_flight, pending).", labels=["kind", "state"])
+        last = getattr(self.agent, "last_audit", None)
+        for kind, states in sorted(((last or {}).get("counts") or {}).items()):
+            for state, count in sorted(states.items()):
+                family.add_metric([kind, state], count)
+        return family
+
+    def _inventories(self):
+        family = _gauge("inventory_total", "Inventory total reported, per provider "
+                        "and resource class.", labels=["provider", "resource_class"])
+        desired = self.agent.last_desired
+        for provider in desired.tree.providers if desired else ():
+            for rc, inventory in sorted(provider.inventories.items()):
+                family.add_metric([provider.name, rc], inventory.total)
+        return family
+
+    def _requests(self):
+        family = CounterMetricFamily(
+            f"{PREFIX}_placement_requests", "HTTP requests sent to Placement by "
+            "method and status (0: no response).", labels=["method", "status"])
+        client = getattr(self.service.config, "client", None)
+        counts = getattr(getattr(client, "stats", None), "by_status", Counter())
+        for (method, status), count in sorted(counts.items()):
+            family.add_metric([method, str(status)], count)
+        return family
+
+
+class Metrics:
+    def __init__(self, port: int = 0, host: str = "127.0.0.1",
+                 textfile: Optional[str] = None):
+        self.port = port
+        self.host = host
+        self.textfile = textfile
+        self.registry = CollectorRegistry()
+        self._server = None
+        self.durations = Histogram(f"{PREFIX}_cycle_duration_seconds",
+                                   "Duration of each cycle.", buckets=DURATION_BUCKETS,
+                                   registry=self.registry)
+        self._service = None
+
+    def start(self, agent, service) -> None:
+        self._service = service
+        self.registry.register(AgentCollector(agent, service))
+        if self.port:
+            try:
+                self._server, _thread = start_http_server(self.port, self.host,
+                                                          registry=self.registry)
+            except OSError as exc:
+                raise ResourceError(
+                    f"[agent] metrics_port = {self.port}: cannot listen on "
+                    f"{self.host}:{self.port}: {exc.strerror or exc}. Another process "
+                    "holds the port (see `ss -ltnp`); stop it or choose another "
+                    "metrics_port.") from None
+            LOG.info("metrics on http://%s:%d/metrics", self.host, self.port)
+
+    def cycle_done(self) -> None:
+        if self._service is not None and self._service.last_duration is not None:
+            self.durations.observe(self._service.last_duration)
+        self.write_textfile()
+
+    def write_textfile(self) -> None:
+        if self.textfile:
+            try:
+                write_to_textfile(self.textfile, self.registry)
+            except OSError as exc:
+                LOG.warning("cannot write metrics to %s: %s", self.textfile, exc)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+
+def from_conf(conf) -> Optional[Metrics]:
+    agent = conf.agent
+    if not agent.metrics_port and not agent.metrics_textfile:
+        return None
+    return Metrics(agent.metrics_port, agent.metrics_host, agent.metrics_textfile)
+
+
+def write_once(conf, desired, client, duration: float, errors: list) -> None:
+    """``--once``: the service's metrics for this one cycle, written to
+    ``[agent] metrics_textfile`` when it is set, so node_exporter's textfile
+    collector shows hosts synced by a timer too."""
+    import time
+    from types import SimpleNamespace
+
+    if not conf.agent.metrics_textfile:
+        return
+    metrics = Metrics(textfile=conf.agent.metrics_textfile)
+    service = SimpleNamespace(
+        last_duration=duration, last_success=None if errors else time.time(),
+        cycles=1, health=SimpleNamespace(failures=0, kind=None),
+        config=SimpleNamespace(client=client))
+    agent = SimpleNamespace(last_sync={"errors": list(errors)}, reshapes=0,
+                            reshape_errors=0, last_desired=desired)
+    metrics.start(agent, service)
+    metrics.cycle_done()

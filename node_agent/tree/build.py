@@ -1,0 +1,130 @@
+"""Desired provider tree from a host snapshot, its CPU partition and settings.
+
+Pure: the same inputs always give the same tree. Classes whose total is 0
+are left out, as Placement has no use for an empty inventory.
+
+The tree: the root (CPUs, memory, disk, or one unit in whole-node mode),
+then NUMA children (:mod:`node_agent.tree.numa`), GPU and SR-IOV children
+(:mod:`node_agent.tree.pci`), and finally the operator's provider files
+(:mod:`node_agent.policy.provider_config`) layered on top.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Mapping, Optional, Sequence, Set
+
+import os_resource_classes as orc
+import os_traits
+
+from node_agent.tree.cpu_traits import feature_traits
+from node_agent.errors import ConfigError
+from node_agent.tree.numa import split_by_numa
+from node_agent.policy.partition import CpuPartition
+from node_agent.tree.pci import gpu_children, sriov_children
+from node_agent.policy.provider_config import ProviderConfig, apply_provider_configs
+from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
+from node_agent.model.settings import Settings
+from node_agent.model.snapshot import HostSnapshot
+
+# libvirt/uname architecture names -> os-traits HW_ARCH_* names.
+_ARCH_ALIASES = {"i386": "i686", "i486": "i686", "i586": "i686", "amd64": "x86_64",
+                 "arm64": "aarch64", "armv6l": "armv6", "armv7l": "armv7"}
+
+
+def arch_trait(arch: str | None) -> str | None:
+    if not arch:
+        return None
+    name = "HW_ARCH_" + _ARCH_ALIASES.get(arch, arch).upper()
+    return name if hasattr(os_traits, name) else None
+
+
+def check_reserved(settings: Settings, host: HostSnapshot) -> None:
+    """Reserved memory and disk must leave something for guests."""
+    problems = []
+    if host.memory_mb and settings.reserved_host_memory_mb >= host.memory_mb:
+        problems.append(
+            f"[compute] reserved_host_memory_mb = {settings.reserved_host_memory_mb} is not "
+            f"below the host's {host.memory_mb} MiB of memory. Lower it.")
+    reserved_gb = disk_reserved_gb(settings)
+    if host.disk_gb and reserved_gb >= host.disk_gb:
+        problems.append(
+            f"[compute] reserved_host_disk_mb = {settings.reserved_host_disk_mb} "
+            f"({reserved_gb} GiB) is not below the {host.disk_gb} GiB of the filesystem "
+            f"holding instances_path = '{settings.instances_path}'. Lower it.")
+    if problems:
+        raise ConfigError(problems)
+
+
+def disk_reserved_gb(settings: Settings) -> int:
+    return math.ceil(settings.reserved_host_disk_mb / 1024)
+
+
+def root_inventories(settings: Settings, host: HostSnapshot,
+                     partition: CpuPartition) -> dict[str, Inventory]:
+    candidates = {
+        orc.VCPU: Inventory(total=len(partition.shared), reserved=partition.vcpu_reserved,
+                            allocation_ratio=settings.cpu_allocation_ratio,
+                            keep_placement_ratio=settings.keeps_placement_ratio("cpu")),
+        orc.PCPU: Inventory(total=len(partition.pcpu)),
+        orc.MEMORY_MB: Inventory(total=host.memory_mb,
+                                 reserved=settings.reserved_host_memory_mb,
+                                 allocation_ratio=settings.ram_allocation_ratio,
+                                 keep_placement_ratio=settings.keeps_placement_ratio("ram")),
+        orc.DISK_GB: Inventory(total=host.disk_gb, reserved=disk_reserved_gb(settings),
+                               allocation_ratio=settings.disk_allocation_ratio,
+                               keep_placement_ratio=settings.keeps_placement_ratio("disk")),
+    }
+    return {rc: inv for rc, inv in candidates.items() if inv.total > 0}
+
+
+def root_traits(host: HostSnapshot) -> dict[str, bool]:
+    """Traits the agent decides about on the root: {trait: present?}.
+
+    CPU feature traits come from :mod:`node_agent.tree.cpu_traits`: every trait
+    of its table is decided (absent features are False) once libvirt has
+    described the CPU.
+    """
+    traits = {os_traits.COMPUTE_NODE: True,
+              os_traits.HW_CPU_HYPERTHREADING: host.has_smt}
+    arch = arch_trait(host.cpu_model.arch)
+    if arch:
+        traits[arch] = True
+    traits.update(feature_traits(host.cpu_model))
+    return traits
+
+
+def whole_node_inventories(resource_class: str) -> dict[str, Inventory]:
+    """Bare-metal (Ironic) model: one node, one unit, nothing else."""
+    return {resource_class: Inventory(total=1, max_unit=1)}
+
+
+def build_tree(settings: Settings, host: HostSnapshot, partition: CpuPartition,
+               operator: Sequence[ProviderConfig] = (),
+               previously_applied: Optional[Mapping[str, Set[str]]] = None) -> ProviderTree:
+    """The desired tree. ``operator`` are the parsed provider config files
+    (:func:`node_agent.config.provider_files.load_provider_configs`);
+    ``previously_applied`` is what those files added last time, by provider
+    name, so traits dropped from a file are removed (see
+    :func:`node_agent.policy.provider_config.apply_provider_configs`)."""
+    if settings.node_resource_class:
+        root = Provider(name=settings.host,
+                        inventories=whole_node_inventories(settings.node_resource_class),
+                        traits=root_traits(host))
+        tree = ProviderTree((root,))
+    else:
+        tree = _resource_tree(settings, host, partition)
+    return apply_provider_configs(tree, operator, previously_applied or {})
+
+
+def _resource_tree(settings: Settings, host: HostSnapshot,
+                   partition: CpuPartition) -> ProviderTree:
+    check_reserved(settings, host)
+    inventories = root_inventories(settings, host, partition)
+    children: tuple[Provider, ...] = ()
+    if settings.numa_in_placement and host.nodes:
+        split = split_by_numa(settings, host, partition, inventories)
+        inventories, children = split.root_inventories, split.children
+    root = Provider(name=settings.host, inventories=inventories, traits=root_traits(host))
+    children += gpu_children(settings, host) + sriov_children(settings, host)
+    return ProviderTree((root,) + children)

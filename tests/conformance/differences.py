@@ -1,0 +1,72 @@
+"""The README's "Where node-agent differs from nova" table, and the rule it sets.
+
+The rule: a difference between node-agent and nova on the same input is a
+bug unless the table lists it, by id, with the reason. Each conformance area
+reports the differences it observed, by id; :func:`check` fails on an
+unlisted one, and on a listed one (of that area) that no longer occurs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from tests.conformance.bridge import REPO
+
+README = REPO / "README.md"
+HEADING = "## Where node-agent differs from nova"
+# A difference no table row can name: always a failure.
+UNCLASSIFIED = "UNCLASSIFIED"
+
+_ROW = re.compile(r"^\|\s*`([a-z0-9-]+)`\s*\|\s*([a-z_]+)\s*\|")
+
+
+def listed() -> dict[str, str]:
+    """id -> area, from the README table."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index(HEADING)
+    end = text.find("\n## ", start + len(HEADING))
+    rows = {}
+    for line in text[start:end if end != -1 else None].splitlines():
+        match = _ROW.match(line)
+        if match:
+            rows[match.group(1)] = match.group(2)
+    return rows
+
+
+@dataclass
+class Observed:
+    """What one area saw: the number of cases, and differences by id."""
+
+    area: str
+    cases: int = 0
+    differences: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+
+    def add(self, difference_id: str, example: str) -> None:
+        self.differences[difference_id].append(example)
+
+
+# area -> Observed, for the end-of-run summary (conftest prints it).
+RESULTS: dict[str, Observed] = {}
+
+
+def check(observed: Observed, record: bool = True) -> None:
+    """Fail on an unlisted difference, or a listed one of this area that did
+    not occur. ``record`` puts the area in the end-of-run summary."""
+    if record:
+        RESULTS[observed.area] = observed
+    table = listed()
+    expected = {i for i, area in table.items() if area == observed.area}
+    seen = set(observed.differences)
+    problems = []
+    for diff_id in sorted(seen - expected):
+        examples = observed.differences[diff_id][:5]
+        where = (f" (listed for area {table[diff_id]})" if diff_id in table else "")
+        problems.append(f"unlisted difference {diff_id}{where} in {len(observed.differences[diff_id])} "
+                        f"case(s), e.g.:\n    " + "\n    ".join(examples))
+    for diff_id in sorted(expected - seen):
+        problems.append(f"listed difference {diff_id} no longer occurs: remove its "
+                        "row from the README table")
+    assert not problems, (f"{observed.area} ({observed.cases} cases) against nova:\n  "
+                          + "\n  ".join(problems))

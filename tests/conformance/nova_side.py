@@ -1,0 +1,241 @@
+"""The nova side of the conformance bridge. Runs under ``.venv-nova``'s
+Python, never under the agent's: it imports nova 34 and the standard library
+only, never ``node_agent`` or ``tests``.
+
+Protocol: one JSON object per line on stdin, ``{"op": NAME, "args": {...}}``;
+one JSON object per line on stdout, ``{"ok": RESULT}`` or
+``{"error": "Type: message"}``. The process lives for a whole test session;
+end it by closing stdin.
+
+Every operation calls nova's own function with the configuration set
+through nova's own ``CONF`` (``set_override``), so the answer is nova's, not
+a re-implementation of it. Batched operations answer one result per case,
+each ``{"value": ...}`` or ``{"refused": "Type: message"}``.
+"""
+
+import functools
+import json
+import logging
+import sys
+import warnings
+
+warnings.simplefilter("ignore")
+logging.disable(logging.CRITICAL)
+
+import nova.conf  # noqa: E402  (after the warning filters)
+from nova.compute import provider_config  # noqa: E402
+from nova.compute import provider_tree as nova_provider_tree  # noqa: E402
+from nova.compute import utils as compute_utils  # noqa: E402
+from nova.compute.resource_tracker import ResourceTracker  # noqa: E402
+from nova.virt import driver as virt_driver  # noqa: E402
+from nova.virt import hardware  # noqa: E402
+from nova.virt.libvirt import driver as libvirt_driver  # noqa: E402
+from nova.virt.libvirt import utils as libvirt_utils  # noqa: E402
+
+CONF = nova.conf.CONF
+CONF([], project="nova", default_config_files=[])
+
+# (group, name) of every option an operation may set; None is [DEFAULT].
+_OPTIONS = {
+    "cpu_dedicated_set": "compute", "cpu_shared_set": "compute",
+    "vcpu_pin_set": None, "reserved_host_cpus": None,
+    "reserved_host_memory_mb": None, "reserved_host_disk_mb": None,
+    "cpu_allocation_ratio": None, "ram_allocation_ratio": None,
+    "disk_allocation_ratio": None, "initial_cpu_allocation_ratio": None,
+    "initial_ram_allocation_ratio": None, "initial_disk_allocation_ratio": None,
+    "cpu_power_management": "libvirt",
+}
+
+
+def _configure(options):
+    for name, group in _OPTIONS.items():
+        CONF.clear_override(name, group=group)
+    for name, value in (options or {}).items():
+        CONF.set_override(name, value, group=_OPTIONS[name])
+
+
+def _refusal(exc):
+    return {"refused": f"{type(exc).__name__}: {exc}"}
+
+
+def _each(cases, fn):
+    out = []
+    for case in cases:
+        try:
+            out.append({"value": fn(case)})
+        except Exception as exc:  # nova refusing is an answer, not a bridge failure
+            out.append(_refusal(exc))
+    return out
+
+
+def _runs(cpus):
+    """Sorted ids as ``[[first, last], ...]`` runs: compact for wide ranges."""
+    runs = []
+    for cpu in sorted(cpus):
+        if runs and runs[-1][1] == cpu - 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return runs
+
+
+def parse_cpu_spec(specs):
+    """``hardware.parse_cpu_spec`` per spec, as runs of ids."""
+    return _each(specs, lambda s: _runs(hardware.parse_cpu_spec(s)))
+
+
+class _Host:
+    """What the libvirt driver asks of ``self._host``: libvirt's CPU map."""
+
+    def __init__(self, online, present):
+        self._online, self._present = set(online), set(present)
+
+    def get_online_cpus(self):
+        return set(self._online)
+
+    def get_available_cpus(self):
+        return set(self._present)
+
+
+class _Driver:
+    def __init__(self, online, present):
+        self._host = _Host(online, present)
+
+
+def cpu_sets(cases):
+    """Per case ``{options, online, present}``: nova's start-up check
+    (``_check_cpu_set_configuration``), then ``_get_vcpu_available`` and
+    ``_get_pcpu_available`` of the libvirt driver, and the VCPU reserved."""
+    def one(case):
+        _configure(case["options"])
+        drv = _Driver(case["online"], case["present"])
+        libvirt_driver.LibvirtDriver._check_cpu_set_configuration(drv)
+        vcpu = libvirt_driver.LibvirtDriver._get_vcpu_available(drv)
+        pcpu = libvirt_driver.LibvirtDriver._get_pcpu_available(drv)
+        return {"vcpu": sorted(vcpu), "pcpu": sorted(pcpu),
+                "vcpu_reserved": CONF.reserved_host_cpus}
+    try:
+        return _each(cases, one)
+    finally:
+        _configure({})
+
+
+def ratios(cases):
+    """Per case ``{options, inventory}``: ``ComputeDriver._get_allocation_ratios``
+    and the reserved values ``update_provider_tree`` writes."""
+    def one(case):
+        _configure(case["options"])
+        result = virt_driver.ComputeDriver._get_allocation_ratios(case["inventory"])
+        return {"ratios": result,
+                "reserved": {"MEMORY_MB": CONF.reserved_host_memory_mb,
+                             "DISK_GB": compute_utils.convert_mb_to_ceil_gb(
+                                 CONF.reserved_host_disk_mb)}}
+    try:
+        return _each(cases, one)
+    finally:
+        _configure({})
+
+
+def provider_configs(directory):
+    """``get_provider_configs(dir)`` as plain data, or the refusal."""
+    try:
+        configs = provider_config.get_provider_configs(directory)
+    except Exception as exc:
+        return _refusal(exc)
+    return {"value": {key: {k: v for k, v in value.items() if k != "__source_file"}
+                      for key, value in configs.items()}}
+
+
+def merge_provider_configs(directory, tree):
+    """Load ``directory`` and merge it into ``tree`` (a list of
+    ``{name, uuid, parent_uuid, inventories, traits}``) with the resource
+    tracker's ``_merge_provider_configs``. Returns the merged tree."""
+    try:
+        configs = provider_config.get_provider_configs(directory)
+    except Exception as exc:
+        return _refusal(exc)
+    ptree = nova_provider_tree.ProviderTree()
+    for p in tree:
+        if p["parent_uuid"] is None:
+            ptree.new_root(p["name"], p["uuid"], generation=1)
+        else:
+            ptree.new_child(p["name"], p["parent_uuid"], uuid=p["uuid"], generation=1)
+        ptree.update_inventory(p["uuid"], p["inventories"])
+        ptree.update_traits(p["uuid"], p["traits"])
+    tracker = type("Tracker", (), {})()
+    tracker.absent_providers = set()
+    tracker._get_providers_to_update = functools.partial(
+        ResourceTracker._get_providers_to_update, tracker)
+    try:
+        ResourceTracker._merge_provider_configs(tracker, configs, ptree)
+    except Exception as exc:
+        return _refusal(exc)
+    out = []
+    for p in tree:
+        data = ptree.data(p["uuid"])
+        out.append({"name": data.name, "uuid": data.uuid,
+                    "inventories": data.inventory, "traits": sorted(data.traits)})
+    return {"value": out}
+
+
+def cpu_traits(feature_sets):
+    return _each(feature_sets, lambda f: libvirt_utils.cpu_features_to_traits(set(f)))
+
+
+def test_data_dir():
+    """Where the nova wheel keeps its provider.yaml test data."""
+    import os
+    import nova.tests.unit.compute as pkg
+    return os.path.join(os.path.dirname(pkg.__file__), "provider_config_data")
+
+
+# The namespaces nova's own sample config is generated from
+# (etc/nova/nova-config-generator.conf), where installed.
+NOVA_CONFIG_NAMESPACES = (
+    "nova.conf", "keystonemiddleware.auth_token", "oslo.log", "oslo.messaging",
+    "oslo.policy", "oslo.privsep", "oslo.service.periodic_task",
+    "oslo.service.service", "oslo.db", "oslo.cache", "oslo.middleware",
+    "oslo.concurrency", "oslo.reports", "oslo.versionedobjects", "os_vif",
+    "castellan.config", "oslo.limit", "os_brick")
+
+
+def option_names():
+    """{section: sorted option names} of a nova.conf, deprecated names included."""
+    from oslo_config import generator
+    names = {}
+    for _namespace, groups in generator._list_opts(NOVA_CONFIG_NAMESPACES):
+        for group, opts in groups:
+            section = getattr(group, "name", group) or "DEFAULT"
+            bucket = names.setdefault(section, set())
+            for opt in opts:
+                bucket.add(opt.dest)
+                bucket.add(opt.name.replace("-", "_"))
+                for old in opt.deprecated_opts:
+                    if old.name and old.group in (None, section):
+                        bucket.add(old.name.replace("-", "_"))
+    return {section: sorted(opts) for section, opts in sorted(names.items())}
+
+
+def version():
+    import importlib.metadata
+    return importlib.metadata.version("nova")
+
+
+OPS = {f.__name__: f for f in (parse_cpu_spec, cpu_sets, ratios, provider_configs,
+                               merge_provider_configs, cpu_traits, test_data_dir,
+                               option_names, version)}
+
+
+def main():
+    for line in sys.stdin:
+        try:
+            request = json.loads(line)
+            answer = {"ok": OPS[request["op"]](**request.get("args", {}))}
+        except Exception as exc:
+            answer = {"error": f"{type(exc).__name__}: {exc}"}
+        sys.stdout.write(json.dumps(answer) + "\n")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,301 @@
+"""The allocation audit against the real Placement, with libvirt test-driver
+guests (tests/data/libvirt/host.xml) and scheduler-style allocations.
+
+The scheduler here writes at 1.38 so consumers carry their type (INSTANCE,
+MIGRATION) as nova's do since Yoga.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from pathlib import Path
+
+import pytest
+
+from node_agent.cycle.audit import Auditor
+from node_agent.cycle.desired import compute_desired
+from node_agent.placement.client import PlacementClient
+from node_agent.placement.sync import TreeSyncer
+from node_agent.policy import audit as A
+from node_agent.service.daemon import Agent, Loaded
+from node_agent.service.metrics import AgentCollector
+from node_agent.state import StateStore
+from tests.cli.runner import run_agent
+from tests.integration.reshape_driver import PROJECT, USER, Host, agent_cycle
+from tests.integration.test_cli_reshape import write_config
+
+pytestmark = pytest.mark.integration
+LOG = logging.getLogger(__name__)
+
+
+class Scheduler(PlacementClient):
+    MICROVERSION = "1.38"
+
+
+def claim(client, consumer, by_rp, consumer_type="INSTANCE"):
+    client.put(f"/allocations/{consumer}", {
+        "allocations": {rp: {"resources": res} for rp, res in by_rp.items()},
+        "project_id": PROJECT, "user_id": USER, "consumer_generation": None,
+        "consumer_type": consumer_type})
+
+
+def guest_resources(guest) -> dict:
+    return {"VCPU": guest.vcpus, "MEMORY_MB": guest.memory_kb // 1024}
+
+
+class Scene:
+    """One host whose tree the agent created, every guest of host.xml known,
+    and the scheduler's claims as each test sets them up."""
+
+    def __init__(self, tmp_path, url, name):
+        self.host = Host(tmp_path, url, name)
+        agent_cycle(self.host.agent, self.host.settings())
+        self.scheduler = Scheduler.for_endpoint(url)
+        store = StateStore(Path(self.host.state_dir))
+        self.guests = {g.name: g for g in compute_desired(
+            self.host.settings(), state=store.load_or_empty(LOG)).host.guests}
+        self.other_host = str(uuid.uuid4())
+        self.scheduler.post("/resource_providers", {"name": f"{name}-other",
+                                                    "uuid": self.other_host})
+        self.scheduler.put(f"/resource_providers/{self.other_host}/inventories", {
+            "resource_provider_generation": 0,
+            "inventories": {"VCPU": {"total": 64}, "MEMORY_MB": {"total": 65536}}})
+        self.consumers: list[str] = []
+
+    def claim(self, consumer, by_rp, consumer_type="INSTANCE"):
+        claim(self.scheduler, consumer, by_rp, consumer_type)
+        self.consumers.append(consumer)
+
+    def claim_guest(self, name, **override):
+        guest = self.guests[name]
+        self.claim(guest.uuid, {self.host.root: {**guest_resources(guest), **override}})
+        return guest
+
+    def every_allocation(self) -> dict:
+        """Every allocation on both hosts' providers, and every consumer's
+        record with its generation, read by the scheduler."""
+        seen = {}
+        for rp in (self.host.root, self.other_host):
+            seen[rp] = self.scheduler.get(f"/resource_providers/{rp}/allocations")
+        for consumer in self.consumers:
+            seen[consumer] = self.scheduler.get(f"/allocations/{consumer}")
+        return seen
+
+
+@pytest.fixture
+def scene(tmp_path, placement_server, host_name):
+    return Scene(tmp_path, placement_server.url, host_name)
+
+
+def set_up_every_case(scene: Scene) -> dict:
+    """Each kind of finding, and each in-flight case, on one host."""
+    s = scene
+    for name in ("instance-00000001", "instance-00000002", "instance-00000005"):
+        s.claim_guest(name)
+    cases = {
+        "resized": s.claim_guest("instance-00000003", VCPU=4).uuid,   # old size kept
+        "unclaimed": s.guests["instance-00000006"].uuid,              # no allocation
+        "orphan": str(uuid.uuid4()),                                  # deleted while down
+        "migration": str(uuid.uuid4()),                               # MIGRATION consumer
+        "spanning": str(uuid.uuid4()),                                # here and elsewhere
+        "migrating_out": s.guests["instance-00000004"].uuid,          # held on the other host
+    }
+    s.claim(cases["orphan"], {s.host.root: {"VCPU": 1, "MEMORY_MB": 512}})
+    s.claim(cases["migration"], {s.host.root: {"VCPU": 2, "MEMORY_MB": 1024}}, "MIGRATION")
+    s.claim(cases["spanning"], {s.host.root: {"VCPU": 1, "MEMORY_MB": 256},
+                                s.other_host: {"VCPU": 1, "MEMORY_MB": 256}})
+    s.claim(cases["migrating_out"], {s.other_host: {"VCPU": 1, "MEMORY_MB": 1024}})
+    return cases
+
+
+def by_consumer(audit: dict) -> dict:
+    return {f["consumer"]: (f["kind"], f["state"]) for f in audit["findings"]}
+
+
+def test_audit_command_reports_each_kind_once_seen_twice_and_never_alarms_in_flight(scene):
+    cases = set_up_every_case(scene)
+    config = write_config(scene.host)
+    before = scene.every_allocation()
+
+    first = run_agent("--config-file", config, "audit", "--output", "json")
+    assert first.code == 0, first.stderr   # all new: pending, or in flight
+    found = by_consumer(first.json()["audit"])
+    assert found[cases["orphan"]] == (A.ORPHAN, A.PENDING)
+    assert found[cases["unclaimed"]] == (A.NO_ALLOCATION, A.PENDING)
+    assert found[cases["resized"]] == (A.SIZE_MISMATCH, A.PENDING)
+
+    # Global options after the subcommand work too.
+    second = run_agent("audit", "--output", "json", "--config-file", config)
+    assert second.code == 1, second.stderr  # alarms
+    audit = second.json()["audit"]
+    assert by_consumer(audit) == {
+        cases["orphan"]: (A.ORPHAN, A.ALARM),
+        cases["unclaimed"]: (A.NO_ALLOCATION, A.ALARM),
+        cases["resized"]: (A.SIZE_MISMATCH, A.ALARM),
+        cases["migration"]: (A.ORPHAN, A.IN_FLIGHT),
+        cases["spanning"]: (A.ORPHAN, A.IN_FLIGHT),
+        cases["migrating_out"]: (A.NO_ALLOCATION, A.IN_FLIGHT),
+    }
+    types = {f["consumer"]: f["consumer_type"] for f in audit["findings"]}
+    assert types[cases["orphan"]] == "INSTANCE"
+    assert types[cases["migration"]] == "MIGRATION"
+    resized = next(f for f in audit["findings"] if f["consumer"] == cases["resized"])
+    assert resized["sizes"] == [{"resource": "VCPU", "guest": 2, "allocated": 4}]
+    orphan = next(f for f in audit["findings"] if f["consumer"] == cases["orphan"])
+    assert orphan["orphaned_since"] <= orphan["orphaned_since"] + orphan["orphaned_for_s"]
+    assert audit["alarms"] == 3
+
+    text = run_agent("--config-file", config, "audit")
+    assert text.code == 1
+    assert f"ALARM: orphan consumer {cases['orphan']}" in text.stdout
+    assert "in flight (not an alarm): orphan consumer" in text.stdout
+
+    # The audit never changes an allocation.
+    assert scene.every_allocation() == before
+
+
+def test_dry_run_shows_the_audit_section_and_writes_nothing(scene):
+    cases = set_up_every_case(scene)
+    config = write_config(scene.host)
+    before = scene.every_allocation()
+    state_before = Path(scene.host.state_dir, "state.json").read_bytes() \
+        if Path(scene.host.state_dir, "state.json").exists() else None
+    for _ in range(2):
+        plan = run_agent("--config-file", config, "--once", "--dry-run", "--output", "json")
+        assert plan.code == 0, plan.stderr
+        # --dry-run keeps no observation: everything new stays pending.
+        assert by_consumer(plan.json()["audit"])[cases["orphan"]] == (A.ORPHAN, A.PENDING)
+    text = run_agent("--config-file", config, "--once", "--dry-run")
+    assert "Allocation audit (" in text.stdout
+    assert "pending: orphan consumer" in text.stdout
+    assert scene.every_allocation() == before
+    if state_before is not None:
+        assert Path(scene.host.state_dir, "state.json").read_bytes() == state_before
+
+
+def test_audit_without_placement_is_a_config_error(tmp_path):
+    config = tmp_path / "node-agent.conf"
+    config.write_text(f"[DEFAULT]\nstate_path = {tmp_path}\n")
+    result = run_agent("--config-file", str(config), "audit")
+    assert result.code == 78
+    assert "node-agent audit reads Placement" in result.stderr
+
+
+def test_steady_cycle_sends_no_request_and_the_audit_runs_with_each_full_verify(scene):
+    set_up_every_case(scene)
+    client = PlacementClient.for_endpoint(scene.host.url)
+    agent = Agent()
+    loaded = Loaded(None, scene.host.settings(), client)
+    try:
+        agent(loaded)                       # first cycle: full verify, then the audit
+        providers = 1   # this host's tree: the root only
+        # Consumers the allocations alone cannot explain: the orphan, the
+        # MIGRATION and spanning consumers, the two guests with nothing here.
+        looked_up = 5
+        assert agent._auditor.requests == providers + looked_up
+        assert agent.last_audit["counts"][A.ORPHAN][A.PENDING] == 1
+
+        client.stats.reset()
+        agent(loaded)                       # steady: nothing changed, nothing due
+        assert client.stats.total == 0
+
+        agent._syncer.full_verify_interval = 0   # the next full verify is due
+        agent(loaded)
+        assert any(p.endswith("/allocations") for _m, p, _s in client.stats.log)
+        assert agent.last_audit["counts"][A.ORPHAN][A.ALARM] == 1
+        assert client.stats.writes == 0
+        gauges = {tuple(s.labels.values()): s.value
+                  for s in AgentCollector(agent, None)._audit().samples}
+        assert gauges[(A.ORPHAN, A.ALARM)] == 1
+        assert gauges[(A.ORPHAN, A.IN_FLIGHT)] == 2
+        assert gauges[(A.NO_ALLOCATION, A.IN_FLIGHT)] == 1
+        assert gauges[(A.SIZE_MISMATCH, A.ALARM)] == 1
+    finally:
+        agent.close()
+
+
+def test_findings_change_is_noticed_once(scene):
+    cases = set_up_every_case(scene)
+    client = PlacementClient.for_endpoint(scene.host.url)
+    store = StateStore(Path(scene.host.state_dir))
+    syncer = TreeSyncer(client, store)
+    desired = compute_desired(scene.host.settings(), state=store.load_or_empty(LOG))
+    syncer.plan(desired.tree)
+    auditor = Auditor(syncer)
+    auditor.run(desired, scene.host.name, numa=False)
+    assert auditor.changed()              # the in-flight cases are news
+    auditor.run(desired, scene.host.name, numa=False)
+    assert auditor.changed()              # pending ones became alarms
+    auditor.run(desired, scene.host.name, numa=False)
+    assert not auditor.changed()          # the same set: no second notification
+    scene.scheduler.delete(f"/allocations/{cases['orphan']}")
+    auditor.run(desired, scene.host.name, numa=False)
+    assert auditor.changed()              # an orphan cleared by the operator
+
+
+def test_audit_of_a_host_not_yet_in_placement_says_so(tmp_path, placement_server, host_name):
+    host = Host(tmp_path, placement_server.url, host_name)
+    result = run_agent("--config-file", write_config(host), "audit")
+    assert result.code == 1
+    assert f"{host_name} has no provider in Placement" in result.stderr
+    assert "node-agent --once" in result.stderr
+
+
+def test_a_change_in_the_findings_is_notified_once_over_the_real_bus(scene, rabbitmq, tmp_path):
+    from oslo_config import cfg
+
+    from node_agent.remote import messaging
+    from tests.integration.test_messaging import Collector
+
+    class Heard(Collector):
+        warn = Collector.info
+
+    om = messaging.oslo_messaging()
+    listen_conf = cfg.ConfigOpts()
+    listen_conf([])
+    transport = om.get_notification_transport(listen_conf, url=rabbitmq)
+    heard = Heard()
+    server = om.get_notification_listener(transport, [om.Target(topic="notifications")],
+                                          [heard])
+    server.start()
+    conf_file = tmp_path / "bus.conf"
+    conf_file.write_text(f"[DEFAULT]\ntransport_url = {rabbitmq}\n")
+    conf = cfg.ConfigOpts()
+    messaging.register(conf)
+    conf(["--config-file", str(conf_file)])
+    messenger = messaging.from_conf(conf, scene.host.name)
+    cases = set_up_every_case(scene)
+    agent = Agent(messenger=messenger)
+    loaded = Loaded(None, scene.host.settings(), PlacementClient.for_endpoint(scene.host.url))
+    audits = []
+
+    def audit_heard(publisher, event_type, payload):
+        if event_type == "node_agent.audit.update" and \
+                payload["node_agent_object.data"]["host"] == scene.host.name:
+            audits.append(payload)
+            return True
+        return False
+
+    try:
+        agent(loaded)   # in-flight cases are news; the rest is pending
+        first = heard.wait_for(audit_heard)[2]
+        assert first["node_agent_object.name"] == "AuditPayload"
+        assert first["node_agent_object.version"] == messaging.PAYLOAD_VERSION
+        assert first["node_agent_object.data"]["alarms"] == 0
+        agent._syncer.full_verify_interval = 0
+        agent(loaded)   # seen twice: alarms
+        second = heard.wait_for(audit_heard)[2]["node_agent_object.data"]
+        assert {f["consumer"] for f in second["findings"] if f["state"] == A.ALARM} == {
+            cases["orphan"], cases["unclaimed"], cases["resized"]}
+        agent(loaded)   # the same set: nothing sent
+        messenger.flush()
+        with pytest.raises(AssertionError, match="no matching notification"):
+            heard.wait_for(audit_heard, timeout=3)
+        assert len(audits) == 2
+    finally:
+        agent.close()
+        messenger.stop()
+        server.stop()
+        server.wait()
+        transport.cleanup()

@@ -1,0 +1,176 @@
+"""Maintenance through the real ``node-agent`` command against the real
+Placement, on a host whose pinned (PCPU) and floating (VCPU) guests hold
+allocations written as the scheduler writes them."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from node_agent.policy.maintenance import TRAIT
+from node_agent.state import FILE_NAME
+from tests.cli.runner import run_agent
+from tests.integration.reshape_driver import Host, boot_legacy_guests
+from tests.integration.test_cli_reshape import write_config
+from tests.integration.test_messaging import agent, ctl  # noqa: F401 (fixture)
+from tests.integration.test_service_process import root_inventory
+
+pytestmark = pytest.mark.integration
+
+PINNED = "cpu_dedicated_set = 2-7,10-15\ncpu_shared_set = 0-1,8-9\n"
+
+
+def once(config, *args):
+    return run_agent("--config-file", config, "--once", *args)
+
+
+def maintenance(config, *args):
+    return run_agent("maintenance", *args, "--config-file", config)
+
+
+def root_traits(host):
+    return set(host.scheduler.get(f"/resource_providers/{host.root}/traits")["traits"])
+
+
+def usages(host):
+    return host.scheduler.get(f"/resource_providers/{host.root}/usages")["usages"]
+
+
+def assert_closed(host):
+    inventories = host.inventories()
+    assert {rc: (inv["reserved"], inv["total"]) for rc, inv in inventories.items()} == {
+        rc: (inv["total"], inv["total"]) for rc, inv in inventories.items()}
+    assert TRAIT in root_traits(host)
+
+
+@pytest.fixture
+def busy(placement_server, host_name, tmp_path):
+    """A host with pinned guests on PCPU and floating guests on VCPU."""
+    host = Host(tmp_path, placement_server.url, host_name)
+    assert once(write_config(host)).code == 0
+    boot_legacy_guests(host)
+    config = write_config(host, PINNED)
+    assert once(config).code == 0           # the reshape moves pinned guests to PCPU
+    used = usages(host)
+    assert used["PCPU"] and used["VCPU"] and used["MEMORY_MB"]
+    host.config = config
+    return host
+
+
+@pytest.fixture
+def closed(busy):
+    assert maintenance(busy.config, "on", "--reason", "disk swap").code == 0
+    busy.before = busy.allocations()
+    result = once(busy.config, "--output", "json")
+    assert result.code == 0, result.stderr
+    return busy
+
+
+def test_maintenance_on_reserves_every_class_in_use_and_sets_the_disabled_trait(busy):
+    configured = busy.inventories()
+    before = busy.allocations()
+    assert maintenance(busy.config, "on", "--reason", "disk swap").code == 0
+
+    result = once(busy.config, "--output", "json")
+
+    assert result.code == 0, result.stderr
+    assert "cannot lower" not in result.stderr
+    assert_closed(busy)
+    assert set(busy.inventories()) == set(configured)   # nothing removed
+    assert busy.allocations() == before                   # no allocation touched
+    assert any("maintenance is on (disk swap)" in w for w in result.json()["warnings"])
+    again = once(busy.config, "--output", "json")
+    assert again.code == 0 and again.json()["changes"] == []
+
+
+def test_lost_state_file_does_not_end_maintenance(closed):
+    (Path(closed.state_dir) / FILE_NAME).unlink()
+
+    plan = once(closed.config, "--dry-run", "--output", "json")
+    assert plan.code == 0, plan.stderr
+    assert plan.json()["changes"] == []
+    assert any("maintenance is on (unknown" in w for w in plan.json()["warnings"])
+
+    result = once(closed.config, "--output", "json")
+    assert result.code == 0, result.stderr
+    assert result.json()["changes"] == []
+    assert_closed(closed)
+    assert closed.allocations() == closed.before
+
+
+def test_corrupt_state_file_does_not_end_maintenance(closed):
+    path = Path(closed.state_dir) / FILE_NAME
+    path.write_text(path.read_text()[:40])
+
+    result = once(closed.config, "--output", "json")
+
+    assert result.code == 0, result.stderr
+    assert_closed(closed)
+    status = maintenance(closed.config, "status", "--output", "json")
+    assert status.code == 0, status.stderr
+    report = status.json()
+    assert report["maintenance"] == "on" and "unknown" in report["reason"]
+    assert report["state_file"]["maintenance"] == "none"   # rebuilt by the cycle
+    assert report["agree"] is True
+
+
+def test_maintenance_off_restores_configured_reservations_and_removes_the_trait(closed):
+    assert maintenance(closed.config, "off").code == 0
+    assert TRAIT in root_traits(closed)  # applied by the next cycle, as `on` is
+
+    result = once(closed.config, "--output", "json")
+
+    assert result.code == 0, result.stderr
+    inventories = closed.inventories()
+    assert {rc: inv["reserved"] for rc, inv in inventories.items()} == {
+        "VCPU": 0, "PCPU": 0, "MEMORY_MB": 512, "DISK_GB": 0}
+    assert TRAIT not in root_traits(closed)
+    assert closed.allocations() == closed.before
+    state = json.loads((Path(closed.state_dir) / FILE_NAME).read_text())["payload"]
+    assert "maintenance" not in state   # done: the trait alone decides again
+    assert once(closed.config, "--output", "json").json()["changes"] == []
+
+
+def test_maintenance_off_after_the_state_file_was_lost_still_ends_it(closed):
+    (Path(closed.state_dir) / FILE_NAME).unlink()
+    assert maintenance(closed.config, "off").code == 0
+    assert once(closed.config).code == 0
+    assert TRAIT not in root_traits(closed)
+    assert closed.inventories()["PCPU"]["reserved"] == 0
+
+
+def test_status_shows_the_state_file_and_placement_and_whether_they_agree(busy):
+    assert maintenance(busy.config, "on", "--reason", "disk swap").code == 0
+    pending = maintenance(busy.config, "status", "--output", "json").json()
+    assert pending["maintenance"] == "on" and pending["reason"] == "disk swap"
+    assert pending["state_file"]["maintenance"] == "on"
+    assert pending["placement"]["trait"] is False and pending["agree"] is False
+
+    assert once(busy.config).code == 0
+    text = maintenance(busy.config, "status")
+    assert text.code == 0, text.stderr
+    assert "maintenance is ON" in text.stdout and "disk swap" in text.stdout
+    assert f"{TRAIT} set" in text.stdout and "open: none" in text.stdout
+    assert "agree: yes" in text.stdout
+    report = maintenance(busy.config, "status", "--output", "json").json()
+    assert report["placement"]["root_uuid"] == busy.root
+    assert sorted(report["placement"]["fully_reserved"]) == sorted(busy.inventories())
+    assert report["agree"] is True
+
+
+def test_service_restarted_without_its_state_file_keeps_maintenance_and_says_why(
+        agent, rabbitmq, placement_server):  # noqa: F811 (fixture)
+    agent.status_after(lambda s: s.startswith("ok:"))
+    ctl(rabbitmq, agent.host, "maintenance", "on", "--reason", "disk swap")
+    assert agent.stop() == 0
+    (agent.dir / "state" / FILE_NAME).unlink()
+
+    agent.start()
+    agent.new_status(lambda s: s.startswith("ok:"))
+
+    status = ctl(rabbitmq, agent.host, "status")
+    assert status["maintenance"]["on"] is True
+    assert status["maintenance"]["source"] == "placement"
+    assert "unknown" in status["maintenance"]["reason"]
+    inventories = root_inventory(placement_server.url, agent.host)
+    assert all(inv["reserved"] == inv["total"] for inv in inventories.values())

@@ -1,0 +1,73 @@
+"""nova's allocation-ratio rule against a real Placement.
+
+``ComputeDriver._get_allocation_ratios``: an explicit ``*_allocation_ratio``
+wins; otherwise ``initial_*_allocation_ratio`` applies only when the class is
+new on the provider; otherwise the ratio Placement already has is kept,
+because operators manage ratios through the API.
+"""
+
+import pytest
+
+from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
+from tests.integration.test_sync import (FakeClock, client, inventories,  # noqa: F401
+                                         other, store, synced)
+
+pytestmark = pytest.mark.integration
+
+
+def tree(host, ratio, keep):
+    return ProviderTree((Provider(host, inventories={
+        "VCPU": Inventory(16, allocation_ratio=ratio, keep_placement_ratio=keep),
+        "MEMORY_MB": Inventory(4096, reserved=512)}),))
+
+
+def operator_sets_ratio(other, rp_uuid, ratio):
+    body = other.get(f"/resource_providers/{rp_uuid}/inventories")
+    body["inventories"]["VCPU"]["allocation_ratio"] = ratio
+    other.put(f"/resource_providers/{rp_uuid}/inventories", body)
+
+
+def registered_then_operator_sets_16(client, other, store, host_name, ratio, keep):
+    """Sync once, let the operator set VCPU's ratio to 16.0: (syncer, root uuid)."""
+    clock = FakeClock()
+    syncer = synced(client, store, tree(host_name, ratio, keep=keep),
+                    full_verify_interval=0, clock=clock)
+    root = store.load()["root_uuid"]
+    assert inventories(other, root)["VCPU"]["allocation_ratio"] == ratio
+    operator_sets_ratio(other, root, 16.0)
+    clock.now += 1
+    return syncer, root
+
+
+def test_initial_ratio_applies_to_a_new_class_then_the_operators_ratio_is_kept(
+        client, other, store, host_name):
+    syncer, root = registered_then_operator_sets_16(client, other, store, host_name,
+                                                    4.0, keep=True)
+    report = syncer.sync(tree(host_name, 4.0, keep=True))
+
+    assert report.ok and report.full_verify, report.errors
+    assert inventories(other, root)["VCPU"]["allocation_ratio"] == 16.0
+    assert client.stats.writes == 0
+
+
+def test_explicit_ratio_overrides_the_operators_ratio_every_cycle(
+        client, other, store, host_name):
+    syncer, root = registered_then_operator_sets_16(client, other, store, host_name,
+                                                    2.0, keep=False)
+    report = syncer.sync(tree(host_name, 2.0, keep=False))
+
+    assert report.ok, report.errors
+    assert inventories(other, root)["VCPU"]["allocation_ratio"] == 2.0
+
+
+def test_a_total_change_keeps_the_operators_ratio(client, other, store, host_name):
+    syncer, root = registered_then_operator_sets_16(client, other, store, host_name,
+                                                    4.0, keep=True)
+    grown = ProviderTree((Provider(host_name, inventories={
+        "VCPU": Inventory(24, allocation_ratio=4.0, keep_placement_ratio=True),
+        "MEMORY_MB": Inventory(4096, reserved=512)}),))
+    report = syncer.sync(grown)
+
+    assert report.ok, report.errors
+    vcpu = inventories(other, root)["VCPU"]
+    assert (vcpu["total"], vcpu["allocation_ratio"]) == (24, 16.0)

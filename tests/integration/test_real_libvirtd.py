@@ -1,0 +1,316 @@
+"""The production libvirt path against a real libvirtd with real QEMU guests.
+
+The session's private libvirtd (conftest ``libvirtd``) is reached read-only
+over ``qemu+unix:///system?socket=...``, exactly as ``qemu:///system`` is in
+production; the host is this machine's real ``/sys``. Guests are QEMU under
+TCG with no disk: one pinned with ``vcpupin`` and ``numatune`` and nova's
+metadata, one floating, and one backed by huge pages where the host has them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import os_traits as ot
+import pytest
+
+from node_agent.host.capabilities import parse_capabilities
+from node_agent.tree.cpu_traits import feature_traits
+from node_agent.model.cpuset import CpuSet, parse_cpulist
+from node_agent.cycle.desired import compute_desired
+from node_agent.service.daemon import Agent, load
+from node_agent.host.discover import discover
+from node_agent.host.hypervisor import Hypervisor
+from node_agent.placement.client import PlacementClient
+from node_agent.service.loop import Service
+from tests.integration.libvirtd import guest_xml
+from tests.integration.reshape_driver import (agent_cycle, allocate, cpu_view,
+                                              expected_after_reshape, make_settings,
+                                              reshaper_posts)
+
+pytestmark = pytest.mark.integration
+
+ONLINE = parse_cpulist(Path("/sys/devices/system/cpu/online").read_text())
+PINNED_CPU = max(ONLINE)
+NUMA_NODE0 = Path("/sys/devices/system/node/node0").exists()
+HUGE_KIB = 4096
+
+
+class Guests:
+    """The module's guests, by role, with their uuids."""
+
+    def __init__(self, daemon):
+        self.daemon = daemon
+        self.pinned = str(uuid.uuid4())
+        self.floating = str(uuid.uuid4())
+        self.huge = str(uuid.uuid4())
+        self.huge_skipped = daemon.hugepage_reason(HUGE_KIB)
+        daemon.start_guest(guest_xml(
+            "pinned", self.pinned, pins={0: str(PINNED_CPU)},
+            numa_nodeset="0" if NUMA_NODE0 else None,
+            nova={"flavor": "m1.pinned", "memory_mb": 64}))
+        daemon.start_guest(guest_xml(
+            "floating", self.floating, nova={"flavor": "m1.tiny", "memory_mb": 64}))
+        if not self.huge_skipped:
+            daemon.start_guest(guest_xml("huge", self.huge, memory_kib=HUGE_KIB,
+                                         hugepages=True))
+
+    def destroy(self):
+        for guest in (self.pinned, self.floating, self.huge):
+            try:
+                self.daemon.destroy_guest(guest)
+            except Exception:  # never started (no huge pages) or already gone
+                pass
+
+
+@pytest.fixture(scope="module")
+def guests(libvirtd):
+    made = Guests(libvirtd)
+    yield made
+    made.destroy()
+
+
+def settings_for(libvirtd, tmp_path, host="real-libvirtd", **kw):
+    return make_settings(host, "/sys", libvirtd.ro_uri, str(tmp_path / "state"),
+                         str(tmp_path), **kw)
+
+
+def read_host(libvirtd, tmp_path):
+    with Hypervisor(libvirtd.ro_uri) as hypervisor:
+        return discover(settings_for(libvirtd, tmp_path), hypervisor)
+
+
+# ---------------------------------------------------------------- discovery
+
+def test_real_host_cpu_is_expanded_through_baseline_cpu_into_feature_traits(
+        libvirtd, tmp_path):
+    with Hypervisor(libvirtd.ro_uri) as hypervisor:
+        caps = parse_capabilities(hypervisor.capabilities_xml())
+    host = read_host(libvirtd, tmp_path)
+
+    assert host.cpu_model.model == caps.cpu_model.model and caps.cpu_model.model
+    # Capabilities list only what the model does not imply; baselineCPU adds the rest.
+    assert caps.cpu_model.features < host.cpu_model.features
+    traits = {t for t, present in feature_traits(host.cpu_model).items() if present}
+    if host.cpu_model.arch == "x86_64":
+        assert "sse2" not in caps.cpu_model.features
+        assert ot.HW_CPU_X86_SSE2 in traits
+    desired = compute_desired(settings_for(libvirtd, tmp_path))
+    assert traits <= set(desired.tree.providers[0].traits)
+
+
+def test_guests_are_read_live_with_pins_numatune_and_nova_metadata(libvirtd, guests,
+                                                                   tmp_path):
+    by_uuid = {g.uuid: g for g in read_host(libvirtd, tmp_path).guests}
+
+    pinned, floating = by_uuid[guests.pinned], by_uuid[guests.floating]
+    assert pinned.running and floating.running
+    assert dict(pinned.vcpupin) == {0: CpuSet([PINNED_CPU])}
+    assert pinned.numa_nodes == (frozenset({0}) if NUMA_NODE0 else frozenset())
+    assert dict(pinned.metadata) == {"nova:name": "pinned", "flavor:name": "m1.pinned",
+                                     "flavor:memory": "64", "flavor:vcpus": "1"}
+    assert dict(floating.metadata)["flavor:name"] == "m1.tiny"
+    assert floating.vcpupin == ()
+    assert floating.memory_kb == 65536
+
+
+def test_hugepage_backed_guest_is_read_as_such(libvirtd, guests, tmp_path):
+    if guests.huge_skipped:
+        pytest.skip(f"no hugepage-backed guest: {guests.huge_skipped}")
+    by_uuid = {g.uuid: g for g in read_host(libvirtd, tmp_path).guests}
+    assert by_uuid[guests.huge].hugepages
+
+
+def test_real_host_numa_cells_agree_with_sysfs_without_a_warning(libvirtd, tmp_path):
+    host = read_host(libvirtd, tmp_path)
+    assert not [w for w in host.warnings if "NUMA cells" in w], host.warnings
+
+
+# ---------------------------------------------------------------- reshape
+
+def held_on(client, root: str, consumers) -> dict:
+    """consumer -> {root: resources} as Placement holds them."""
+    return {c: {root: client.get(f"/allocations/{c}")["allocations"][root]["resources"]}
+            for c in consumers}
+
+
+def test_dedicated_set_reshapes_the_running_pinned_guest_to_pcpu(
+        libvirtd, guests, placement_server, host_name, tmp_path):
+    if len(ONLINE) < 2:
+        pytest.skip(f"one online CPU ({ONLINE}): no room for a dedicated and a shared set")
+    shared = ",".join(str(c) for c in ONLINE if c != PINNED_CPU)
+    agent = PlacementClient.for_endpoint(placement_server.url)
+    scheduler = PlacementClient.for_endpoint(placement_server.url)
+    legacy = settings_for(libvirtd, tmp_path, host_name)
+    _outcome, report, _ = agent_cycle(agent, legacy)
+    assert report.ok
+    root = scheduler.get(f"/resource_providers?name={host_name}")["resource_providers"][0]["uuid"]
+    for guest in (guests.pinned, guests.floating):
+        allocate(scheduler, guest, {root: {"VCPU": 1, "MEMORY_MB": 64}})
+    before = held_on(scheduler, root, (guests.pinned, guests.floating))
+
+    pinned = settings_for(libvirtd, tmp_path, host_name, dedicated=str(PINNED_CPU),
+                          shared=shared)
+    outcome, report, _ = agent_cycle(agent, pinned)
+
+    assert report.ok and outcome.reshaped
+    after = held_on(scheduler, root, (guests.pinned, guests.floating))
+    assert after == expected_after_reshape(before, {guests.pinned})
+    inventories = scheduler.get(f"/resource_providers/{root}/inventories")["inventories"]
+    assert cpu_view(inventories) == {"VCPU": len(ONLINE) - 1, "PCPU": 1}
+    again, _report, _ = agent_cycle(agent, pinned)
+    assert again is None or not again.reshaped
+    assert len(reshaper_posts(agent)) == 1
+    for guest in (guests.pinned, guests.floating):
+        scheduler.delete(f"/allocations/{guest}")
+
+
+# ---------------------------------------------------------------- the service
+
+class Notes:
+    """Stands in for systemd: keeps every sd_notify line."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def notify(self, state: str) -> None:
+        self.lines.append(state)
+
+    def statuses(self) -> list[str]:
+        return [line[len("STATUS="):] for line in self.lines if line.startswith("STATUS=")]
+
+
+class RunningService:
+    """The real service loop and cycle (node_agent.service.daemon) in a thread."""
+
+    def __init__(self, tmp_path, libvirtd, placement_url, host, interval=3600):
+        config = tmp_path / "node-agent.conf"
+        config.write_text(
+            f"[DEFAULT]\nhost = {host}\nstate_path = {tmp_path / 'state'}\n"
+            f"[libvirt]\nconnection_uri = {libvirtd.ro_uri}\n"
+            f"[compute]\ninstances_path = {tmp_path}\n"
+            f"[agent]\nreport_interval = {interval}\nstartup_splay = 0\n"
+            "retry_max_interval = 8\n"
+            "[placement]\nauth_type = admin_token\ntoken = admin\n"
+            f"endpoint_override = {placement_url}\n")
+        args = ["--config-file", str(config)]
+        self.agent = Agent()
+        self.notes = Notes()
+        self.service = Service(self.agent, lambda: load(args), load(args),
+                               notifier=self.notes, tick=0.05, rand=lambda: 0.999)
+        self.thread = threading.Thread(target=self.service.run, daemon=True)
+        self.client = PlacementClient.for_endpoint(placement_url)
+        self.host = host
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_exc):
+        self.service.request_stop()
+        self.thread.join(30)
+        self.agent.close()
+
+    def cycle(self) -> None:
+        assert self.service.trigger(wait=60) is not None, "no cycle finished in time"
+
+    def guests(self) -> set[str]:
+        return {g.uuid for g in self.agent.last_desired.host.guests}
+
+    def inventories(self) -> dict:
+        root = self.client.get(f"/resource_providers?name={self.host}")["resource_providers"]
+        return self.client.get(f"/resource_providers/{root[0]['uuid']}/inventories")[
+            "inventories"]
+
+
+def test_a_guest_started_and_one_destroyed_between_cycles_are_both_seen(
+        libvirtd, guests, placement_server, host_name, tmp_path):
+    leaving, arriving = str(uuid.uuid4()), str(uuid.uuid4())
+    libvirtd.start_guest(guest_xml("leaving", leaving))
+    with RunningService(tmp_path, libvirtd, placement_server.url, host_name) as running:
+        running.cycle()
+        assert {leaving, guests.pinned} <= running.guests()
+        assert arriving not in running.guests()
+
+        libvirtd.start_guest(guest_xml("arriving", arriving))
+        libvirtd.destroy_guest(leaving)
+        running.cycle()
+
+        assert arriving in running.guests() and leaving not in running.guests()
+        assert running.service.health.kind is None
+    libvirtd.destroy_guest(arriving)
+
+
+def test_service_reconnects_after_libvirtd_restarts(libvirtd, guests, placement_server,
+                                                    host_name, tmp_path, caplog):
+    with RunningService(tmp_path, libvirtd, placement_server.url, host_name) as running:
+        running.cycle()
+        assert guests.pinned in running.guests()
+        try:
+            libvirtd.restart()
+        finally:
+            libvirtd.start()  # no-op when up; brings it back if restart failed
+        with caplog.at_level(logging.WARNING, logger="node_agent"):
+            running.cycle()
+        assert running.service.health.kind is None, running.service.health.message
+        assert guests.pinned in running.guests()
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_libvirtd_stopped_keeps_inventory_backs_off_and_says_so_once(
+        libvirtd, guests, placement_server, host_name, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="node_agent")
+    with RunningService(tmp_path, libvirtd, placement_server.url, host_name,
+                        interval=1) as running:
+        running.cycle()
+        before = running.inventories()
+        try:
+            libvirtd.stop_daemon()
+            wait_for(lambda: running.service.health.failures >= 3, timeout=30)
+            statuses = running.notes.statuses()
+            kept = running.inventories()
+        finally:
+            libvirtd.start()
+        running.cycle()
+        healed = running.service.health.kind is None
+        seen_again = guests.pinned in running.guests()
+
+    assert kept == before
+    said = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(said) == 1 and "the host cannot be read" in said[0], said
+    assert libvirtd.ro_uri in said[0]
+    retries = [s for s in statuses if "retry in" in s]
+    # rand 0.999: 1, 2, 4 s (report_interval 1, doubling up to retry_max_interval 8)
+    assert [s.split("retry in ")[1] for s in retries[:3]] == ["1s", "2s", "4s"], retries
+    assert healed and seen_again
+    assert "the host can be read again; back to normal" in caplog.text
+
+
+def wait_for(predicate, timeout):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+# ---------------------------------------------------------------- make run
+
+def test_make_run_uses_a_libvirtd_that_answers_and_says_so(libvirtd):
+    from devenv.demo import libvirt_uri
+
+    uri, said = libvirt_uri(libvirtd.ro_uri)
+    assert uri == libvirtd.ro_uri
+    assert said == f"a local libvirtd answers at {libvirtd.ro_uri}; using it (read-only)"
+
+
+def test_make_run_falls_back_to_sysfs_alone_when_no_libvirtd_answers(tmp_path):
+    from devenv.demo import libvirt_uri
+
+    uri, said = libvirt_uri(f"qemu+unix:///system?socket={tmp_path}/none-sock-ro")
+    assert uri == ""
+    assert said.startswith("no libvirtd answers (") and "using sysfs alone" in said
+    assert "\n" not in said

@@ -1,0 +1,529 @@
+"""Issue 15, crashes and hangs: what an operator meets on a real host, each
+through the real CLI or the real service process. Every case ends with one
+clear line and an exit code, never a traceback or a hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.cli.runner import run_agent, write_config
+from tests.hostdata import HOSTDATA
+from tests.integration.agent_process import AgentProcess
+from tests.integration.rabbit import rabbitmq  # noqa: F401 (fixture)
+from tests.integration.test_service_process import agent as service  # noqa: F401 (fixture)
+from tests.reliability.nobody import (open_to_everyone, run_as_nobody,
+                                      skip_unless_root_with_setpriv, stage_tree,
+                                      world_readable_dir)
+from tests.reliability.test_security import placement_section
+
+TEST6 = HOSTDATA / "virhostcpudata" / "linux-test6"
+NOBODY_UID = 65534
+
+
+def assert_one_clear_line(result, code: int, *fragments: str) -> None:
+    assert result.code == code, (result.code, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, (fragment, result.stderr)
+
+
+# ------------------------------------------------------------ non-UTF-8 config
+
+@pytest.mark.parametrize("args", [("--check-config",), ("--once", "--dry-run")])
+def test_config_file_with_a_non_utf8_byte_is_a_config_error_naming_file_and_offset(
+        tmp_path, args):
+    config = write_config(tmp_path, TEST6)
+    text = config.read_bytes()
+    config.write_bytes(text + b"# caf\xe9\n")
+    result = run_agent("--config-file", str(config), *args)
+    assert_one_clear_line(result, 78, str(config), f"offset {len(text) + 5}",
+                          "not UTF-8")
+
+
+OVERLAP = "[compute]\ncpu_dedicated_set = 0-3\ncpu_shared_set = 3-4\n"
+
+
+@pytest.mark.parametrize("new_config, fragment", [
+    (lambda text: text.encode() + b"# \xff\n", "is not UTF-8 text"),
+    (lambda text: text.replace("[compute]\n", OVERLAP).encode(), "overlap on CPUs 3"),
+], ids=["non-utf8-byte", "overlapping-cpu-sets"])
+def test_sighup_with_a_bad_config_keeps_the_running_config(service, new_config, fragment):
+    service.start()
+    service.status_after(lambda s: s.startswith("ok:"))
+    service.config.write_bytes(new_config(service.config_text()))
+    service.send(signal.SIGHUP)
+    service.notify.wait_for(lambda d: d == "RELOADING=1")
+    service.new_status(lambda s: s.startswith("ok:"))
+    log = service.log()
+    assert "reload refused, the running configuration stays" in log
+    assert fragment in log
+    assert "configuration reloaded" not in log
+    assert "Traceback" not in log
+    assert service.proc.poll() is None
+
+
+# ------------------------------------------------------------ state file owner
+
+@pytest.fixture
+def shared_dir():
+    """A directory tree ``nobody`` can read (root only, with setpriv)."""
+    skip_unless_root_with_setpriv()
+    base = world_readable_dir()
+    yield base
+    shutil.rmtree(base, ignore_errors=True)
+
+
+def test_state_file_written_by_root_keeps_the_directory_owner_and_the_service_reads_it(shared_dir):
+    """``sudo node-agent maintenance on`` on a state directory owned by the
+    service user: the service user can still read the file afterwards."""
+    base = shared_dir
+    config = write_config(base, stage_tree(TEST6, base))
+    open_to_everyone(base)
+    state = base / "state"
+    state.mkdir(mode=0o700)
+    os.chown(state, NOBODY_UID, NOBODY_UID)
+
+    result = run_agent("maintenance", "on", "--config-file", str(config),
+                       "--reason", "disk swap")
+    assert result.code == 0, result.stderr
+
+    info = (state / "state.json").stat()
+    assert (info.st_uid, info.st_gid) == (NOBODY_UID, NOBODY_UID)
+    assert stat.S_IMODE(info.st_mode) == 0o600
+    as_service = run_as_nobody("--config-file", str(config), "--once", "--dry-run")
+    assert as_service.code == 0, as_service.stderr
+
+
+def test_state_file_the_service_user_cannot_read_is_one_clear_line(shared_dir):
+    base = shared_dir
+    config = write_config(base, stage_tree(TEST6, base))
+    open_to_everyone(base)
+    state = base / "state"
+    state.mkdir(mode=0o755)
+    (state / "state.json").write_text("{}")
+    (state / "state.json").chmod(0o600)  # root's, as older versions left it
+
+    result = run_as_nobody("--config-file", str(config), "--once", "--dry-run")
+    assert_one_clear_line(result, 69, f"state file {state / 'state.json'} cannot be "
+                          "read", "Permission denied", "chown")
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+# ------------------------------------------------------------ unwritable state
+
+def test_unwritable_state_path_after_placement_write_names_the_path_and_what_was_written(
+        shared_dir, placement_server, host_name):
+    base = shared_dir
+    config = write_config(base, stage_tree(TEST6, base), host=host_name,
+                          extra=placement_section(placement_server.url))
+    open_to_everyone(base)
+    (base / "state").mkdir(mode=0o755)  # root's: nobody cannot write into it
+
+    result = run_as_nobody("--config-file", str(config), "--once")
+    assert_one_clear_line(result, 69, f"state file {base / 'state' / 'state.json'} "
+                          "cannot be written", "Permission denied",
+                          "Placement was already written", "POST /resource_providers")
+
+
+@pytest.fixture
+def full_filesystem(tmp_path):
+    """A 16 KiB tmpfs filled to the last byte (root only)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    mount = tmp_path / "full"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)],
+                          capture_output=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
+    try:
+        (mount / "state").mkdir()
+        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"\0" * 512):
+                pass
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        yield mount / "state"
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_state_path_on_a_full_filesystem_names_the_path_after_placement_was_written(
+        tmp_path, placement_server, host_name, full_filesystem):
+    config = write_config(tmp_path, TEST6, host=host_name,
+                          extra=placement_section(placement_server.url))
+    config.write_text(config.read_text().replace(f"state_path = {tmp_path / 'state'}",
+                                                 f"state_path = {full_filesystem}"))
+    result = run_agent("--config-file", str(config), "--once")
+    assert_one_clear_line(result, 69, f"state file {full_filesystem / 'state.json'} cannot "
+                          "be written", "No space left on device",
+                          "Placement was already written")
+
+
+def test_maintenance_on_a_full_filesystem_names_the_path(tmp_path, full_filesystem):
+    config = write_config(tmp_path, TEST6)
+    config.write_text(config.read_text().replace(f"state_path = {tmp_path / 'state'}",
+                                                 f"state_path = {full_filesystem}"))
+    result = run_agent("maintenance", "on", "--config-file", str(config))
+    assert_one_clear_line(result, 69, str(full_filesystem / "state.json"),
+                          "No space left on device")
+
+
+# ------------------------------------------------------------ metrics port
+
+def test_metrics_port_in_use_stops_the_service_with_one_clear_line(
+        tmp_path, placement_server, host_name):
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    agent = AgentProcess(tmp_path, placement_server.url, host_name,
+                         agent_options=f"report_interval = 1\nmetrics_port = {port}\n")
+    try:
+        agent.start()
+        code = agent.proc.wait(30)
+        log = agent.log()
+        assert code == 69, log
+        assert f"metrics_port = {port}" in log and f"127.0.0.1:{port}" in log, log
+        assert "Traceback" not in log, log
+        assert "READY=1" not in agent.notify.received
+    finally:
+        busy.close()
+        agent.stop()
+        agent.notify.close()
+
+
+# ------------------------------------------------------------ hung endpoint
+
+@pytest.fixture
+def hung_endpoint():
+    """A TCP listener that completes every handshake and never answers."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    sock.close()
+
+
+def test_hung_placement_endpoint_is_an_error_naming_it_within_the_timeout(
+        tmp_path, hung_endpoint):
+    config = write_config(tmp_path, TEST6,
+                          extra=placement_section(hung_endpoint, "timeout = 2"))
+    started = time.monotonic()
+    result = run_agent("--config-file", str(config), "--once", timeout=60)
+    elapsed = time.monotonic() - started
+    assert_one_clear_line(result, 75, hung_endpoint, "did not answer within 2.0s",
+                          "[placement] timeout")
+    assert elapsed < 2 * 2 + 5, elapsed  # one timeout, not one per retry
+
+
+def test_placement_timeout_defaults_to_30_seconds(tmp_path):
+    from node_agent.config.files import load_conf
+
+    config = write_config(tmp_path, TEST6)
+    assert load_conf(["--config-file", str(config)]).placement.timeout == 30
+
+
+# ------------------------------------------------------------ one validation
+
+def drain(notify) -> list[str]:
+    """Every datagram the process sent so far."""
+    notify.sock.setblocking(False)
+    try:
+        while True:
+            notify.received.append(notify.sock.recv(4096).decode())
+    except BlockingIOError:
+        pass
+    return notify.received
+
+
+def test_check_config_lists_every_problem_in_one_pass(tmp_path):
+    """A typo, a bad value, a CPU the host lacks and no [placement]: all four
+    in one run, not one per fix."""
+    config = write_config(tmp_path, TEST6, extra="cpu_dedicated_sets = 1\n"
+                                                 "reserved_host_memory_mb = -4\n"
+                                                 "cpu_dedicated_set = 0-99\n")
+    result = run_agent("--config-file", str(config), "--check-config")
+    assert_one_clear_line(result, 78, "unknown option [compute] cpu_dedicated_sets",
+                          "reserved_host_memory_mb has an invalid value '-4'",
+                          "names CPUs 8-99 that this host does not have",
+                          "no Placement is configured")
+    assert result.stdout == ""
+
+
+def test_check_config_refuses_messaging_mode_without_transport_url(tmp_path):
+    config = write_config(tmp_path, TEST6, extra="[agent]\nupstream = messaging\n")
+    result = run_agent("--config-file", str(config), "--check-config")
+    assert_one_clear_line(result, 78, "[agent] upstream = messaging needs [DEFAULT] "
+                          "transport_url")
+
+
+def test_service_started_with_overlapping_cpu_sets_exits_78_before_ready(service):
+    service.write_config(service.config_text().replace("[compute]\n", OVERLAP))
+    service.start()
+    code = service.proc.wait(30)
+    log = service.log()
+    assert code == 78, log
+    assert "overlap on CPUs 3" in log, log
+    assert "READY=1" not in drain(service.notify)
+
+
+def test_missing_default_config_file_is_exit_78(tmp_path):
+    if Path("/etc/node-agent/node-agent.conf").exists():
+        pytest.skip("this machine has a default config file")
+    for args in (("maintenance", "on"), ("--once", "--dry-run")):
+        result = run_agent(*args)
+        assert_one_clear_line(result, 78, "/etc/node-agent/node-agent.conf does not exist")
+
+
+def test_missing_config_file_is_exit_78(tmp_path):
+    missing = tmp_path / "nope.conf"
+    for args in (("maintenance", "on", "--config-file", str(missing)),
+                 ("--config-file", str(missing), "--check-config")):
+        result = run_agent(*args)
+        assert_one_clear_line(result, 78, str(missing))
+
+
+def test_check_config_connect_reports_a_placement_that_answers(
+        tmp_path, placement_server, host_name):
+    config = write_config(tmp_path, TEST6, host=host_name,
+                          extra=placement_section(placement_server.url))
+    result = run_agent("--config-file", str(config), "--check-config", "--connect")
+    assert result.code == 0, result.stderr
+    assert f"Placement answers: {placement_server.url}" in result.stdout
+
+
+def test_check_config_connect_names_a_placement_that_does_not_answer(
+        tmp_path, hung_endpoint):
+    config = write_config(tmp_path, TEST6,
+                          extra=placement_section(hung_endpoint, "timeout = 1"))
+    result = run_agent("--config-file", str(config), "check-config", "--connect")
+    assert_one_clear_line(result, 75, hung_endpoint, "did not answer within 1.0s")
+    plain = run_agent("--config-file", str(config), "check-config")
+    assert plain.code == 0, plain.stderr  # without --connect nothing is contacted
+
+
+def test_check_config_connect_names_a_broker_that_refuses(tmp_path):
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there
+    config = write_config(tmp_path, TEST6, extra=(
+        "[agent]\nupstream = messaging\n"
+        f"[DEFAULT]\ntransport_url = rabbit://agent:S3cret@127.0.0.1:{port}/\n"))
+    result = run_agent("--config-file", str(config), "--check-config", "--connect")
+    assert_one_clear_line(result, 75, f"the broker at 127.0.0.1:{port}")
+    assert "S3cret" not in result.stdout + result.stderr
+
+
+def test_check_config_connect_reports_a_broker_that_answers(tmp_path, rabbitmq):
+    config = write_config(tmp_path, TEST6, extra=(
+        f"[agent]\nupstream = messaging\n[DEFAULT]\ntransport_url = {rabbitmq}\n"))
+    result = run_agent("--config-file", str(config), "--check-config", "--connect")
+    assert result.code == 0, result.stderr
+    assert "Broker answers: 127.0.0.1:" in result.stdout
+
+
+# ------------------------------------------------------------ CLI conventions
+
+def test_global_options_work_before_and_after_a_subcommand(tmp_path):
+    config = write_config(tmp_path, TEST6)
+    before = run_agent("--config-file", str(config), "maintenance", "on", "--reason", "a")
+    assert before.code == 0, before.stderr
+    after = run_agent("maintenance", "off", "--config-file", str(config))
+    assert after.code == 0, after.stderr
+    check_before = run_agent("--config-file", str(config), "check-config",
+                             "--output", "json")
+    check_after = run_agent("check-config", "--config-file", str(config),
+                            "--output", "json")
+    assert check_before.code == check_after.code == 78  # no [placement]: same verdict
+    assert check_before.stderr == check_after.stderr
+
+
+def test_help_lists_the_subcommands_and_version_exists():
+    result = run_agent("--help")
+    assert result.code == 0
+    for command in ("check-config", "maintenance", "ctl"):
+        assert command in result.stdout, result.stdout
+    version = run_agent("--version")
+    assert version.code == 0
+    from importlib.metadata import version as installed
+    assert version.stdout.strip() == f"node-agent {installed('node-agent')}"
+
+
+# ------------------------------------------------------------ logging, metrics
+
+def test_debug_output_keeps_library_noise_out(tmp_path):
+    config = write_config(tmp_path, TEST6)
+    result = run_agent("--config-file", str(config), "--once", "--dry-run", "--debug")
+    assert result.code == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert any("DEBUG node_agent." in line for line in lines), result.stderr
+    noisy = [line for line in lines if "stevedore" in line]
+    assert not noisy, noisy[:3]
+
+
+def test_log_options_come_from_the_config_file(tmp_path):
+    log_file = tmp_path / "agent.log"
+    config = write_config(tmp_path, TEST6)
+    config.write_text(config.read_text().replace(
+        "[DEFAULT]\n", f"[DEFAULT]\ndebug = true\nuse_json = true\nlog_file = {log_file}\n"))
+    result = run_agent("--config-file", str(config), "--once", "--dry-run")
+    assert result.code == 0, result.stderr
+    assert result.stderr == ""  # the log goes to log_file only
+    records = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert records and all(r["levelname"] for r in records)
+    assert any(r["levelname"] == "DEBUG" and r["name"].startswith("node_agent")
+               for r in records)
+
+
+def scrape(port: int) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+
+
+def test_steady_cycles_are_silent_and_metrics_have_proper_types(
+        tmp_path, placement_server, host_name):
+    from tests.integration.rabbit import free_port
+    port = free_port()
+    agent = AgentProcess(tmp_path, placement_server.url, host_name,
+                         agent_options=f"report_interval = 1\nmetrics_port = {port}\n")
+    try:
+        agent.start()
+        agent.status_after(lambda s: s.startswith("ok:"))
+        for _ in range(3):
+            agent.new_status(lambda s: "no change" in s)
+        families = scrape(port)
+    finally:
+        agent.stop()
+        agent.notify.close()
+    log = agent.log()
+    assert "no change" not in log, log  # steady cycles say nothing at INFO
+    assert "placement sync:" in log     # the first cycle's changes are logged
+    assert families["node_agent_cycles"].type == "counter"
+    assert families["node_agent_reshapes"].type == "counter"
+    assert families["node_agent_placement_requests"].type == "counter"
+    durations = families["node_agent_cycle_duration_seconds"]
+    assert durations.type == "histogram"
+    count = next(s.value for s in durations.samples
+                 if s.name == "node_agent_cycle_duration_seconds_count")
+    assert count >= 4
+
+
+def test_once_writes_the_metrics_textfile(tmp_path, placement_server, host_name):
+    from prometheus_client.parser import text_string_to_metric_families
+    textfile = tmp_path / "node_agent.prom"
+    config = write_config(tmp_path, TEST6, host=host_name,
+                          extra=f"[agent]\nmetrics_textfile = {textfile}\n"
+                          + placement_section(placement_server.url))
+    result = run_agent("--config-file", str(config), "--once")
+    assert result.code == 0, result.stderr
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(textfile.read_text())
+               for s in f.samples}
+    assert samples[("node_agent_inventory_total",
+                    (("provider", host_name), ("resource_class", "VCPU")))] == 6
+    assert samples[("node_agent_last_success_timestamp_seconds", ())] > 0
+    assert samples[("node_agent_placement_requests_total",
+                    (("method", "POST"), ("status", "200")))] == 1
+
+
+# ------------------------------------------------------------ devices
+
+def add_sriov_pf(sysroot: Path, address: str, total: int, enabled: int) -> None:
+    """A PF as the kernel shows it: devices/pci.../ADDR, bus/pci/devices/ADDR -> it."""
+    real = sysroot / "devices" / "pci0000:3a" / address
+    (real / "net" / "ens1f0").mkdir(parents=True)
+    for name, text in (("vendor", "0x8086"), ("device", "0x158b"), ("numa_node", "0"),
+                       ("sriov_totalvfs", str(total)), ("sriov_numvfs", str(enabled))):
+        (real / name).write_text(text + "\n")
+    link = sysroot / "bus" / "pci" / "devices" / address
+    link.parent.mkdir(parents=True, exist_ok=True)
+    link.symlink_to(real)
+
+
+def test_sriov_reports_enabled_vfs_and_unmatched_device_options_are_warned(tmp_path):
+    config = write_config(tmp_path, TEST6, extra=(
+        "[devices]\nenabled_mdev_types = nvidia-999\n"
+        "[pci]\n"
+        'device_spec = {"devname": "ens1f0", "physical_network": "physnet1"}\n'
+        'device_spec = {"address": "0000:99:00.0", "physical_network": "physnet2"}\n'))
+    add_sriov_pf(tmp_path / "sysroot", "0000:3b:00.0", total=7, enabled=2)
+    result = run_agent("--config-file", str(config), "--once", "--dry-run",
+                       "--output", "json")
+    assert result.code == 0, result.stderr
+    report = result.json()
+    child = next(p for p in report["providers"] if p["name"].endswith("0000:3b:00.0"))
+    assert child["inventories"]["SRIOV_NET_VF"]["total"] == 2
+    warnings = "\n".join(report["warnings"])
+    assert "enabled_mdev_types names nvidia-999" in warnings, warnings
+    assert '"address": "0000:99:00.0"' in warnings and "matches no SR-IOV PF" in warnings
+    assert "ens1f0" not in warnings  # the spec that matches is not warned about
+
+
+# ------------------------------------------------------------ provider files
+
+GOOD_FILE = ("meta:\n  schema_version: '1.0'\nproviders:\n"
+             "  - identification:\n      uuid: $COMPUTE_NODE\n"
+             "    traits:\n      additional:\n        - CUSTOM_GOOD\n")
+BAD_FILE = "meta:\n  schema_version: '1.0'\nproviders: [\n"
+
+
+def root_traits(placement, host: str) -> set:
+    found = placement.get(f"/resource_providers?name={host}")["resource_providers"]
+    if not found:
+        return set()
+    return set(placement.get(f"/resource_providers/{found[0]['uuid']}/traits")["traits"])
+
+
+def provider_files(tmp_path: Path) -> Path:
+    directory = tmp_path / "provider_config"
+    directory.mkdir()
+    (directory / "good.yaml").write_text(GOOD_FILE)
+    (directory / "bad.yaml").write_text(BAD_FILE)
+    return directory
+
+
+def test_a_bad_provider_file_is_refused_while_the_service_reports_the_rest(
+        tmp_path, placement_server, placement, host_name):
+    files = provider_files(tmp_path)
+    agent = AgentProcess(tmp_path, placement_server.url, host_name)
+    agent.write_config(agent.config_text().replace(
+        "[compute]\n", f"[compute]\nprovider_config_location = {files}\n"))
+    try:
+        agent.start()
+        agent.status_after(lambda s: s.startswith("ok:"))
+        agent.new_status(lambda s: s.startswith("ok:"))
+        assert "CUSTOM_GOOD" in root_traits(placement, host_name)
+        log = agent.log()
+        assert log.count("operator provider files refused") == 1, log
+        assert f"{files / 'bad.yaml'}" in log and "not valid YAML" in log
+    finally:
+        agent.stop()
+        agent.notify.close()
+
+
+def test_once_with_a_bad_provider_file_syncs_the_rest_then_exits_78(
+        tmp_path, placement_server, placement, host_name):
+    files = provider_files(tmp_path)
+    config = write_config(tmp_path, TEST6, host=host_name,
+                          extra=f"provider_config_location = {files}\n"
+                          + placement_section(placement_server.url))
+    result = run_agent("--config-file", str(config), "--once")
+    assert_one_clear_line(result, 78, str(files / "bad.yaml"), "not valid YAML")
+    assert "CUSTOM_GOOD" in root_traits(placement, host_name)

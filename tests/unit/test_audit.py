@@ -1,0 +1,156 @@
+"""The allocation audit (node_agent.policy.audit), with literal values, no server."""
+
+from __future__ import annotations
+
+import pytest
+
+from node_agent.model.cpuset import parse_cpu_spec
+from node_agent.model.snapshot import Guest, GuestMdev
+from node_agent.placement.audit_read import consumer_type_version
+from node_agent.policy import audit as A
+
+ROOT, NUMA0, NUMA1, GPU, OTHER_HOST = "rp-root", "rp-n0", "rp-n1", "rp-gpu", "rp-other"
+G1, G2, C9 = "guest-1", "guest-2", "consumer-9"
+
+FLOATING = Guest(G1, "instance-1", vcpus=2, running=True, memory_kb=2048 * 1024)
+PINNED = Guest(G2, "instance-2", vcpus=2, running=True, memory_kb=1024 * 1024,
+               vcpupin=((0, parse_cpu_spec("2")), (1, parse_cpu_spec("3"))),
+               numa_nodes=frozenset({1}))
+WITH_GPU = Guest(G1, "instance-1", vcpus=2, running=True, memory_kb=2048 * 1024,
+                 mdevs=(GuestMdev("m1"),))
+
+
+def on(provider, **consumers):
+    """The body of GET /resource_providers/{provider}/allocations."""
+    return {provider: {"resource_provider_generation": 1, "allocations": {
+        c.replace("_", "-"): {"resources": res, "consumer_generation": 1}
+        for c, res in consumers.items()}}}
+
+
+SEEN = {"guests": {G1: 100.0, G2: 100.0}, "orphans": {C9: 100.0}}
+
+
+def kinds(result):
+    return [(f.kind, f.state, f.consumer) for f in result.findings]
+
+
+@pytest.mark.parametrize("guests, allocations, history, details, expected", [
+    # Everything matches: nothing to say.
+    ([FLOATING], on(ROOT, guest_1={"VCPU": 2, "MEMORY_MB": 2048}), SEEN, {}, []),
+    # An orphan seen by the previous audit is an alarm.
+    ([], on(ROOT, consumer_9={"VCPU": 1, "MEMORY_MB": 512}), SEEN, {},
+     [(A.ORPHAN, A.ALARM, C9)]),
+    # Seen for the first time: pending, a boot may be half-way.
+    ([], on(ROOT, consumer_9={"VCPU": 1}), {}, {}, [(A.ORPHAN, A.PENDING, C9)]),
+    # A migration's consumer is in flight, first time or not.
+    ([], on(ROOT, consumer_9={"VCPU": 1}), SEEN,
+     {C9: {"allocations": {ROOT: {}}, "consumer_type": "MIGRATION"}},
+     [(A.ORPHAN, A.IN_FLIGHT, C9)]),
+    # A consumer here and on another host's provider: in flight.
+    ([], on(ROOT, consumer_9={"VCPU": 1}), SEEN,
+     {C9: {"allocations": {ROOT: {}, OTHER_HOST: {}}, "consumer_type": "INSTANCE"}},
+     [(A.ORPHAN, A.IN_FLIGHT, C9)]),
+    # An INSTANCE consumer wholly here with no guest: an alarm.
+    ([], on(ROOT, consumer_9={"VCPU": 1}), SEEN,
+     {C9: {"allocations": {ROOT: {}}, "consumer_type": "INSTANCE"}},
+     [(A.ORPHAN, A.ALARM, C9)]),
+    # A guest with nothing here, seen before: alarm.
+    ([FLOATING], {ROOT: {"allocations": {}}}, SEEN, {}, [(A.NO_ALLOCATION, A.ALARM, G1)]),
+    # ... seen for the first time: pending.
+    ([FLOATING], {ROOT: {"allocations": {}}}, {}, {}, [(A.NO_ALLOCATION, A.PENDING, G1)]),
+    # ... held on another host only (migration source): in flight.
+    ([FLOATING], {ROOT: {"allocations": {}}}, SEEN,
+     {G1: {"allocations": {OTHER_HOST: {}}}}, [(A.NO_ALLOCATION, A.IN_FLIGHT, G1)]),
+    # Resize leftover: the old size still allocated.
+    ([FLOATING], on(ROOT, guest_1={"VCPU": 4, "MEMORY_MB": 4096}), SEEN, {},
+     [(A.SIZE_MISMATCH, A.ALARM, G1)]),
+    ([FLOATING], on(ROOT, guest_1={"VCPU": 4, "MEMORY_MB": 4096}), {}, {},
+     [(A.SIZE_MISMATCH, A.PENDING, G1)]),
+    # VGPU: the guest has an mdev, nothing allocated for it.
+    ([WITH_GPU], on(ROOT, guest_1={"VCPU": 2, "MEMORY_MB": 2048}), SEEN, {},
+     [(A.SIZE_MISMATCH, A.ALARM, G1)]),
+    ([WITH_GPU], {**on(ROOT, guest_1={"VCPU": 2, "MEMORY_MB": 2048}),
+                  **on(GPU, guest_1={"VGPU": 1})}, SEEN, {}, []),
+])
+def test_findings_table(guests, allocations, history, details, expected):
+    result = A.audit(guests, allocations, history, now=200.0, consumer_details=details,
+                     host_providers=[ROOT, GPU])
+    assert kinds(result) == expected
+
+
+def test_orphan_shows_how_long_by_the_agents_own_observations():
+    result = A.audit([], on(ROOT, consumer_9={"VCPU": 1}), SEEN, now=400.0,
+                     consumer_details={C9: {"allocations": {ROOT: {}},
+                                            "consumer_type": "INSTANCE"}})
+    (orphan,) = result.findings
+    assert (orphan.orphaned_since, orphan.orphaned_for_s, orphan.consumer_type) == \
+        (100.0, 300.0, "INSTANCE")
+    assert result.history["orphans"] == {C9: 100.0}
+
+
+def test_history_keeps_first_seen_times_and_forgets_what_is_gone():
+    result = A.audit([FLOATING], on(ROOT, guest_1={"VCPU": 2, "MEMORY_MB": 2048}),
+                     {"guests": {G1: 50.0, "gone": 10.0}, "orphans": {"gone": 10.0}},
+                     now=300.0)
+    assert result.history == {"guests": {G1: 50.0}, "orphans": {}}
+
+
+def test_pinned_guest_is_sized_against_pcpu_when_the_host_offers_it():
+    allocs = on(ROOT, guest_2={"VCPU": 2, "MEMORY_MB": 1024})
+    offered = A.audit([PINNED], allocs, SEEN, 200.0, pcpu_offered=True)
+    assert [f.sizes for f in offered.findings] == [(("PCPU", 2, 0), ("VCPU", 0, 2))]
+    legacy = A.audit([PINNED], allocs, SEEN, 200.0, pcpu_offered=False)
+    assert legacy.findings == ()
+
+
+def test_numa_placement_is_checked_only_when_numa_reporting_is_on():
+    allocs = on(NUMA0, guest_2={"PCPU": 2, "MEMORY_MB": 1024})
+    numa = {NUMA0: 0, NUMA1: 1}
+    on_ = A.audit([PINNED], allocs, SEEN, 200.0, pcpu_offered=True, numa_nodes=numa)
+    assert kinds(on_) == [(A.SIZE_MISMATCH, A.ALARM, G2)]
+    assert "NUMA: guest bound to node(s) [1], allocated on [0]" in on_.findings[0].detail
+    off = A.audit([PINNED], allocs, SEEN, 200.0, pcpu_offered=True)
+    assert off.findings == ()
+    right = A.audit([PINNED], on(NUMA1, guest_2={"PCPU": 2, "MEMORY_MB": 1024}), SEEN,
+                    200.0, pcpu_offered=True, numa_nodes=numa)
+    assert right.findings == ()
+
+
+def test_only_unexplained_consumers_are_looked_up():
+    allocs = on(ROOT, guest_1={"VCPU": 2}, consumer_9={"VCPU": 1})
+    assert A.to_look_up([FLOATING, PINNED], allocs) == [C9, G2]
+    assert A.to_look_up([FLOATING], on(ROOT, guest_1={"VCPU": 2})) == []
+
+
+def test_signature_ignores_pending_and_durations():
+    allocs = on(ROOT, consumer_9={"VCPU": 1})
+    first = A.audit([], allocs, {}, 100.0)
+    later = A.audit([], allocs, SEEN, 900.0)
+    again = A.audit([], allocs, SEEN, 1900.0)
+    assert first.signature() == ()
+    assert later.signature() == again.signature() == ((A.ORPHAN, A.ALARM, C9),)
+
+
+@pytest.mark.parametrize("server_max, expected", [
+    ("1.39", "1.38"), ("1.38", "1.38"), ("1.37", None), (None, None)])
+def test_consumer_type_is_asked_for_only_where_the_server_has_it(server_max, expected):
+    assert consumer_type_version(server_max) == expected
+
+
+def test_numa_provider_nodes_by_name():
+    assert A.numa_provider_nodes([("u0", "h_NUMA_0"), ("u1", "h_NUMA_1"), ("r", "h"),
+                                  ("x", "other_NUMA_0")], "h") == {"u0": 0, "u1": 1}
+
+
+@pytest.mark.parametrize("record, valid", [
+    ({}, True),
+    ({"guests": {"g": 1.5}, "orphans": {"c": 2}, "notified": [["orphan", "alarm", "c"]]}, True),
+    ("garbage", False),
+    ({"guests": ["g"]}, False),
+    ({"guests": {"g": "yesterday"}}, False),
+    ({"orphans": {"c": True}}, False),
+    ({"notified": "x"}, False),
+])
+def test_history_from_the_state_file_is_checked_before_use(record, valid):
+    from node_agent.cycle.audit import valid_history
+    assert valid_history(record) is valid
