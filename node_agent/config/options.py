@@ -13,6 +13,8 @@ import socket
 from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
 
+from node_agent.tree.cpu_traits import CPU_MODES
+
 DEFAULT_OPTS = [
     cfg.StrOpt(
         "host",
@@ -68,6 +70,54 @@ LIBVIRT_OPTS = [
         help="nova's option: nova powers down idle dedicated CPUs, so CPUs "
              "of cpu_dedicated_set may be offline. They must still be "
              "present, and each counts once in PCPU, online or not."),
+    cfg.StrOpt(
+        "virt_type",
+        default="kvm",
+        choices=("kvm", "qemu"),
+        help="nova's option: the domain type guests run with. Decides the "
+             "VIF model traits and which domain capabilities are read."),
+    cfg.StrOpt(
+        "cpu_mode",
+        choices=CPU_MODES,
+        help="nova's option: the guest CPU mode. The CPU feature traits "
+             "follow the guest CPU: unset (host-model), host-model and "
+             "host-passthrough report the host's features; custom the "
+             "features of cpu_models (resolved with libvirt's cpu_map); "
+             "none those of the architecture's default model (qemu64)."),
+    cfg.ListOpt(
+        "cpu_models",
+        deprecated_name="cpu_model",
+        default=[],
+        help="nova's option: the guest CPU models for cpu_mode = custom "
+             "(names from 'virsh cpu-models ARCH', any case). Required "
+             "with custom, refused with the other modes."),
+    cfg.ListOpt(
+        "cpu_model_extra_flags",
+        item_type=cfg.types.String(ignore_case=True),
+        default=[],
+        help="nova's option: CPU flags added ('+flag' or 'flag') or removed "
+             "('-flag') for guests, and so for the CPU feature traits, with "
+             "every cpu_mode but none."),
+    cfg.BoolOpt(
+        "swtpm_enabled",
+        default=False,
+        help="nova's option: guests may have an emulated TPM. Off, the "
+             "COMPUTE_SECURITY_TPM_* traits are removed; on, they follow "
+             "the domain capabilities (domain_capabilities = true)."),
+    cfg.ListOpt(
+        "supported_tpm_secret_security",
+        default=["user", "host", "deployment"],
+        help="nova's option: TPM secret policies this host supports, "
+             "reported as COMPUTE_SECURITY_TPM_SECRET_SECURITY_* with "
+             "swtpm_enabled."),
+    cfg.BoolOpt(
+        "domain_capabilities",
+        default=False,
+        help="Read libvirt's domain capabilities for the storage bus, "
+             "graphics model, vIOMMU, TPM and COMPUTE_ARCH_* traits. libvirt "
+             "refuses them on a read-only connection, so this opens a "
+             "read-write one: limit it with a polkit rule (README). Off, "
+             "those traits are not reported (one INFO line says so)."),
 ]
 
 COMPUTE_OPTS = [

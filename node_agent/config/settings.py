@@ -195,6 +195,12 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
         sysfs_root=conf.host.sysfs_root,
         libvirt_uri=(conf.libvirt.connection_uri or "").strip(),
         cpu_power_management=bool(get("libvirt", "cpu_power_management")),
+        **_guest_cpu(get, problems),
+        virt_type=get("libvirt", "virt_type") or "kvm",
+        swtpm_enabled=bool(get("libvirt", "swtpm_enabled")),
+        supported_tpm_secret_security=tuple(
+            get("libvirt", "supported_tpm_secret_security") or ()),
+        domain_capabilities=bool(get("libvirt", "domain_capabilities")),
     )
     values["explicit_ratios"] = frozenset(
         kind for kind in ("cpu", "ram", "disk")
@@ -213,6 +219,24 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
     _read_every_option(get, conf)
     problems.extend(transport_url_problems(conf))
     return Settings(host=(host or "").strip(), **values), list(dict.fromkeys(problems))
+
+
+def _guest_cpu(get: "_Reader", problems: list[str]) -> dict:
+    """``[libvirt] cpu_mode``, ``cpu_models``, ``cpu_model_extra_flags``,
+    checked as nova checks them at start (``_check_cpu_compatibility``).
+    Whether a model exists is checked against libvirt, at discovery."""
+    mode = get("libvirt", "cpu_mode")
+    models = tuple(m.strip() for m in get("libvirt", "cpu_models") or () if m.strip())
+    flags = tuple(f.strip().lower() for f in get("libvirt", "cpu_model_extra_flags") or ()
+                  if f.strip())
+    if mode == "custom" and not models:
+        problems.append("[libvirt] cpu_mode = custom needs [libvirt] cpu_models (the "
+                        "guest CPU models, e.g. 'Haswell-noTSX'); nova refuses it too.")
+    if mode != "custom" and models:
+        problems.append(f"[libvirt] cpu_models = {','.join(models)} is only used with "
+                        f"cpu_mode = custom (cpu_mode is {mode or 'unset'}); nova refuses "
+                        "it too. Set cpu_mode = custom or remove cpu_models.")
+    return {"cpu_mode": mode, "cpu_models": models, "cpu_model_extra_flags": flags}
 
 
 DEFAULT_STATE_PATH = "/var/lib/node-agent"

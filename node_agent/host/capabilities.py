@@ -48,6 +48,37 @@ class CapsCell:
 
 
 @dataclass(frozen=True)
+class CapsGuestDomain:
+    """One way to run guests of an architecture: a domain type (``qemu``,
+    ``kvm``), its emulator and its machine-type aliases (``pc`` ->
+    ``pc-i440fx-8.2``)."""
+
+    type: str
+    emulator: Optional[str] = None
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CapsGuest:
+    """A ``<guest>`` of the capabilities: an architecture the host can run.
+
+    ``default`` is the domain described by the ``<arch>``'s own children;
+    ``domains`` also holds the types with children of their own (libvirt
+    writes ``<domain type='kvm'>`` with its emulator and machines inside).
+    """
+
+    arch: str
+    default: CapsGuestDomain
+    domains: tuple[CapsGuestDomain, ...] = ()
+
+    def domain(self, virt_type: str) -> CapsGuestDomain:
+        for domain in self.domains:
+            if domain.type == virt_type:
+                return domain
+        return self.default
+
+
+@dataclass(frozen=True)
 class Capabilities:
     cpu_model: HostCpuModel
     # From <host><cpu><pages>: sizes the host can back guests with, ascending.
@@ -56,6 +87,7 @@ class Capabilities:
     cells: tuple[CapsCell, ...]
     # The <host><cpu> element as text, for libvirt's baselineCPU expansion.
     cpu_xml: Optional[str] = None
+    guests: tuple[CapsGuest, ...] = ()
 
 
 def parse_capabilities(xml: str) -> Capabilities:
@@ -69,7 +101,30 @@ def parse_capabilities(xml: str) -> Capabilities:
     page_sizes = _page_sizes(cpu) if cpu is not None else ()
     cells = tuple(_cell(cell) for cell in host.findall("topology/cells/cell"))
     cpu_xml = ET.tostring(cpu, encoding="unicode") if cpu is not None else None
-    return Capabilities(cpu_model, page_sizes, cells, cpu_xml)
+    guests = tuple(guest for guest in map(_guest, root.findall("guest")) if guest)
+    return Capabilities(cpu_model, page_sizes, cells, cpu_xml, guests)
+
+
+def _guest(guest: ET.Element) -> Optional[CapsGuest]:
+    arch = guest.find("arch")
+    if arch is None or not arch.get("name"):
+        return None
+    default_type = "qemu"
+    domains = []
+    for domain in arch.findall("domain"):
+        if len(domain):
+            domains.append(_guest_domain(domain.get("type") or "", domain))
+        else:
+            default_type = domain.get("type") or default_type
+    default = _guest_domain(default_type, arch)
+    return CapsGuest(arch.get("name") or "", default,
+                     tuple(domains) + (default,))
+
+
+def _guest_domain(domain_type: str, parent: ET.Element) -> CapsGuestDomain:
+    aliases = tuple(machine.text.strip() for machine in parent.findall("machine")
+                    if machine.get("canonical") and machine.text)
+    return CapsGuestDomain(domain_type, text_of(parent, "emulator"), aliases)
 
 
 def parse_cpu_model_xml(xml: str) -> HostCpuModel:

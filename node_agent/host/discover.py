@@ -11,16 +11,19 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Optional
 
 import psutil
 
-from node_agent.errors import DiscoveryError
+from node_agent.errors import ConfigError, DiscoveryError
 from node_agent.host.sysfs_pci import read_pci, with_mdev_parents
 from node_agent.model.settings import Settings
 from node_agent.host.sysfs import SysFS
 from node_agent.host.sysfs_topology import SysfsTopology, read_topology
-from node_agent.model.snapshot import HostCpuModel, HostSnapshot
+from node_agent.model.snapshot import DomainCaps, HostCpuModel, HostSnapshot, HypervisorInfo
+from node_agent.tree.hypervisor_traits import NEEDS_DOMAIN_CAPS
 
 LOG = logging.getLogger(__name__)
 GIB = 1024 ** 3
@@ -67,32 +70,165 @@ def memory_mb(topology: SysfsTopology, real_host: bool) -> tuple[int, list[str]]
 _LOGGED: set[str] = set()
 
 
-def _log_once(warnings: list[str]) -> None:
+def _log_once(warnings: list[str], level: int = logging.WARNING) -> None:
     """A service runs for months: say each host warning once, not each cycle."""
     for warning in warnings:
         if warning not in _LOGGED:
             _LOGGED.add(warning)
-            LOG.warning("%s", warning)
+            LOG.log(level, "%s", warning)
 
 
 class LibvirtFacts:
-    """What one libvirt read gives: CPU model, page sizes, guests, cells."""
+    """What one libvirt read gives: CPU model, page sizes, guests, cells, the
+    static-trait facts and the guest CPU models' features."""
 
-    def __init__(self, cpu_model=HostCpuModel(), page_sizes_kb=(), guests=(), cells=()):
+    def __init__(self, cpu_model=HostCpuModel(), page_sizes_kb=(), guests=(), cells=(),
+                 hypervisor_info=None, guest_cpu_models=()):
         self.cpu_model = cpu_model
         self.page_sizes_kb = tuple(page_sizes_kb)
         self.guests = tuple(guests)
         self.cells = tuple(cells)
+        self.hypervisor_info = hypervisor_info
+        self.guest_cpu_models = tuple(guest_cpu_models)
 
 
-def read_libvirt(hypervisor) -> LibvirtFacts:
+def read_libvirt(hypervisor, settings: Optional[Settings] = None) -> LibvirtFacts:
     from node_agent.host.capabilities import parse_capabilities
     from node_agent.host.domain import parse_domain
 
     caps = parse_capabilities(hypervisor.capabilities_xml())
     guests = [parse_domain(xml, running) for xml, running in hypervisor.domain_xmls()]
-    return LibvirtFacts(expanded_cpu_model(hypervisor, caps), caps.page_sizes_kb,
-                        guests, caps.cells)
+    cpu_model = expanded_cpu_model(hypervisor, caps)
+    info = models = None
+    if settings is not None:
+        info = hypervisor_info(hypervisor, caps, settings)
+        models = guest_cpu_models(hypervisor, cpu_model, settings)
+    return LibvirtFacts(cpu_model, caps.page_sizes_kb, guests, caps.cells,
+                        info, models or ())
+
+
+def _version(number: int) -> tuple[int, int, int]:
+    """libvirt's ``major * 1,000,000 + minor * 1,000 + micro``."""
+    return number // 1_000_000, number // 1000 % 1000, number % 1000
+
+
+# nova's default machine type per architecture
+# (nova/virt/libvirt/utils.py get_default_machine_type); None: libvirt's.
+_DEFAULT_MACHINE = {"armv7l": "virt", "aarch64": "virt", "ppc64le": "pseries",
+                    "s390": "s390-ccw-virtio", "s390x": "s390-ccw-virtio",
+                    "i686": "pc", "x86_64": "pc"}
+
+
+def hypervisor_info(hypervisor, caps, settings: Settings) -> HypervisorInfo:
+    """Versions, and the domain capabilities when ``[libvirt]
+    domain_capabilities`` allows the read-write connection they need.
+
+    As nova (``Host.get_domain_capabilities``): for every guest architecture
+    of the capabilities, its default machine type and every machine alias,
+    with ``[libvirt] virt_type``; an architecture libvirt cannot run that way
+    is left out.
+    """
+    libvirt_version, qemu_version = hypervisor.versions()
+    domain_caps = None
+    if settings.domain_capabilities:
+        domain_caps = _read_domain_caps(hypervisor, caps, settings.virt_type)
+    else:
+        _log_once([f"[libvirt] domain_capabilities is off, so the agent keeps its "
+                   f"read-only libvirt connection and does not report "
+                   f"{', '.join(NEEDS_DOMAIN_CAPS)}: libvirt refuses domain "
+                   f"capabilities on a read-only connection."], logging.INFO)
+    return HypervisorInfo(_version(libvirt_version), _version(qemu_version), domain_caps)
+
+
+_DOMAIN_CAPS: dict[tuple, Optional[str]] = {}
+
+
+def _read_domain_caps(hypervisor, caps, virt_type: str) -> tuple[DomainCaps, ...]:
+    """Asked once per (emulator, arch, machine, virt type) while the agent
+    runs: they change only with libvirt or QEMU, whose upgrade restarts
+    nothing of ours but is rare; nova caches them for its lifetime too."""
+    from node_agent.host.domain_capabilities import parse_domain_capabilities
+
+    found: list[DomainCaps] = []
+    for guest in caps.guests:
+        domain = guest.domain(virt_type)
+        machines = sorted({_DEFAULT_MACHINE.get(guest.arch)} | set(domain.aliases),
+                          key=lambda m: m or "")
+        answers = []
+        for machine in machines:
+            key = (hypervisor.uri, domain.emulator, guest.arch, machine, virt_type)
+            if key not in _DOMAIN_CAPS:
+                _DOMAIN_CAPS[key] = hypervisor.domain_capabilities_xml(
+                    domain.emulator, guest.arch, machine, virt_type)
+            answers.append(_DOMAIN_CAPS[key])
+        if any(answer is None for answer in answers):
+            continue  # nova drops the whole architecture on one failure
+        found.extend(parse_domain_capabilities(answer) for answer in answers if answer)
+    return tuple(found)
+
+
+# nova's default guest CPU model per architecture for cpu_mode = none
+# (nova/virt/libvirt/utils.py get_cpu_model_from_arch).
+_DEFAULT_CPU_MODEL = {"i686": "qemu32", "ppc64le": "POWER8", "aarch64": "max"}
+# Architectures whose model names nova checks against libvirt's list.
+_CHECKED_MODEL_ARCHES = frozenset({"i686", "x86_64", "ppc64", "ppc64le", "ppc"})
+
+
+def guest_cpu_models(hypervisor, host: HostCpuModel, settings: Settings):
+    """``(model, features)`` of the guest CPU models the settings name: the
+    ``cpu_models`` of cpu_mode = custom, or the architecture's default for
+    cpu_mode = none, expanded with libvirt's cpu_map (baselineCPU), as nova
+    does. An unknown model is a ConfigError (exit 78), as in nova."""
+    if settings.cpu_mode == "custom":
+        names = resolve_cpu_models(hypervisor, host.arch, settings.cpu_models)
+    elif settings.cpu_mode == "none":
+        names = (_DEFAULT_CPU_MODEL.get(host.arch or "", "qemu64"),)
+    else:
+        return ()
+    if not names and host.arch == "aarch64":
+        names = ("max",)
+    result = []
+    for name in names:
+        result.append((name, _model_features(hypervisor, host, name)))
+    return tuple(result)
+
+
+def resolve_cpu_models(hypervisor, arch: Optional[str], models) -> tuple[str, ...]:
+    """libvirt's spelling of each configured model (case does not matter)."""
+    if arch not in _CHECKED_MODEL_ARCHES:
+        return tuple(models)
+    known = {name.lower(): name for name in hypervisor.cpu_model_names(arch)}
+    unknown = [model for model in models if model.lower() not in known]
+    if unknown:
+        raise ConfigError(
+            f"[libvirt] cpu_models: {', '.join(unknown)} is not a CPU model libvirt "
+            f"knows for {arch} (see 'virsh cpu-models {arch}'); nova refuses it too. "
+            f"Correct the name.")
+    return tuple(known[model.lower()] for model in models)
+
+
+_MODEL_FEATURES: dict[tuple, frozenset[str]] = {}
+
+
+def _model_features(hypervisor, host: HostCpuModel, model: str) -> frozenset[str]:
+    from node_agent.host.capabilities import parse_cpu_model_xml
+
+    key = (hypervisor.uri, host.arch, host.vendor, model)
+    if key not in _MODEL_FEATURES:
+        cpu_xml = cpu_model_xml(host.arch, model, host.vendor)
+        _MODEL_FEATURES[key] = parse_cpu_model_xml(
+            hypervisor.expand_cpu_features(cpu_xml)).features
+    return _MODEL_FEATURES[key]
+
+
+def cpu_model_xml(arch: Optional[str], model: str, vendor: Optional[str]) -> str:
+    """The ``<cpu>`` nova hands baselineCPU for a model: the host's arch and
+    vendor, the model, no features."""
+    cpu = ET.Element("cpu")
+    for tag, text in (("arch", arch), ("model", model), ("vendor", vendor)):
+        if text:
+            ET.SubElement(cpu, tag).text = text
+    return ET.tostring(cpu, encoding="unicode")
 
 
 _EXPANDED: dict[str, frozenset[str]] = {}
@@ -161,9 +297,9 @@ def discover(settings: Settings, hypervisor=None) -> HostSnapshot:
         own = hypervisor is None
         if own:
             from node_agent.host.hypervisor import Hypervisor
-            hypervisor = Hypervisor(settings.libvirt_uri)
+            hypervisor = Hypervisor(settings.libvirt_uri, settings.domain_capabilities)
         try:
-            facts = read_libvirt(hypervisor)
+            facts = read_libvirt(hypervisor, settings)
         except DiscoveryError:
             hypervisor.close()
             raise
@@ -198,4 +334,6 @@ def discover(settings: Settings, hypervisor=None) -> HostSnapshot:
         warnings=tuple(warnings + disk_warnings),
         gpus=gpus,
         sriov_pfs=sriov_pfs,
+        hypervisor=facts.hypervisor_info,
+        guest_cpu_models=facts.guest_cpu_models,
     )

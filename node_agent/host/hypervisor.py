@@ -2,7 +2,11 @@
 
 This is the only module that imports ``libvirt``. It opens a read-only
 connection (the agent never changes the hypervisor) on first use and hands
-back XML strings, which ``capabilities``, ``domain`` and ``nodedev`` parse.
+back XML strings, which ``capabilities``, ``domain``, ``nodedev`` and
+``domain_capabilities`` parse. Only ``[libvirt] domain_capabilities = true``
+opens a read-write connection, because libvirt refuses
+``virConnectGetDomainCapabilities`` read-only; the agent still calls only
+reads on it.
 Every libvirt failure leaves as a ``DiscoveryError`` naming the URI.
 """
 
@@ -38,22 +42,24 @@ def _dead(conn: "libvirt.virConnect") -> bool:
 
 
 class Hypervisor:
-    """A lazily opened, read-only libvirt connection.
+    """A lazily opened libvirt connection, read-only unless ``read_write``.
 
-    ``uri`` is passed to ``libvirt.openReadOnly`` unchanged, e.g.
-    ``qemu:///system`` or ``test:///abs/path/host.xml``.
+    ``uri`` is passed to ``libvirt.openReadOnly`` (or ``libvirt.open``)
+    unchanged, e.g. ``qemu:///system`` or ``test:///abs/path/host.xml``.
     """
 
-    def __init__(self, uri: str):
+    def __init__(self, uri: str, read_write: bool = False):
         if not uri:
             raise ValueError("a libvirt URI is required (e.g. qemu:///system)")
         self.uri = uri
+        self.read_write = read_write
         self._conn: Optional["libvirt.virConnect"] = None
 
     def _connection(self) -> "libvirt.virConnect":
         if self._conn is None:
             try:
-                self._conn = libvirt.openReadOnly(self.uri)
+                opener = libvirt.open if self.read_write else libvirt.openReadOnly
+                self._conn = opener(self.uri)
             except libvirt.libvirtError as exc:
                 raise DiscoveryError(
                     f"cannot connect to libvirt at {self.uri}: {exc.get_error_message()}"
@@ -92,6 +98,37 @@ class Hypervisor:
         flags = libvirt.VIR_CONNECT_BASELINE_CPU_EXPAND_FEATURES
         return self._call("expand CPU features",
                           lambda conn: conn.baselineCPU([cpu_xml], flags))
+
+    def cpu_model_names(self, arch: str) -> list[str]:
+        """The CPU models libvirt knows for ``arch`` (``virsh cpu-models``)."""
+        return self._call(f"list the CPU models of {arch}",
+                          lambda conn: list(conn.getCPUModelNames(arch, 0) or []))
+
+    def versions(self) -> tuple[int, int]:
+        """(libvirt version, hypervisor version), each major*1e6+minor*1e3+micro."""
+        return self._call("read versions",
+                          lambda conn: (conn.getLibVersion(), conn.getVersion()))
+
+    def domain_capabilities_xml(self, emulator: Optional[str], arch: str,
+                                machine: Optional[str], virt_type: str) -> Optional[str]:
+        """``virsh domcapabilities`` for one emulator, arch and machine type.
+
+        None when libvirt cannot run that combination (KVM for a foreign
+        architecture, a machine type the emulator lacks): nova then leaves
+        the architecture out, and so does the agent. A refusal for lack of
+        rights is an error (the read-only connection is refused).
+        """
+        conn = self._connection()
+        try:
+            return conn.getDomainCapabilities(emulator, arch, machine, virt_type, 0)
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() in (libvirt.VIR_ERR_OPERATION_DENIED,
+                                        libvirt.VIR_ERR_ACCESS_DENIED,
+                                        libvirt.VIR_ERR_NO_SUPPORT) or _dead(conn):
+                raise DiscoveryError(
+                    f"libvirt at {self.uri}: cannot read domain capabilities: "
+                    f"{exc.get_error_message()}") from exc
+            return None
 
     def domain_xmls(self) -> list[tuple[str, bool]]:
         """``(XMLDesc, running)`` for every running and defined domain.

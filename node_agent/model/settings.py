@@ -50,6 +50,15 @@ class Settings:
     upstream_topic: str = "node-agent-applier"
     # [libvirt] cpu_power_management: dedicated CPUs may be offline.
     cpu_power_management: bool = False
+    # [libvirt] guest CPU (nova's): the CPU feature traits follow it.
+    cpu_mode: Optional[str] = None
+    cpu_models: tuple[str, ...] = ()
+    cpu_model_extra_flags: tuple[str, ...] = ()
+    # [libvirt] static hypervisor traits (tree/hypervisor_traits.py).
+    virt_type: str = "kvm"
+    swtpm_enabled: bool = False
+    supported_tpm_secret_security: tuple[str, ...] = ("user", "host", "deployment")
+    domain_capabilities: bool = False
     # Kinds ("cpu", "ram", "disk") whose *_allocation_ratio is set: those
     # ratios are asserted every cycle; the others are initial_* ratios that
     # apply only when the class is new in Placement (nova's rule).

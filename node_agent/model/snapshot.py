@@ -56,6 +56,37 @@ class HostCpuModel:
 
 
 @dataclass(frozen=True)
+class DomainCaps:
+    """What nova's traits read from one ``virConnectGetDomainCapabilities``
+    answer (one emulator, architecture and machine type)."""
+
+    arch: str
+    machine: Optional[str] = None
+    disk_buses: frozenset[str] = frozenset()
+    video_models: frozenset[str] = frozenset()
+    tpm_supported: bool = False
+    tpm_models: tuple[str, ...] = ()
+    tpm_backend_models: tuple[str, ...] = ()
+    # None: libvirt older than 8.6 does not list backend versions.
+    tpm_versions: Optional[tuple[str, ...]] = None
+    sev_supported: bool = False
+
+
+@dataclass(frozen=True)
+class HypervisorInfo:
+    """The hypervisor facts the static traits need.
+
+    ``domain_caps`` is None when they were not read (the read-only
+    connection is refused them), so the traits they decide are left alone.
+    Versions are ``(major, minor, micro)``.
+    """
+
+    libvirt_version: Optional[tuple[int, int, int]] = None
+    qemu_version: Optional[tuple[int, int, int]] = None
+    domain_caps: Optional[tuple[DomainCaps, ...]] = None
+
+
+@dataclass(frozen=True)
 class GuestMdev:
     uuid: str
     # PCI address of the parent GPU when known, as ``0000:00:02.0``.
@@ -154,6 +185,11 @@ class HostSnapshot:
     warnings: tuple[str, ...] = ()
     gpus: tuple[PciGpu, ...] = ()
     sriov_pfs: tuple[SriovPf, ...] = ()
+    # None without libvirt: the static hypervisor traits are then left alone.
+    hypervisor: Optional[HypervisorInfo] = None
+    # [libvirt] cpu_models (or cpu_mode = none's default model) with the
+    # features libvirt's cpu_map gives each: (model, features), in order.
+    guest_cpu_models: tuple[tuple[str, frozenset[str]], ...] = ()
 
     def node_of(self, cpu_id: int) -> Optional[int]:
         for node in self.nodes:

@@ -144,7 +144,8 @@ class Agent:
         settings = loaded.settings
         try:
             state = StateStore(Path(settings.state_path)).load_or_empty(LOG)
-            desired = compute_desired(settings, self._hypervisor_for(settings.libvirt_uri),
+            desired = compute_desired(settings, self._hypervisor_for(
+                settings.libvirt_uri, settings.domain_capabilities),
                                       state=state, lenient_files=True)
             self._note_refused_files(desired.refused_files)
             if settings.upstream == "messaging":
@@ -228,16 +229,18 @@ class Agent:
         if self._hypervisor is not None:
             self._hypervisor.close()
 
-    def _hypervisor_for(self, uri: str):
+    def _hypervisor_for(self, uri: str, read_write: bool = False):
         """The service's libvirt connection (reopened after a failed read or
-        a reload that changed the URI); None without a hypervisor."""
+        a reload that changed the URI or the connection kind); None without
+        a hypervisor."""
         if not uri:
             return None
-        if self._hypervisor is None or self._hypervisor.uri != uri:
+        if (self._hypervisor is None or self._hypervisor.uri != uri
+                or self._hypervisor.read_write != read_write):
             from node_agent.host.hypervisor import Hypervisor
             if self._hypervisor is not None:
                 self._hypervisor.close()
-            self._hypervisor = Hypervisor(uri)
+            self._hypervisor = Hypervisor(uri, read_write)
         return self._hypervisor
 
     def _reshape_hooks(self, loaded: Loaded) -> dict:

@@ -17,7 +17,8 @@ from typing import Mapping, Optional, Sequence, Set
 import os_resource_classes as orc
 import os_traits
 
-from node_agent.tree.cpu_traits import feature_traits
+from node_agent.tree.cpu_traits import guest_cpu_traits
+from node_agent.tree.hypervisor_traits import TraitSettings, hypervisor_traits
 from node_agent.errors import ConfigError
 from node_agent.tree.numa import split_by_numa
 from node_agent.policy.partition import CpuPartition
@@ -78,20 +79,33 @@ def root_inventories(settings: Settings, host: HostSnapshot,
     return {rc: inv for rc, inv in candidates.items() if inv.total > 0}
 
 
-def root_traits(host: HostSnapshot) -> dict[str, bool]:
+def root_traits(host: HostSnapshot, settings: Optional[Settings] = None) -> dict[str, bool]:
     """Traits the agent decides about on the root: {trait: present?}.
 
     CPU feature traits come from :mod:`node_agent.tree.cpu_traits`: every trait
     of its table is decided (absent features are False) once libvirt has
-    described the CPU.
+    described the CPU; they follow the guest CPU ``[libvirt] cpu_mode``
+    describes. The static hypervisor traits come from
+    :mod:`node_agent.tree.hypervisor_traits`.
     """
     traits = {os_traits.COMPUTE_NODE: True,
               os_traits.HW_CPU_HYPERTHREADING: host.has_smt}
     arch = arch_trait(host.cpu_model.arch)
     if arch:
         traits[arch] = True
-    traits.update(feature_traits(host.cpu_model))
+    if settings is None:
+        traits.update(guest_cpu_traits(None, host.cpu_model, ()))
+        return traits
+    traits.update(guest_cpu_traits(settings.cpu_mode, host.cpu_model,
+                                   host.guest_cpu_models, settings.cpu_model_extra_flags))
+    traits.update(hypervisor_traits(host.hypervisor, trait_settings(settings),
+                                    host.cpu_model.arch))
     return traits
+
+
+def trait_settings(settings: Settings) -> TraitSettings:
+    return TraitSettings(settings.virt_type, settings.swtpm_enabled,
+                         settings.supported_tpm_secret_security)
 
 
 def whole_node_inventories(resource_class: str) -> dict[str, Inventory]:
@@ -110,7 +124,7 @@ def build_tree(settings: Settings, host: HostSnapshot, partition: CpuPartition,
     if settings.node_resource_class:
         root = Provider(name=settings.host,
                         inventories=whole_node_inventories(settings.node_resource_class),
-                        traits=root_traits(host))
+                        traits=root_traits(host, settings))
         tree = ProviderTree((root,))
     else:
         tree = _resource_tree(settings, host, partition)
@@ -125,6 +139,6 @@ def _resource_tree(settings: Settings, host: HostSnapshot,
     if settings.numa_in_placement and host.nodes:
         split = split_by_numa(settings, host, partition, inventories)
         inventories, children = split.root_inventories, split.children
-    root = Provider(name=settings.host, inventories=inventories, traits=root_traits(host))
+    root = Provider(name=settings.host, inventories=inventories, traits=root_traits(host, settings))
     children += gpu_children(settings, host) + sriov_children(settings, host)
     return ProviderTree((root,) + children)

@@ -114,3 +114,60 @@ def feature_traits(cpu: HostCpuModel) -> dict[str, bool]:
             if trait is not None:
                 traits[trait] = True
     return traits
+
+
+# [libvirt] cpu_mode values, as nova names them.
+CPU_MODES = ("host-model", "host-passthrough", "custom", "none")
+
+
+def split_extra_flags(flags) -> tuple[frozenset[str], frozenset[str]]:
+    """``[libvirt] cpu_model_extra_flags`` as (enabled, disabled) names:
+    ``+flag`` or ``flag`` enables, ``-flag`` disables (nova's grammar);
+    case does not matter."""
+    enabled, disabled = set(), set()
+    for flag in flags:
+        name = flag.strip().lower()
+        if name.startswith("-"):
+            disabled.add(name.lstrip("-"))
+        elif name:
+            enabled.add(name.lstrip("+"))
+    return frozenset(enabled), frozenset(disabled)
+
+
+def guest_cpu_features(cpu_mode: str | None, host: HostCpuModel,
+                       models: tuple[tuple[str, frozenset[str]], ...],
+                       extra_flags=()) -> frozenset[str]:
+    """The CPU features guests get, which the CPU traits follow (nova's
+    ``_get_cpu_feature_traits``).
+
+    * unset, ``host-model``, ``host-passthrough``: the host's features (nova
+      defaults to host-model on QEMU/KVM), plus the enabled extra flags;
+    * ``custom``: every feature of every configured model (``models``: each
+      name with the features libvirt's cpu_map gives it), plus the flags;
+    * ``none``: the features of the architecture's default model (``models``
+      holds it), without the flags, which nova does not apply then.
+
+    A disabled flag (``-pcid``) removes the feature: guests do not get it.
+    nova reports the trait for it anyway; the agent does not overstate.
+    """
+    enabled, disabled = split_extra_flags(extra_flags)
+    if cpu_mode == "none":
+        return frozenset().union(*(features for _name, features in models))
+    if cpu_mode == "custom":
+        base = frozenset().union(*(features for _name, features in models))
+    else:
+        base = host.features
+    return (base | enabled) - disabled
+
+
+def guest_cpu_traits(cpu_mode: str | None, host: HostCpuModel,
+                     models: tuple[tuple[str, frozenset[str]], ...],
+                     extra_flags=()) -> dict[str, bool]:
+    """:func:`feature_traits` of the guest CPU the settings describe."""
+    if host.arch not in X86_ARCHES or (host.model is None and not host.features):
+        return {}
+    if cpu_mode in (None, "host-model", "host-passthrough") and not extra_flags:
+        return feature_traits(host)
+    features = guest_cpu_features(cpu_mode, host, models, extra_flags)
+    return feature_traits(HostCpuModel(host.arch, host.model or "guest", host.vendor,
+                                       features))

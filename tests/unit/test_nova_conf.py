@@ -43,6 +43,7 @@ resource_provider_association_refresh = 300
 [libvirt]
 virt_type = kvm
 cpu_mode = host-model
+images_type = rbd
 
 [mdev_nvidia-35]
 device_addresses = 0000:84:00.0
@@ -92,7 +93,7 @@ def test_novas_own_sections_and_options_are_ignored_with_one_debug_line(tmp_path
     assert len(lines) == 1
     for name in ("[api_database]", "[neutron]", "[mdev_nvidia-35]", "[workarounds]",
                  "[DEFAULT] my_ip", "[compute] resource_provider_association_refresh",
-                 "[libvirt] virt_type"):
+                 "[libvirt] images_type"):
         assert name in lines[0]
 
 

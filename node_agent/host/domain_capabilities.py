@@ -1,0 +1,53 @@
+"""Parse libvirt's domain capabilities XML (``virsh domcapabilities``).
+
+Pure: text in, a :class:`~node_agent.model.snapshot.DomainCaps` out. Only
+what nova's static traits read: the architecture and machine type, the
+disk buses, video models, TPM models and versions, and whether AMD SEV is
+supported.
+"""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from typing import Optional
+
+from node_agent.errors import ParseError
+from node_agent.host.libvirt_xml import load, text_of
+from node_agent.model.snapshot import DomainCaps
+
+
+def parse_domain_capabilities(xml: str) -> DomainCaps:
+    """Parse one ``virConnectGetDomainCapabilities`` answer; raises ParseError."""
+    root = load(xml, "domainCapabilities", "domain capabilities XML")
+    arch = text_of(root, "arch")
+    if not arch:
+        raise ParseError("domain capabilities XML: no <arch>")
+    devices = root.find("devices")
+    disk = devices.find("disk") if devices is not None else None
+    video = devices.find("video") if devices is not None else None
+    tpm = devices.find("tpm") if devices is not None else None
+    sev = root.find("features/sev")
+    versions = _values(tpm, "backendVersion")
+    return DomainCaps(
+        arch=arch,
+        machine=text_of(root, "machine"),
+        disk_buses=frozenset(_values(disk, "bus") or ()),
+        video_models=frozenset(_values(video, "modelType") or ()),
+        tpm_supported=tpm is not None and tpm.get("supported") == "yes",
+        tpm_models=_values(tpm, "model") or (),
+        tpm_backend_models=_values(tpm, "backendModel") or (),
+        tpm_versions=versions,
+        sev_supported=sev is not None and sev.get("supported") == "yes",
+    )
+
+
+def _values(device: Optional[ET.Element], enum: str) -> Optional[tuple[str, ...]]:
+    """The ``<value>``s of the device's ``<enum name=enum>``; None when the
+    device or the enum is absent (libvirt before 8.6 has no backendVersion)."""
+    if device is None:
+        return None
+    for element in device.findall("enum"):
+        if element.get("name") == enum:
+            return tuple(value.text.strip() for value in element.findall("value")
+                         if value.text and value.text.strip())
+    return None
