@@ -25,7 +25,8 @@ from node_agent.model.snapshot import HostCpuModel, HostSnapshot
 
 def _group_of(conf: cfg.ConfigOpts, name: str) -> str | None:
     """The section nova reads ``name`` from; the agent must read it there too."""
-    if name in ("cpu_power_management",):
+    if name in ("cpu_power_management", "virt_type", "swtpm_enabled", "cpu_mode",
+                "cpu_models", "cpu_model_extra_flags"):
         return "libvirt"
     if name in ("cpu_dedicated_set", "cpu_shared_set"):
         return "compute"

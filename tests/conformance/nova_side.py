@@ -44,6 +44,9 @@ _OPTIONS = {
     "disk_allocation_ratio": None, "initial_cpu_allocation_ratio": None,
     "initial_ram_allocation_ratio": None, "initial_disk_allocation_ratio": None,
     "cpu_power_management": "libvirt",
+    "virt_type": "libvirt", "swtpm_enabled": "libvirt", "cpu_mode": "libvirt",
+    "cpu_models": "libvirt", "cpu_model_extra_flags": "libvirt",
+    "skip_cpu_compare_at_startup": "workarounds",
 }
 
 
@@ -182,6 +185,110 @@ def cpu_traits(feature_sets):
     return _each(feature_sets, lambda f: libvirt_utils.cpu_features_to_traits(set(f)))
 
 
+class _CapsHost:
+    """``self._host`` for the trait functions: the real XML, parsed by nova's
+    own config classes; libvirt's answers (baselineCPU, CPU model names,
+    versions) recorded by the agent side from real libvirt."""
+
+    def __init__(self, case):
+        from nova.virt.libvirt import config as vconfig
+        self._case = case
+        self._caps = vconfig.LibvirtConfigCaps()
+        self._caps.parse_str(case.get("capabilities_xml") or
+                             "<capabilities><host><cpu><arch>%s</arch></cpu></host>"
+                             "</capabilities>" % case["host_arch"])
+        self._domain_caps = {}
+        for arch, machines in (case.get("domain_caps") or {}).items():
+            for machine, xml in machines.items():
+                caps = vconfig.LibvirtConfigDomainCaps()
+                caps.parse_str(xml)
+                self._domain_caps.setdefault(arch, {})[machine] = caps
+        self._uri = "recorded"
+
+    def get_capabilities(self):
+        return self._caps
+
+    def get_domain_capabilities(self):
+        return self._domain_caps
+
+    def has_min_version(self, lv_ver=None, hv_ver=None, hv_type=None):
+        def ok(have, want):
+            return want is None or tuple(have) >= tuple(want)
+        return (ok(self._case["libvirt_version"], lv_ver)
+                and ok(self._case["qemu_version"], hv_ver))
+
+    def get_cpu_model_names(self):
+        return list(self._case["model_names"])
+
+    def get_connection(self):
+        return self
+
+    def baselineCPU(self, xmls, flags=0):
+        from nova.virt.libvirt import config as vconfig
+        cpu = vconfig.LibvirtConfigCPU()
+        cpu.parse_str(xmls[0])
+        return self._case["baseline"][cpu.model]
+
+    tpm_models = property(lambda self: _HostClass().tpm_models.fget(self))
+    tpm_versions = property(lambda self: _HostClass().tpm_versions.fget(self))
+
+
+def _HostClass():
+    from nova.virt.libvirt import host as libvirt_host
+    return type("H", (), {"tpm_models": libvirt_host.Host.tpm_models,
+                          "tpm_versions": libvirt_host.Host.tpm_versions})
+
+
+def _caps_driver(case):
+    drv = object.__new__(libvirt_driver.LibvirtDriver)
+    drv._host = _CapsHost(case)
+    drv.cpu_models_mapping = {}
+    drv._get_cpu_info = lambda: {"arch": case["host_arch"]}
+    return drv
+
+
+_STATIC = ("_get_packed_virtqueue_traits", "_get_storage_bus_traits",
+           "_get_video_model_traits", "_get_vif_model_traits",
+           "_get_iommu_model_traits", "_get_tpm_traits", "_get_sound_model_traits",
+           "_get_cpu_emulation_arch_traits")
+
+
+def static_traits(cases):
+    """Per case ``{options, host_arch, domain_caps: {arch: {machine: xml}},
+    libvirt_version, qemu_version}``: the libvirt driver's static trait
+    functions but the CPU ones, filtered by os-traits as ``static_traits``."""
+    import os_traits
+
+    def one(case):
+        _configure(case["options"])
+        drv = _caps_driver(case)
+        traits = {}
+        for name in _STATIC:
+            traits.update(getattr(libvirt_driver.LibvirtDriver, name)(drv))
+        _valid, invalid = os_traits.check_traits(traits)
+        return {t: v for t, v in traits.items() if t not in invalid}
+    try:
+        return _each(cases, one)
+    finally:
+        _configure({})
+
+
+def cpu_mode_traits(cases):
+    """Per case ``{options, host_arch, capabilities_xml, model_names,
+    baseline}``: nova's start-up check (``_check_cpu_compatibility``, CPU
+    comparison skipped) and ``_get_cpu_feature_traits``."""
+    def one(case):
+        _configure(dict(case["options"], skip_cpu_compare_at_startup=True,
+                        virt_type="kvm"))
+        drv = _caps_driver(case)
+        libvirt_driver.LibvirtDriver._check_cpu_compatibility(drv)
+        return libvirt_driver.LibvirtDriver._get_cpu_feature_traits(drv)
+    try:
+        return _each(cases, one)
+    finally:
+        _configure({})
+
+
 def test_data_dir():
     """Where the nova wheel keeps its provider.yaml test data."""
     import os
@@ -222,7 +329,8 @@ def version():
 
 
 OPS = {f.__name__: f for f in (parse_cpu_spec, cpu_sets, ratios, provider_configs,
-                               merge_provider_configs, cpu_traits, test_data_dir,
+                               merge_provider_configs, cpu_traits, static_traits,
+                               cpu_mode_traits, test_data_dir,
                                option_names, version)}
 
 

@@ -1,0 +1,211 @@
+"""Traits parity with nova 34: the static hypervisor traits on libvirt's own
+captured domain capabilities, and the CPU feature traits under a table of
+``[libvirt] cpu_mode`` / ``cpu_models`` / ``cpu_model_extra_flags``.
+
+Both sides get the same libvirt answers: the domain capabilities XML from
+``domaincapsdata`` (nova parses it with its own config classes), and for
+the CPU modes what real libvirt (the test driver, which runs libvirt's own
+cpu_map code) answers to baselineCPU and getCPUModelNames.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from node_agent.config.settings import load_settings
+from node_agent.errors import ConfigError
+from node_agent.host.capabilities import parse_cpu_model_xml
+from node_agent.host.discover import cpu_model_xml, guest_cpu_models
+from node_agent.host.domain_capabilities import parse_domain_capabilities
+from node_agent.host.hypervisor import Hypervisor
+from node_agent.model.snapshot import HostCpuModel, HypervisorInfo
+from node_agent.tree.build import trait_settings
+from node_agent.tree.cpu_traits import guest_cpu_traits
+from node_agent.tree.hypervisor_traits import hypervisor_traits
+from tests.conformance import agent_side
+from tests.conformance.differences import UNCLASSIFIED, Observed, check
+from tests.hostdata import HOSTDATA
+
+DOMCAPS = HOSTDATA / "domaincapsdata"
+CPUS = HOSTDATA / "cputestdata"
+LIBVIRT_VERSION = (9, 0, 0)  # Debian bookworm's, the agent's pin
+
+
+def _qemu_version(path) -> tuple[int, int, int]:
+    major, minor, micro = re.match(r"qemu_(\d+)\.(\d+)\.(\d+)", path.name).groups()
+    return int(major), int(minor), int(micro)
+
+
+def _static_cases() -> list[tuple[str, dict]]:
+    files = sorted(DOMCAPS.glob("*.xml"))
+    assert files, f"no domain capabilities under {DOMCAPS}"
+    option_sets = ({}, {"swtpm_enabled": True}, {"virt_type": "qemu"})
+    cases = []
+    for path in files:
+        xml = path.read_text()
+        caps = parse_domain_capabilities(xml)
+        for options in option_sets:
+            for libvirt_version in (LIBVIRT_VERSION, (10, 4, 0)):
+                cases.append((f"{path.name} {options} libvirt {libvirt_version}", {
+                    "options": options, "host_arch": caps.arch,
+                    "domain_caps": {caps.arch: {caps.machine: xml}},
+                    "libvirt_version": libvirt_version,
+                    "qemu_version": _qemu_version(path)}))
+    # One host emulating several architectures: x86_64 KVM plus TCG guests.
+    several = {}
+    for name in ("qemu_8.2.0-q35.x86_64.xml", "qemu_10.0.0-virt.aarch64.xml",
+                 "qemu_10.0.0.s390x.xml", "qemu_10.0.0.ppc64.xml"):
+        xml = (DOMCAPS / name).read_text()
+        caps = parse_domain_capabilities(xml)
+        several.setdefault(caps.arch, {})[caps.machine] = xml
+    for options in ({}, {"swtpm_enabled": True}):
+        cases.append((f"x86_64 host emulating 4 archs {options}", {
+            "options": options, "host_arch": "x86_64", "domain_caps": several,
+            "libvirt_version": LIBVIRT_VERSION, "qemu_version": (8, 2, 0)}))
+    return cases
+
+
+def _agent_static(case: dict) -> dict[str, bool]:
+    settings = agent_side.settings(case["options"])
+    caps = tuple(parse_domain_capabilities(xml) for machines in case["domain_caps"].values()
+                 for xml in machines.values())
+    info = HypervisorInfo(tuple(case["libvirt_version"]), tuple(case["qemu_version"]), caps)
+    return hypervisor_traits(info, trait_settings(settings), case["host_arch"])
+
+
+def _static_difference(case: dict, trait: str) -> str:
+    if trait in ("COMPUTE_SECURITY_TPM_2_0", "COMPUTE_SECURITY_TPM_1_2"):
+        native = [parse_domain_capabilities(xml)
+                  for xml in case["domain_caps"].get(case["host_arch"], {}).values()]
+        if native and not native[0].tpm_supported:
+            return "tpm-unsupported-versions-assumed"
+    return UNCLASSIFIED + " trait"
+
+
+def test_static_traits_match_nova_on_libvirts_domain_capabilities(nova):
+    cases = _static_cases()
+    theirs_all = nova.call("static_traits", cases=[case for _n, case in cases])
+    observed = Observed("static_traits", cases=len(cases))
+    for (name, case), answer in zip(cases, theirs_all):
+        assert "value" in answer, f"{name}: nova refused: {answer}"
+        theirs, ours = answer["value"], _agent_static(case)
+        for trait in sorted(set(theirs) | set(ours)):
+            if bool(theirs.get(trait)) != bool(ours.get(trait)):
+                observed.add(_static_difference(case, trait),
+                             f"{name}: {trait} nova {theirs.get(trait)}, "
+                             f"agent {ours.get(trait)}")
+    check(observed)
+
+
+# ------------------------------------------------------------ cpu_mode
+
+CPU_SETTINGS = [
+    {},
+    {"cpu_mode": "host-model"},
+    {"cpu_mode": "host-passthrough"},
+    {"cpu_mode": "host-model", "cpu_model_extra_flags": ["pdpe1gb", "+AVX512F"]},
+    {"cpu_mode": "host-passthrough", "cpu_model_extra_flags": ["-pcid"]},
+    {"cpu_mode": "custom", "cpu_models": ["Haswell-noTSX"]},
+    {"cpu_mode": "custom", "cpu_models": ["haswell-notsx"]},
+    {"cpu_mode": "custom", "cpu_models": ["SandyBridge", "IvyBridge", "Broadwell-noTSX"]},
+    {"cpu_mode": "custom", "cpu_models": ["Nehalem"],
+     "cpu_model_extra_flags": ["+avx", "-sse4.2"]},
+    {"cpu_mode": "custom", "cpu_models": ["EPYC"]},
+    {"cpu_mode": "none"},
+    {"cpu_mode": "none", "cpu_model_extra_flags": ["+avx2"]},
+    # refused by both
+    {"cpu_mode": "custom"},
+    {"cpu_mode": "host-model", "cpu_models": ["Haswell"]},
+    {"cpu_models": ["Haswell"]},
+    {"cpu_mode": "custom", "cpu_models": ["NoSuchCPU"]},
+]
+
+
+@pytest.fixture(scope="module")
+def libvirt_test_driver():
+    hypervisor = Hypervisor("test:///default")
+    yield hypervisor
+    hypervisor.close()
+
+
+def _host_cpu(hypervisor, path) -> HostCpuModel:
+    """The host CPU as the agent reads it: listed plus implied features."""
+    xml = path.read_text()
+    listed = parse_cpu_model_xml(xml)
+    expanded = parse_cpu_model_xml(hypervisor.expand_cpu_features(xml))
+    return HostCpuModel("x86_64", listed.model, listed.vendor,
+                        listed.features | expanded.features)
+
+
+def _capabilities_xml(host: HostCpuModel) -> str:
+    features = "".join(f"<feature name='{name}'/>" for name in sorted(host.features))
+    return (f"<capabilities><host><cpu><arch>{host.arch}</arch><model>{host.model}</model>"
+            f"<vendor>{host.vendor}</vendor>{features}</cpu></host></capabilities>")
+
+
+def _agent_cpu_traits(hypervisor, host: HostCpuModel, options: dict):
+    settings = load_settings(agent_side.agent_conf(options))
+    models = guest_cpu_models(hypervisor, host, settings)
+    return guest_cpu_traits(settings.cpu_mode, host, models,
+                            settings.cpu_model_extra_flags)
+
+
+def _cpu_case(hypervisor, host: HostCpuModel, options: dict) -> dict:
+    """What nova's side needs: the host, and libvirt's answers for every
+    model it may ask about (the configured ones and the arch default)."""
+    names = hypervisor.cpu_model_names("x86_64")
+    by_lower = {name.lower(): name for name in names}
+    wanted = {by_lower[m.lower()] for m in options.get("cpu_models", ())
+              if m.lower() in by_lower} | {"qemu64"}
+    baseline = {model: hypervisor.expand_cpu_features(
+        cpu_model_xml(host.arch, model, host.vendor)) for model in sorted(wanted)}
+    return {"options": options, "host_arch": "x86_64",
+            "capabilities_xml": _capabilities_xml(host),
+            "model_names": names, "baseline": baseline,
+            "libvirt_version": LIBVIRT_VERSION, "qemu_version": (8, 2, 0)}
+
+
+# Traits compared: those nova's table decides. The agent's wider table and
+# libvirt's "pni" for SSE3 are the cpu_traits area's listed differences.
+_NOT_COMPARED = {"HW_CPU_X86_SSE3"}
+
+
+def _cpu_difference(options: dict, trait: str, theirs) -> str:
+    _enabled, disabled = ({f.lstrip("+").lower() for f in options.get(
+        "cpu_model_extra_flags", ()) if not f.startswith("-")},
+        {f[1:].lower() for f in options.get("cpu_model_extra_flags", ())
+         if f.startswith("-")})
+    if theirs and disabled and options.get("cpu_mode") != "none":
+        return "cpu-extra-flag-disabled"
+    return UNCLASSIFIED + " trait"
+
+
+def test_cpu_traits_follow_cpu_mode_as_nova_on_every_cputestdata_host(
+        nova, libvirt_test_driver):
+    hosts = [(path.stem, _host_cpu(libvirt_test_driver, path))
+             for path in sorted(CPUS.glob("*.xml"))]
+    assert hosts, f"no CPU model under {CPUS}"
+    cases = [(f"{name} {options}", host, options)
+             for name, host in hosts for options in CPU_SETTINGS]
+    answers = nova.call("cpu_mode_traits", cases=[
+        _cpu_case(libvirt_test_driver, host, options) for _n, host, options in cases])
+    observed = Observed("cpu_mode", cases=len(cases))
+    for (name, host, options), answer in zip(cases, answers):
+        try:
+            ours = _agent_cpu_traits(libvirt_test_driver, host, options)
+        except ConfigError as exc:
+            if "refused" not in answer:
+                observed.add(UNCLASSIFIED + " agent refuses",
+                             f"{name}: agent {exc}, nova {answer}")
+            continue
+        if "refused" in answer:
+            observed.add(UNCLASSIFIED + " nova refuses", f"{name}: nova {answer['refused']}")
+            continue
+        theirs = answer["value"]
+        for trait in sorted(set(theirs) - _NOT_COMPARED):
+            if bool(theirs[trait]) != bool(ours.get(trait)):
+                observed.add(_cpu_difference(options, trait, theirs[trait]),
+                             f"{name}: {trait} nova {theirs[trait]}, agent {ours.get(trait)}")
+    check(observed)
