@@ -10,6 +10,7 @@ metadata, one floating, and one backed by huge pages where the host has them.
 from __future__ import annotations
 
 import logging
+import platform
 import threading
 import time
 import uuid
@@ -314,3 +315,35 @@ def test_make_run_falls_back_to_sysfs_alone_when_no_libvirtd_answers(tmp_path):
     assert uri == ""
     assert said.startswith("no libvirtd answers (") and "using sysfs alone" in said
     assert "\n" not in said
+
+
+# ---------------------------------------------------------------- static traits
+
+def test_domain_capabilities_traits_reach_placement_only_with_the_read_write_option(
+        libvirtd, placement_server, host_name, tmp_path, caplog):
+    import dataclasses
+
+    client = PlacementClient.for_endpoint(placement_server.url)
+    read_only = dataclasses.replace(settings_for(libvirtd, tmp_path, host_name),
+                                    virt_type="qemu")
+    with caplog.at_level(logging.INFO, logger="node_agent.host.discover"):
+        _outcome, report, _ = agent_cycle(client, read_only)
+    assert report.ok
+    root = client.get(f"/resource_providers?name={host_name}")["resource_providers"][0]
+    traits = set(client.get(f"/resource_providers/{root['uuid']}/traits")["traits"])
+    assert ot.COMPUTE_NET_VIRTIO_PACKED in traits
+    assert not {t for t in traits if t.startswith(("COMPUTE_STORAGE_BUS_", "COMPUTE_ARCH_"))}
+    from node_agent.host import discover as discover_mod
+    # said once per process (an earlier test may have said it first)
+    assert any("domain_capabilities is off" in line for line in discover_mod._LOGGED)
+
+    read_write = dataclasses.replace(read_only, libvirt_uri=libvirtd.rw_uri,
+                                     domain_capabilities=True)
+    _outcome, report, _ = agent_cycle(client, read_write)
+    assert report.ok
+    traits = set(client.get(f"/resource_providers/{root['uuid']}/traits")["traits"])
+    native = {"x86_64": ot.COMPUTE_ARCH_X86_64, "aarch64": ot.COMPUTE_ARCH_AARCH64,
+              "s390x": ot.COMPUTE_ARCH_S390X}.get(platform.machine())
+    assert {ot.COMPUTE_STORAGE_BUS_VIRTIO, ot.COMPUTE_GRAPHICS_MODEL_NONE} <= traits
+    if native:
+        assert native in traits
