@@ -31,6 +31,11 @@ class DiscoveryError(NodeAgentError):
     exit_code = 69  # EX_UNAVAILABLE
 
 
+class DomainCapsRefused(DiscoveryError):
+    """libvirt refused domain capabilities (access denied, read-only, or a
+    driver without them): the traits they decide are not reported."""
+
+
 class ParseError(DiscoveryError):
     """A host-provided text (sysfs file, XML) is malformed."""
 

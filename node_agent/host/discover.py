@@ -17,7 +17,7 @@ from typing import Optional
 
 import psutil
 
-from node_agent.errors import ConfigError, DiscoveryError
+from node_agent.errors import ConfigError, DiscoveryError, DomainCapsRefused
 from node_agent.host.sysfs_pci import read_pci, with_mdev_parents
 from node_agent.model.settings import Settings
 from node_agent.host.sysfs import SysFS
@@ -131,7 +131,14 @@ def hypervisor_info(hypervisor, caps, settings: Settings) -> HypervisorInfo:
     libvirt_version, qemu_version = hypervisor.versions()
     domain_caps = None
     if settings.domain_capabilities:
-        domain_caps = _read_domain_caps(hypervisor, caps, settings.virt_type)
+        try:
+            domain_caps = _read_domain_caps(hypervisor, caps, settings.virt_type)
+        except DomainCapsRefused as exc:
+            # Refused (polkit, a driver without them): report the rest of the
+            # host, and leave these traits as Placement has them.
+            _log_once([f"[libvirt] domain_capabilities is on but {exc}; not reporting "
+                       f"{', '.join(NEEDS_DOMAIN_CAPS)}. Check the polkit rule "
+                       f"(README) or turn the option off."])
     else:
         _log_once([f"[libvirt] domain_capabilities is off, so the agent keeps its "
                    f"read-only libvirt connection and does not report "

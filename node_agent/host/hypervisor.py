@@ -16,7 +16,7 @@ from typing import Callable, Optional, TypeVar
 
 import libvirt
 
-from node_agent.errors import DiscoveryError
+from node_agent.errors import DiscoveryError, DomainCapsRefused
 
 T = TypeVar("T")
 
@@ -115,18 +115,22 @@ class Hypervisor:
 
         None when libvirt cannot run that combination (KVM for a foreign
         architecture, a machine type the emulator lacks): nova then leaves
-        the architecture out, and so does the agent. A refusal for lack of
-        rights is an error (the read-only connection is refused).
+        the architecture out, and so does the agent. A refusal (no rights, a
+        read-only connection, a driver without them) is DomainCapsRefused.
         """
         conn = self._connection()
         try:
             return conn.getDomainCapabilities(emulator, arch, machine, virt_type, 0)
         except libvirt.libvirtError as exc:
-            if exc.get_error_code() in (libvirt.VIR_ERR_OPERATION_DENIED,
-                                        libvirt.VIR_ERR_ACCESS_DENIED,
-                                        libvirt.VIR_ERR_NO_SUPPORT) or _dead(conn):
+            if _dead(conn):
                 raise DiscoveryError(
                     f"libvirt at {self.uri}: cannot read domain capabilities: "
+                    f"{exc.get_error_message()}") from exc
+            if exc.get_error_code() in (libvirt.VIR_ERR_OPERATION_DENIED,
+                                        libvirt.VIR_ERR_ACCESS_DENIED,
+                                        libvirt.VIR_ERR_NO_SUPPORT):
+                raise DomainCapsRefused(
+                    f"libvirt at {self.uri} refused domain capabilities: "
                     f"{exc.get_error_message()}") from exc
             return None
 

@@ -165,3 +165,24 @@ def test_service_connection_is_kept_across_cycles_and_dropped_after_a_failed_rea
     with pytest.raises(DiscoveryError):
         discover(_settings_for(tmp_path / "b", broken.uri), broken)
     assert broken._conn is None  # the next cycle reconnects
+
+
+def test_refused_domain_capabilities_leave_their_traits_alone_and_the_cycle_succeeds(
+        tmp_path, caplog):
+    """libvirt's test driver has no domain capabilities: with the option on,
+    the host is still read and reported, without the traits they decide."""
+    import dataclasses
+    import logging
+
+    from node_agent.host.discover import discover
+    from node_agent.tree.hypervisor_traits import hypervisor_traits, TraitSettings
+
+    settings = dataclasses.replace(_settings_for(tmp_path, URI), domain_capabilities=True)
+    with caplog.at_level(logging.WARNING, logger="node_agent.host.discover"):
+        host = discover(settings)
+    assert host.hypervisor is not None and host.hypervisor.domain_caps is None
+    assert host.hypervisor.libvirt_version >= (9, 0, 0)
+    traits = hypervisor_traits(host.hypervisor, TraitSettings(), host.cpu_model.arch)
+    assert traits["COMPUTE_NET_VIRTIO_PACKED"]
+    assert not any(t.startswith("COMPUTE_STORAGE_BUS_") for t in traits)
+    assert any("refused domain capabilities" in r.getMessage() for r in caplog.records)
