@@ -23,6 +23,7 @@ from node_agent.model.settings import Settings
 from node_agent.host.sysfs import SysFS
 from node_agent.host.sysfs_topology import SysfsTopology, read_topology
 from node_agent.model.snapshot import DomainCaps, HostCpuModel, HostSnapshot, HypervisorInfo
+from node_agent.tree.cpu_traits import split_extra_flags
 from node_agent.tree.hypervisor_traits import NEEDS_DOMAIN_CAPS
 
 LOG = logging.getLogger(__name__)
@@ -188,6 +189,9 @@ def guest_cpu_models(hypervisor, host: HostCpuModel, settings: Settings):
     does. An unknown model is a ConfigError (exit 78), as in nova."""
     if settings.cpu_mode == "custom":
         names = resolve_cpu_models(hypervisor, host.arch, settings.cpu_models)
+        if settings.virt_type == "kvm":
+            check_cpu_models_run_here(hypervisor, host, names,
+                                      settings.cpu_model_extra_flags)
     elif settings.cpu_mode == "none":
         names = (_DEFAULT_CPU_MODEL.get(host.arch or "", "qemu64"),)
     else:
@@ -212,6 +216,41 @@ def resolve_cpu_models(hypervisor, arch: Optional[str], models) -> tuple[str, ..
             f"knows for {arch} (see 'virsh cpu-models {arch}'); nova refuses it too. "
             f"Correct the name.")
     return tuple(known[model.lower()] for model in models)
+
+
+_COMPARED: dict[tuple, Optional[int]] = {}
+
+
+def check_cpu_models_run_here(hypervisor, host: HostCpuModel, models, flags) -> None:
+    """nova refuses to start when a configured model, with the extra flags,
+    is not one KVM can give guests on this host (``_check_cpu_compatibility``
+    with libvirt's compareHypervisorCPU); so does the agent (exit 78),
+    rather than report traits guests cannot have. Asked once per model."""
+    if host.arch == "aarch64":
+        return  # nova compares the host CPU with itself there
+    enabled, disabled = split_extra_flags(flags)
+    for model in models:
+        key = (hypervisor.uri, model, enabled, disabled)
+        if key not in _COMPARED:
+            cpu = ET.Element("cpu", match="exact")
+            ET.SubElement(cpu, "model").text = model
+            for name, policy in ([(f, "require") for f in sorted(enabled)]
+                                 + [(f, "disable") for f in sorted(disabled)]):
+                ET.SubElement(cpu, "feature", policy=policy, name=name)
+            _COMPARED[key] = hypervisor.compare_cpu(ET.tostring(cpu, encoding="unicode"))
+        result = _COMPARED[key]
+        if result is None and not getattr(hypervisor, "read_write", True):
+            _log_once([f"[libvirt] cpu_models = {','.join(models)} not checked against "
+                       f"this host's CPU: libvirt refuses compareHypervisorCPU on a "
+                       f"read-only connection ([libvirt] domain_capabilities = true "
+                       f"opens a read-write one)."], logging.INFO)
+        if result is not None and result <= 0:
+            with_flags = f" with cpu_model_extra_flags = {','.join(flags)}" if flags else ""
+            raise ConfigError(
+                f"[libvirt] cpu_models: {model}{with_flags} is not a CPU KVM can give "
+                f"guests on this host (libvirt compareHypervisorCPU: incompatible); "
+                f"nova refuses to start too. Choose a model 'virsh domcapabilities' "
+                f"lists as usable='yes', or drop the flag.")
 
 
 _MODEL_FEATURES: dict[tuple, frozenset[str]] = {}

@@ -104,6 +104,24 @@ class Hypervisor:
         return self._call(f"list the CPU models of {arch}",
                           lambda conn: list(conn.getCPUModelNames(arch, 0) or []))
 
+    def compare_cpu(self, cpu_xml: str) -> Optional[int]:
+        """libvirt's compareHypervisorCPU for a guest ``<cpu>``: > 0 when the
+        hypervisor can run it on this host, <= 0 when not. None when the
+        driver cannot compare (nova then proceeds too) or the connection may
+        not ask."""
+        conn = self._connection()
+        try:
+            return conn.compareHypervisorCPU(None, None, None, None, cpu_xml, 0)
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() in (libvirt.VIR_ERR_NO_SUPPORT,
+                                        libvirt.VIR_ERR_OPERATION_DENIED,
+                                        libvirt.VIR_ERR_ACCESS_DENIED):
+                return None
+            if _dead(conn):
+                raise DiscoveryError(f"libvirt at {self.uri}: cannot compare CPUs: "
+                                     f"{exc.get_error_message()}") from exc
+            return 0  # libvirt refuses the CPU itself: incompatible, as nova reads it
+
     def versions(self) -> tuple[int, int]:
         """(libvirt version, hypervisor version), each major*1e6+minor*1e3+micro."""
         return self._call("read versions",

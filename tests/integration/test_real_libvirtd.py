@@ -347,3 +347,55 @@ def test_domain_capabilities_traits_reach_placement_only_with_the_read_write_opt
     assert {ot.COMPUTE_STORAGE_BUS_VIRTIO, ot.COMPUTE_GRAPHICS_MODEL_NONE} <= traits
     if native:
         assert native in traits
+
+
+def _custom_models(libvirtd) -> dict[str, list[str]]:
+    """{'yes': [...], 'no': [...]}: the custom-mode CPU models this host's KVM
+    can run and cannot, as libvirt's domain capabilities say."""
+    import xml.etree.ElementTree as ET
+
+    import libvirt
+
+    conn = libvirt.open(libvirtd.rw_uri)
+    try:
+        xml = conn.getDomainCapabilities(None, None, None, "kvm", 0)
+    except libvirt.libvirtError as exc:
+        pytest.skip(f"no KVM domain capabilities here: {exc}")
+    finally:
+        conn.close()
+    models: dict[str, list[str]] = {"yes": [], "no": []}
+    for model in ET.fromstring(xml).findall("cpu/mode[@name='custom']/model"):
+        models.setdefault(model.get("usable", ""), []).append(model.text or "")
+    return models
+
+
+def test_custom_cpu_model_kvm_cannot_run_here_is_refused_and_a_usable_one_decides_traits(
+        libvirtd, tmp_path):
+    import dataclasses
+
+    from node_agent.errors import ConfigError
+
+    models = _custom_models(libvirtd)
+    if not models["yes"] or not models["no"]:
+        pytest.skip(f"need usable and unusable custom models, libvirt lists {models}")
+    base = dataclasses.replace(settings_for(libvirtd, tmp_path), libvirt_uri=libvirtd.rw_uri,
+                               domain_capabilities=True, virt_type="kvm",
+                               cpu_mode="custom")
+    with pytest.raises(ConfigError, match="compareHypervisorCPU"):
+        compute_desired(dataclasses.replace(base, cpu_models=(models["no"][-1],)))
+
+    usable = "qemu64" if "qemu64" in models["yes"] else models["yes"][0]
+    desired = compute_desired(dataclasses.replace(base, cpu_models=(usable,)))
+    (name, features), = desired.host.guest_cpu_models
+    assert name == usable
+    host_cpu = desired.host.cpu_model
+
+    def present(cpu):
+        return {t for t, on in feature_traits(cpu).items() if on}
+
+    root = {t for t, on in desired.tree.providers[0].traits.items()
+            if on and t.startswith("HW_CPU_X86_")}
+    if host_cpu.arch == "x86_64":
+        model_traits = present(dataclasses.replace(host_cpu, features=features))
+        assert root == model_traits  # the model's, not the host's
+        assert present(host_cpu) - model_traits, "the host CPU should have more than the model"
