@@ -186,3 +186,19 @@ def test_refused_domain_capabilities_leave_their_traits_alone_and_the_cycle_succ
     assert traits["COMPUTE_NET_VIRTIO_PACKED"]
     assert not any(t.startswith("COMPUTE_STORAGE_BUS_") for t in traits)
     assert any("refused domain capabilities" in r.getMessage() for r in caplog.records)
+
+
+def test_read_only_says_once_which_traits_it_does_not_report(tmp_path, caplog, monkeypatch):
+    import logging
+
+    from node_agent.host import discover as discover_mod
+
+    monkeypatch.setattr(discover_mod, "_LOGGED", set())
+    settings = _settings_for(tmp_path, URI)
+    with caplog.at_level(logging.INFO, logger="node_agent.host.discover"):
+        for _cycle in range(3):
+            host = discover_mod.discover(settings)
+    said = [r for r in caplog.records if "domain_capabilities is off" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelno == logging.INFO
+    assert "COMPUTE_STORAGE_BUS_*" in said[0].getMessage()
+    assert host.hypervisor is not None and host.hypervisor.domain_caps is None
