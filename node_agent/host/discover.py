@@ -23,7 +23,7 @@ from node_agent.model.settings import Settings
 from node_agent.host.sysfs import SysFS
 from node_agent.host.sysfs_topology import SysfsTopology, read_topology
 from node_agent.model.snapshot import DomainCaps, HostCpuModel, HostSnapshot, HypervisorInfo
-from node_agent.tree.cpu_traits import split_extra_flags
+from node_agent.tree.cpu_traits import X86_ARCHES, split_extra_flags
 from node_agent.tree.hypervisor_traits import NEEDS_DOMAIN_CAPS
 
 LOG = logging.getLogger(__name__)
@@ -153,8 +153,8 @@ _DOMAIN_CAPS: dict[tuple, Optional[str]] = {}
 
 def _read_domain_caps(hypervisor, caps, virt_type: str) -> tuple[DomainCaps, ...]:
     """Asked once per (emulator, arch, machine, virt type) while the agent
-    runs: they change only with libvirt or QEMU, whose upgrade restarts
-    nothing of ours but is rare; nova caches them for its lifetime too."""
+    runs, as nova caches them for its lifetime: they change only when
+    libvirt or QEMU is upgraded, after which the agent is restarted too."""
     from node_agent.host.domain_capabilities import parse_domain_capabilities
 
     found: list[DomainCaps] = []
@@ -196,8 +196,8 @@ def guest_cpu_models(hypervisor, host: HostCpuModel, settings: Settings):
         names = (_DEFAULT_CPU_MODEL.get(host.arch or "", "qemu64"),)
     else:
         return ()
-    if not names and host.arch == "aarch64":
-        names = ("max",)
+    if host.arch not in X86_ARCHES:
+        return ()  # CPU feature traits are x86's only: nothing to expand
     result = []
     for name in names:
         result.append((name, _model_features(hypervisor, host, name)))

@@ -92,3 +92,14 @@ def test_guest_cpu_settings_nova_refuses_are_refused(tmp_path, options, words):
     with pytest.raises(ConfigError) as refused:
         load_settings(conf)
     assert words in str(refused.value)
+
+
+def test_capabilities_guests_name_each_arch_its_domain_types_and_machine_aliases():
+    from node_agent.host.capabilities import parse_capabilities
+
+    xml = (HOSTDATA / "capabilityschemadata" / "caps-qemu-kvm.xml").read_text()
+    x86 = next(g for g in parse_capabilities(xml).guests if g.arch == "x86_64")
+    assert x86.domain("kvm").type == "kvm" and x86.domain("kvm").aliases == ("pc",)
+    assert x86.domain("kvm").emulator == "/usr/bin/qemu-system-x86_64"
+    # no <domain type='hvf'>: the arch's own (default) domain
+    assert x86.domain("hvf") is x86.default and x86.default.type == "qemu"
