@@ -7,9 +7,14 @@
     node-agent maintenance on|off|status          close/reopen the host; compare records
     node-agent audit [--output json]              allocations vs. local guests (reads only)
 
+With ``[agent] mode = companion`` (:mod:`node_agent.cycle.companion`)
+``--once`` reads only and reports drift, the audit and nova-compute's next
+restart instead of syncing.
+
 Exit codes: 0 success; 78 bad configuration; 69 the host could not be read;
 75 Placement refused or was unreachable; 1 Placement does not match the host
-after a sync, or the audit found an alarm.
+after a sync, or the audit found an alarm, or (companion) Placement has no
+provider of the host's name; 3 (companion ``--once``) drift or audit alarms.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from node_agent.config.validation import config_args, placement_configured, vali
 
 LOG = logging.getLogger("node_agent")
 EX_NOT_IN_SYNC = 1
+EX_DRIFT = 3  # companion mode: Placement differs from the host (drift or audit alarms)
 
 
 SUBCOMMANDS_HELP = """subcommands (global options may come before or after them):
@@ -201,6 +207,8 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
     from node_agent.service import metrics
     from node_agent.cycle.reconcile import Reconciler
 
+    if settings.companion:
+        return _companion_once(conf, settings, dry_run, output, client)
     started = time.monotonic()
     # --once reports everything but a bad provider file, then exits 78 naming
     # it; --dry-run refuses the run, so the bad file is not missed.
@@ -259,6 +267,52 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
     return code
 
 
+def _companion(conf, settings, client=None):
+    """The companion cycle's reader; it wraps the client read-only."""
+    from node_agent.cycle.companion import Companion
+    from node_agent.placement.client import PlacementClient
+
+    if not placement_configured(conf):
+        raise ConfigError("[agent] mode = companion reads Placement, and none is "
+                          "configured: set [placement] auth_type (or endpoint_override); "
+                          "read access is enough.")
+    client = client or PlacementClient.from_conf(conf)
+    client.check_version()
+    return Companion(client, _state_store(settings),
+                     full_verify_interval=settings.full_verify_interval)
+
+
+def _companion_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
+    """``--once`` (and ``--dry-run``) in companion mode: read Placement,
+    report drift, the audit and nova-compute's next restart. Never writes
+    to Placement; ``--once`` keeps the audit's observations in the state
+    file. Exit 0 in sync, 3 drift or audit alarms, 1 no provider of the
+    host's name; ``--dry-run`` exits 0 whatever it found."""
+    from node_agent.cycle.companion import not_found_message
+
+    desired = compute_desired(settings, state=_state_store(settings).load_or_empty(LOG),
+                              lenient_files=not dry_run)
+    companion = _companion(conf, settings, client)
+    found = companion.check(desired, settings, force=True, save=not dry_run)
+    tree = desired.tree
+    if found.found:
+        tree = tree.with_uuids({tree.root.name: found.root_uuid})
+    report = render.report_dict(tree, desired.warnings, [], None, None, [])
+    report = render.with_companion(report, found)
+    print(render.as_json(report) if output == "json" else render.as_text(report), end="")
+    if desired.refused_files:
+        error = ConfigError(list(desired.refused_files))
+        print(_error_text(error), file=sys.stderr)
+        return error.exit_code
+    if not found.found:
+        print(f"node-agent: {not_found_message(settings.host, companion.client.endpoint)}",
+              file=sys.stderr)
+        return 0 if dry_run else EX_NOT_IN_SYNC
+    if dry_run or found.in_sync:
+        return 0
+    return EX_DRIFT
+
+
 def _audit_of(syncer, desired, settings, save: bool) -> dict:
     """The allocation audit against the tree the syncer has just read."""
     from node_agent.cycle.audit import Auditor
@@ -275,6 +329,8 @@ def _audit(conf, settings, output: str) -> int:
         raise ConfigError("node-agent audit reads Placement, and none is configured: "
                           "set [placement] auth_type (or endpoint_override).")
     desired = compute_desired(settings, state=_state_store(settings).load_or_empty(LOG))
+    if settings.companion:
+        return _companion_audit(conf, settings, desired, output)
     syncer = _syncer(conf, settings)
     syncer.plan(desired.tree)  # reads the tree (and writes nothing)
     if not syncer.cached_tree():
@@ -288,6 +344,24 @@ def _audit(conf, settings, output: str) -> int:
     else:
         print("\n".join(render.audit_lines(audit)))
     return EX_NOT_IN_SYNC if audit["alarms"] else 0
+
+
+def _companion_audit(conf, settings, desired, output: str) -> int:
+    """``node-agent audit`` in companion mode: the same audit, through the
+    read-only gateway, of the provider found by the host's name."""
+    from node_agent.cycle.companion import not_found_message
+
+    companion = _companion(conf, settings)
+    found = companion.check(desired, settings, force=True, save=True)
+    if not found.found:
+        print(f"node-agent: error: {not_found_message(settings.host, companion.client.endpoint)}",
+              file=sys.stderr)
+        return EX_NOT_IN_SYNC
+    if output == "json":
+        print(render.as_json({"host": settings.host, "audit": found.audit}))
+    else:
+        print("\n".join(render.audit_lines(found.audit)))
+    return EX_NOT_IN_SYNC if found.alarms else 0
 
 
 def _written(client) -> str:

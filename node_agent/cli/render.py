@@ -11,7 +11,12 @@ as Placement holds it, ``closed`` (fully reserved) and the consumers
 and ``warnings``. ``audit`` (the allocation audit,
 :meth:`node_agent.policy.audit.AuditResult.as_dict`) is there when
 ``--dry-run`` consulted Placement, and only then, so the output of a run
-without Placement is as it was.
+without Placement is as it was. In companion mode (``[agent] mode =
+companion``) ``changes`` is always empty (nothing is ever written) and
+``companion`` holds the provider found by name (``root_uuid``, ``owner``,
+``found``), ``drift`` (``provider``, ``subject``, ``placement``, ``host``,
+``explained_by``) and ``next_restart`` (``reshape``, ``blocking``,
+``lines``): :meth:`node_agent.cycle.companion.CompanionReport.as_dict`.
 """
 
 from __future__ import annotations
@@ -81,6 +86,34 @@ def with_audit(report: dict, audit: Optional[dict]) -> dict:
     return report if audit is None else {**report, "audit": audit}
 
 
+def with_companion(report: dict, companion) -> dict:
+    """``report`` with the companion check (a ``CompanionReport``) and its audit."""
+    return with_audit({**report, "companion": companion.as_dict()}, companion.audit)
+
+
+def companion_lines(companion: dict) -> list[str]:
+    """The ``Companion mode`` section: the provider, drift, next restart."""
+    lines = ["Companion mode (read-only: nothing is written to Placement):"]
+    if not companion["found"]:
+        return lines + [f"  Placement has no provider named {companion['host']}; "
+                        "companion mode never creates one."]
+    owner = companion["owner"] or "unknown (no OWNER_* trait)"
+    lines.append(f"  provider {companion['host']} [{companion['root_uuid']}], "
+                 f"owned by {owner}")
+    drift = companion["drift"]
+    if drift:
+        lines.append(f"  Drift ({len(drift)} differences between Placement and this host):")
+        lines += [f"    - {d['provider']}: {d['subject']}: Placement {d['placement']}, "
+                  f"this host {d['host']} -- {d['explained_by']}" for d in drift]
+    else:
+        lines.append("  Drift: none, Placement holds what node-agent would publish.")
+    restart = companion["next_restart"]
+    if restart:
+        lines.append("  At nova-compute's next restart with this configuration:")
+        lines += [f"    {line}" for line in restart["lines"]]
+    return lines
+
+
 def audit_lines(audit: dict) -> list[str]:
     """The ``Audit`` section: alarms first, then in-flight and pending cases."""
     findings = audit["findings"]
@@ -113,7 +146,9 @@ def as_text(report: dict) -> str:
         lines += _provider_lines(provider, depth)
     lines.append("")
     errors = report.get("errors") or []
-    if report["changes"] is None:
+    if report.get("companion"):
+        lines += companion_lines(report["companion"])
+    elif report["changes"] is None:
         lines.append("Changes: Placement not consulted.")
     elif not report["changes"] and not errors and (report.get("capacity") or {}).get(
             "ok", True):

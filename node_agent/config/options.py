@@ -300,6 +300,22 @@ AGENT_OPTS = [
         default="127.0.0.1",
         help="Address the metrics endpoint listens on."),
     cfg.StrOpt(
+        "mode",
+        default="writer",
+        choices=[("writer", "node-agent owns this host's provider tree and "
+                            "writes it to Placement"),
+                 ("companion", "someone else writes the host's provider "
+                               "(nova-compute: trait OWNER_NOVA); node-agent only "
+                               "reads Placement and reports drift, the allocation "
+                               "audit and what nova-compute will do at its next "
+                               "restart. It never sends a write and never "
+                               "creates a provider")],
+        help="Whether the agent writes this host's provider tree or only "
+             "watches it. Companion mode reads the same options as nova "
+             "(pass nova.conf with --config-file), so its picture of the host "
+             "is nova's. It needs [placement] (read access is enough) and "
+             "cannot be combined with upstream = messaging."),
+    cfg.StrOpt(
         "upstream",
         default="placement",
         choices=[("placement", "write to Placement directly with the "

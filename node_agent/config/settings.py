@@ -188,6 +188,7 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
         startup_splay=agent.startup_splay,
         interval_jitter=agent.interval_jitter,
         retry_max_interval=agent.retry_max_interval,
+        mode=agent.mode or "writer",
         upstream=agent.upstream or "placement",
         upstream_timeout=float(agent.upstream_timeout or 60.0),
         upstream_topic=agent.upstream_topic or "node-agent-applier",

@@ -54,9 +54,14 @@ def placement_configured(conf) -> bool:
 
 
 def mode_problems(conf, settings: Settings) -> tuple[list[str], object]:
-    """What ``[agent] upstream`` needs: (problems, PlacementClient or None)."""
+    """What ``[agent] upstream`` (and ``mode``) need: (problems,
+    PlacementClient or None)."""
     from node_agent.config.settings import _configured_value
 
+    if settings.companion and settings.upstream == "messaging":
+        return ["[agent] mode = companion reads Placement itself, so it cannot be "
+                "combined with [agent] upstream = messaging; set upstream = placement "
+                "with a [placement] section (read access is enough)."], None
     if settings.upstream == "messaging":
         if _configured_value(conf, "transport_url", None):
             return [], None

@@ -44,6 +44,8 @@ class Settings:
     pci_device_specs: tuple[PciDeviceSpec, ...] = ()
     report_sriov_numvfs: bool = True
     node_resource_class: Optional[str] = None
+    # "writer" (the agent writes its tree) or "companion" (reads and reports only).
+    mode: str = "writer"
     # Where the tree goes: "placement" (direct) or "messaging" (the applier).
     upstream: str = "placement"
     upstream_timeout: float = 60.0
@@ -63,6 +65,10 @@ class Settings:
     # ratios are asserted every cycle; the others are initial_* ratios that
     # apply only when the class is new in Placement (nova's rule).
     explicit_ratios: frozenset[str] = frozenset({"cpu", "ram", "disk"})
+
+    @property
+    def companion(self) -> bool:
+        return self.mode == "companion"
 
     def keeps_placement_ratio(self, kind: str) -> bool:
         """nova's rule: without ``{kind}_allocation_ratio`` the initial ratio

@@ -10,6 +10,9 @@ Notifications (priority INFO unless noted), publisher ``node-agent.<host>``:
 * ``node_agent.audit.update`` (WARN when it holds alarms): the allocation
   audit's findings (:mod:`node_agent.policy.audit`), sent when their set
   changed (a new alarm, one resolved, an in-flight case begun or ended).
+* ``node_agent.drift.update`` (WARN when it holds differences), companion
+  mode only: the differences between Placement and the host
+  (:mod:`node_agent.policy.drift`), sent when their set changed.
 
 Each payload is a versioned envelope, as nova's versioned notifications
 are: ``node_agent_object.name`` / ``.version`` / ``.namespace`` /
@@ -57,6 +60,7 @@ EVENT_PAYLOADS = {
     "node_agent.reshape.error": "ReshapePayload",
     "node_agent.sync.error": "SyncErrorPayload",
     "node_agent.audit.update": "AuditPayload",
+    "node_agent.drift.update": "DriftPayload",
 }
 
 
@@ -220,6 +224,11 @@ class Messenger:
         """``record`` is :meth:`node_agent.policy.audit.AuditResult.as_dict`."""
         self.notify("node_agent.audit.update", {"host": host, **record},
                     priority="warn" if record.get("alarms") else "info")
+
+    def drift(self, host: str, record: dict) -> None:
+        """``record`` is :meth:`node_agent.cycle.companion.CompanionReport.as_dict`."""
+        self.notify("node_agent.drift.update", {**record, "host": host},
+                    priority="warn" if record.get("drift") else "info")
 
     def reshape(self, phase: str, host: str, record: dict) -> None:
         """``phase`` is start, end or error; ``record`` describes the reshape."""

@@ -118,6 +118,9 @@ class Agent:
         self._refused_files: tuple = ()
         self._auditor = None  # node_agent.cycle.audit, on full verifies
         self.last_audit: Optional[dict] = None
+        self._companion = None  # [agent] mode = companion: node_agent.cycle.companion
+        self._companion_for: Optional[Loaded] = None
+        self.last_companion: Optional[dict] = None
         self._lock = threading.Lock()
 
     def _syncer_of(self, loaded: Loaded):
@@ -148,6 +151,8 @@ class Agent:
                 settings.libvirt_uri, settings.domain_capabilities),
                                       state=state, lenient_files=True)
             self._note_refused_files(desired.refused_files)
+            if settings.companion:
+                return self._companion_cycle(loaded, desired, started)
             if settings.upstream == "messaging":
                 outcome = self._via_applier(loaded, desired)
             else:
@@ -208,6 +213,39 @@ class Agent:
             self.last_audit = result.as_dict()
         if self._auditor.changed() and self.messenger:
             self.messenger.audit(settings.host, self.last_audit)
+
+    def _companion_cycle(self, loaded: Loaded, desired: Desired, started: str) -> CycleResult:
+        """Companion mode: read (on the verify schedule), report, notify.
+        Nothing is written to Placement; the cycle fails only when a read does."""
+        from node_agent.cycle.companion import Companion, not_found_message
+
+        settings = loaded.settings
+        if self._companion_for is not loaded:  # first cycle, or a reload
+            loaded.client.check_version()
+            self._companion = Companion(loaded.client,
+                                        StateStore(Path(settings.state_path)),
+                                        full_verify_interval=settings.full_verify_interval)
+            self._companion_for = loaded
+        companion = self._companion
+        was_found = (self.last_companion or {}).get("found", True)
+        report = companion.check(desired, settings)
+        record = report.as_dict()
+        if not report.found and was_found:
+            LOG.warning("%s", not_found_message(settings.host, companion.client.endpoint))
+        with self._lock:
+            self.last_desired = desired
+            self.last_error = None
+            self.last_companion = record
+            if report.verified and report.audit is not None:
+                self.last_audit = report.audit
+            self.last_sync = {"time": started, "ok": True, "summary": report.summary(),
+                              "errors": []}
+        if self.messenger:
+            if companion.changed():
+                self.messenger.drift(settings.host, record)
+            if report.verified and report.found and companion.auditor.changed():
+                self.messenger.audit(settings.host, report.audit)
+        return CycleResult(True, report.summary())
 
     def _via_applier(self, loaded: Loaded, desired: Desired):
         """``[agent] upstream = messaging``: node-agent-applier applies it."""
@@ -285,6 +323,7 @@ class Agent:
                 "last_sync": self.last_sync,
                 "last_error": self.last_error,
                 "audit": self.last_audit,
+                "companion": self.last_companion,
                 "maintenance": Maintenance(service.config.settings.state_path).get(desired),
                 "tree": tree_summary(desired),
                 "warnings": list(desired.warnings) if desired else [],

@@ -80,6 +80,20 @@ class AgentCollector:
         yield self._inventories()
         yield self._requests()
         yield self._audit()
+        yield self._drift()
+
+    def _drift(self):
+        """Companion mode only, absent until its first check."""
+        family = _gauge("drift_differences", "Differences between Placement and "
+                        "this host found by companion mode, per kind (inventory, "
+                        "trait, provider); -1 when Placement has no provider of "
+                        "the host's name.", labels=["kind"])
+        last = getattr(self.agent, "last_companion", None)
+        if last is not None:
+            counts = Counter(d["kind"] for d in last["drift"])
+            for kind in ("inventory", "trait", "provider"):
+                family.add_metric([kind], counts[kind] if last["found"] else -1)
+        return family
 
     def _audit(self):
         """Absent until the first audit ran: no audit is not "no finding"."""
