@@ -240,3 +240,64 @@ def test_companion_with_messaging_upstream_is_refused_as_bad_configuration(nova_
     run = run_agent(*args, "--check-config")
     assert run.code == 78
     assert "mode = companion reads Placement itself" in run.stderr
+
+
+def test_a_change_in_the_drift_is_notified_once_over_the_real_bus(nova_host, rabbitmq,
+                                                                   tmp_path):
+    from oslo_config import cfg
+
+    from node_agent.remote import messaging
+    from tests.integration.test_messaging import Collector
+
+    class Heard(Collector):
+        warn = Collector.info
+
+    om = messaging.oslo_messaging()
+    listen_conf = cfg.ConfigOpts()
+    listen_conf([])
+    transport = om.get_notification_transport(listen_conf, url=rabbitmq)
+    heard = Heard()
+    server = om.get_notification_listener(transport, [om.Target(topic="notifications")],
+                                          [heard])
+    server.start()
+    conf_file = tmp_path / "bus.conf"
+    conf_file.write_text(f"[DEFAULT]\ntransport_url = {rabbitmq}\n")
+    conf = cfg.ConfigOpts()
+    messaging.register(conf)
+    conf(["--config-file", str(conf_file)])
+    messenger = messaging.from_conf(conf, nova_host.name)
+    nova_host.nova_starts()
+    nova_host.schedule_every_guest()
+    client = PlacementClient.for_endpoint(nova_host.url)
+    loaded = Loaded(None, nova_host.settings(), client)
+    agent = Agent(messenger=messenger)
+
+    def drift_heard(publisher, event_type, payload):
+        return (event_type == "node_agent.drift.update"
+                and payload["node_agent_object.data"]["host"] == nova_host.name)
+
+    try:
+        agent(loaded)
+        first = heard.wait_for(drift_heard)[2]
+        assert first["node_agent_object.name"] == "DriftPayload"
+        assert {d["subject"] for d in first["node_agent_object.data"]["drift"]} == {
+            "MEMORY_MB reserved", "MEMORY_MB allocation_ratio"}
+        agent._companion.full_verify_interval = 0
+        agent(loaded)   # the same differences: nothing sent
+        messenger.flush()
+        with pytest.raises(AssertionError, match="no matching notification"):
+            heard.wait_for(drift_heard, timeout=3)
+        # An operator fixes the ratio by hand: one difference left, announced.
+        inventories = nova_host.nova.get(f"/resource_providers/{nova_host.root}/inventories")
+        inventories["inventories"]["MEMORY_MB"]["allocation_ratio"] = 1.5
+        nova_host.nova.put(f"/resource_providers/{nova_host.root}/inventories", inventories)
+        agent(loaded)
+        third = heard.wait_for(drift_heard)[2]["node_agent_object.data"]
+        assert [d["subject"] for d in third["drift"]] == ["MEMORY_MB reserved"]
+        assert client.stats.writes == 0
+    finally:
+        agent.close()
+        messenger.stop()
+        server.stop()
+        server.wait()
+        transport.cleanup()
