@@ -434,6 +434,12 @@ def _maintenance(argv: list[str]) -> int:
         conf, settings = valid.conf, valid.settings
         if args.switch == "status":
             return _maintenance_status(conf, settings, args.output)
+        if settings.companion:
+            raise ConfigError(
+                f"maintenance {args.switch}: [agent] mode = companion never writes this "
+                "host's provider, so node-agent has no maintenance to switch. Disable "
+                "the compute service instead (`openstack compute service set --disable "
+                f"{settings.host} nova-compute`), which sets COMPUTE_STATUS_DISABLED.")
         store = _state_store(settings)
         state = store.load_or_empty(LOG)
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

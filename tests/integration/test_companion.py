@@ -301,3 +301,11 @@ def test_a_change_in_the_drift_is_notified_once_over_the_real_bus(nova_host, rab
         server.stop()
         server.wait()
         transport.cleanup()
+
+
+def test_maintenance_switch_is_refused_in_companion_mode_and_nothing_is_recorded(nova_host):
+    run = run_agent(*nova_host.config(), "maintenance", "on", "--reason", "disk swap")
+    assert run.code == 78
+    assert "companion never writes this host's provider" in run.stderr
+    assert "openstack compute service set --disable" in run.stderr
+    assert not Path(nova_host.host.state_dir, "state.json").exists()
