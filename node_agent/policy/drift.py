@@ -11,8 +11,8 @@ the same ratio rule: an allocation ratio that is only the
 does), so a companion's drift is exactly what the agent would write.
 
 Only what node-agent has an opinion on counts: a trait it does not decide
-about, or a child provider it would not report, is someone else's and is
-no drift.
+about (nor ``COMPUTE_STATUS_DISABLED``, the compute service's own status),
+or a child provider it would not report, is someone else's and is no drift.
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ from node_agent.placement.sync import INVENTORY_FIELDS, ProviderState, inventory
 KINDS = ("inventory", "trait", "provider")
 ABSENT = "absent"
 PRESENT = "present"
+
+# The compute service's disabled status: nova-compute sets it when an operator
+# disables the service; companion mode has no maintenance of its own, so it
+# has no opinion on it.
+NOT_COMPARED = frozenset({"COMPUTE_STATUS_DISABLED"})
 
 # OWNER_* traits (os-traits) -> who writes the provider.
 _OWNERS = {"OWNER_NOVA": "nova-compute", "OWNER_CYBORG": "cyborg"}
@@ -128,9 +133,6 @@ def explain_inventory(rc: str, field: str, settings: Settings) -> str:
 
 
 def explain_trait(trait: str) -> str:
-    if trait == "COMPUTE_STATUS_DISABLED":
-        return ("the nova-compute service's disabled status (`openstack compute "
-                "service set --disable`), or node-agent's maintenance")
     if trait == "COMPUTE_NODE":
         return "every compute node's root carries it"
     if trait == "HW_CPU_HYPERTHREADING":
@@ -188,6 +190,8 @@ def inventory_differences(provider: Provider, held: ProviderState,
 def trait_differences(provider: Provider, held: ProviderState) -> list[Difference]:
     out = []
     for trait, wanted in sorted(provider.traits.items()):
+        if trait in NOT_COMPARED:
+            continue
         if wanted != (trait in held.traits):
             out.append(Difference(provider.name, f"trait {trait}",
                                   PRESENT if trait in held.traits else ABSENT,
