@@ -288,12 +288,19 @@ def _companion_once(conf, settings, dry_run: bool, output: str, client=None) -> 
     to Placement; ``--once`` keeps the audit's observations in the state
     file. Exit 0 in sync, 3 drift or audit alarms, 1 no provider of the
     host's name; ``--dry-run`` exits 0 whatever it found."""
-    from node_agent.cycle.companion import not_found_message
+    import time
 
+    from node_agent.cycle.companion import not_found_message
+    from node_agent.service import metrics
+
+    started = time.monotonic()
     desired = compute_desired(settings, state=_state_store(settings).load_or_empty(LOG),
                               lenient_files=not dry_run)
     companion = _companion(conf, settings, client)
     found = companion.check(desired, settings, force=True, save=not dry_run)
+    if not dry_run:
+        metrics.write_once(conf, desired, companion.client, time.monotonic() - started, [],
+                           companion=found.as_dict(), audit=found.audit)
     tree = desired.tree
     if found.found:
         tree = tree.with_uuids({tree.root.name: found.root_uuid})

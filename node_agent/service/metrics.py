@@ -179,10 +179,12 @@ def from_conf(conf) -> Optional[Metrics]:
     return Metrics(agent.metrics_port, agent.metrics_host, agent.metrics_textfile)
 
 
-def write_once(conf, desired, client, duration: float, errors: list) -> None:
+def write_once(conf, desired, client, duration: float, errors: list,
+               companion: Optional[dict] = None, audit: Optional[dict] = None) -> None:
     """``--once``: the service's metrics for this one cycle, written to
     ``[agent] metrics_textfile`` when it is set, so node_exporter's textfile
-    collector shows hosts synced by a timer too."""
+    collector shows hosts synced by a timer too. ``companion`` and ``audit``:
+    companion mode's check, for the drift and audit gauges."""
     import time
     from types import SimpleNamespace
 
@@ -194,6 +196,7 @@ def write_once(conf, desired, client, duration: float, errors: list) -> None:
         cycles=1, health=SimpleNamespace(failures=0, kind=None),
         config=SimpleNamespace(client=client))
     agent = SimpleNamespace(last_sync={"errors": list(errors)}, reshapes=0,
-                            reshape_errors=0, last_desired=desired)
+                            reshape_errors=0, last_desired=desired,
+                            last_companion=companion, last_audit=audit)
     metrics.start(agent, service)
     metrics.cycle_done()

@@ -49,6 +49,7 @@ class NovaHost:
         self.nova = PlacementClient.for_endpoint(url)
         self.root = str(uuid.uuid4())
         self.consumers: list[str] = []
+        self.textfile = tmp_path / "node-agent.prom"
 
     def config(self, compute: str = LEGACY) -> list[str]:
         """nova.conf as a compute node has it (nova's own sections included),
@@ -65,6 +66,7 @@ class NovaHost:
             f"endpoint_override = {self.url}\n")
         agent = self.tmp / "node-agent.conf"
         agent.write_text(f"[agent]\nmode = companion\nstate_path = {self.host.state_dir}\n"
+                         f"metrics_textfile = {self.textfile}\n"
                          f"[host]\nsysfs_root = {self.host.sysfs}\n")
         return ["--config-file", str(nova), "--config-file", str(agent)]
 
@@ -142,6 +144,10 @@ def test_once_reports_drift_with_novas_options_and_sends_only_reads(nova_host,
         "[DEFAULT] ram_allocation_ratio = 1.5")
     assert run.json()["changes"] == []
     assert run.json()["audit"]["alarms"] == 0
+    # node_exporter's textfile collector sees it from --once too.
+    gauges = nova_host.textfile.read_text()
+    assert 'node_agent_drift_differences{kind="inventory"} 2.0' in gauges
+    assert 'node_agent_drift_differences{kind="trait"} 0.0' in gauges
 
     text = run_agent(*nova_host.config(), "--once")
     assert text.code == 3, text.stderr
