@@ -155,6 +155,10 @@ def test_once_reports_drift_with_novas_options_and_sends_only_reads(nova_host,
     assert ("MEMORY_MB reserved: Placement 512, this host 2048 -- "
             "[DEFAULT] reserved_host_memory_mb = 2048") in text.stdout
 
+    audit = run_agent(*nova_host.config(), "audit", "--output", "json")
+    assert audit.code == 0, audit.stderr
+    assert audit.json()["audit"]["consumers"] == len(nova_host.consumers)
+
     requests = log.requests()
     assert only_reads(requests), [r for r in requests if not r.startswith("GET ")]
     assert nova_host.placement_record() == before
@@ -207,6 +211,7 @@ def test_dry_run_previews_novas_reshape_at_next_restart_and_the_guests_blocking_
 
     assert only_reads(log.requests()), log.requests()
     assert nova_host.placement_record() == before
+    assert not Path(nova_host.host.state_dir, "state.json").exists()  # nothing anywhere
 
 
 def test_service_cycles_read_only_on_the_verify_schedule_and_count_the_drift(nova_host):
