@@ -11,7 +11,8 @@ the same ratio rule: an allocation ratio that is only the
 does), so a companion's drift is exactly what the agent would write.
 
 Only what node-agent has an opinion on counts: a trait it does not decide
-about (nor ``COMPUTE_STATUS_DISABLED``, the compute service's own status),
+about (nor ``COMPUTE_STATUS_DISABLED``, the compute service's own status,
+nor the agent's mark on its children),
 or a child provider it would not report, is someone else's and is no drift.
 """
 
@@ -23,6 +24,7 @@ from typing import Mapping, Optional
 from node_agent.model.provider_tree import Provider, ProviderTree, placement_inventories
 from node_agent.model.settings import Settings
 from node_agent.placement.sync import INVENTORY_FIELDS, ProviderState, inventory_equal
+from node_agent.tree.ownership import AGENT_CHILD_TRAIT
 
 KINDS = ("inventory", "trait", "provider")
 ABSENT = "absent"
@@ -30,8 +32,9 @@ PRESENT = "present"
 
 # The compute service's disabled status: nova-compute sets it when an operator
 # disables the service; companion mode has no maintenance of its own, so it
-# has no opinion on it.
-NOT_COMPARED = frozenset({"COMPUTE_STATUS_DISABLED"})
+# has no opinion on it. The agent's mark on its children means nothing on
+# children nova-compute writes (its GPU children have the agent's names).
+NOT_COMPARED = frozenset({"COMPUTE_STATUS_DISABLED", AGENT_CHILD_TRAIT})
 
 # OWNER_* traits (os-traits) -> who writes the provider.
 _OWNERS = {"OWNER_NOVA": "nova-compute", "OWNER_CYBORG": "cyborg"}
@@ -139,8 +142,6 @@ def explain_trait(trait: str) -> str:
         return "the host's SMT siblings (no option)"
     if trait.startswith("HW_CPU_") or trait.startswith("HW_ARCH_"):
         return "the host CPU as libvirt describes it (no option)"
-    if trait == "CUSTOM_NODE_AGENT_CHILD":
-        return "node-agent's mark on the children it reports"
     if trait.startswith("CUSTOM_"):
         return "an operator provider file ([compute] provider_config_location)"
     return "the host as node-agent discovers it (no nova option)"

@@ -104,6 +104,18 @@ def test_a_child_nova_does_not_report_is_one_difference_naming_the_option():
     assert "numa_in_placement" in diff.explained_by
 
 
+def test_novas_gpu_child_is_compared_without_the_agents_child_mark():
+    gpu = Provider("compute-7_pci_0000_84_00_0", parent="compute-7",
+                   inventories={"VGPU": Inventory(16)},
+                   traits={"CUSTOM_NODE_AGENT_CHILD": True})
+    nova_gpu = ProviderState("g", "compute-7_pci_0000_84_00_0", 2, ROOT,
+                             {"VGPU": nova_record(8)}, frozenset())
+    (diff,) = D.drift(desired(children=[gpu]),
+                      {**held(MATCHING), nova_gpu.name: nova_gpu}, SETTINGS)
+    assert (diff.subject, diff.placement, diff.host) == ("VGPU total", "8", "16")
+    assert diff.explained_by == "[devices] enabled_mdev_types"
+
+
 def test_the_signature_changes_with_the_values_not_with_the_order():
     placement = {**MATCHING, "MEMORY_MB": nova_record(64000, 512, 1.0)}
     first = D.drift(desired(), held(placement), SETTINGS)
