@@ -142,6 +142,13 @@ def explain_trait(trait: str) -> str:
         return "the host's SMT siblings (no option)"
     if trait.startswith("HW_CPU_") or trait.startswith("HW_ARCH_"):
         return "the host CPU as libvirt describes it (no option)"
+    if trait.startswith("COMPUTE_SECURITY_TPM_"):
+        return "[libvirt] swtpm_enabled and the hypervisor's TPM support"
+    if trait.startswith(("COMPUTE_STORAGE_BUS_", "COMPUTE_GRAPHICS_MODEL_",
+                         "COMPUTE_NET_VIF_MODEL_", "COMPUTE_ARCH_", "COMPUTE_VIOMMU_",
+                         "COMPUTE_SOUND_MODEL_", "COMPUTE_NET_VIRTIO_")):
+        return ("[libvirt] virt_type and what the hypervisor offers (its version, "
+                "its domain capabilities)")
     if trait.startswith("CUSTOM_"):
         return "an operator provider file ([compute] provider_config_location)"
     return "the host as node-agent discovers it (no nova option)"

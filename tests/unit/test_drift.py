@@ -135,6 +135,16 @@ def test_owner_is_read_from_the_owner_trait(traits, owner):
     assert D.owner_of(traits) == owner
 
 
+@pytest.mark.parametrize("trait, named", [
+    ("COMPUTE_NET_VIF_MODEL_IGB", "[libvirt] virt_type"),
+    ("COMPUTE_SECURITY_TPM_2_0", "[libvirt] swtpm_enabled"),
+    ("HW_CPU_X86_AVX512F", "the host CPU as libvirt describes it"),
+    ("CUSTOM_GOLD", "provider_config_location"),
+])
+def test_each_kind_of_trait_names_what_decides_it(trait, named):
+    assert named in D.explain_trait(trait)
+
+
 def test_vcpu_total_without_any_cpu_set_is_explained_by_the_online_cpus():
     legacy = replace(SETTINGS, cpu_dedicated_set=None, cpu_shared_set=None)
     assert D.explain_inventory("VCPU", "total", legacy).startswith("every online CPU")
