@@ -399,3 +399,65 @@ def test_custom_cpu_model_kvm_cannot_run_here_is_refused_and_a_usable_one_decide
         model_traits = present(dataclasses.replace(host_cpu, features=features))
         assert root == model_traits  # the model's, not the host's
         assert present(host_cpu) - model_traits, "the host CPU should have more than the model"
+
+
+# ---------------------------------------------------------------- companion mode
+
+def test_companion_on_a_nova_host_audits_real_guests_and_previews_the_reshape_read_only(
+        libvirtd, guests, placement_server, host_name, tmp_path):
+    """nova-compute owns the provider (the test plays it); the running QEMU
+    guests are what the audit and the restart preview see."""
+    from tests.cli.runner import run_agent
+    from tests.integration.test_applier import RequestLog
+
+    if len(ONLINE) < 2:
+        pytest.skip(f"one online CPU ({ONLINE}): no room for a dedicated and a shared set")
+    nova = PlacementClient.for_endpoint(placement_server.url)
+    desired = compute_desired(settings_for(libvirtd, tmp_path, host_name))
+    root = str(uuid.uuid4())
+    nova.post("/resource_providers", {"name": host_name, "uuid": root})
+    nova.put(f"/resource_providers/{root}/inventories", {
+        "resource_provider_generation": 0,
+        "inventories": {rc: inv.as_placement()
+                        for rc, inv in desired.tree.root.inventories.items()}})
+    nova.put(f"/resource_providers/{root}/traits", {
+        "resource_provider_generation": 1,
+        "traits": sorted(desired.tree.root.wanted_traits | {"OWNER_NOVA"})})
+    orphan = str(uuid.uuid4())  # an instance deleted while the host was down
+    for consumer in (guests.pinned, orphan):   # the floating guest has none
+        allocate(nova, consumer, {root: {"VCPU": 1, "MEMORY_MB": 64}})
+    before = {c: nova.get(f"/allocations/{c}") for c in (guests.pinned, orphan)}
+    shared = ",".join(str(c) for c in ONLINE if c != PINNED_CPU)
+    config = tmp_path / "node-agent.conf"
+    config.write_text(
+        f"[DEFAULT]\nhost = {host_name}\n"
+        f"[agent]\nmode = companion\nstate_path = {tmp_path / 'state'}\n"
+        f"[libvirt]\nconnection_uri = {libvirtd.ro_uri}\n"
+        f"[compute]\ninstances_path = {tmp_path}\ncpu_dedicated_set = {PINNED_CPU}\n"
+        f"cpu_shared_set = {shared}\n"
+        "[placement]\nauth_type = admin_token\ntoken = admin\n"
+        f"endpoint_override = {placement_server.url}\n")
+    log = RequestLog(placement_server)
+    try:
+        # A guest without allocation is an alarm once two audits have seen it.
+        for _ in range(2):
+            run = run_agent("--config-file", str(config), "--once", "--output", "json")
+            assert run.code == 3, run.stderr   # drift (PCPU) and audit alarms
+        findings = {(f["kind"], f["consumer"]): f["state"]
+                    for f in run.json()["audit"]["findings"]}
+        assert findings[("orphan", orphan)] == "alarm"
+        assert findings[("no_allocation", guests.floating)] == "alarm"
+        assert ("no_allocation", guests.pinned) not in findings
+        plan = run_agent("--config-file", str(config), "--once", "--dry-run",
+                         "--output", "json")
+        assert plan.code == 0, plan.stderr
+        restart = plan.json()["companion"]["next_restart"]
+        moved = {c["consumer"]: c["moves"] for c in restart["reshape"]["consumers"]}
+        assert [(m["from_class"], m["to_class"]) for m in moved[guests.pinned]] == [
+            ("VCPU", "PCPU")]
+        assert all(r.startswith("GET ") for r in log.requests()), log.requests()
+        assert {c: nova.get(f"/allocations/{c}") for c in before} == before
+    finally:
+        for consumer in (guests.pinned, orphan):
+            nova.delete(f"/allocations/{consumer}")
+        nova.delete(f"/resource_providers/{root}")
