@@ -181,17 +181,21 @@ def _connect(valid) -> int:
     return 0
 
 
-def _syncer(conf, settings, client=None):
+def _syncer(conf, settings, client=None, writes: bool = True):
+    """The syncer of this host; ``writes``: it judges the root's owner
+    (this machine's identity is read), as every path that may write must."""
     from pathlib import Path
 
+    from node_agent.host.machine_id import identity
     from node_agent.placement.client import PlacementClient
     from node_agent.state import StateStore
     from node_agent.placement.sync import TreeSyncer
 
+    owner = identity(settings) if writes else None
     client = client or PlacementClient.from_conf(conf)
     client.check_version()
     return TreeSyncer(client, StateStore(Path(settings.state_path)),
-                      full_verify_interval=settings.full_verify_interval)
+                      full_verify_interval=settings.full_verify_interval, owner=owner)
 
 
 def _state_store(settings):
@@ -338,7 +342,7 @@ def _audit(conf, settings, output: str) -> int:
     desired = compute_desired(settings, state=_state_store(settings).load_or_empty(LOG))
     if settings.companion:
         return _companion_audit(conf, settings, desired, output)
-    syncer = _syncer(conf, settings)
+    syncer = _syncer(conf, settings, writes=False)
     syncer.plan(desired.tree)  # reads the tree (and writes nothing)
     if not syncer.cached_tree():
         print(f"node-agent: error: {settings.host} has no provider in Placement at "
@@ -389,8 +393,9 @@ def _send_once(conf, settings, desired):
 
     sender = upstream.MessagingUpstream(conf, settings.host, settings.upstream_topic,
                                         settings.upstream_timeout)
+    from node_agent.service.daemon import _marked
     try:
-        report = sender.send(desired)
+        report = sender.send(_marked(desired, settings))
     finally:
         sender.close()
     upstream.remember(_state_store(settings), report, desired)
