@@ -6,6 +6,7 @@
     node-agent                                    run as a service
     node-agent maintenance on|off|status          close/reopen the host; compare records
     node-agent audit [--output json]              allocations vs. local guests (reads only)
+    node-agent decommission [--dry-run]           remove this host's providers
 
 With ``[agent] mode = companion`` (:mod:`node_agent.cycle.companion`)
 ``--once`` reads only and reports drift, the audit and nova-compute's next
@@ -43,13 +44,15 @@ EX_DRIFT = 3  # companion mode: Placement differs from the host (drift or audit 
 SUBCOMMANDS_HELP = """subcommands (global options may come before or after them):
   check-config [--connect]        same as --check-config
   maintenance on|off [--reason T] reserve (on) or release (off) every inventory
+  decommission [--dry-run]        remove this host's providers from Placement
+                                  (refused while anything is allocated on them)
   ctl --host H COMMAND            ask a running agent over the message bus
                                   (sync-now, status, maintenance on|off)
 
 Config files: --config-file FILE (repeatable) or --config-dir DIR; default
 /etc/node-agent/node-agent.conf (exit 78 when it is missing)."""
 
-SUBCOMMANDS = ("check-config", "maintenance", "ctl")
+SUBCOMMANDS = ("check-config", "maintenance", "ctl", "decommission")
 # Global options that take a value, so the value is not read as a subcommand.
 _VALUE_OPTIONS = ("--config-file", "--config-dir", "--output")
 _CONFIG_OPTIONS = ("--config-file", "--config-dir")
@@ -520,7 +523,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     before, command, rest = split_subcommand(argv)
     if any(a in ("-h", "--help", "--version") for a in before):
         _parser().parse_args(before)  # prints the whole command's help, exits 0
-    if command in ("ctl", "maintenance"):
+    if command in ("ctl", "maintenance", "decommission"):
         extra = [a for a in before if a not in _config_options(before)]
         if extra:
             print(f"node-agent: error: {' '.join(extra)} cannot be used with "
@@ -530,6 +533,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if command == "ctl":
             from node_agent.cli import ctl
             return ctl.main(rest + _config_options(before))
+        if command == "decommission":
+            from node_agent.cli import decommission
+            return decommission.main(rest + _config_options(before))
         return _maintenance(rest + _config_options(before))
     elif command == "check-config":
         argv = before + rest + ["--check-config"]
