@@ -31,7 +31,8 @@ from node_agent.cli import render
 from node_agent.policy.capacity import check, host_limits, published
 from node_agent.config.files import oslo_args
 from node_agent.policy import maintenance as maint
-from node_agent.cycle.desired import APPLIED_KEY, MAINTENANCE_KEY, compute_desired, forget_applied_off
+from node_agent.cycle.desired import (APPLIED_KEY, MAINTENANCE_KEY, compute_desired,
+                                      file_traits_to_remember, forget_applied_off)
 from node_agent.errors import ConfigError, NodeAgentError, StateError
 from node_agent.policy.partition import node_split
 from node_agent.config.validation import config_args, placement_configured, validate
@@ -241,9 +242,11 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
                 audit = _audit_of(syncer, desired, settings, save=False)
         else:
             try:
+                before = syncer.traits_by_name(desired.tree)
                 outcome = reconciler.apply(desired)
+                syncer.remember(APPLIED_KEY, file_traits_to_remember(
+                    desired, syncer.state.get(APPLIED_KEY), before, clean=outcome.ok))
                 if outcome.ok:
-                    syncer.remember(APPLIED_KEY, desired.applied)
                     forget_applied_off(syncer.store, desired.maintenance)
             except StateError as exc:
                 raise StateError(f"{exc} {_written(syncer.client)}") from None

@@ -566,6 +566,11 @@ class TreeSyncer:
         self._judged = verdict.owner
         return root_owner.claimed(desired, verdict)
 
+    def traits_by_name(self, desired: ProviderTree) -> dict[str, frozenset]:
+        """Provider name -> traits, as Placement holds this host's tree now
+        (read as :meth:`plan` does; the sync that follows costs no more)."""
+        return {s.name: s.traits for s in self._prepare(desired).actual.values()}
+
     def check_owner(self, desired: ProviderTree) -> None:
         """Raise ProviderOwned when this host's root is not this agent's to
         write. Reads as :meth:`plan` does, so the sync that follows costs no

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 from node_agent.policy import maintenance as maint
 from node_agent.cycle.desired import (APPLIED_KEY, MAINTENANCE_KEY, Desired, compute_desired,
-                                      forget_applied_off)
+                                      file_traits_to_remember, forget_applied_off)
 from node_agent.errors import NodeAgentError, PlacementError
 from node_agent.model.settings import Settings
 from node_agent.state import StateStore
@@ -170,9 +170,10 @@ class Agent:
                 syncer = self._syncer_of(loaded)
                 verified_at = syncer.verified_at
                 desired = self._reconciler.maintained(desired)
+                before = syncer.traits_by_name(desired.tree)
                 outcome = self._reconciler.apply(desired, **self._reshape_hooks(loaded))
-                if outcome.ok:
-                    syncer.remember(APPLIED_KEY, desired.applied)
+                syncer.remember(APPLIED_KEY, file_traits_to_remember(
+                    desired, syncer.state.get(APPLIED_KEY), before, clean=outcome.ok))
                 if syncer.verified_at != verified_at:  # this cycle read the whole tree
                     self._audit(loaded, desired)
             if outcome.ok:
