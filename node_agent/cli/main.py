@@ -432,8 +432,10 @@ def _reshape_record(outcome) -> Optional[dict]:
 
 
 def _maintenance(argv: list[str]) -> int:
-    """``node-agent maintenance on|off|status``. ``on``/``off`` record the
-    operator's wish in the state file; the next cycle (the service's, or
+    """``node-agent maintenance on|off|status``. ``on``/``off`` ask the
+    running service over its control channel when one answers (it records
+    the wish in its state file and applies it in a cycle at once); else they
+    record it in the state file and the next cycle (the service's, or
     ``--once``) applies it to Placement, so the agent stays the one writer of
     its tree. ``status`` compares the state file with Placement."""
     import datetime
@@ -458,6 +460,11 @@ def _maintenance(argv: list[str]) -> int:
                 "host's provider, so node-agent has no maintenance to switch. Disable "
                 "the compute service instead (`openstack compute service set --disable "
                 f"{settings.host} nova-compute`), which sets COMPUTE_STATUS_DISABLED.")
+        answer = _maintenance_via_service(conf, settings, args.switch == "on", args.reason)
+        if answer is not None:
+            print(f"maintenance {args.switch} for {settings.host}: the running service "
+                  f"recorded it and applied it in a cycle: {json.dumps(answer, sort_keys=True)}")
+            return 0
         store = _state_store(settings)
         state = store.load_or_empty(LOG)
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -472,6 +479,35 @@ def _maintenance(argv: list[str]) -> int:
     print(f"maintenance {args.switch} for {settings.host}: {what} at the next cycle "
           "(run `node-agent --once` to apply it now)")
     return 0
+
+
+# How long `maintenance on|off` waits for a running service to answer before
+# it writes the state file itself; a service answers in milliseconds.
+SERVICE_PROBE_TIMEOUT = 5.0
+SERVICE_CYCLE_TIMEOUT = 150.0
+
+
+def _maintenance_via_service(conf, settings, on: bool, reason: str) -> Optional[dict]:
+    """Ask the running service over its control channel (``[DEFAULT]
+    transport_url``) to set maintenance and apply it: the service writes its
+    own state file, as its own user. None when no service answers (no
+    transport, no broker, or no agent of this host on it): the caller then
+    writes the file."""
+    from node_agent.remote import messaging
+
+    if not messaging.urls(conf)[0]:
+        return None
+    om = messaging.oslo_messaging()
+    try:
+        messaging.check_broker(conf, timeout=SERVICE_PROBE_TIMEOUT)
+        messaging.client(conf, settings.host, timeout=SERVICE_PROBE_TIMEOUT).call(
+            {}, "get_status")
+    except (messaging.MessagingUnavailable, om.MessagingTimeout) as exc:
+        LOG.info("no running service answered for %s (%s); writing the state file",
+                 settings.host, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
+    return messaging.client(conf, settings.host, timeout=SERVICE_CYCLE_TIMEOUT).call(
+        {}, "set_maintenance", on=on, reason=reason or None)
 
 
 def _maintenance_status(conf, settings, output: str) -> int:
