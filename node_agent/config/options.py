@@ -348,10 +348,11 @@ AGENT_OPTS = [
         "take_over_provider",
         default=False,
         help="Write this host's root provider even when nova-compute "
-             "(OWNER_NOVA) or node-agent on another machine manages it: this "
-             "machine's mark replaces the other machine's (OWNER_NOVA is kept). "
-             "Set it once, when this machine deliberately replaces the other "
-             "writer, then remove it."),
+             "(OWNER_NOVA) or node-agent on another machine manages it. "
+             "Another machine's mark is replaced by this machine's, so one run "
+             "with it is enough. OWNER_NOVA is nova's and is never removed: "
+             "the option must stay set while the root carries it (remove the "
+             "trait by hand once nova-compute is gone for good)."),
     cfg.StrOpt(
         "metrics_textfile",
         help="Also write the metrics after each cycle to this file, for "
