@@ -123,7 +123,8 @@ def refusal(verdict: Verdict, host: str, uuid: str) -> str:
                 "writers would overwrite each other's inventory. Nothing was written. On a "
                 "nova host let nova-compute report it (node-agent's companion mode, "
                 "[agent] mode = companion, adds to it without writing it). If nova-compute "
-                "no longer runs here, set [agent] take_over_provider = true once")
+                "no longer runs here, remove OWNER_NOVA from the provider, or set [agent] "
+                "take_over_provider = true")
     return (f"provider {host} ({uuid}) is managed by node-agent on another machine (its "
             f"mark {', '.join(verdict.others)}; this machine's is different): two machines "
             "are configured with [DEFAULT] host = " + host + " (a cloned image?). Nothing "
