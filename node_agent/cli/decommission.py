@@ -75,6 +75,10 @@ def _listed(client, root_uuid: str) -> tuple[list[ListedChild], dict]:
 def _decommission(conf, settings, dry_run: bool, output: str) -> int:
     from node_agent.placement.client import PlacementClient
 
+    if settings.companion:
+        raise ConfigError("decommission: [agent] mode = companion never writes this host's "
+                          "providers; nova-compute owns them. Delete the compute service "
+                          f"(`openstack compute service delete` for {settings.host}) instead.")
     if not placement_configured(conf):
         raise ConfigError("node-agent decommission removes providers from Placement, and "
                           "none is configured: set [placement] auth_type (or "

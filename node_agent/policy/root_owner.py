@@ -121,8 +121,8 @@ def refusal(verdict: Verdict, host: str, uuid: str) -> str:
     if verdict.owner == OWNED_BY_NOVA:
         return (f"provider {host} ({uuid}) carries {NOVA}: nova-compute manages it, and two "
                 "writers would overwrite each other's inventory. Nothing was written. On a "
-                "nova host let nova-compute report it (node-agent's companion mode, "
-                "[agent] mode = companion, adds to it without writing it). If nova-compute "
+                "nova host let nova-compute report it and run node-agent in companion mode "
+                "([agent] mode = companion: it reads and reports, never writes). If nova-compute "
                 "no longer runs here, remove OWNER_NOVA from the provider, or set [agent] "
                 "take_over_provider = true")
     return (f"provider {host} ({uuid}) is managed by node-agent on another machine (its "
