@@ -75,3 +75,10 @@ class GuestsDoNotFit(ReshapeError):
             "configuration refused, nothing was written to Placement: these guests "
             "do not fit the new CPU sets and nova would refuse to start them:",
             *self.reasons]))
+
+
+class ProviderOwned(ConfigError):
+    """This host's root provider is managed by nova-compute or by node-agent
+    on another machine (:mod:`node_agent.policy.root_owner`); nothing is
+    written. A configuration problem: the host name, the mode or
+    ``[agent] take_over_provider`` is the fix."""

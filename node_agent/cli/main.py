@@ -6,6 +6,7 @@
     node-agent                                    run as a service
     node-agent maintenance on|off|status          close/reopen the host; compare records
     node-agent audit [--output json]              allocations vs. local guests (reads only)
+    node-agent decommission [--dry-run]           remove this host's providers
 
 With ``[agent] mode = companion`` (:mod:`node_agent.cycle.companion`)
 ``--once`` reads only and reports drift, the audit and nova-compute's next
@@ -30,7 +31,8 @@ from node_agent.cli import render
 from node_agent.policy.capacity import check, host_limits, published
 from node_agent.config.files import oslo_args
 from node_agent.policy import maintenance as maint
-from node_agent.cycle.desired import APPLIED_KEY, MAINTENANCE_KEY, compute_desired, forget_applied_off
+from node_agent.cycle.desired import (APPLIED_KEY, MAINTENANCE_KEY, compute_desired,
+                                      file_traits_to_remember, forget_applied_off)
 from node_agent.errors import ConfigError, NodeAgentError, StateError
 from node_agent.policy.partition import node_split
 from node_agent.config.validation import config_args, placement_configured, validate
@@ -43,13 +45,15 @@ EX_DRIFT = 3  # companion mode: Placement differs from the host (drift or audit 
 SUBCOMMANDS_HELP = """subcommands (global options may come before or after them):
   check-config [--connect]        same as --check-config
   maintenance on|off [--reason T] reserve (on) or release (off) every inventory
+  decommission [--dry-run]        remove this host's providers from Placement
+                                  (refused while anything is allocated on them)
   ctl --host H COMMAND            ask a running agent over the message bus
                                   (sync-now, status, maintenance on|off)
 
 Config files: --config-file FILE (repeatable) or --config-dir DIR; default
 /etc/node-agent/node-agent.conf (exit 78 when it is missing)."""
 
-SUBCOMMANDS = ("check-config", "maintenance", "ctl")
+SUBCOMMANDS = ("check-config", "maintenance", "ctl", "decommission")
 # Global options that take a value, so the value is not read as a subcommand.
 _VALUE_OPTIONS = ("--config-file", "--config-dir", "--output")
 _CONFIG_OPTIONS = ("--config-file", "--config-dir")
@@ -181,17 +185,21 @@ def _connect(valid) -> int:
     return 0
 
 
-def _syncer(conf, settings, client=None):
+def _syncer(conf, settings, client=None, writes: bool = True):
+    """The syncer of this host; ``writes``: it judges the root's owner
+    (this machine's identity is read), as every path that may write must."""
     from pathlib import Path
 
+    from node_agent.host.machine_id import identity
     from node_agent.placement.client import PlacementClient
     from node_agent.state import StateStore
     from node_agent.placement.sync import TreeSyncer
 
+    owner = identity(settings) if writes else None
     client = client or PlacementClient.from_conf(conf)
     client.check_version()
     return TreeSyncer(client, StateStore(Path(settings.state_path)),
-                      full_verify_interval=settings.full_verify_interval)
+                      full_verify_interval=settings.full_verify_interval, owner=owner)
 
 
 def _state_store(settings):
@@ -234,9 +242,11 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
                 audit = _audit_of(syncer, desired, settings, save=False)
         else:
             try:
+                before = syncer.traits_by_name(desired.tree)
                 outcome = reconciler.apply(desired)
+                syncer.remember(APPLIED_KEY, file_traits_to_remember(
+                    desired, syncer.state.get(APPLIED_KEY), before, clean=outcome.ok))
                 if outcome.ok:
-                    syncer.remember(APPLIED_KEY, desired.applied)
                     forget_applied_off(syncer.store, desired.maintenance)
             except StateError as exc:
                 raise StateError(f"{exc} {_written(syncer.client)}") from None
@@ -338,7 +348,7 @@ def _audit(conf, settings, output: str) -> int:
     desired = compute_desired(settings, state=_state_store(settings).load_or_empty(LOG))
     if settings.companion:
         return _companion_audit(conf, settings, desired, output)
-    syncer = _syncer(conf, settings)
+    syncer = _syncer(conf, settings, writes=False)
     syncer.plan(desired.tree)  # reads the tree (and writes nothing)
     if not syncer.cached_tree():
         print(f"node-agent: error: {settings.host} has no provider in Placement at "
@@ -389,8 +399,9 @@ def _send_once(conf, settings, desired):
 
     sender = upstream.MessagingUpstream(conf, settings.host, settings.upstream_topic,
                                         settings.upstream_timeout)
+    from node_agent.service.daemon import _marked
     try:
-        report = sender.send(desired)
+        report = sender.send(_marked(desired, settings))
     finally:
         sender.close()
     upstream.remember(_state_store(settings), report, desired)
@@ -421,8 +432,10 @@ def _reshape_record(outcome) -> Optional[dict]:
 
 
 def _maintenance(argv: list[str]) -> int:
-    """``node-agent maintenance on|off|status``. ``on``/``off`` record the
-    operator's wish in the state file; the next cycle (the service's, or
+    """``node-agent maintenance on|off|status``. ``on``/``off`` ask the
+    running service over its control channel when one answers (it records
+    the wish in its state file and applies it in a cycle at once); else they
+    record it in the state file and the next cycle (the service's, or
     ``--once``) applies it to Placement, so the agent stays the one writer of
     its tree. ``status`` compares the state file with Placement."""
     import datetime
@@ -447,6 +460,11 @@ def _maintenance(argv: list[str]) -> int:
                 "host's provider, so node-agent has no maintenance to switch. Disable "
                 "the compute service instead (`openstack compute service set --disable "
                 f"{settings.host} nova-compute`), which sets COMPUTE_STATUS_DISABLED.")
+        answer = _maintenance_via_service(conf, settings, args.switch == "on", args.reason)
+        if answer is not None:
+            print(f"maintenance {args.switch} for {settings.host}: the running service "
+                  f"recorded it and applied it in a cycle: {json.dumps(answer, sort_keys=True)}")
+            return 0
         store = _state_store(settings)
         state = store.load_or_empty(LOG)
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -461,6 +479,35 @@ def _maintenance(argv: list[str]) -> int:
     print(f"maintenance {args.switch} for {settings.host}: {what} at the next cycle "
           "(run `node-agent --once` to apply it now)")
     return 0
+
+
+# How long `maintenance on|off` waits for a running service to answer before
+# it writes the state file itself; a service answers in milliseconds.
+SERVICE_PROBE_TIMEOUT = 5.0
+SERVICE_CYCLE_TIMEOUT = 150.0
+
+
+def _maintenance_via_service(conf, settings, on: bool, reason: str) -> Optional[dict]:
+    """Ask the running service over its control channel (``[DEFAULT]
+    transport_url``) to set maintenance and apply it: the service writes its
+    own state file, as its own user. None when no service answers (no
+    transport, no broker, or no agent of this host on it): the caller then
+    writes the file."""
+    from node_agent.remote import messaging
+
+    if not messaging.urls(conf)[0]:
+        return None
+    om = messaging.oslo_messaging()
+    try:
+        messaging.check_broker(conf, timeout=SERVICE_PROBE_TIMEOUT)
+        messaging.client(conf, settings.host, timeout=SERVICE_PROBE_TIMEOUT).call(
+            {}, "get_status")
+    except (messaging.MessagingUnavailable, om.MessagingTimeout) as exc:
+        LOG.info("no running service answered for %s (%s); writing the state file",
+                 settings.host, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None
+    return messaging.client(conf, settings.host, timeout=SERVICE_CYCLE_TIMEOUT).call(
+        {}, "set_maintenance", on=on, reason=reason or None)
 
 
 def _maintenance_status(conf, settings, output: str) -> int:
@@ -515,7 +562,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     before, command, rest = split_subcommand(argv)
     if any(a in ("-h", "--help", "--version") for a in before):
         _parser().parse_args(before)  # prints the whole command's help, exits 0
-    if command in ("ctl", "maintenance"):
+    if command in ("ctl", "maintenance", "decommission"):
         extra = [a for a in before if a not in _config_options(before)]
         if extra:
             print(f"node-agent: error: {' '.join(extra)} cannot be used with "
@@ -525,6 +572,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if command == "ctl":
             from node_agent.cli import ctl
             return ctl.main(rest + _config_options(before))
+        if command == "decommission":
+            from node_agent.cli import decommission
+            return decommission.main(rest + _config_options(before))
         return _maintenance(rest + _config_options(before))
     elif command == "check-config":
         argv = before + rest + ["--check-config"]

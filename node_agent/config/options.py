@@ -337,6 +337,23 @@ AGENT_OPTS = [
         help="Messaging mode: the RPC topic node-agent-applier listens on "
              "(its [applier] topic)."),
     cfg.StrOpt(
+        "machine_id_path",
+        default="/etc/machine-id",
+        help="File holding this machine's id (machine-id(5)). The agent marks "
+             "the root provider it manages with a trait derived from it "
+             "(CUSTOM_OWNER_NODE_AGENT_<hash>) and refuses to write a root "
+             "another machine has marked, so two machines configured with one "
+             "host name do not overwrite each other."),
+    cfg.BoolOpt(
+        "take_over_provider",
+        default=False,
+        help="Write this host's root provider even when nova-compute "
+             "(OWNER_NOVA) or node-agent on another machine manages it. "
+             "Another machine's mark is replaced by this machine's, so one run "
+             "with it is enough. OWNER_NOVA is nova's and is never removed: "
+             "the option must stay set while the root carries it (remove the "
+             "trait by hand once nova-compute is gone for good)."),
+    cfg.StrOpt(
         "metrics_textfile",
         help="Also write the metrics after each cycle to this file, for "
              "node_exporter's textfile collector (a path ending in .prom). "

@@ -193,6 +193,8 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
         upstream_timeout=float(agent.upstream_timeout or 60.0),
         upstream_topic=agent.upstream_topic or "node-agent-applier",
         state_path=_state_path(conf, get),
+        machine_id_path=agent.machine_id_path or "/etc/machine-id",
+        take_over_provider=bool(agent.take_over_provider),
         sysfs_root=conf.host.sysfs_root,
         libvirt_uri=(conf.libvirt.connection_uri or "").strip(),
         cpu_power_management=bool(get("libvirt", "cpu_power_management")),

@@ -104,6 +104,11 @@ def validate(args: Sequence[str], *, read_host: bool = True, need_upstream: bool
     desired = None
     if read_host:
         from node_agent.cycle.desired import compute_desired
+        from node_agent.host.machine_id import identity
+        try:
+            identity(settings)  # every writer marks the root with it
+        except ConfigError as exc:
+            problems += exc.problems
         try:
             desired = compute_desired(settings, state=state, lenient_files=lenient_files)
         except ConfigError as exc:

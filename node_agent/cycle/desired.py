@@ -17,7 +17,8 @@ from node_agent.policy import maintenance as maint
 from node_agent.policy.partition import CpuPartition, partition_cpus
 from node_agent.tree.pci import unmatched_device_options
 from node_agent.policy.provider_config import (ProviderConfig, applied_traits,
-                                               apply_provider_configs, unmatched)
+                                               apply_provider_configs, file_added_traits,
+                                               unmatched)
 from node_agent.config.provider_files import load_provider_configs, load_provider_files
 from node_agent.model.provider_tree import ProviderTree
 from node_agent.model.settings import Settings
@@ -81,6 +82,24 @@ def desired_from(settings: Settings, host: HostSnapshot,
     applied = {name: sorted(traits) for name, traits in now.items()}
     return Desired(host, partition, tree, applied, maintenance, tuple(notes),
                    tuple(refused_files))
+
+
+def file_traits_to_remember(desired: Desired, previous: Optional[Mapping],
+                            before: Mapping[str, frozenset],
+                            clean: bool = True) -> dict[str, list[str]]:
+    """Pure: the operator-file traits to remember after a sync
+    (:func:`node_agent.policy.provider_config.file_added_traits`); ``before``
+    is what Placement held before it (provider name -> traits). After a sync
+    that was not ``clean`` the previous record stays too: a removal that did
+    not happen is tried again, and a trait a file added this cycle is not
+    taken for the operator's next cycle."""
+    now = file_added_traits(desired.applied, previous or {}, before)
+    if clean:
+        return now
+    merged = {name: set(traits) for name, traits in (previous or {}).items()}
+    for name, traits in now.items():
+        merged.setdefault(name, set()).update(traits)
+    return {name: sorted(traits) for name, traits in merged.items() if traits}
 
 
 def with_placement_maintenance(desired: Desired, root_traits) -> Desired:

@@ -178,6 +178,9 @@ class Reconciler:
         return guard
 
     def apply(self, desired: Desired, before_post=None) -> CycleOutcome:
+        # Before the reshape, which writes too: a root nova-compute or another
+        # machine manages raises ProviderOwned here, and nothing is written.
+        self.syncer.check_owner(desired.tree)
         refused = guests_refused(desired)
         if refused is not None:
             LOG.error("%s", refused)

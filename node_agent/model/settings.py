@@ -50,6 +50,10 @@ class Settings:
     upstream: str = "placement"
     upstream_timeout: float = 60.0
     upstream_topic: str = "node-agent-applier"
+    # Who this machine is (node_agent.policy.root_owner), and whether it may
+    # take over a root another writer manages.
+    machine_id_path: str = "/etc/machine-id"
+    take_over_provider: bool = False
     # [libvirt] cpu_power_management: dedicated CPUs may be offline.
     cpu_power_management: bool = False
     # [libvirt] guest CPU (nova's): the CPU feature traits follow it.

@@ -29,7 +29,9 @@ from urllib.parse import quote
 
 import tenacity
 
+from node_agent.errors import ProviderOwned
 from node_agent.policy import capacity as cap
+from node_agent.policy import root_owner
 from node_agent.placement.errors import (DuplicateName, GenerationConflict, InventoryInUse,
                                          NotFound, PlacementError)
 from node_agent.model.provider_tree import (Inventory, Provider, ProviderTree,
@@ -433,12 +435,19 @@ class TreeSyncer:
     def __init__(self, client, store: StateStore,
                  full_verify_interval: float = 300,
                  clock: Callable[[], float] = time.monotonic,
-                 spread: bool = False):
+                 spread: bool = False, owner: Optional[root_owner.Identity] = None):
         """``spread``: the first verify after the first read is due at this
         host's phase of the interval (:func:`verify_phase` of the root's
         name), and the later ones on that grid, every interval; without it
-        every verify is due one interval after the previous one."""
+        every verify is due one interval after the previous one.
+
+        ``owner``: this machine's identity. Every plan and sync then judges
+        the root as Placement holds it (:func:`node_agent.policy.root_owner.judge`)
+        and raises :class:`~node_agent.errors.ProviderOwned` before any write
+        when nova-compute or another machine manages it."""
         self.client = client
+        self.owner = owner
+        self._judged: Optional[str] = None  # the last verdict's owner, logged on change
         self.store = store
         self.full_verify_interval = full_verify_interval
         self.clock = clock
@@ -539,7 +548,34 @@ class TreeSyncer:
                  or str(uuidlib.uuid4()) for p in desired.providers}
         if root_uuid:
             uuids[desired.root.name] = root_uuid
+        if self.owner is not None:
+            desired = self._claimed(desired, actual.get(root_uuid) if root_uuid else None)
         return _Context(desired.with_uuids(uuids), actual)
+
+    def _claimed(self, desired: ProviderTree, root: Optional[ProviderState]) -> ProviderTree:
+        verdict = root_owner.judge(None if root is None else root.traits, self.owner)
+        if not verdict.may_write:
+            raise ProviderOwned(root_owner.refusal(verdict, desired.root.name, root.uuid))
+        if verdict.owner != self._judged and root is not None:
+            if verdict.owner in (root_owner.OWNED_BY_NOVA, root_owner.OTHER_MACHINE):
+                LOG.warning("taking over provider %s (%s) from %s ([agent] "
+                            "take_over_provider)", desired.root.name, root.uuid, verdict.owner)
+            elif verdict.owner == root_owner.UNMARKED:
+                LOG.info("adopting provider %s (%s), which no machine has marked",
+                         desired.root.name, root.uuid)
+        self._judged = verdict.owner
+        return root_owner.claimed(desired, verdict)
+
+    def traits_by_name(self, desired: ProviderTree) -> dict[str, frozenset]:
+        """Provider name -> traits, as Placement holds this host's tree now
+        (read as :meth:`plan` does; the sync that follows costs no more)."""
+        return {s.name: s.traits for s in self._prepare(desired).actual.values()}
+
+    def check_owner(self, desired: ProviderTree) -> None:
+        """Raise ProviderOwned when this host's root is not this agent's to
+        write. Reads as :meth:`plan` does, so the sync that follows costs no
+        extra request."""
+        self._prepare(desired)
 
     def _owned(self, ctx: _Context) -> set[str]:
         """Children we created, plus children in the tree bearing a name we

@@ -363,6 +363,27 @@ def apply_provider_configs(tree: ProviderTree, configs: Sequence[ProviderConfig]
     return ProviderTree(providers)
 
 
+def file_added_traits(listed: Mapping[str, Sequence[str]],
+                      previous: Mapping[str, Sequence[str]],
+                      before: Mapping[str, Set[str]]) -> dict[str, list[str]]:
+    """Which of the traits the files list now (``listed``, by provider) the
+    files added, to remember as next cycle's ``previously_applied``.
+
+    A trait is the files' when they added it before (``previous``), or when
+    its provider did not carry it in Placement before this cycle's sync
+    (``before``: provider name -> its traits then; a provider missing there
+    is new). A trait the provider already carried when a file first listed
+    it was the operator's, and stays when the file stops listing it."""
+    out = {}
+    for name, traits in listed.items():
+        had = before.get(name, set())
+        kept = sorted(t for t in traits
+                      if t in previous.get(name, ()) or t not in had)
+        if kept:
+            out[name] = kept
+    return out
+
+
 def applied_traits(configs: Sequence[ProviderConfig], tree: ProviderTree
                    ) -> dict[str, set[str]]:
     """What :func:`apply_provider_configs` adds, by provider name: the value to

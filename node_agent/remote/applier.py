@@ -72,7 +72,9 @@ from typing import Callable, Optional, Sequence
 from urllib.parse import quote
 
 from node_agent.remote import upstream as wire
-from node_agent.errors import ConfigError, NodeAgentError, PlacementError, ReshapeError
+from node_agent.errors import (ConfigError, NodeAgentError, PlacementError, ProviderOwned,
+                               ReshapeError)
+from node_agent.policy.root_owner import identity_of_tree
 from node_agent.cycle.reconcile import Reconciler, shape_of
 from node_agent.state import StateStore
 
@@ -194,6 +196,10 @@ class Applier:
             self.refused["tree"] += 1
             LOG.warning("refused the tree of %s: %s", message.host, exc)
             return {"status": wire.REFUSED, "seq": message.seq, "error": str(exc)}
+        except ProviderOwned as exc:
+            self.refused["owner"] += 1
+            LOG.error("refused the tree of %s (seq %d): %s", message.host, message.seq, exc)
+            return {"status": wire.REFUSED, "seq": message.seq, "error": str(exc)}
         except (PlacementError, ReshapeError) as exc:
             LOG.error("%s seq %d: %s", message.host, message.seq, exc)
             return {"status": wire.ERROR, "seq": message.seq, "error": str(exc)}
@@ -289,8 +295,11 @@ class Applier:
         from node_agent.placement.sync import TreeSyncer
 
         client = self.client_factory()
+        # The agent's machine is the one whose mark it sent: a tree for a
+        # root that nova-compute or another machine manages is refused.
         syncer = TreeSyncer(client, StateStore(self.state_path / host),
-                            full_verify_interval=self.full_verify_interval, clock=self.clock)
+                            full_verify_interval=self.full_verify_interval, clock=self.clock,
+                            owner=identity_of_tree(desired.tree))
         syncer.import_cache(record.get(CACHE_KEY))
         reconciler = Reconciler(client, syncer)
         shape = shape_of(desired)

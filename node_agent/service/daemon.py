@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 
 from node_agent.policy import maintenance as maint
 from node_agent.cycle.desired import (APPLIED_KEY, MAINTENANCE_KEY, Desired, compute_desired,
-                                      forget_applied_off)
+                                      file_traits_to_remember, forget_applied_off)
 from node_agent.errors import NodeAgentError, PlacementError
 from node_agent.model.settings import Settings
 from node_agent.state import StateStore
@@ -87,6 +87,16 @@ class Maintenance:
         return self.get()
 
 
+def _marked(desired: Desired, settings: Settings) -> Desired:
+    """``desired`` with this machine's owner mark on the root: the central
+    applier judges the root's owner by it (node_agent.policy.root_owner)."""
+    from dataclasses import replace
+
+    from node_agent.host.machine_id import identity
+    from node_agent.policy.root_owner import marked
+    return replace(desired, tree=marked(desired.tree, identity(settings)))
+
+
 def tree_summary(desired: Optional[Desired]) -> list[dict]:
     if desired is None:
         return []
@@ -127,10 +137,11 @@ class Agent:
         from node_agent.placement.sync import TreeSyncer
 
         if self._syncer_for is not loaded:  # first cycle, or a reload
+            from node_agent.host.machine_id import identity
             # spread: a fleet started together does not verify together.
             self._syncer = TreeSyncer(loaded.client, StateStore(Path(loaded.settings.state_path)),
                                       full_verify_interval=loaded.settings.full_verify_interval,
-                                      spread=True)
+                                      spread=True, owner=identity(loaded.settings))
             self._syncer_for = loaded
             self._version_checked = False
             from node_agent.cycle.reconcile import Reconciler
@@ -159,9 +170,10 @@ class Agent:
                 syncer = self._syncer_of(loaded)
                 verified_at = syncer.verified_at
                 desired = self._reconciler.maintained(desired)
+                before = syncer.traits_by_name(desired.tree)
                 outcome = self._reconciler.apply(desired, **self._reshape_hooks(loaded))
-                if outcome.ok:
-                    syncer.remember(APPLIED_KEY, desired.applied)
+                syncer.remember(APPLIED_KEY, file_traits_to_remember(
+                    desired, syncer.state.get(APPLIED_KEY), before, clean=outcome.ok))
                 if syncer.verified_at != verified_at:  # this cycle read the whole tree
                     self._audit(loaded, desired)
             if outcome.ok:
@@ -257,7 +269,8 @@ class Agent:
             self._upstream = upstream.MessagingUpstream(
                 loaded.conf, settings.host, settings.upstream_topic,
                 settings.upstream_timeout)
-        report = self._upstream.send(desired, timeout=settings.upstream_timeout)
+        report = self._upstream.send(_marked(desired, settings),
+                                     timeout=settings.upstream_timeout)
         upstream.remember(StateStore(Path(settings.state_path)), report, desired)
         return CycleOutcome(report)
 

@@ -718,3 +718,27 @@ def test_a_2_0_agent_is_applied_unchecked_and_the_applier_says_so_once_per_host(
                         applier.log())
     assert len(warned) == 1, applier.log()
     assert agent.cycle().ok   # a 2.1 message from the same host: checked again
+
+
+def test_tree_for_a_root_another_machine_marked_is_refused_by_the_applier(bus, placement):
+    from dataclasses import replace
+
+    from node_agent.policy.root_owner import Identity, mark_for, marked
+
+    applier, = bus.start(1)
+    name = f"clone-{uuid.uuid4().hex[:6]}"
+    first = FixtureAgent(bus, name, sysfs_trees()[0], bus.tmp / "agents" / "first")
+    clone = FixtureAgent(bus, name, sysfs_trees()[1], bus.tmp / "agents" / "clone")
+    mine, other = mark_for("a" * 32), mark_for("b" * 32)
+    first.desired = replace(first.desired, tree=marked(first.desired.tree, Identity(mine)))
+    clone.desired = replace(clone.desired, tree=marked(clone.desired.tree, Identity(other)))
+    assert first.cycle().ok
+    root = root_of(placement, name)
+    before = placement.get(f"/resource_providers/{root['uuid']}")
+
+    with pytest.raises(upstream.Refused, match="managed by node-agent on another machine"):
+        clone.cycle()
+
+    assert placement.get(f"/resource_providers/{root['uuid']}") == before
+    assert mine in placement.get(f"/resource_providers/{root['uuid']}/traits")["traits"]
+    assert "another machine" in applier.log()

@@ -174,3 +174,39 @@ def test_service_restarted_without_its_state_file_keeps_maintenance_and_says_why
     assert "unknown" in status["maintenance"]["reason"]
     inventories = root_inventory(placement_server.url, agent.host)
     assert all(inv["reserved"] == inv["total"] for inv in inventories.values())
+
+
+def test_maintenance_command_asks_the_running_service_which_applies_it_at_once(
+        agent, rabbitmq, placement_server):  # noqa: F811 (fixture)
+    agent.status_after(lambda s: s.startswith("ok:"))   # report_interval is an hour
+
+    result = maintenance(str(agent.config), "on", "--reason", "disk swap")
+
+    assert result.code == 0, result.stderr
+    assert "the running service recorded it" in result.stdout
+    inventories = root_inventory(placement_server.url, agent.host)
+    assert all(inv["reserved"] == inv["total"] for inv in inventories.values())
+    status = ctl(rabbitmq, agent.host, "status")
+    assert status["maintenance"]["on"] is True and status["maintenance"]["reason"] == "disk swap"
+
+    assert maintenance(str(agent.config), "off").code == 0
+    inventories = root_inventory(placement_server.url, agent.host)
+    assert not any(inv["reserved"] == inv["total"] for inv in inventories.values())
+
+
+def test_maintenance_command_writes_the_file_when_no_service_answers(
+        tmp_path, rabbitmq, placement_server, host_name):
+    from tests.integration.agent_process import AgentProcess
+
+    idle = AgentProcess(tmp_path, placement_server.url, host_name,
+                        extra=f"transport_url = {rabbitmq}\n")   # never started
+
+    result = maintenance(str(idle.config), "on")
+
+    assert result.code == 0, result.stderr
+    assert "at the next cycle" in result.stdout
+    from node_agent.cycle.desired import MAINTENANCE_KEY
+    from node_agent.policy.maintenance import is_on
+    from node_agent.state import StateStore
+    assert is_on(StateStore(tmp_path / "state").load()[MAINTENANCE_KEY])
+    idle.notify.close()

@@ -527,3 +527,42 @@ def test_once_with_a_bad_provider_file_syncs_the_rest_then_exits_78(
     result = run_agent("--config-file", str(config), "--once")
     assert_one_clear_line(result, 78, str(files / "bad.yaml"), "not valid YAML")
     assert "CUSTOM_GOOD" in root_traits(placement, host_name)
+
+
+def file_with_traits(*traits: str) -> str:
+    listed = "".join(f"        - {t}\n" for t in traits)
+    return ("meta:\n  schema_version: '1.0'\nproviders:\n"
+            "  - identification:\n      uuid: $COMPUTE_NODE\n"
+            f"    traits:\n      additional:\n{listed}")
+
+
+def test_a_provider_file_removes_only_the_traits_it_added(
+        tmp_path, placement_server, placement, host_name):
+    files = tmp_path / "provider_config"
+    files.mkdir()
+    config = write_config(tmp_path, TEST6, host=host_name,
+                          extra=f"provider_config_location = {files}\n"
+                          + placement_section(placement_server.url))
+    once = ("--config-file", str(config), "--once")
+    assert run_agent(*once).code == 0
+    root = placement.get(f"/resource_providers?name={host_name}")["resource_providers"][0]
+    path = f"/resource_providers/{root['uuid']}/traits"
+    # The operator sets a trait by hand, then a file lists it too.
+    placement.put("/traits/CUSTOM_BY_HAND", None)
+    held = placement.get(path)
+    placement.put(path, {"resource_provider_generation": held["resource_provider_generation"],
+                         "traits": held["traits"] + ["CUSTOM_BY_HAND"]})
+    (files / "gold.yaml").write_text(file_with_traits("CUSTOM_BY_HAND", "CUSTOM_FROM_FILE"))
+    assert run_agent(*once).code == 0
+    assert {"CUSTOM_BY_HAND", "CUSTOM_FROM_FILE"} <= root_traits(placement, host_name)
+
+    (files / "gold.yaml").write_text(file_with_traits("CUSTOM_FROM_FILE"))
+    assert run_agent(*once).code == 0
+    assert "CUSTOM_BY_HAND" in root_traits(placement, host_name)
+
+    (files / "gold.yaml").unlink()
+    result = run_agent(*once)
+    assert result.code == 0, result.stderr
+    traits = root_traits(placement, host_name)
+    assert "CUSTOM_FROM_FILE" not in traits        # the file added it: gone with the file
+    assert "CUSTOM_BY_HAND" in traits              # the operator's: stays

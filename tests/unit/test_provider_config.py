@@ -270,3 +270,13 @@ def test_whole_node_mode_reports_one_unit_and_nothing_else(tmp_path):
         "CUSTOM_BAREMETAL_GOLD": {"total": 1, "reserved": 0, "min_unit": 1, "max_unit": 1,
                                   "step_size": 1, "allocation_ratio": 1.0}}
     assert orc.VCPU not in tree.root.inventories
+
+
+def test_only_traits_a_file_added_are_remembered_as_the_files():
+    from node_agent.policy.provider_config import file_added_traits
+
+    listed = {"cn1": ["CUSTOM_BY_HAND", "CUSTOM_NEW", "CUSTOM_OLD"], "cn1_NUMA_0": ["CUSTOM_X"]}
+    previous = {"cn1": ["CUSTOM_OLD"]}
+    before = {"cn1": {"CUSTOM_BY_HAND", "CUSTOM_OLD"}}   # the NUMA child is new
+    assert file_added_traits(listed, previous, before) == {
+        "cn1": ["CUSTOM_NEW", "CUSTOM_OLD"], "cn1_NUMA_0": ["CUSTOM_X"]}

@@ -1,0 +1,161 @@
+"""``node-agent decommission [--dry-run]``: remove this host's providers
+from Placement when nothing is allocated on them.
+
+Reads the root (the state file's uuid, else the provider named like the
+host), judges its owner as every write does
+(:mod:`node_agent.policy.root_owner`), lists the tree with each provider's
+allocations, and lets :func:`node_agent.policy.decommission.plan` decide.
+Exit codes: 0 removed (or nothing to remove); 1 refused, nothing deleted
+(allocations remain, or a provider under the root is not the agent's);
+75 Placement; 78 configuration, or the root is another writer's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+from urllib.parse import quote
+
+from node_agent.config.files import oslo_args
+from node_agent.config.validation import config_args, placement_configured, validate
+from node_agent.errors import ConfigError, NodeAgentError, ProviderOwned
+from node_agent.host.machine_id import identity
+from node_agent.placement.errors import NotFound, PlacementError
+from node_agent.policy import root_owner
+from node_agent.policy.decommission import plan
+from node_agent.state import StateStore
+from node_agent.tree.ownership import ListedChild
+
+LOG = logging.getLogger(__name__)
+EX_REFUSED = 1
+# The syncer's keys of the state file: they describe providers that are gone.
+_PROVIDER_KEYS = ("root_uuid", "providers", "owned_children", "provider_config_applied")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="node-agent decommission",
+        description="Remove this host's providers (the root and the agent's children) "
+                    "from Placement, when no allocation remains on them.")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="show what would be removed, or why not; remove nothing")
+    parser.add_argument("--output", choices=["text", "json"], default="text")
+    parser.add_argument("--config-file", action="append", default=[], metavar="FILE")
+    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR")
+    return parser
+
+
+def _root(client, host: str, state: dict) -> Optional[dict]:
+    if state.get("root_uuid"):
+        try:
+            return client.get(f"/resource_providers/{state['root_uuid']}")
+        except NotFound:
+            pass
+    found = client.get(f"/resource_providers?name={quote(host)}")["resource_providers"]
+    return found[0] if found else None
+
+
+def _listed(client, root_uuid: str) -> tuple[list[ListedChild], dict]:
+    listing = client.get(f"/resource_providers?in_tree={root_uuid}")["resource_providers"]
+    listed, consumers = [], {}
+    for rp in listing:
+        base = f"/resource_providers/{rp['uuid']}"
+        traits = frozenset(client.get(f"{base}/traits")["traits"])
+        listed.append(ListedChild(rp["uuid"], rp["name"], rp.get("parent_provider_uuid"),
+                                  traits))
+        allocations = client.get(f"{base}/allocations")["allocations"]
+        consumers[rp["uuid"]] = {c: a["resources"] for c, a in allocations.items()}
+    return listed, consumers
+
+
+def _decommission(conf, settings, dry_run: bool, output: str) -> int:
+    from node_agent.placement.client import PlacementClient
+
+    if settings.companion:
+        raise ConfigError("decommission: [agent] mode = companion never writes this host's "
+                          "providers; nova-compute owns them. Delete the compute service "
+                          f"(`openstack compute service delete` for {settings.host}) instead.")
+    if not placement_configured(conf):
+        raise ConfigError("node-agent decommission removes providers from Placement, and "
+                          "none is configured: set [placement] auth_type (or "
+                          "endpoint_override) with credentials that may delete providers.")
+    owner = identity(settings)
+    client = PlacementClient.from_conf(conf)
+    client.check_version()
+    store = StateStore(Path(settings.state_path))
+    state = store.load_or_empty(LOG)
+    host = settings.host
+    root = _root(client, host, state)
+    if root is None:
+        _print(output, {"host": host, "root": None, "deleted": [], "refused": []},
+               f"{host} has no provider in Placement at {client.endpoint}: nothing to remove.")
+        return 0
+    if root.get("parent_provider_uuid"):
+        raise ProviderOwned(f"provider {host} ({root['uuid']}) is a child in another tree "
+                            f"(root {root.get('root_provider_uuid')}), not this host's root; "
+                            "nothing was removed.")
+    traits = client.get(f"/resource_providers/{root['uuid']}/traits")["traits"]
+    verdict = root_owner.judge(traits, owner)
+    if not verdict.may_write:
+        raise ProviderOwned(root_owner.refusal(verdict, host, root["uuid"]))
+    listed, consumers = _listed(client, root["uuid"])
+    owned = set(state.get("owned_children", [])) | set(state.get("providers", {}).values())
+    decision = plan(host, root["uuid"], listed, consumers, owned)
+    record = {"host": host, "root": root["uuid"], "dry_run": dry_run,
+              "deletes": [{"uuid": u, "name": n} for u, n in decision.deletes],
+              "refused": list(decision.blocking), "deleted": []}
+    if not decision.ok:
+        _print(output, record, "\n".join(
+            [f"node-agent: decommission of {host} refused, nothing was removed:"]
+            + [f"  - {why}" for why in decision.blocking]), stream=sys.stderr)
+        return EX_REFUSED
+    if dry_run:
+        _print(output, record, "\n".join(
+            [f"Would remove {len(decision.deletes)} provider(s) of {host}, in order:"]
+            + [f"  delete provider {n} ({u})" for u, n in decision.deletes]))
+        return 0
+    for uuid, name in decision.deletes:
+        try:
+            client.delete(f"/resource_providers/{uuid}")
+        except NotFound:
+            pass
+        except PlacementError as exc:
+            if getattr(exc, "status", None) != 409:
+                raise
+            record["refused"].append(f"cannot delete provider {name}: {exc}")
+            _print(output, record, "\n".join(
+                [f"node-agent: decommission of {host} stopped: provider {name} ({uuid}) "
+                 f"could not be deleted ({exc}); something was allocated or created on "
+                 "it meanwhile. Removed so far: "
+                 + (", ".join(d["name"] for d in record["deleted"]) or "nothing")
+                 + ". Run it again once that is gone."]), stream=sys.stderr)
+            return EX_REFUSED
+        record["deleted"].append({"uuid": uuid, "name": name})
+    store.save({k: v for k, v in store.load_or_empty(LOG).items() if k not in _PROVIDER_KEYS})
+    _print(output, record, "\n".join(
+        [f"Removed {len(record['deleted'])} provider(s) of {host}:"]
+        + [f"  deleted provider {d['name']} ({d['uuid']})" for d in record["deleted"]]
+        + ["Stop and disable the node-agent service on this host, or it creates them "
+           "again at its next cycle."]))
+    return 0
+
+
+def _print(output: str, record: dict, text: str, stream=None) -> None:
+    if output == "json":
+        print(json.dumps(record, indent=2, sort_keys=True))
+    else:
+        print(text, file=stream or sys.stdout)
+
+
+def main(argv: Sequence[str]) -> int:
+    args = _parser().parse_args(list(argv))
+    try:
+        valid = validate(config_args(oslo_args(args)), read_host=False, need_upstream=False)
+        return _decommission(valid.conf, valid.settings, args.dry_run, args.output)
+    except NodeAgentError as exc:
+        print(f"node-agent: error: {exc}", file=sys.stderr)
+        return exc.exit_code

@@ -1,0 +1,171 @@
+"""Coexistence: the root provider has one writer. Real ``node-agent``
+processes (service and ``--once``) against the real Placement; two machines
+are told apart by their machine-id files (``[agent] machine_id_path``)."""
+
+import time
+from pathlib import Path
+
+import pytest
+
+from node_agent.policy.root_owner import mark_for
+from tests.cli.runner import run_agent, write_config
+from tests.integration.agent_process import OTHER_HOST, SMALL_HOST, AgentProcess
+from tests.integration.test_service_process import wait_until
+
+pytestmark = pytest.mark.integration
+
+ID_A = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa1"
+ID_B = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb2"
+
+
+def machine_id(path: Path, value: str) -> Path:
+    path.write_text(value + "\n")
+    return path
+
+
+def root_of(client, host):
+    found = client.get(f"/resource_providers?name={host}")["resource_providers"]
+    return found[0] if found else None
+
+
+def machine(tmp_path, name, placement_url, host, system_dir, mid):
+    base = tmp_path / name
+    base.mkdir()
+    ident = machine_id(base / "machine-id", mid)
+    return AgentProcess(base, placement_url, host, system_dir=system_dir,
+                        agent_options=f"report_interval = 1\nfull_verify_interval = 0\n"
+                                      f"machine_id_path = {ident}\n")
+
+
+@pytest.fixture
+def two_machines(tmp_path, placement_server, host_name):
+    first = machine(tmp_path, "a", placement_server.url, host_name, SMALL_HOST, ID_A)
+    second = machine(tmp_path, "b", placement_server.url, host_name, OTHER_HOST, ID_B)
+    try:
+        yield first, second
+    finally:
+        try:
+            first.stop()
+        finally:
+            second.stop()
+            first.notify.close()
+            second.notify.close()
+
+
+def test_second_machine_with_the_same_host_refuses_loudly_and_never_overwrites(
+        two_machines, placement):
+    first, second = two_machines
+    first.start()
+    wait_until(lambda: root_of(placement, first.host) is not None)
+    path = f"/resource_providers/{root_of(placement, first.host)['uuid']}"
+    # Traits are the last write of a first cycle.
+    wait_until(lambda: mark_for(ID_A) in placement.get(f"{path}/traits")["traits"])
+    settled = placement.get(f"{path}/inventories")
+
+    second.start()
+
+    def refused():
+        first.notify.drain()
+        second.notify.drain()
+        return "managed by node-agent on another machine" in second.log()
+    wait_until(refused, timeout=60)
+    # Both keep cycling every second with a full verify each time: the
+    # measured failure flipped the inventory every cycle.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        assert placement.get(f"{path}/inventories") == settled
+        refused()
+        time.sleep(0.2)
+    assert second.proc.poll() is None and first.proc.poll() is None
+    traits = placement.get(f"{path}/traits")["traits"]
+    assert mark_for(ID_A) in traits and mark_for(ID_B) not in traits
+    assert "ERROR" in second.log() and f"host = {first.host}" in second.log()
+    assert "another machine" not in first.log()
+
+
+def once_config(tmp_path, host, url, mid, extra=""):
+    base = tmp_path / mid[:4]
+    base.mkdir()
+    ident = machine_id(base / "machine-id", mid)
+    return write_config(base, SMALL_HOST, host, extra=(
+        f"[agent]\nmachine_id_path = {ident}\n{extra}"
+        f"[placement]\nauth_type = admin_token\ntoken = admin\nendpoint_override = {url}\n"))
+
+
+def test_root_carrying_owner_nova_is_refused_with_nothing_written(
+        tmp_path, placement_server, placement, host_name):
+    created = placement.post("/resource_providers", {"name": host_name})
+    uuid = created["uuid"] if created else root_of(placement, host_name)["uuid"]
+    placement.put(f"/resource_providers/{uuid}/traits",
+                  {"resource_provider_generation": 0, "traits": ["OWNER_NOVA"]})
+    before = placement.get(f"/resource_providers/{uuid}")
+    config = once_config(tmp_path, host_name, placement_server.url, ID_A)
+
+    for args in (["--once"], ["--once", "--dry-run"]):
+        result = run_agent("--config-file", str(config), *args)
+        assert result.code == 78, result.stderr
+        assert "OWNER_NOVA" in result.stderr and "nova-compute manages it" in result.stderr
+        assert "Traceback" not in result.stderr
+    assert placement.get(f"/resource_providers/{uuid}") == before
+    assert placement.get(f"/resource_providers/{uuid}/inventories")["inventories"] == {}
+
+
+def test_a_cloned_state_file_does_not_let_a_second_machine_write(
+        tmp_path, placement_server, placement, host_name):
+    first = once_config(tmp_path, host_name, placement_server.url, ID_A)
+    assert run_agent("--config-file", str(first), "--once").code == 0
+    root = root_of(placement, host_name)
+    before = placement.get(f"/resource_providers/{root['uuid']}")
+    # The clone: same host, same state directory, another machine id.
+    clone = tmp_path / "clone.conf"
+    clone.write_text(first.read_text().replace(str(tmp_path / ID_A[:4] / "machine-id"),
+                                               str(machine_id(tmp_path / "mid-b", ID_B))))
+
+    result = run_agent("--config-file", str(clone), "--once")
+
+    assert result.code == 78, result.stderr
+    assert "another machine" in result.stderr and mark_for(ID_A) in result.stderr
+    assert placement.get(f"/resource_providers/{root['uuid']}") == before
+
+
+def test_take_over_provider_replaces_the_other_machines_mark(
+        tmp_path, placement_server, placement, host_name):
+    first = once_config(tmp_path, host_name, placement_server.url, ID_A)
+    assert run_agent("--config-file", str(first), "--once").code == 0
+    second = once_config(tmp_path, host_name, placement_server.url, ID_B,
+                         extra="take_over_provider = true\n")
+
+    result = run_agent("--config-file", str(second), "--once")
+
+    assert result.code == 0, result.stderr
+    root = root_of(placement, host_name)
+    traits = placement.get(f"/resource_providers/{root['uuid']}/traits")["traits"]
+    assert mark_for(ID_B) in traits and mark_for(ID_A) not in traits
+    refused = run_agent("--config-file", str(first), "--once")
+    assert refused.code == 78 and "another machine" in refused.stderr
+
+
+def test_unmarked_root_of_an_older_agent_is_adopted_and_marked(
+        tmp_path, placement_server, placement, host_name):
+    placement.post("/resource_providers", {"name": host_name})
+    config = once_config(tmp_path, host_name, placement_server.url, ID_A)
+
+    result = run_agent("--config-file", str(config), "--once")
+
+    assert result.code == 0, result.stderr
+    root = root_of(placement, host_name)
+    assert mark_for(ID_A) in placement.get(
+        f"/resource_providers/{root['uuid']}/traits")["traits"]
+
+
+def test_unreadable_machine_id_is_a_config_error_naming_the_option(
+        tmp_path, placement_server, host_name):
+    config = once_config(tmp_path, host_name, placement_server.url, ID_A)
+    config.write_text(config.read_text().replace(
+        f"machine_id_path = {tmp_path / ID_A[:4] / 'machine-id'}",
+        f"machine_id_path = {tmp_path / 'missing'}"))
+
+    result = run_agent("--config-file", str(config), "--once")
+
+    assert result.code == 78, result.stderr
+    assert f"machine_id_path = {tmp_path / 'missing'}" in result.stderr
