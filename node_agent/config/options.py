@@ -117,7 +117,17 @@ LIBVIRT_OPTS = [
              "graphics model, vIOMMU, TPM and COMPUTE_ARCH_* traits. libvirt "
              "refuses them on a read-only connection, so this opens a "
              "read-write one: limit it with a polkit rule (README). Off, "
-             "those traits are not reported (one INFO line says so)."),
+             "those traits are not reported (one INFO line says so). Also "
+             "needed for the MEM_ENCRYPTION_CONTEXT (AMD SEV) child providers."),
+    cfg.IntOpt(
+        "num_memory_encrypted_guests",
+        min=0,
+        help="Older nova's option (nova 34 no longer reads it): the most "
+             "guests with encrypted memory (AMD SEV) this host may run. "
+             "Caps each <host>_amd_sev* child's MEM_ENCRYPTION_CONTEXT total; "
+             "it never raises one above what libvirt reports (maxGuests, "
+             "maxESGuests). Unset: libvirt's numbers. 0: no memory "
+             "encryption is reported."),
 ]
 
 COMPUTE_OPTS = [

@@ -204,6 +204,7 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
         supported_tpm_secret_security=tuple(
             get("libvirt", "supported_tpm_secret_security") or ()),
         domain_capabilities=bool(get("libvirt", "domain_capabilities")),
+        num_memory_encrypted_guests=get("libvirt", "num_memory_encrypted_guests"),
     )
     values["explicit_ratios"] = frozenset(
         kind for kind in ("cpu", "ram", "disk")

@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
-from node_agent.tree.build import build_tree
+from node_agent.tree.build import build_tree, mem_encryption
 from node_agent.host.discover import discover
 from node_agent.policy import maintenance as maint
 from node_agent.policy.partition import CpuPartition, partition_cpus
@@ -71,6 +71,8 @@ def desired_from(settings: Settings, host: HostSnapshot,
     notes = [f"provider file entry {c.source} names a provider that is not on this "
              f"host: {c.identity}" for c in unmatched(tree, configs)]
     notes += unmatched_device_options(settings, host)
+    offered = mem_encryption(settings, host)
+    notes += offered.warnings if offered else ()
     tree, maintenance_notes = maint.apply(tree, maintenance)
     notes += maintenance_notes
     now = applied_traits(configs, tree)

@@ -145,7 +145,23 @@ def hypervisor_info(hypervisor, caps, settings: Settings) -> HypervisorInfo:
                    f"read-only libvirt connection and does not report "
                    f"{', '.join(NEEDS_DOMAIN_CAPS)}: libvirt refuses domain "
                    f"capabilities on a read-only connection."], logging.INFO)
-    return HypervisorInfo(_version(libvirt_version), _version(qemu_version), domain_caps)
+    return HypervisorInfo(_version(libvirt_version), _version(qemu_version), domain_caps,
+                          kvm_amd_parameters(SysFS(settings.sysfs_root)))
+
+
+# oslo's strutils.bool_from_string true words, which nova reads these with.
+_TRUE = frozenset({"1", "t", "true", "on", "y", "yes"})
+
+
+def kvm_amd_parameters(sysfs: SysFS) -> frozenset[str]:
+    """Which of kvm_amd's ``sev``, ``sev_es``, ``sev_snp`` are on; none
+    when the module is not loaded (an Intel host)."""
+    found = set()
+    for name in ("sev", "sev_es", "sev_snp"):
+        text = sysfs.read(f"module/kvm_amd/parameters/{name}")
+        if text is not None and text.strip().lower() in _TRUE:
+            found.add(name)
+    return frozenset(found)
 
 
 _DOMAIN_CAPS: dict[tuple, Optional[str]] = {}

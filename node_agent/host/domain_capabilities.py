@@ -2,8 +2,8 @@
 
 Pure: text in, a :class:`~node_agent.model.snapshot.DomainCaps` out. Only
 what nova's static traits read: the architecture and machine type, the
-disk buses, video models, TPM models and versions, and whether AMD SEV is
-supported.
+disk buses, video models, TPM models and versions, and AMD SEV: whether it
+is supported, how many SEV and SEV-ES guests, and the launch-security types.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from typing import Optional
 
 from node_agent.errors import ParseError
-from node_agent.host.libvirt_xml import load, text_of
+from node_agent.host.libvirt_xml import load, optional_int, text_of
 from node_agent.model.snapshot import DomainCaps
 
 
@@ -38,7 +38,25 @@ def parse_domain_capabilities(xml: str) -> DomainCaps:
         tpm_backend_models=_values(tpm, "backendModel") or (),
         tpm_versions=versions,
         sev_supported=sev is not None and sev.get("supported") == "yes",
+        sev_max_guests=_count(sev, "maxGuests"),
+        sev_max_es_guests=_count(sev, "maxESGuests"),
+        launch_security=_launch_security(root.find("features/launchSecurity")),
     )
+
+
+def _count(sev: Optional[ET.Element], tag: str) -> Optional[int]:
+    if sev is None:
+        return None
+    value = optional_int(text_of(sev, tag), f"domain capabilities XML <sev><{tag}>")
+    if value is not None and value < 0:
+        raise ParseError(f"domain capabilities XML: <sev><{tag}> is {value}, below 0")
+    return value
+
+
+def _launch_security(element: Optional[ET.Element]) -> frozenset[str]:
+    if element is None or element.get("supported") != "yes":
+        return frozenset()
+    return frozenset(_values(element, "sectype") or ())
 
 
 def _values(device: Optional[ET.Element], enum: str) -> Optional[tuple[str, ...]]:

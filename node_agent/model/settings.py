@@ -65,6 +65,8 @@ class Settings:
     swtpm_enabled: bool = False
     supported_tpm_secret_security: tuple[str, ...] = ("user", "host", "deployment")
     domain_capabilities: bool = False
+    # [libvirt] num_memory_encrypted_guests: caps each memory-encryption total.
+    num_memory_encrypted_guests: Optional[int] = None
     # Kinds ("cpu", "ram", "disk") whose *_allocation_ratio is set: those
     # ratios are asserted every cycle; the others are initial_* ratios that
     # apply only when the class is new in Placement (nova's rule).

@@ -70,6 +70,12 @@ class DomainCaps:
     # None: libvirt older than 8.6 does not list backend versions.
     tpm_versions: Optional[tuple[str, ...]] = None
     sev_supported: bool = False
+    # <sev><maxGuests>/<maxESGuests>: the SEV and SEV-ES guests the firmware
+    # has keys for; None when libvirt does not say (before 8.0).
+    sev_max_guests: Optional[int] = None
+    sev_max_es_guests: Optional[int] = None
+    # <launchSecurity supported='yes'> sectypes (sev, sev-snp, tdx, s390-pv).
+    launch_security: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -84,6 +90,10 @@ class HypervisorInfo:
     libvirt_version: Optional[tuple[int, int, int]] = None
     qemu_version: Optional[tuple[int, int, int]] = None
     domain_caps: Optional[tuple[DomainCaps, ...]] = None
+    # kvm_amd's module parameters that are on, of ``sev``, ``sev_es`` and
+    # ``sev_snp`` (/sys/module/kvm_amd/parameters): the kernel's half of
+    # memory encryption, as nova's ``Host._kernel_supports_amd_sev`` reads it.
+    kvm_amd: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,8 @@ Schedulable units of one inventory record:
 
 * VCPU, MEMORY_MB, DISK_GB: ``total - reserved``. Their allocation ratios
   are the operator's overcommit policy and are not held against the host.
-* every other class checked (PCPU, huge pages, VGPU, SRIOV_NET_VF):
+* every other class checked (PCPU, huge pages, VGPU, SRIOV_NET_VF,
+  MEM_ENCRYPTION_CONTEXT):
   ``(total - reserved) * allocation_ratio``. These are exact resources: a
   ratio above 1 promises what does not exist.
 
@@ -29,7 +30,11 @@ The rules, over the root and ALL its children:
 4. each ``CUSTOM_MEMORY_PAGE_<KiB>`` <= the pages of that size on the host;
 5. VGPU <= per GPU, the most instances any of its mdev types offers, summed;
 6. SRIOV_NET_VF <= the VFs the PFs can have (``sriov_totalvfs``), summed;
-7. each class has schedulable units on one level only: the root or the
+7. MEM_ENCRYPTION_CONTEXT <= the encrypted guests the firmware has keys
+   for: libvirt's SEV ``maxGuests`` plus ``maxESGuests`` (SEV-ES and
+   SEV-SNP guests share the second pool); not checked when the domain
+   capabilities were not read or do not say;
+8. each class has schedulable units on one level only: the root or the
    children, never both (the same CPUs or memory offered twice).
 
 Classes the agent knows nothing about (the operator's ``CUSTOM_`` classes
@@ -66,6 +71,8 @@ class HostLimits:
     # which were published under a previous configuration whose sets are
     # not known any more. None: same as ``cpus``.
     online_cpus: Optional[int] = None
+    # AMD SEV guests the firmware has keys for; None: not known, not checked.
+    mem_encryption: Optional[int] = None
 
     def for_kept_records(self) -> "HostLimits":
         return replace(self, cpus=max(self.cpus, self.online_cpus or 0))
@@ -140,7 +147,20 @@ def host_limits(host: HostSnapshot, partition) -> HostLimits:
     return HostLimits(cpus=len(cpus), memory_mb=max(host.memory_mb, node_mb),
                       disk_gb=host.disk_gb, hugepages=pages, vgpus=vgpus,
                       vfs=sum(pf.total_vfs for pf in host.sriov_pfs),
-                      online_cpus=len(host.online))
+                      online_cpus=len(host.online),
+                      mem_encryption=_encrypted_guests(host))
+
+
+def _encrypted_guests(host: HostSnapshot) -> Optional[int]:
+    caps = host.hypervisor.domain_caps if host.hypervisor else None
+    if caps is None:
+        return None
+    sev = [cap for cap in caps if cap.arch == "x86_64" and cap.sev_supported]
+    if not sev:
+        return 0
+    if sev[0].sev_max_guests is None and sev[0].sev_max_es_guests is None:
+        return None  # libvirt before 8.0 does not say
+    return (sev[0].sev_max_guests or 0) + (sev[0].sev_max_es_guests or 0)
 
 
 def units(rc: str, record: Mapping) -> int:
@@ -168,6 +188,9 @@ def _limit_groups(limits: HostLimits, classes: Iterable[str]
               (orc.DISK_GB, (orc.DISK_GB,), limits.disk_gb),
               (orc.VGPU, (orc.VGPU,), limits.vgpus),
               (orc.SRIOV_NET_VF, (orc.SRIOV_NET_VF,), limits.vfs)]
+    if limits.mem_encryption is not None:
+        groups.append((orc.MEM_ENCRYPTION_CONTEXT, (orc.MEM_ENCRYPTION_CONTEXT,),
+                       limits.mem_encryption))
     for rc in sorted(set(classes)):
         if rc.startswith(PAGE_CLASS_PREFIX):
             groups.append((rc, (rc,), limits.hugepages.get(rc, 0)))
@@ -177,7 +200,8 @@ def _limit_groups(limits: HostLimits, classes: Iterable[str]
 def checked_classes(classes: Iterable[str]) -> set[str]:
     """The classes of ``classes`` the invariant speaks about."""
     return {rc for rc in classes
-            if rc in OVERCOMMITTABLE or rc in (orc.PCPU, orc.VGPU, orc.SRIOV_NET_VF)
+            if rc in OVERCOMMITTABLE
+            or rc in (orc.PCPU, orc.VGPU, orc.SRIOV_NET_VF, orc.MEM_ENCRYPTION_CONTEXT)
             or rc.startswith(PAGE_CLASS_PREFIX)}
 
 

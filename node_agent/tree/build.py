@@ -5,7 +5,8 @@ are left out, as Placement has no use for an empty inventory.
 
 The tree: the root (CPUs, memory, disk, or one unit in whole-node mode),
 then NUMA children (:mod:`node_agent.tree.numa`), GPU and SR-IOV children
-(:mod:`node_agent.tree.pci`), and finally the operator's provider files
+(:mod:`node_agent.tree.pci`), memory-encryption children
+(:mod:`node_agent.tree.mem_encryption`), and finally the operator's provider files
 (:mod:`node_agent.policy.provider_config`) layered on top.
 """
 
@@ -20,6 +21,8 @@ import os_traits
 from node_agent.tree.cpu_traits import guest_cpu_traits
 from node_agent.tree.hypervisor_traits import TraitSettings, hypervisor_traits
 from node_agent.errors import ConfigError
+from node_agent.tree.mem_encryption import (MemEncryption, host_mem_encryption,
+                                            mem_encryption_children)
 from node_agent.tree.numa import split_by_numa
 from node_agent.policy.partition import CpuPartition
 from node_agent.tree.pci import gpu_children, sriov_children
@@ -108,6 +111,12 @@ def trait_settings(settings: Settings) -> TraitSettings:
                          settings.supported_tpm_secret_security)
 
 
+def mem_encryption(settings: Settings, host: HostSnapshot) -> Optional[MemEncryption]:
+    """The AMD SEV guests the host offers (:mod:`node_agent.tree.mem_encryption`)."""
+    return host_mem_encryption(host.hypervisor, host.cpu_model.arch,
+                               settings.num_memory_encrypted_guests)
+
+
 def whole_node_inventories(resource_class: str) -> dict[str, Inventory]:
     """Bare-metal (Ironic) model: one node, one unit, nothing else."""
     return {resource_class: Inventory(total=1, max_unit=1)}
@@ -141,4 +150,5 @@ def _resource_tree(settings: Settings, host: HostSnapshot,
         inventories, children = split.root_inventories, split.children
     root = Provider(name=settings.host, inventories=inventories, traits=root_traits(host, settings))
     children += gpu_children(settings, host) + sriov_children(settings, host)
+    children += mem_encryption_children(settings.host, mem_encryption(settings, host))
     return ProviderTree((root,) + children)

@@ -46,7 +46,8 @@ TPM_SECRET_SECURITY = ("user", "host", "deployment")
 # Named once for the log line that says what is not reported without them.
 NEEDS_DOMAIN_CAPS = ("COMPUTE_STORAGE_BUS_*", "COMPUTE_GRAPHICS_MODEL_*",
                      "COMPUTE_ARCH_*", "COMPUTE_VIOMMU_MODEL_INTEL/SMMUV3",
-                     "COMPUTE_SECURITY_TPM_* (with swtpm_enabled)")
+                     "COMPUTE_SECURITY_TPM_* (with swtpm_enabled)",
+                     "MEM_ENCRYPTION_CONTEXT (the <host>_amd_sev* children)")
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,130 @@
+"""AMD SEV / SEV-ES / SEV-SNP child providers (nova 34's MEM_ENCRYPTION_CONTEXT
+layout) and their capacity rule, on libvirt's captured domain capabilities."""
+
+import dataclasses
+
+import os_traits as ot
+import pytest
+
+from node_agent.errors import ParseError
+from node_agent.host.domain_capabilities import parse_domain_capabilities
+from node_agent.model.snapshot import HypervisorInfo
+from node_agent.policy import capacity as cap
+from node_agent.tree.mem_encryption import host_mem_encryption, mem_encryption_children
+from node_agent.tree.ownership import AGENT_CHILD_TRAIT
+from tests.hostdata import HOSTDATA
+
+DOMCAPS = HOSTDATA / "domaincapsdata"
+AMD = (DOMCAPS / "qemu_10.0.0-q35.x86_64+amdsev.xml").read_text()
+PLAIN = (DOMCAPS / "qemu_8.2.0-q35.x86_64.xml").read_text()
+
+
+def info(*xmls, kvm_amd=("sev", "sev_es"), qemu=(10, 0, 0)):
+    return HypervisorInfo((10, 0, 0), qemu, tuple(parse_domain_capabilities(x) for x in xmls),
+                          frozenset(kvm_amd))
+
+
+def test_sev_counts_and_launch_security_types_are_parsed():
+    amd = parse_domain_capabilities(AMD)
+    assert (amd.sev_max_guests, amd.sev_max_es_guests) == (59, 450)
+    assert amd.launch_security == {"sev", "sev-snp"}
+    plain = parse_domain_capabilities(PLAIN)
+    assert (plain.sev_max_guests, plain.launch_security) == (None, frozenset())
+
+
+def test_a_negative_sev_guest_count_is_a_parse_error():
+    with pytest.raises(ParseError, match="maxGuests"):
+        parse_domain_capabilities(AMD.replace("<maxGuests>59", "<maxGuests>-1"))
+
+
+def test_sev_and_sev_es_children_carry_nova_names_inventory_and_traits():
+    children = mem_encryption_children("cn1", host_mem_encryption(info(AMD), "x86_64"))
+    assert [c.name for c in children] == ["cn1_amd_sev", "cn1_amd_sev_es"]
+    sev, es = children
+    assert sev.parent == "cn1"
+    assert sev.inventories["MEM_ENCRYPTION_CONTEXT"].as_placement() == {
+        "total": 59, "reserved": 0, "min_unit": 1, "max_unit": 1, "step_size": 1,
+        "allocation_ratio": 1.0}
+    assert es.inventories["MEM_ENCRYPTION_CONTEXT"].total == 450
+    assert sev.wanted_traits == {ot.HW_CPU_X86_AMD_SEV, ot.OWNER_NOVA, AGENT_CHILD_TRAIT}
+    assert es.wanted_traits == {ot.HW_CPU_X86_AMD_SEV_ES, ot.OWNER_NOVA, AGENT_CHILD_TRAIT}
+
+
+@pytest.mark.parametrize("kvm_amd, qemu, models", [
+    ((), (10, 0, 0), {}),                                   # kernel: SEV off
+    (("sev",), (10, 0, 0), {"amd_sev": 59}),                # SEV-ES off in the kernel
+    (("sev", "sev_es"), (7, 2, 0), {"amd_sev": 59}),        # QEMU before 8.0: no SEV-ES
+    (("sev", "sev_es", "sev_snp"), (10, 0, 0),              # SNP on: SEV-ES ignored
+     {"amd_sev": 59, "amd_sev_snp": 450}),
+    (("sev_es",), (10, 0, 0), {}),                          # SEV-ES needs SEV
+])
+def test_kernel_parameters_and_qemu_decide_the_models_as_nova(kvm_amd, qemu, models):
+    offered = host_mem_encryption(info(AMD, kvm_amd=kvm_amd, qemu=qemu), "x86_64")
+    assert offered.totals == models
+
+
+def test_a_host_without_sev_or_off_x86_offers_nothing():
+    assert host_mem_encryption(info(PLAIN), "x86_64").totals == {}
+    assert host_mem_encryption(info(AMD), "aarch64").totals == {}
+
+
+def test_without_domain_capabilities_the_children_are_not_decided():
+    unread = HypervisorInfo((10, 0, 0), (10, 0, 0), None, frozenset({"sev"}))
+    assert host_mem_encryption(unread, "x86_64") is None
+    assert mem_encryption_children("cn1", None) == ()
+
+
+def test_num_memory_encrypted_guests_caps_each_total_and_never_raises_one():
+    assert host_mem_encryption(info(AMD), "x86_64", limit=16).totals == {
+        "amd_sev": 16, "amd_sev_es": 16}
+    assert host_mem_encryption(info(AMD), "x86_64", limit=1000).totals == {
+        "amd_sev": 59, "amd_sev_es": 450}
+    assert host_mem_encryption(info(AMD), "x86_64", limit=0).totals == {}
+
+
+def test_sev_without_guest_counts_is_reported_only_with_the_option():
+    old = AMD.replace("<maxGuests>59</maxGuests>", "").replace(
+        "<maxESGuests>450</maxESGuests>", "")
+    offered = host_mem_encryption(info(old, kvm_amd=("sev",)), "x86_64")
+    assert offered.totals == {} and "num_memory_encrypted_guests" in offered.warnings[0]
+    assert host_mem_encryption(info(old, kvm_amd=("sev",)), "x86_64",
+                               limit=8).totals == {"amd_sev": 8}
+
+
+# ------------------------------------------------------------ capacity rule
+
+def _published(total, name="cn1_amd_sev", root=False):
+    return cap.Published(name, root, {"MEM_ENCRYPTION_CONTEXT": {
+        "total": total, "reserved": 0, "allocation_ratio": 1.0}})
+
+
+LIMITS = cap.HostLimits(cpus=1, memory_mb=1, disk_gb=1, mem_encryption=509)
+
+
+def test_mem_encryption_context_within_the_firmwares_keys_passes():
+    assert cap.check([_published(59), _published(450, "cn1_amd_sev_es")], LIMITS).ok
+
+
+def test_mem_encryption_context_over_the_firmwares_keys_is_refused():
+    verdict = cap.check([_published(59), _published(451, "cn1_amd_sev_es")], LIMITS)
+    assert verdict.lines() == [
+        "MEM_ENCRYPTION_CONTEXT: 510 schedulable units published "
+        "(MEM_ENCRYPTION_CONTEXT on cn1_amd_sev, cn1_amd_sev_es) but the host has 509"]
+
+
+def test_mem_encryption_context_on_the_root_and_a_child_is_refused():
+    # nova's pre-2025.2 layout left on the root next to the new child.
+    verdict = cap.check([_published(15, "cn1", root=True), _published(59)], LIMITS)
+    assert [v.rule for v in verdict.violations] == ["one level per class"]
+
+
+def test_host_limits_count_sev_and_sev_es_keys_and_unknown_without_domain_caps():
+    from node_agent.model.cpuset import CpuSet
+    from node_agent.model.snapshot import HostSnapshot
+    from node_agent.policy.partition import CpuPartition
+    host = HostSnapshot(hostname="cn1", present=CpuSet(), online=CpuSet(), isolated=CpuSet(),
+                        cpus=(), nodes=(), memory_mb=1, disk_gb=1, hypervisor=info(AMD))
+    partition = CpuPartition(CpuSet(), CpuSet(), CpuSet(), CpuSet(), 0)
+    assert cap.host_limits(host, partition).mem_encryption == 509
+    unread = dataclasses.replace(host, hypervisor=HypervisorInfo((10, 0, 0), (10, 0, 0)))
+    assert cap.host_limits(unread, partition).mem_encryption is None
