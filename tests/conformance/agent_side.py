@@ -26,7 +26,7 @@ from node_agent.model.snapshot import HostCpuModel, HostSnapshot
 def _group_of(conf: cfg.ConfigOpts, name: str) -> str | None:
     """The section nova reads ``name`` from; the agent must read it there too."""
     if name in ("cpu_power_management", "virt_type", "swtpm_enabled", "cpu_mode",
-                "cpu_models", "cpu_model_extra_flags"):
+                "cpu_models", "cpu_model_extra_flags", "num_memory_encrypted_guests"):
         return "libvirt"
     if name in ("cpu_dedicated_set", "cpu_shared_set"):
         return "compute"

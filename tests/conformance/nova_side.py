@@ -47,6 +47,7 @@ _OPTIONS = {
     "virt_type": "libvirt", "swtpm_enabled": "libvirt", "cpu_mode": "libvirt",
     "cpu_models": "libvirt", "cpu_model_extra_flags": "libvirt",
     "skip_cpu_compare_at_startup": "workarounds",
+    "num_intel_tdx_guests": "libvirt",
 }
 
 
@@ -289,6 +290,71 @@ def cpu_mode_traits(cases):
         _configure({})
 
 
+def _mem_encryption_host(case):
+    """``_CapsHost`` with nova's own memory-encryption members of ``Host``
+    (support checks, slots, traits); their reads of /sys go to the files
+    ``case["kvm_amd"]`` names, written by ``mem_encryption_children``."""
+    from nova.virt.libvirt import host as libvirt_host
+    members = vars(libvirt_host.Host)
+    names = [n for n in members if n.startswith(("supports_amd_sev", "_get_mem_encryption_"))]
+    names += ["supports_intel_tdx", "max_intel_tdx_guests", "_get_tdx_capacity",
+              "_get_cgroup_tdx_capacity", "get_mem_encryption_inventories",
+              "_kernel_supports_amd_sev"]
+    host = type("MemHost", (_CapsHost,), {n: members[n] for n in names})(case)
+    host._supports_amd_sev = host._supports_amd_sev_es = None
+    host._supports_amd_sev_snp = host._supports_intel_tdx = None
+    host._max_sev_guests = host._max_sev_es_guests = 0
+    host._max_intel_tdx_guests = None
+    return host
+
+
+def mem_encryption_children(cases):
+    """Per case ``{options, host_arch, domain_caps, libvirt_version,
+    qemu_version, kvm_amd: [parameters that are on]}``: the children nova's
+    ``_update_provider_tree_for_memory_encryption`` adds under root ``cn1``,
+    as ``{name: {inventories, traits}}``. nova 34 has no
+    ``num_memory_encrypted_guests``: a nova.conf setting it is read as if
+    it did not."""
+    import os
+    import tempfile
+    from nova.virt.libvirt import host as libvirt_host
+
+    def one(case, params):
+        for name in os.listdir(params):
+            os.unlink(os.path.join(params, name))
+        for name in case["kvm_amd"]:
+            with open(os.path.join(params, name), "w") as f:
+                f.write("Y\n")
+        _configure({k: v for k, v in case["options"].items()
+                    if k != "num_memory_encrypted_guests"})
+        drv = _caps_driver(case)
+        drv._host = _mem_encryption_host(case)
+        tree = nova_provider_tree.ProviderTree()
+        tree.new_root("cn1", "00000000-0000-0000-0000-000000000001")
+        libvirt_driver.LibvirtDriver._update_provider_tree_for_memory_encryption(
+            drv, tree, "cn1", None)
+        out = {}
+        for name in sorted(tree.get_provider_uuids()):
+            data = tree.data(name)
+            if data.name != "cn1":
+                out[data.name] = {"inventories": data.inventory,
+                                  "traits": sorted(data.traits)}
+        return out
+
+    saved = (libvirt_host.SEV_KERNEL_PARAM_FILE,
+             libvirt_host.MISC_CONTROL_GROUP_CAPACITY_FILE)
+    with tempfile.TemporaryDirectory() as params:
+        libvirt_host.SEV_KERNEL_PARAM_FILE = os.path.join(params, "%s")
+        # No misc cgroup: TDX comes from num_intel_tdx_guests alone.
+        libvirt_host.MISC_CONTROL_GROUP_CAPACITY_FILE = os.path.join(params, "absent")
+        try:
+            return _each(cases, lambda case: one(case, params))
+        finally:
+            (libvirt_host.SEV_KERNEL_PARAM_FILE,
+             libvirt_host.MISC_CONTROL_GROUP_CAPACITY_FILE) = saved
+            _configure({})
+
+
 def test_data_dir():
     """Where the nova wheel keeps its provider.yaml test data."""
     import os
@@ -330,7 +396,7 @@ def version():
 
 OPS = {f.__name__: f for f in (parse_cpu_spec, cpu_sets, ratios, provider_configs,
                                merge_provider_configs, cpu_traits, static_traits,
-                               cpu_mode_traits, test_data_dir,
+                               cpu_mode_traits, mem_encryption_children, test_data_dir,
                                option_names, version)}
 
 

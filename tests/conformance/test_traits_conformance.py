@@ -1,6 +1,7 @@
 """Traits parity with nova 34: the static hypervisor traits on libvirt's own
-captured domain capabilities, and the CPU feature traits under a table of
-``[libvirt] cpu_mode`` / ``cpu_models`` / ``cpu_model_extra_flags``.
+captured domain capabilities, the CPU feature traits under a table of
+``[libvirt] cpu_mode`` / ``cpu_models`` / ``cpu_model_extra_flags``, and the
+memory-encryption (AMD SEV) child providers.
 
 Both sides get the same libvirt answers: the domain capabilities XML from
 ``domaincapsdata`` (nova parses it with its own config classes), and for
@@ -24,6 +25,8 @@ from node_agent.model.snapshot import HostCpuModel, HypervisorInfo
 from node_agent.tree.build import trait_settings
 from node_agent.tree.cpu_traits import guest_cpu_traits
 from node_agent.tree.hypervisor_traits import hypervisor_traits
+from node_agent.tree.mem_encryption import host_mem_encryption, mem_encryption_children
+from node_agent.tree.ownership import AGENT_CHILD_TRAIT
 from tests.conformance import agent_side
 from tests.conformance.differences import UNCLASSIFIED, Observed, check
 from tests.hostdata import HOSTDATA
@@ -208,4 +211,88 @@ def test_cpu_traits_follow_cpu_mode_as_nova_on_every_cputestdata_host(
             if bool(theirs[trait]) != bool(ours.get(trait)):
                 observed.add(_cpu_difference(options, trait, theirs[trait]),
                              f"{name}: {trait} nova {theirs[trait]}, agent {ours.get(trait)}")
+    check(observed)
+
+
+# ------------------------------------------------------------ memory encryption
+
+# nova reads these kvm_amd parameters from /sys/module/kvm_amd/parameters.
+KERNELS = ((), ("sev",), ("sev", "sev_es"), ("sev", "sev_es", "sev_snp"))
+# The options both sides get; num_intel_tdx_guests is nova's only (the agent
+# ignores it in a nova.conf), num_memory_encrypted_guests older nova's.
+MEM_OPTIONS = ({}, {"num_memory_encrypted_guests": 16}, {"num_memory_encrypted_guests": 0},
+               {"cpu_mode": "host-passthrough", "num_intel_tdx_guests": 8})
+AGENT_ONLY_OPTIONS = {"num_intel_tdx_guests"}
+
+
+def _mem_cases() -> list[tuple[str, dict]]:
+    sources = [(p.name, p.read_text()) for p in sorted(DOMCAPS.glob("*.xml"))]
+    amd = (DOMCAPS / "qemu_10.0.0-q35.x86_64+amdsev.xml").read_text()
+    # libvirt before 8.0 says SEV is supported but not for how many guests.
+    sources.append(("amdsev without maxGuests", amd.replace(
+        "<maxGuests>59</maxGuests>", "").replace("<maxESGuests>450</maxESGuests>", "")))
+    cases = []
+    for name, xml in sources:
+        caps = parse_domain_capabilities(xml)
+        for kvm_amd in KERNELS:
+            for options in MEM_OPTIONS:
+                for qemu in ((7, 2, 0), (10, 0, 0)):
+                    cases.append((f"{name} kvm_amd={kvm_amd} {options} qemu {qemu}", {
+                        "options": options, "host_arch": caps.arch,
+                        "domain_caps": {caps.arch: {caps.machine: xml}},
+                        "libvirt_version": LIBVIRT_VERSION, "qemu_version": qemu,
+                        "kvm_amd": list(kvm_amd)}))
+    return cases
+
+
+def _agent_mem(case: dict) -> dict:
+    options = {k: v for k, v in case["options"].items() if k not in AGENT_ONLY_OPTIONS}
+    settings = agent_side.settings(options)
+    caps = tuple(parse_domain_capabilities(xml) for machines in case["domain_caps"].values()
+                 for xml in machines.values())
+    info = HypervisorInfo(tuple(case["libvirt_version"]), tuple(case["qemu_version"]), caps,
+                          frozenset(case["kvm_amd"]))
+    offered = host_mem_encryption(info, case["host_arch"],
+                                  settings.num_memory_encrypted_guests)
+    return {child.name: {"inventories": {rc: inv.as_placement()
+                                         for rc, inv in child.inventories.items()},
+                         "traits": sorted(child.wanted_traits)}
+            for child in mem_encryption_children("cn1", offered)}
+
+
+def _mem_difference(case: dict, name: str, theirs, ours) -> str:
+    if theirs and ours and theirs["inventories"] == ours["inventories"]:
+        if set(ours["traits"]) - set(theirs["traits"]) == {AGENT_CHILD_TRAIT}:
+            return "mem-encryption-agent-mark"
+    if name.endswith("_intel_tdx") and ours is None:
+        return "mem-encryption-tdx"
+    if case["options"].get("num_memory_encrypted_guests") is not None:
+        return "mem-encryption-guest-limit"
+    return UNCLASSIFIED + " child"
+
+
+def test_mem_encryption_children_match_nova_on_libvirts_domain_capabilities(nova):
+    cases = _mem_cases()
+    answers = nova.call("mem_encryption_children", cases=[case for _n, case in cases])
+    observed = Observed("mem_encryption", cases=len(cases))
+    reported = 0
+    for (name, case), answer in zip(cases, answers):
+        ours = _agent_mem(case)
+        reported += bool(ours)
+        if "refused" in answer:
+            if "TypeError" in answer["refused"]:
+                # nova formats a missing maxGuests with %d and fails every
+                # cycle; the agent reports no child and says why (or
+                # num_memory_encrypted_guests' count, older nova's fallback).
+                observed.add("mem-encryption-no-guest-count", f"{name}: nova {answer}")
+            else:
+                observed.add(UNCLASSIFIED + " nova refuses", f"{name}: nova {answer}")
+            continue
+        theirs = answer["value"]
+        for child in sorted(set(theirs) | set(ours)):
+            if theirs.get(child) != ours.get(child):
+                observed.add(_mem_difference(case, child, theirs.get(child), ours.get(child)),
+                             f"{name}: {child} nova {theirs.get(child)}, "
+                             f"agent {ours.get(child)}")
+    assert reported > 0, "no case reported a memory-encryption child: the test proves nothing"
     check(observed)
