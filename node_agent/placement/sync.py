@@ -57,6 +57,9 @@ _IN_USE_HINT = {
     "VCPU": "or keep those CPUs in cpu_shared_set",
     "PCPU": "or keep those CPUs in cpu_dedicated_set",
     "MEMORY_MB": "or lower reserved_host_memory_mb / keep the huge pages",
+    "MEM_ENCRYPTION_CONTEXT": "or let nova 34 move it to the <host>_amd_sev child "
+                              "(nova before 2025.2 left it on the root; the agent does "
+                              "not move allocations of it)",
 }
 
 

@@ -1,0 +1,138 @@
+"""AMD SEV children reach the real Placement as nova 34 lays them out.
+
+The session's real libvirtd answers everything (capabilities, versions,
+guests) except the domain capabilities: its QEMU runs on a host without AMD
+SEV, so the gateway's one domain-capabilities call is answered with
+libvirt's own capture of an SEV host (``qemu_10.0.0-q35.x86_64+amdsev.xml``).
+The kernel's half (``kvm_amd`` parameters) is a sysfs tree in ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import uuid
+from pathlib import Path
+
+import os_traits as ot
+import pytest
+
+from node_agent.cycle.desired import compute_desired
+from node_agent.cycle.reconcile import Reconciler
+from node_agent.host.hypervisor import Hypervisor
+from node_agent.placement.client import PlacementClient
+from node_agent.placement.sync import TreeSyncer
+from node_agent.state import StateStore
+from tests.hostdata import HOSTDATA, sysfs_root_for
+from tests.integration.reshape_driver import allocate, make_settings
+
+pytestmark = pytest.mark.integration
+LOG = logging.getLogger(__name__)
+AMD_SEV_XML = (HOSTDATA / "domaincapsdata" / "qemu_10.0.0-q35.x86_64+amdsev.xml").read_text()
+
+
+class SevHost(Hypervisor):
+    """The real libvirtd, with an SEV host's domain capabilities for x86_64."""
+
+    def domain_capabilities_xml(self, emulator, arch, machine, virt_type):
+        return AMD_SEV_XML if arch == "x86_64" else None
+
+
+def _settings(libvirtd, tmp_path: Path, host: str, kvm_amd=("sev", "sev_es"), **kw):
+    root = sysfs_root_for(HOSTDATA / "virhostcpudata" / "linux-test4", tmp_path)
+    params = root / "module" / "kvm_amd" / "parameters"
+    params.mkdir(parents=True)
+    for name in ("sev", "sev_es", "sev_snp"):
+        (params / name).write_text("Y\n" if name in kvm_amd else "N\n")
+    base = make_settings(host, str(root), libvirtd.ro_uri, str(tmp_path / "state"),
+                         str(tmp_path))
+    return dataclasses.replace(base, virt_type="qemu", **kw)
+
+
+def _cycle(client, settings):
+    store = StateStore(Path(settings.state_path))
+    with SevHost(settings.libvirt_uri) as hypervisor:
+        desired = compute_desired(settings, hypervisor, store.load_or_empty(LOG))
+    return Reconciler(client, TreeSyncer(client, store)).apply(desired).report
+
+
+def _tree(client, host: str) -> dict[str, dict]:
+    root = client.get(f"/resource_providers?name={host}")["resource_providers"][0]
+    out = {}
+    for rp in client.get(f"/resource_providers?in_tree={root['uuid']}")["resource_providers"]:
+        base = f"/resource_providers/{rp['uuid']}"
+        out[rp["name"]] = {
+            "uuid": rp["uuid"], "parent": rp["parent_provider_uuid"],
+            "inventories": client.get(f"{base}/inventories")["inventories"],
+            "traits": set(client.get(f"{base}/traits")["traits"])}
+    return out
+
+
+@pytest.fixture
+def client(placement_server):
+    return PlacementClient.for_endpoint(placement_server.url)
+
+
+def test_sev_and_sev_snp_children_appear_with_libvirts_guest_counts(
+        libvirtd, client, host_name, tmp_path):
+    # SEV-SNP on: nova reports SEV and SEV-SNP and ignores SEV-ES, whatever
+    # the QEMU version (SEV-ES alone would need QEMU 8.0; this host's may be older).
+    settings = _settings(libvirtd, tmp_path, host_name, ("sev", "sev_es", "sev_snp"),
+                         domain_capabilities=True)
+    assert _cycle(client, settings).ok
+    tree = _tree(client, host_name)
+    root = tree[host_name]
+    assert set(tree) == {host_name, f"{host_name}_amd_sev", f"{host_name}_amd_sev_snp"}
+    for name, model_trait, total in (
+            (f"{host_name}_amd_sev", ot.HW_CPU_X86_AMD_SEV, 59),
+            (f"{host_name}_amd_sev_snp", ot.HW_CPU_X86_AMD_SEV_SNP, 450)):
+        child = tree[name]
+        assert child["parent"] == root["uuid"]
+        inv = child["inventories"]["MEM_ENCRYPTION_CONTEXT"]
+        assert (inv["total"], inv["max_unit"], inv["allocation_ratio"]) == (total, 1, 1.0)
+        assert {model_trait, ot.OWNER_NOVA} <= child["traits"]
+    assert "MEM_ENCRYPTION_CONTEXT" not in root["inventories"]
+
+    # An operator's older nova.conf limit lowers both totals on the next cycle.
+    limited = dataclasses.replace(settings, num_memory_encrypted_guests=16)
+    assert _cycle(client, limited).ok
+    tree = _tree(client, host_name)
+    assert {tree[n]["inventories"]["MEM_ENCRYPTION_CONTEXT"]["total"]
+            for n in (f"{host_name}_amd_sev", f"{host_name}_amd_sev_snp")} == {16}
+
+
+def test_read_only_reports_no_sev_child_and_says_mem_encryption_context_once(
+        libvirtd, client, host_name, tmp_path):
+    from node_agent.host import discover as discover_mod
+
+    settings = _settings(libvirtd, tmp_path, host_name)  # domain_capabilities off
+    assert _cycle(client, settings).ok
+    assert set(_tree(client, host_name)) == {host_name}
+    said = [line for line in discover_mod._LOGGED if "domain_capabilities is off" in line]
+    assert said and "MEM_ENCRYPTION_CONTEXT" in said[0]
+
+
+def test_mem_encryption_context_in_use_on_the_root_keeps_the_child_out(
+        libvirtd, client, host_name, tmp_path):
+    """nova's pre-2025.2 layout: MEM_ENCRYPTION_CONTEXT on the root, held by
+    a guest. Publishing the child as well would offer the same guests twice."""
+    root_uuid = str(uuid.uuid4())
+    client.post("/resource_providers", {"name": host_name, "uuid": root_uuid})
+    client.put(f"/resource_providers/{root_uuid}/inventories", {
+        "resource_provider_generation": 0,
+        "inventories": {"MEM_ENCRYPTION_CONTEXT": {"total": 15, "max_unit": 1}}})
+    consumer = str(uuid.uuid4())
+    allocate(client, consumer, {root_uuid: {"MEM_ENCRYPTION_CONTEXT": 1}})
+
+    settings = _settings(libvirtd, tmp_path, host_name, domain_capabilities=True)
+    report = _cycle(client, settings)
+    assert not report.ok
+    assert any("MEM_ENCRYPTION_CONTEXT is offered on the root and on its children" in error
+               for error in report.errors), report.errors
+    tree = _tree(client, host_name)
+    assert tree[host_name]["inventories"]["MEM_ENCRYPTION_CONTEXT"]["total"] == 15
+    offered = [n for n, p in tree.items() if n != host_name
+               and "MEM_ENCRYPTION_CONTEXT" in p["inventories"]]
+    assert offered == [], tree
+    usages = client.get(f"/allocations/{consumer}")["allocations"]
+    assert usages[root_uuid]["resources"] == {"MEM_ENCRYPTION_CONTEXT": 1}
