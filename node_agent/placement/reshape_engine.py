@@ -21,7 +21,7 @@ happen) and ``unplaced(consumer, provider, rc, amount)`` (why an allocation
 that has to move cannot be given a place; a refusal even when nothing else
 moves), and ``emptied``, providers going away whose inventories the body
 must clear even when no allocation moves (so the root never regains a class
-while a child still offers it). Rules compose with :class:`chain`. Four
+while a child still offers it). Rules compose with :class:`chain`. Five
 are provided:
 
 * :class:`pinned_to_pcpu` -- a pinned guest's VCPU becomes PCPU;
@@ -31,6 +31,8 @@ are provided:
   NUMA node child the guest lives on (its pinned CPUs and numatune nodes);
 * :class:`children_to_root` -- the way back: everything on the agent's
   NUMA or GPU children that are going away moves to the root.
+* :class:`mem_encryption_to_child` -- MEM_ENCRYPTION_CONTEXT on the root
+  (nova's layout before 2025.2) moves to the ``<host>_amd_sev`` child.
 
 :func:`host_rule` chains them to fit a host's desired tree.
 
@@ -47,6 +49,7 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 from node_agent.model.cpuset import CpuSet
 from node_agent.policy.guest_fit import pinned_misfit
+from node_agent.tree.mem_encryption import AMD_SEV, child_name
 from node_agent.tree.numa import numa_provider_name
 from node_agent.tree.pci import gpu_provider_name
 from node_agent.model.provider_tree import (Inventory, Provider, ProviderTree,
@@ -706,6 +709,29 @@ class children_to_root(RuleBase):
                 "allocation (migrate or delete the instance) first."]
 
 
+class mem_encryption_to_child(RuleBase):
+    """MEM_ENCRYPTION_CONTEXT on the root moves to the SEV child, as nova
+    34's ``_reshape_memory_encryption_resources`` does on its first start:
+    every consumer's, whoever it is (the root offered nothing else of it)."""
+
+    classes = frozenset({"MEM_ENCRYPTION_CONTEXT"})
+
+    def __init__(self, root_uuid: str, child_uuid: str):
+        self.root_uuid = root_uuid
+        self.sources = frozenset({root_uuid})
+        self.targets = frozenset({child_uuid})
+
+    def __call__(self, consumer: str, provider: str, rc: str, amount: int) -> list[Place]:
+        if provider == self.root_uuid and rc in self.classes:
+            return [(next(iter(self.targets)), rc, amount)]
+        return [(provider, rc, amount)]
+
+
+def _sev_child(tree: ProviderTree) -> Optional[Provider]:
+    child = tree.by_name(child_name(tree.root.name, AMD_SEV))
+    return child if child is not None and "MEM_ENCRYPTION_CONTEXT" in child.inventories else None
+
+
 # ``host`` may be a partial snapshot (the central applier rebuilds the guests,
 # the NUMA map and the GPUs from the agent's message): no nodes or GPUs then
 # means no nested rule.
@@ -722,6 +748,8 @@ def _gpu_children(tree: ProviderTree, host: HostSnapshot) -> dict[str, Provider]
 def rule_provider_names(tree: ProviderTree, host: HostSnapshot) -> list[str]:
     """Names of the providers :func:`host_rule` works on, root first."""
     children = [*_numa_children(tree, host).values(), *_gpu_children(tree, host).values()]
+    sev = _sev_child(tree)
+    children += [sev] if sev is not None else []
     return [tree.root.name] + [p.name for p in children]
 
 
@@ -730,7 +758,8 @@ def host_rule(tree: ProviderTree, host: HostSnapshot,
     """The rule chain that fits a host's desired tree: first ``back`` (the
     :class:`children_to_root` rules for the agent's children going away),
     then VCPU -> PCPU for pinned guests, VGPU on the root -> GPU children
-    when the tree has GPU children, flat -> NUMA children when it has NUMA
+    when the tree has GPU children, MEM_ENCRYPTION_CONTEXT on the root -> the
+    SEV child when it has one, flat -> NUMA children when it has NUMA
     children. ``tree`` needs uuids for the root and those children (new
     children: fresh ones)."""
     root = tree.root
@@ -740,6 +769,9 @@ def host_rule(tree: ProviderTree, host: HostSnapshot,
                                                [p.uuid for p in numa.values()])]
     if gpus:
         rules.append(vgpu_to_gpu_children(host.guests, root.uuid, gpus))
+    sev = _sev_child(tree)
+    if sev is not None and sev.uuid:
+        rules.append(mem_encryption_to_child(root.uuid, sev.uuid))
     if numa:
         rules.append(pcpu_to_numa_children(
             host.guests, root.uuid, {n: p.uuid for n, p in numa.items()}, host.node_of,

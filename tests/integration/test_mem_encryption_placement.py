@@ -112,27 +112,31 @@ def test_read_only_reports_no_sev_child_and_says_mem_encryption_context_once(
     assert said and "MEM_ENCRYPTION_CONTEXT" in said[0]
 
 
-def test_mem_encryption_context_in_use_on_the_root_keeps_the_child_out(
+def test_mem_encryption_context_in_use_on_the_root_is_reshaped_to_the_sev_child(
         libvirtd, client, host_name, tmp_path):
-    """nova's pre-2025.2 layout: MEM_ENCRYPTION_CONTEXT on the root, held by
-    a guest. Publishing the child as well would offer the same guests twice."""
+    """nova's layout before 2025.2: MEM_ENCRYPTION_CONTEXT on the root, held
+    by a guest. One POST /reshaper moves the allocation to <host>_amd_sev
+    and the inventory with it, as nova 34 does on its first start."""
     root_uuid = str(uuid.uuid4())
     client.post("/resource_providers", {"name": host_name, "uuid": root_uuid})
     client.put(f"/resource_providers/{root_uuid}/inventories", {
         "resource_provider_generation": 0,
-        "inventories": {"MEM_ENCRYPTION_CONTEXT": {"total": 15, "max_unit": 1}}})
+        "inventories": {"MEM_ENCRYPTION_CONTEXT": {"total": 15, "max_unit": 1},
+                        "MEMORY_MB": {"total": 4096}}})
     consumer = str(uuid.uuid4())
-    allocate(client, consumer, {root_uuid: {"MEM_ENCRYPTION_CONTEXT": 1}})
+    allocate(client, consumer, {root_uuid: {"MEM_ENCRYPTION_CONTEXT": 1, "MEMORY_MB": 512}})
 
-    settings = _settings(libvirtd, tmp_path, host_name, domain_capabilities=True)
-    report = _cycle(client, settings)
-    assert not report.ok
-    assert any("MEM_ENCRYPTION_CONTEXT is offered on the root and on its children" in error
-               for error in report.errors), report.errors
+    settings = _settings(libvirtd, tmp_path, host_name, ("sev",), domain_capabilities=True)
+    store = StateStore(Path(settings.state_path))
+    with SevHost(settings.libvirt_uri) as hypervisor:
+        desired = compute_desired(settings, hypervisor, store.load_or_empty(LOG))
+    outcome = Reconciler(client, TreeSyncer(client, store)).apply(desired)
+    assert outcome.report.ok, outcome.report.errors
     tree = _tree(client, host_name)
-    assert tree[host_name]["inventories"]["MEM_ENCRYPTION_CONTEXT"]["total"] == 15
-    offered = [n for n, p in tree.items() if n != host_name
-               and "MEM_ENCRYPTION_CONTEXT" in p["inventories"]]
-    assert offered == [], tree
-    usages = client.get(f"/allocations/{consumer}")["allocations"]
-    assert usages[root_uuid]["resources"] == {"MEM_ENCRYPTION_CONTEXT": 1}
+    sev = tree[f"{host_name}_amd_sev"]
+    assert "MEM_ENCRYPTION_CONTEXT" not in tree[host_name]["inventories"]
+    assert sev["inventories"]["MEM_ENCRYPTION_CONTEXT"]["total"] == 59
+    held = client.get(f"/allocations/{consumer}")["allocations"]
+    assert held == {root_uuid: {"resources": {"MEMORY_MB": 512}, "generation": held[root_uuid]["generation"]},
+                    sev["uuid"]: {"resources": {"MEM_ENCRYPTION_CONTEXT": 1},
+                                  "generation": held[sev["uuid"]]["generation"]}}

@@ -128,3 +128,28 @@ def test_host_limits_count_sev_and_sev_es_keys_and_unknown_without_domain_caps()
     assert cap.host_limits(host, partition).mem_encryption == 509
     unread = dataclasses.replace(host, hypervisor=HypervisorInfo((10, 0, 0), (10, 0, 0)))
     assert cap.host_limits(unread, partition).mem_encryption is None
+
+
+# ------------------------------------------------------------ reshape rule
+
+def test_host_rule_moves_root_mem_encryption_context_to_the_sev_child():
+    from node_agent.model.cpuset import CpuSet
+    from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
+    from node_agent.model.snapshot import HostSnapshot
+    from node_agent.placement.reshape_engine import host_rule, rule_provider_names
+
+    host = HostSnapshot(hostname="cn1", present=CpuSet(), online=CpuSet(), isolated=CpuSet(),
+                        cpus=(), nodes=(), memory_mb=1, disk_gb=1)
+    child = Provider("cn1_amd_sev", parent="cn1", uuid="child",
+                     inventories={"MEM_ENCRYPTION_CONTEXT": Inventory(59, max_unit=1)})
+    tree = ProviderTree((Provider("cn1", uuid="root"), child))
+    rule = host_rule(tree, host, None)
+    assert rule("guest", "root", "MEM_ENCRYPTION_CONTEXT", 1) == [
+        ("child", "MEM_ENCRYPTION_CONTEXT", 1)]
+    assert rule("guest", "root", "MEMORY_MB", 512) == [("root", "MEMORY_MB", 512)]
+    assert rule_provider_names(tree, host) == ["cn1", "cn1_amd_sev"]
+    # Without the SEV child (SEV off, or SEV-SNP alone) nothing moves, as
+    # nova refuses then; the usage guard keeps the root's inventory.
+    alone = ProviderTree((Provider("cn1", uuid="root"),))
+    assert host_rule(alone, host, None)("g", "root", "MEM_ENCRYPTION_CONTEXT", 1) == [
+        ("root", "MEM_ENCRYPTION_CONTEXT", 1)]
