@@ -28,7 +28,7 @@ double-book the host.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Union
 
 from node_agent.policy.capacity import HostLimits, Published, as_published, check, host_limits
@@ -36,6 +36,8 @@ from node_agent.cycle.desired import PROVIDERS_KEY, Desired, with_placement_main
 from node_agent.errors import GuestsDoNotFit, ReshapeError
 from node_agent.policy.guest_fit import misfits
 from node_agent.model.provider_tree import ProviderTree
+from node_agent.tree.mem_encryption import keep_as_held, undecided
+from node_agent.tree.ownership import ListedChild
 from node_agent.placement.reshape_engine import Reshape, guest_names, hold_inventories
 from node_agent.placement.reshaper import (HostReshape, ReshapeOutcome, ensure_reshaped,
                                            host_reshape_inputs, plan_reshape, read_inventories)
@@ -177,10 +179,22 @@ class Reconciler:
                     "as Placement holds them")
         return guard
 
+    def _undecided_kept(self, desired: Desired) -> Desired:
+        """Without domain capabilities this cycle, the memory-encryption
+        children stay as Placement holds them (:func:`keep_as_held`)."""
+        if not undecided(desired.host):
+            return desired
+        root, held = self.syncer.held_children(desired.tree)
+        listed = [ListedChild(s.uuid, s.name, s.parent_uuid, s.traits, s.inventories)
+                  for s in held]
+        tree = keep_as_held(desired.tree, root, listed)
+        return desired if tree is desired.tree else replace(desired, tree=tree)
+
     def apply(self, desired: Desired, before_post=None) -> CycleOutcome:
         # Before the reshape, which writes too: a root nova-compute or another
         # machine manages raises ProviderOwned here, and nothing is written.
         self.syncer.check_owner(desired.tree)
+        desired = self._undecided_kept(desired)
         refused = guests_refused(desired)
         if refused is not None:
             LOG.error("%s", refused)
@@ -199,6 +213,7 @@ class Reconciler:
         """For ``--dry-run``: the tree with uuids, the sync's requests, the reshape plan.
         :attr:`TreeSyncer.last_capacity` then holds the capacity verdict.
         Guests that do not fit: no request would be sent, the refusal is the plan."""
+        desired = self._undecided_kept(desired)
         refused = guests_refused(desired)
         if refused is not None:
             return (desired.tree, [],

@@ -608,6 +608,14 @@ class TreeSyncer:
         root = ctx.actual.get(ctx.tree.root.uuid)
         return None if root is None else root.traits
 
+    def held_children(self, desired: ProviderTree) -> tuple[Optional[str], list[ProviderState]]:
+        """The root's uuid (None: no root yet) and its children as Placement
+        holds them. Reads as :meth:`plan` does: the sync that follows costs
+        no extra request."""
+        ctx = self._prepare(desired)
+        root = ctx.tree.root.uuid
+        return root, [s for s in ctx.actual.values() if root and s.parent_uuid == root]
+
     def plan_with_tree(self, desired: ProviderTree,
                        limits: Optional[cap.HostLimits] = None,
                        consumer_names: Optional[Mapping[str, str]] = None

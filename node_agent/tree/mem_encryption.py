@@ -26,15 +26,16 @@ Intel TDX is not reported (README, "Where node-agent differs from nova").
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
-from typing import Optional
+from typing import Iterable, Optional
 
 import os_resource_classes as orc
 import os_traits
 
-from node_agent.model.provider_tree import Inventory, Provider
+from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.model.snapshot import DomainCaps, HypervisorInfo
-from node_agent.tree.ownership import AGENT_CHILD_TRAIT
+from node_agent.tree.ownership import AGENT_CHILD_TRAIT, ListedChild
 
 Version = tuple[int, int, int]
 
@@ -119,3 +120,31 @@ def mem_encryption_children(host: str, offered: Optional[MemEncryption]) -> tupl
                  traits={MODEL_TRAITS[model]: True, os_traits.OWNER_NOVA: True,
                          AGENT_CHILD_TRAIT: True})
         for model, total in offered.totals.items())
+
+
+def undecided(host) -> bool:
+    """True when this cycle could not decide the children: no libvirt, or
+    no domain capabilities (option off, or refused). The central applier's
+    host (no ``hypervisor``) has the agent's decision in its tree."""
+    if not hasattr(host, "hypervisor"):
+        return False
+    return host.hypervisor is None or host.hypervisor.domain_caps is None
+
+
+def keep_as_held(tree: ProviderTree, root_uuid: Optional[str],
+                 held: Iterable[ListedChild]) -> ProviderTree:
+    """``tree`` plus the memory-encryption children Placement holds under
+    its root, as Placement holds them (no trait opinion), for a cycle that
+    could not decide them: a failed or disallowed read never deletes a
+    child guests may hold."""
+    root = tree.root
+    pattern = re.compile(re.escape(root.name) + "_(" + "|".join(MODEL_TRAITS) + ")")
+    names = set(tree.names())
+    kept = tuple(
+        Provider(name=child.name, parent=root.name, uuid=child.uuid,
+                 inventories={rc: Inventory.from_placement(record)
+                              for rc, record in (child.inventories or {}).items()})
+        for child in held
+        if root_uuid and child.parent_uuid == root_uuid and child.name not in names
+        and pattern.fullmatch(child.name))
+    return ProviderTree(tree.providers + kept) if kept else tree

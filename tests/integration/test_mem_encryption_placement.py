@@ -140,3 +140,20 @@ def test_mem_encryption_context_in_use_on_the_root_is_reshaped_to_the_sev_child(
     assert held == {root_uuid: {"resources": {"MEMORY_MB": 512}, "generation": held[root_uuid]["generation"]},
                     sev["uuid"]: {"resources": {"MEM_ENCRYPTION_CONTEXT": 1},
                                   "generation": held[sev["uuid"]]["generation"]}}
+
+
+def test_sev_children_stay_as_placement_holds_them_when_domain_caps_are_not_read(
+        libvirtd, client, host_name, tmp_path):
+    """A cycle that cannot decide the children (option turned off, polkit
+    refusing) must not delete them: nothing says the host lost SEV."""
+    settings = _settings(libvirtd, tmp_path, host_name, ("sev", "sev_es", "sev_snp"),
+                         domain_capabilities=True)
+    assert _cycle(client, settings).ok
+    before = _tree(client, host_name)
+    assert len(before) == 3
+
+    off = dataclasses.replace(settings, domain_capabilities=False)
+    report = _cycle(client, off)
+    assert report.ok, report.errors
+    assert not [c for c in report.applied if c.kind == "delete"]
+    assert _tree(client, host_name) == before

@@ -153,3 +153,29 @@ def test_host_rule_moves_root_mem_encryption_context_to_the_sev_child():
     alone = ProviderTree((Provider("cn1", uuid="root"),))
     assert host_rule(alone, host, None)("g", "root", "MEM_ENCRYPTION_CONTEXT", 1) == [
         ("root", "MEM_ENCRYPTION_CONTEXT", 1)]
+
+
+def test_undecided_children_are_kept_as_placement_holds_them_and_no_others():
+    from node_agent.model.provider_tree import Provider, ProviderTree
+    from node_agent.tree.mem_encryption import keep_as_held, undecided
+    from node_agent.tree.ownership import ListedChild
+
+    record = {"total": 59, "reserved": 0, "min_unit": 1, "max_unit": 1, "step_size": 1,
+              "allocation_ratio": 1.0}
+    held = [ListedChild("sev", "cn1_amd_sev", "root", frozenset(),
+                        {"MEM_ENCRYPTION_CONTEXT": record}),
+            ListedChild("numa", "cn1_NUMA_0", "root", frozenset(), {}),
+            ListedChild("other", "cn2_amd_sev", "elsewhere", frozenset(), {})]
+    tree = ProviderTree((Provider("cn1"),))
+    kept = keep_as_held(tree, "root", held)
+    assert kept.names() == ["cn1", "cn1_amd_sev"]
+    child = kept.by_name("cn1_amd_sev")
+    assert child.uuid == "sev" and child.traits == {}
+    assert child.inventories["MEM_ENCRYPTION_CONTEXT"].as_placement() == record
+    assert keep_as_held(tree, None, held) is tree  # no root in Placement yet
+
+    unread = HypervisorInfo((10, 0, 0), (10, 0, 0), None)
+    assert undecided(type("Host", (), {"hypervisor": unread})())
+    assert undecided(type("Host", (), {"hypervisor": None})())
+    assert not undecided(type("Host", (), {"hypervisor": info(AMD)})())
+    assert not undecided(object())  # the applier's host: the agent decided
