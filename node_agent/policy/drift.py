@@ -36,6 +36,10 @@ PRESENT = "present"
 # children nova-compute writes (its GPU children have the agent's names).
 NOT_COMPARED = frozenset({"COMPUTE_STATUS_DISABLED", AGENT_CHILD_TRAIT})
 
+# The memory-encryption children (tree/mem_encryption.py).
+_SEV = ("libvirt's SEV guest counts (domain capabilities), the kvm_amd kernel "
+        "parameters and [libvirt] num_memory_encrypted_guests")
+
 # OWNER_* traits (os-traits) -> who writes the provider.
 _OWNERS = {"OWNER_NOVA": "nova-compute", "OWNER_CYBORG": "cyborg"}
 
@@ -126,6 +130,8 @@ def explain_inventory(rc: str, field: str, settings: Settings) -> str:
                 f"'{settings.instances_path}'")
     if rc == "VGPU":
         return "[devices] enabled_mdev_types"
+    if rc == "MEM_ENCRYPTION_CONTEXT":
+        return _SEV
     if rc.startswith("MEMORY_PAGE_"):
         return "the host's huge pages and [DEFAULT] reserved_huge_pages"
     if rc.startswith("SRIOV_") or rc.startswith("PCI_"):
@@ -140,6 +146,8 @@ def explain_trait(trait: str) -> str:
         return "every compute node's root carries it"
     if trait == "HW_CPU_HYPERTHREADING":
         return "the host's SMT siblings (no option)"
+    if trait.startswith("HW_CPU_X86_AMD_SEV"):
+        return _SEV
     if trait.startswith("HW_CPU_") or trait.startswith("HW_ARCH_"):
         return "the host CPU as libvirt describes it (no option)"
     if trait.startswith("COMPUTE_SECURITY_TPM_"):
@@ -158,6 +166,8 @@ def explain_provider(name: str, root: str) -> str:
     if name.startswith(f"{root}_NUMA_"):
         return ("node-agent's [compute] numa_in_placement (nova-compute reports "
                 "no NUMA providers)")
+    if name.startswith(f"{root}_amd_sev"):
+        return _SEV
     if name.startswith(f"{root}_pci_"):
         return "[devices] enabled_mdev_types or [pci] device_spec"
     return "an operator provider file ([compute] provider_config_location)"

@@ -179,3 +179,13 @@ def test_undecided_children_are_kept_as_placement_holds_them_and_no_others():
     assert undecided(type("Host", (), {"hypervisor": None})())
     assert not undecided(type("Host", (), {"hypervisor": info(AMD)})())
     assert not undecided(object())  # the applier's host: the agent decided
+
+
+def test_companion_drift_on_a_sev_child_names_what_decides_it():
+    from node_agent.policy.drift import explain_inventory, explain_provider, explain_trait
+    from tests.snapshots import settings
+
+    for said in (explain_provider("cn1_amd_sev_es", "cn1"),
+                 explain_inventory("MEM_ENCRYPTION_CONTEXT", "total", settings()),
+                 explain_trait(ot.HW_CPU_X86_AMD_SEV)):
+        assert "num_memory_encrypted_guests" in said and "kvm_amd" in said
