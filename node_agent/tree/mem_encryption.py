@@ -6,8 +6,12 @@ nova 34's libvirt driver (``_update_provider_tree_for_memory_encryption``,
 under the root, named ``<root>_<model>`` (``<root>_amd_sev``,
 ``<root>_amd_sev_es``, ``<root>_amd_sev_snp``), with ``MEM_ENCRYPTION_CONTEXT``
 inventory (total = the guests the firmware has keys for, one per guest:
-min_unit = max_unit = step_size = 1, ratio 1.0) and the model's trait plus
-``OWNER_NOVA``. A model whose total is 0 has no child.
+min_unit = max_unit = step_size = 1, ratio 1.0) and the model's trait. nova
+adds ``OWNER_NOVA``; the agent marks them as its own instead
+(:data:`~node_agent.tree.ownership.AGENT_CHILD_TRAIT`): ``OWNER_NOVA`` says
+nova-compute writes a provider (:mod:`node_agent.policy.root_owner`), and
+nova's scheduler requires it on the root and PCI providers only. A model
+whose total is 0 has no child.
 
 When a model counts as supported, in nova's order (``Host.supports_amd_sev*``):
 
@@ -117,8 +121,7 @@ def mem_encryption_children(host: str, offered: Optional[MemEncryption]) -> tupl
     return tuple(
         Provider(name=child_name(host, model), parent=host,
                  inventories={orc.MEM_ENCRYPTION_CONTEXT: Inventory(total=total, max_unit=1)},
-                 traits={MODEL_TRAITS[model]: True, os_traits.OWNER_NOVA: True,
-                         AGENT_CHILD_TRAIT: True})
+                 traits={MODEL_TRAITS[model]: True, AGENT_CHILD_TRAIT: True})
         for model, total in offered.totals.items())
 
 

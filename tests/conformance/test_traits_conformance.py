@@ -262,8 +262,9 @@ def _agent_mem(case: dict) -> dict:
 
 def _mem_difference(case: dict, name: str, theirs, ours) -> str:
     if theirs and ours and theirs["inventories"] == ours["inventories"]:
-        if set(ours["traits"]) - set(theirs["traits"]) == {AGENT_CHILD_TRAIT}:
-            return "mem-encryption-agent-mark"
+        if (set(ours["traits"]) ^ set(theirs["traits"])
+                == {AGENT_CHILD_TRAIT, "OWNER_NOVA"}):
+            return "mem-encryption-owner-mark"
     if name.endswith("_intel_tdx") and ours is None:
         return "mem-encryption-tdx"
     if case["options"].get("num_memory_encrypted_guests") is not None:

@@ -46,8 +46,9 @@ def test_sev_and_sev_es_children_carry_nova_names_inventory_and_traits():
         "total": 59, "reserved": 0, "min_unit": 1, "max_unit": 1, "step_size": 1,
         "allocation_ratio": 1.0}
     assert es.inventories["MEM_ENCRYPTION_CONTEXT"].total == 450
-    assert sev.wanted_traits == {ot.HW_CPU_X86_AMD_SEV, ot.OWNER_NOVA, AGENT_CHILD_TRAIT}
-    assert es.wanted_traits == {ot.HW_CPU_X86_AMD_SEV_ES, ot.OWNER_NOVA, AGENT_CHILD_TRAIT}
+    # The agent's mark, not nova-compute's OWNER_NOVA: the agent writes them.
+    assert sev.wanted_traits == {ot.HW_CPU_X86_AMD_SEV, AGENT_CHILD_TRAIT}
+    assert es.wanted_traits == {ot.HW_CPU_X86_AMD_SEV_ES, AGENT_CHILD_TRAIT}
 
 
 @pytest.mark.parametrize("kvm_amd, qemu, models", [
