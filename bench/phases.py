@@ -24,7 +24,8 @@ from node_agent.placement.client import PlacementClient
 from node_agent.model.provider_tree import ProviderTree
 from node_agent.cycle.reconcile import Reconciler
 from node_agent.state import StateStore
-from node_agent.placement.sync import TreeSyncer, wanted_inventories
+from node_agent.placement.planner import wanted_inventories
+from node_agent.placement.sync import TreeSyncer
 from node_agent.model.snapshot import Guest
 
 # At most 4: the 5th cycle after a full verify (60 s apart) is the next one.

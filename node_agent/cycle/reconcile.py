@@ -41,7 +41,8 @@ from node_agent.tree.ownership import ListedChild
 from node_agent.placement.reshape_engine import Reshape, guest_names, hold_inventories
 from node_agent.placement.reshaper import (HostReshape, ReshapeOutcome, ensure_reshaped,
                                            host_reshape_inputs, plan_reshape, read_inventories)
-from node_agent.placement.sync import Change, SyncReport, TreeSyncer
+from node_agent.placement.planner import Change
+from node_agent.placement.sync import SyncReport, TreeSyncer
 from node_agent.model.snapshot import HostSnapshot
 
 LOG = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from node_agent.policy.partition import partition_cpus
 from node_agent.model.provider_tree import Provider
 from node_agent.model.settings import Settings
 from node_agent.config.settings import load_settings
-from node_agent.placement.sync import wanted_inventories
+from node_agent.placement.planner import wanted_inventories
 from node_agent.model.snapshot import HostCpuModel, HostSnapshot
 
 

@@ -28,7 +28,8 @@ from node_agent.cycle.desired import compute_desired
 from node_agent.placement.client import PlacementClient
 from node_agent.cycle.reconcile import Reconciler
 from node_agent.state import StateStore
-from node_agent.placement.sync import TreeSyncer, inventories_equal, wanted_inventories
+from node_agent.placement.planner import inventories_equal, wanted_inventories
+from node_agent.placement.sync import TreeSyncer
 from tests.hostdata import sysfs_root_for, sysfs_trees
 from tests.integration.reshape_driver import (Host, allocate, boot_legacy_guests,
                                               cpu_view, expected_after_reshape)

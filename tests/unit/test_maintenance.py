@@ -6,7 +6,7 @@ from node_agent.policy import maintenance as maint
 from node_agent.tree.build import build_tree
 from node_agent.policy.maintenance import TRAIT, in_maintenance
 from node_agent.policy.partition import partition_cpus
-from node_agent.placement.sync import guarded_capacity
+from node_agent.placement.planner import guarded_capacity
 from tests.snapshots import settings, snapshot
 
 

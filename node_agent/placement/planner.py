@@ -1,0 +1,294 @@
+"""The sync planner (pure): what Placement holds, what to send to change it.
+
+:func:`plan_changes` compares the desired :class:`ProviderTree` with what
+Placement holds (:class:`ProviderState` per provider) and returns the ordered
+requests (:class:`Change`) that close the gap: custom resource classes and
+traits first, missing providers top-down, inventories, traits, then deletion
+of children the agent created and no longer wants, bottom-up. It never
+touches aggregates, never removes a trait the agent has no opinion on, never
+deletes a provider it did not create. The inventory comparisons and diffs the
+shell (:mod:`node_agent.placement.sync`) and the applier share live here too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Optional
+
+from node_agent.model.provider_tree import Provider, ProviderTree, placement_inventories
+
+CUSTOM = "CUSTOM_"
+# Allocation ratios are floats in Placement's database (FLOAT columns can
+# round 1.1 to 1.10000002); closer than this is the same ratio.
+RATIO_TOLERANCE = 1e-6
+INVENTORY_FIELDS = ("total", "reserved", "min_unit", "max_unit", "step_size",
+                    "allocation_ratio")
+
+
+@dataclass(frozen=True)
+class Change:
+    """One HTTP request of a plan; ``provider`` is the provider's name."""
+
+    method: str
+    path: str
+    summary: str
+    body: Optional[dict] = None
+    provider: Optional[str] = None
+
+    @property
+    def kind(self) -> str:
+        if self.path.startswith("/resource_classes/"):
+            return "resource_class"
+        if self.path.startswith("/traits/"):
+            return "trait"
+        if self.method == "POST":
+            return "create"
+        if self.method == "DELETE":
+            return "delete"
+        if self.path.endswith("/inventories"):
+            return "inventories"
+        if self.path.endswith("/traits"):
+            return "traits"
+        return "update"
+
+
+@dataclass(frozen=True)
+class ProviderState:
+    """One provider as Placement holds it (inventories as Placement spells them)."""
+
+    uuid: str
+    name: str
+    generation: int
+    parent_uuid: Optional[str]
+    inventories: Mapping[str, dict] = field(default_factory=dict)
+    traits: frozenset = frozenset()
+
+
+def inventory_equal(a: Mapping, b: Mapping) -> bool:
+    """Two Placement inventory records are the same (ratios compared as floats)."""
+    for name in INVENTORY_FIELDS:
+        x, y = a.get(name), b.get(name)
+        if name == "allocation_ratio":
+            if x is None or y is None or not math.isclose(
+                    float(x), float(y), rel_tol=RATIO_TOLERANCE):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def inventories_equal(a: Mapping[str, Mapping], b: Mapping[str, Mapping]) -> bool:
+    return set(a) == set(b) and all(inventory_equal(a[rc], b[rc]) for rc in a)
+
+
+def wanted_inventories(provider: Provider,
+                       current: Optional[Mapping[str, Mapping]] = None) -> dict[str, dict]:
+    """What to PUT, given what Placement holds (``current``): see
+    :func:`node_agent.model.provider_tree.placement_inventories` for the ratio rule."""
+    return placement_inventories(provider.inventories, current)
+
+
+def merged_traits(current: Iterable[str], provider: Provider) -> frozenset:
+    """``current`` with the agent's opinions applied; others' traits kept."""
+    unwanted = {t for t, on in provider.traits.items() if not on}
+    return (frozenset(current) - unwanted) | provider.wanted_traits
+
+
+def capacity(record: Mapping) -> int:
+    """Placement's capacity of an inventory record: (total - reserved) * ratio."""
+    return int((record["total"] - record["reserved"])
+               * float(record["allocation_ratio"]))
+
+
+def guarded_capacity(old: Optional[Mapping], new: Mapping) -> int:
+    """The capacity the usage guard judges ``new`` by: raising ``reserved``
+    is left out. It only closes capacity to the scheduler (maintenance sets
+    reserved = total) and Placement accepts it whatever the usage, so only
+    removing a class or lowering its total or ratio can starve allocations."""
+    if old is None or new["reserved"] <= old["reserved"]:
+        return capacity(new)
+    return capacity({**new, "reserved": old["reserved"]})
+
+
+def _fmt(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def describe_inventory_diff(old: Mapping[str, Mapping],
+                            new: Mapping[str, Mapping]) -> list[str]:
+    """Human phrases such as ``set VCPU total 16→32``, sorted by class."""
+    phrases = []
+    for rc in sorted(set(old) | set(new)):
+        if rc not in old:
+            phrases.append(f"add {rc} total {new[rc]['total']}")
+        elif rc not in new:
+            phrases.append(f"remove {rc}")
+        elif not inventory_equal(old[rc], new[rc]):
+            fields = ", ".join(
+                f"{f} {_fmt(old[rc].get(f))}→{_fmt(new[rc][f])}"
+                for f in INVENTORY_FIELDS
+                if not inventory_equal({**old[rc], f: new[rc][f]}, old[rc]))
+            phrases.append(f"set {rc} {fields}")
+    return phrases
+
+
+def _ensure_custom_changes(desired: ProviderTree,
+                           actual: Mapping[str, ProviderState],
+                           known_classes: Iterable[str],
+                           known_traits: Iterable[str]) -> list[Change]:
+    known_rc = set(known_classes).union(
+        *(s.inventories for s in actual.values()))
+    known_tr = set(known_traits).union(*(s.traits for s in actual.values()))
+    classes = sorted({rc for p in desired.providers for rc in p.inventories
+                      if rc.startswith(CUSTOM)} - known_rc)
+    traits = sorted({t for p in desired.providers for t in p.wanted_traits
+                     if t.startswith(CUSTOM)} - known_tr)
+    return ([Change("PUT", f"/resource_classes/{rc}",
+                    f"define resource class {rc}") for rc in classes]
+            + [Change("PUT", f"/traits/{t}", f"define trait {t}")
+               for t in traits])
+
+
+def parent_uuid_in(desired: ProviderTree, provider: Provider) -> Optional[str]:
+    if provider.parent is None:
+        return None
+    parent = desired.by_name(provider.parent)
+    if parent is None:
+        raise ValueError(f"{provider.name}: parent {provider.parent} is not in the tree")
+    return parent.uuid
+
+
+def _create_change(desired: ProviderTree, provider: Provider) -> Change:
+    parent = parent_uuid_in(desired, provider)
+    body = {"name": provider.name, "uuid": provider.uuid}
+    if parent is not None:
+        body["parent_provider_uuid"] = parent
+    where = f" under {provider.parent}" if provider.parent else ""
+    return Change("POST", "/resource_providers",
+                  f"create provider {provider.name}{where}", body,
+                  provider.name)
+
+
+def _update_change(desired: ProviderTree, provider: Provider,
+                   state: ProviderState) -> Optional[Change]:
+    parent = parent_uuid_in(desired, provider)
+    if state.name == provider.name and state.parent_uuid == parent:
+        return None
+    return Change("PUT", f"/resource_providers/{provider.uuid}",
+                  f"rename/re-parent provider {state.name} as "
+                  f"{provider.name}",
+                  {"name": provider.name, "parent_provider_uuid": parent},
+                  provider.name)
+
+
+def inventory_change(provider: Provider, state: ProviderState,
+                     generation: int, wanted: Optional[Mapping] = None) -> Optional[Change]:
+    wanted = (wanted_inventories(provider, state.inventories) if wanted is None
+              else dict(wanted))
+    if inventories_equal(state.inventories, wanted):
+        return None
+    phrases = describe_inventory_diff(state.inventories, wanted)
+    return Change("PUT", f"/resource_providers/{provider.uuid}/inventories",
+                  f"{'; '.join(phrases)} on {provider.name}",
+                  {"resource_provider_generation": generation,
+                   "inventories": wanted}, provider.name)
+
+
+def _traits_change(provider: Provider, state: ProviderState,
+                   generation: int) -> Optional[Change]:
+    merged = merged_traits(state.traits, provider)
+    if merged == state.traits:
+        return None
+    added = sorted(merged - state.traits)
+    removed = sorted(state.traits - merged)
+    what = " ".join([f"+{t}" for t in added] + [f"-{t}" for t in removed])
+    return Change("PUT", f"/resource_providers/{provider.uuid}/traits",
+                  f"traits {what} on {provider.name}",
+                  {"resource_provider_generation": generation,
+                   "traits": sorted(merged)}, provider.name)
+
+
+def _depth(uuid: str, actual: Mapping[str, ProviderState]) -> int:
+    depth, seen = 0, set()
+    while uuid in actual and uuid not in seen:
+        parent = actual[uuid].parent_uuid
+        if not parent:
+            break
+        seen.add(uuid)
+        uuid, depth = parent, depth + 1
+    return depth
+
+
+def _delete_changes(desired: ProviderTree,
+                    actual: Mapping[str, ProviderState],
+                    owned_children: set[str]) -> list[Change]:
+    keep = {p.uuid for p in desired.providers}
+    doomed = {u for u in owned_children
+              if u in actual and u not in keep and actual[u].parent_uuid}
+    # Placement refuses to delete a parent; a doomed provider with a child we
+    # keep (a foreign one, say) stays, and so do its ancestors.
+    changed = True
+    while changed:
+        blocked = {s.parent_uuid for s in actual.values()
+                   if s.parent_uuid in doomed and s.uuid not in doomed}
+        changed = bool(blocked)
+        doomed -= blocked
+    order = sorted(doomed, key=lambda u: (-_depth(u, actual), actual[u].name))
+    return [Change("DELETE", f"/resource_providers/{u}",
+                   f"delete provider {actual[u].name} (no longer on the host)",
+                   provider=actual[u].name) for u in order]
+
+
+def plan_changes(desired: ProviderTree, actual: Mapping[str, ProviderState],
+                 owned_children: set[str], *,
+                 known_resource_classes: Iterable[str] = (),
+                 known_traits: Iterable[str] = ()) -> list[Change]:
+    """The ordered requests that make Placement hold ``desired``.
+
+    ``desired`` must carry a uuid on every provider, parents before children;
+    ``actual`` maps uuid -> what Placement holds for the tree. Custom classes
+    and traits are defined unless known (given, or seen in ``actual``).
+    Inventory and trait bodies carry the generation ``actual`` shows (0 for a
+    provider this plan creates, plus one per earlier write in the plan); the
+    shell re-reads and retries when Placement answers 409 concurrent_update.
+    Only providers in ``owned_children`` are ever deleted.
+    """
+    missing = [p.name for p in desired.providers if not p.uuid]
+    if missing:
+        raise ValueError(f"providers without uuid: {', '.join(missing)}")
+    changes = _ensure_custom_changes(desired, actual, known_resource_classes,
+                                     known_traits)
+    states: dict[Optional[str], ProviderState] = {}
+    generations: dict[Optional[str], int] = {}
+    for provider in desired.providers:
+        state = actual.get(provider.uuid or "")
+        if state is None:
+            changes.append(_create_change(desired, provider))
+            state = ProviderState(provider.uuid or "", provider.name, 0,
+                                  parent_uuid_in(desired, provider))
+        else:
+            update = _update_change(desired, provider, state)
+            changes += [update] if update else []
+        states[provider.uuid], generations[provider.uuid] = state, state.generation
+    for step in (inventory_change, _traits_change):
+        for provider in desired.providers:
+            change = step(provider, states[provider.uuid],
+                          generations[provider.uuid])
+            if change:
+                changes.append(change)
+                generations[provider.uuid] += 1
+    return changes + _delete_changes(desired, actual, owned_children)
+
+
+def verify_phase(host: str) -> float:
+    """Where in the full-verify interval ``host``'s verifies fall, in (0, 1].
+
+    A hash of the name, not the start time: a fleet started (or restarted)
+    together would otherwise verify together, and a short Placement outage
+    would catch a large part of it. The same host keeps its phase across
+    restarts; different hosts spread evenly over the interval.
+    """
+    digest = hashlib.sha256(host.encode("utf-8")).digest()
+    return 1.0 - int.from_bytes(digest[:8], "big") / 2.0 ** 64
