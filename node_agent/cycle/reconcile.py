@@ -7,7 +7,7 @@ order of operations everywhere:
    dedicated CPU set) differs from the last one applied -- or this is the
    first cycle of the process -- ask Placement whether allocations must
    move (VCPU -> PCPU for pinned guests, VGPU from the root to GPU children,
-   flat -> NUMA children: :func:`node_agent.placement.reshape_engine.host_rule`), and move
+   flat -> NUMA children: :func:`node_agent.placement.reshape_rules.host_rule`), and move
    them in one ``POST /reshaper``;
 2. sync the tree. The syncer is told the inventories the reshape set, so an
    unchanged tree costs no request; when the reshape had to create children
@@ -38,7 +38,8 @@ from node_agent.policy.guest_fit import misfits
 from node_agent.model.provider_tree import ProviderTree
 from node_agent.tree.mem_encryption import keep_as_held, undecided
 from node_agent.tree.ownership import ListedChild
-from node_agent.placement.reshape_engine import Reshape, guest_names, hold_inventories
+from node_agent.placement.reshape_engine import Reshape, hold_inventories
+from node_agent.placement.reshape_rules import guest_names
 from node_agent.placement.reshaper import (HostReshape, ReshapeOutcome, ensure_reshaped,
                                            host_reshape_inputs, plan_reshape, read_inventories)
 from node_agent.placement.planner import Change

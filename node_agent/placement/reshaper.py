@@ -37,9 +37,10 @@ from node_agent.tree.ownership import (AGENT_CHILD_TRAIT, GPU, NUMA, ListedChild
                                        agent_children, candidates)
 from node_agent.model.provider_tree import Provider, ProviderTree
 from node_agent.placement.reshape_engine import (Consumer, ProviderAllocations, Reshape, Rule,
-                                                 affected_consumers, children_to_root, compute_reshape,
-                                                 guest_names, host_rule, move_targets, rule_provider_names,
+                                                 affected_consumers, compute_reshape, move_targets,
                                                  rule_sources)
+from node_agent.placement.reshape_rules import (children_to_root, guest_names, host_rule,
+                                                rule_provider_names)
 from node_agent.model.snapshot import Guest
 
 LOG = logging.getLogger(__name__)
@@ -322,7 +323,7 @@ def _totals_text(plan: Reshape) -> str:
 class HostReshape:
     """What :func:`ensure_reshaped` needs for one cycle's ``Desired``:
     the tree with uuids for the rule's providers, the rule chain
-    (:func:`node_agent.placement.reshape_engine.host_rule`), and the uuids given to children
+    (:func:`node_agent.placement.reshape_rules.host_rule`), and the uuids given to children
     Placement does not have yet."""
 
     tree: ProviderTree

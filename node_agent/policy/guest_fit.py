@@ -13,7 +13,7 @@ writes anything to Placement:
 Hosts without ``cpu_dedicated_set`` (the legacy layout, transition mode)
 report every usable CPU as VCPU and are not judged here. This module is
 the one place that decides and words these refusals: the VCPU -> PCPU
-reshape rule (:class:`node_agent.placement.reshape_engine.pinned_to_pcpu`) asks it too.
+reshape rule (:class:`node_agent.placement.reshape_rules.pinned_to_pcpu`) asks it too.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ topic are competing consumers) and learns the result from the reply:
 
 ``body`` is plain JSON: ``tree`` (providers, parents first, each with
 name, parent, uuid, inventories and the trait -> wanted map) and
-``reshape``, exactly what :func:`node_agent.placement.reshape_engine.host_rule` and
+``reshape``, exactly what :func:`node_agent.placement.reshape_rules.host_rule` and
 :func:`node_agent.placement.reshaper.host_reshape_inputs` read from a cycle's
 ``Desired``, so the applier runs the same rule chain as the direct mode:
 

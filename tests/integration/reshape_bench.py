@@ -22,7 +22,7 @@ from node_agent.model.cpuset import CpuSet
 from devenv.embedded_placement import start_subprocess
 from node_agent.placement.client import PlacementClient
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
-from node_agent.placement.reshape_engine import pinned_to_pcpu
+from node_agent.placement.reshape_rules import pinned_to_pcpu
 from node_agent.placement.reshaper import ensure_reshaped
 from node_agent.model.snapshot import Guest
 from tests.integration.reshape_driver import allocate

@@ -26,6 +26,7 @@ PACKAGE = ROOT / "node_agent"
 
 PURE_PACKAGES = ("model", "policy", "tree")
 PURE_MODULES = ("node_agent.placement.planner", "node_agent.placement.reshape_engine",
+                "node_agent.placement.reshape_rules",
                 "node_agent.placement.errors", "node_agent.placement.microversions")
 # Not pure themselves, but safe to import: the error hierarchy (it reads
 # os.EX_CONFIG, a constant) and the packages' docstring-only __init__ files.

@@ -137,7 +137,7 @@ def test_host_rule_moves_root_mem_encryption_context_to_the_sev_child():
     from node_agent.model.cpuset import CpuSet
     from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
     from node_agent.model.snapshot import HostSnapshot
-    from node_agent.placement.reshape_engine import host_rule, rule_provider_names
+    from node_agent.placement.reshape_rules import host_rule, rule_provider_names
 
     host = HostSnapshot(hostname="cn1", present=CpuSet(), online=CpuSet(), isolated=CpuSet(),
                         cpus=(), nodes=(), memory_mb=1, disk_gb=1)

@@ -11,10 +11,12 @@ from node_agent.model.cpuset import parse_cpu_spec
 from node_agent.host.domain import parse_domain
 from node_agent.policy.partition import partition_cpus
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
-from node_agent.placement.reshape_engine import (Consumer, ProviderAllocations, affected_consumers, chain,
-                                                 compute_reshape, guest_names, hold_inventories, host_rule,
-                                                 move_targets, pcpu_to_numa_children, pinned_to_pcpu,
-                                                 rule_provider_names, rule_sources, vgpu_to_gpu_children)
+from node_agent.placement.reshape_engine import (Consumer, ProviderAllocations, affected_consumers,
+                                                 compute_reshape, hold_inventories, move_targets,
+                                                 rule_sources)
+from node_agent.placement.reshape_rules import (chain, guest_names, host_rule, pcpu_to_numa_children,
+                                                pinned_to_pcpu, rule_provider_names,
+                                                vgpu_to_gpu_children)
 from node_agent.model.snapshot import GuestMdev
 from tests.snapshots import settings, snapshot
 

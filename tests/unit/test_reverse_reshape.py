@@ -4,7 +4,8 @@ import pytest
 
 from node_agent.tree.ownership import AGENT_CHILD_TRAIT, ListedChild, agent_children, candidates
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
-from node_agent.placement.reshape_engine import Consumer, ProviderAllocations, children_to_root, compute_reshape
+from node_agent.placement.reshape_engine import Consumer, ProviderAllocations, compute_reshape
+from node_agent.placement.reshape_rules import children_to_root
 
 ROOT = "aaaaaaaa-0000-4000-8000-000000000000"
 NODE0 = "bbbbbbbb-0000-4000-8000-000000000000"

@@ -12,7 +12,7 @@ import pytest
 from node_agent.remote import upstream
 from node_agent.model.cpuset import parse_cpu_spec, parse_cpulist
 from node_agent.cycle.desired import desired_from
-from node_agent.placement.reshape_engine import host_rule, rule_provider_names
+from node_agent.placement.reshape_rules import host_rule, rule_provider_names
 from node_agent.model.snapshot import Guest, GuestMdev, MdevTypeInfo, PciGpu
 from tests.snapshots import settings, snapshot
 
