@@ -39,6 +39,7 @@ from bench import common, fleet, synthetic_host
 from bench.phases import Scheduler
 from node_agent.remote import messaging
 from node_agent.remote import upstream
+from node_agent.remote import wire
 from node_agent.cycle.desired import desired_from
 from node_agent.host.discover import discover
 from devenv.embedded_placement import LOG_FILE, start_subprocess
@@ -185,10 +186,10 @@ class MessagingAgent:
 
     def _payloads(self) -> tuple[int, int]:
         """Bytes of this agent's full message and of its heartbeat."""
-        body = upstream.body_of(self.desired)
+        body = wire.body_of(self.desired)
         seq = self.upstream.seq
-        full = upstream.full_message(self.name, seq, body)
-        beat = upstream.heartbeat(self.name, seq, full["digest"])
+        full = wire.full_message(self.name, seq, body)
+        beat = wire.heartbeat(self.name, seq, full["digest"])
         return len(json.dumps(full)), len(json.dumps(beat))
 
     def cycle(self) -> dict:
@@ -196,7 +197,7 @@ class MessagingAgent:
         # The agent opens with a heartbeat when the applier acknowledged
         # this digest; anything else it sends is the full message.
         opens_with_heartbeat = (self.upstream.acked
-                                == upstream.digest_of(upstream.body_of(self.desired)))
+                                == wire.digest_of(wire.body_of(self.desired)))
         done = _retrying(lambda: self.upstream.send(self.desired))
         report = done.pop("result")
         if report.errors:

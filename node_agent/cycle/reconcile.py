@@ -31,7 +31,7 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Union
 
-from node_agent.policy.capacity import HostLimits, Published, as_published, check, host_limits
+from node_agent.policy.capacity import Published, as_published, check, limits_of
 from node_agent.cycle.desired import PROVIDERS_KEY, Desired, with_placement_maintenance
 from node_agent.errors import GuestsDoNotFit, ReshapeError
 from node_agent.policy.guest_fit import misfits
@@ -44,20 +44,8 @@ from node_agent.placement.reshaper import (HostReshape, ReshapeOutcome, ensure_r
                                            host_reshape_inputs, plan_reshape, read_inventories)
 from node_agent.placement.planner import Change
 from node_agent.placement.sync import SyncReport, TreeSyncer
-from node_agent.model.snapshot import HostSnapshot
 
 LOG = logging.getLogger(__name__)
-
-
-def limits_of(desired: Desired) -> Optional[HostLimits]:
-    """The host's limits: from its facts when the host was discovered here;
-    on the central applier, the ones the agent sent with the tree (wire
-    2.1's ``body.limits``, :class:`node_agent.remote.upstream.RemoteDesired`).
-    None only from a 2.0 agent, which sends none: the invariant cannot be
-    checked for that host."""
-    if isinstance(desired.host, HostSnapshot):
-        return host_limits(desired.host, desired.partition)
-    return getattr(desired, "limits", None)
 
 
 def _chain(*hooks):

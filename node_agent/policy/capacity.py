@@ -163,6 +163,17 @@ def _encrypted_guests(host: HostSnapshot) -> Optional[int]:
     return (sev[0].sev_max_guests or 0) + (sev[0].sev_max_es_guests or 0)
 
 
+def limits_of(desired) -> Optional[HostLimits]:
+    """The limits of the host of one cycle's ``Desired``: from its facts
+    when the host was discovered here; on the central applier, the ones the
+    agent sent with the tree (wire 2.1's ``body.limits``,
+    :class:`node_agent.remote.wire.RemoteDesired`). None only from a 2.0
+    agent, which sends none: the invariant cannot be checked for that host."""
+    if isinstance(desired.host, HostSnapshot):
+        return host_limits(desired.host, desired.partition)
+    return getattr(desired, "limits", None)
+
+
 def units(rc: str, record: Mapping) -> int:
     """Schedulable units of one Placement inventory record (see module doc)."""
     free = record["total"] - record.get("reserved", 0)

@@ -1,7 +1,7 @@
 """``node-agent-applier``: the central side of ``[agent] upstream = messaging``.
 
 It holds the Placement credentials ([placement] in its own config file) and
-applies what agents send (see :mod:`node_agent.remote.upstream` for the wire
+applies what agents send (see :mod:`node_agent.remote.wire` for the wire
 format) with the same engine as the direct mode:
 :class:`~node_agent.cycle.reconcile.Reconciler` (reshape first, then the tree
 sync), one per host.
@@ -39,7 +39,7 @@ answered ``stale`` and ignored.
 
 A host may only change its own subtree: the root must be named as the
 sending host, every child must hang under it and be named ``<host>_...``
-(checked in :func:`node_agent.remote.upstream.tree_from_wire`), and a provider
+(checked in :func:`node_agent.remote.wire.tree_from_wire`), and a provider
 name or uuid that Placement shows under another root is refused and
 logged (:meth:`Applier.foreign` says exactly what is looked up). The
 sending host is the ``host`` of the message: oslo.messaging does not
@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 from urllib.parse import quote
 
-from node_agent.remote import upstream as wire
+from node_agent.remote import wire
 from node_agent.errors import (ConfigError, NodeAgentError, PlacementError, ProviderOwned,
                                ReshapeError)
 from node_agent.policy.root_owner import identity_of_tree

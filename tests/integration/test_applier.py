@@ -24,6 +24,7 @@ from oslo_config import cfg
 
 from node_agent.remote import messaging
 from node_agent.remote import upstream
+from node_agent.remote import wire
 from node_agent.cycle.desired import compute_desired
 from node_agent.placement.client import PlacementClient
 from node_agent.cycle.reconcile import Reconciler
@@ -230,20 +231,20 @@ def test_twenty_agents_through_two_appliers_converge_then_heartbeat(bus, placeme
     failures: list[str] = []
     deadline = time.monotonic() + 60
     applied = in_threads(agents, lambda a: a.cycle_until_ok(deadline, failures))
-    assert all(r.status == upstream.APPLIED and r.ok for r in applied.values())
+    assert all(r.status == wire.APPLIED and r.ok for r in applied.values())
     assert all(converged(placement, a) for a in agents)
     # Competing consumers: both processes took a share of the burst.
     assert " seq " in first.log() and " seq " in second.log()
 
     steady = in_threads(agents, lambda a: a.cycle())
-    assert {r.status for r in steady.values()} == {upstream.UNCHANGED}
+    assert {r.status for r in steady.values()} == {wire.UNCHANGED}
     assert {r.messages for r in steady.values()} == {1}
     assert {r.requests for r in steady.values()} == {0}
 
     for agent in agents[:5]:
         agent.reserve(1024)
     changed = in_threads(agents[:5], lambda a: a.cycle_until_ok(deadline, failures))
-    assert all(r.status == upstream.APPLIED and r.ok for r in changed.values())
+    assert all(r.status == wire.APPLIED and r.ok for r in changed.values())
     assert all(converged(placement, a) for a in agents)
     print(f"\nBENCH messaging: first apply requests/host "
           f"{sorted(r.requests for r in applied.values())}; steady: 1 message, 0 requests; "
@@ -281,14 +282,14 @@ def test_stale_message_is_ignored(bus, placement):
     bus.start(1)
     agent = make_agents(bus, 1, "stale")[0]
     client = agent.upstream._client
-    newer = upstream.body_of(agent.desired)
-    reply = client.call({}, "apply", message=upstream.full_message(agent.name, 200, newer))
-    assert reply["status"] == upstream.APPLIED
+    newer = wire.body_of(agent.desired)
+    reply = client.call({}, "apply", message=wire.full_message(agent.name, 200, newer))
+    assert reply["status"] == wire.APPLIED
 
     agent.reserve(2048)
-    older = upstream.body_of(agent.desired)
-    reply = client.call({}, "apply", message=upstream.full_message(agent.name, 100, older))
-    assert reply == {"status": upstream.STALE, "seq": 100, "last_seq": 200}
+    older = wire.body_of(agent.desired)
+    reply = client.call({}, "apply", message=wire.full_message(agent.name, 100, older))
+    assert reply == {"status": wire.STALE, "seq": 100, "last_seq": 200}
     root = root_of(placement, agent.name)
     got = placement.get(f"/resource_providers/{root['uuid']}/inventories")["inventories"]
     assert got["MEMORY_MB"]["reserved"] == newer["tree"][0]["inventories"]["MEMORY_MB"]["reserved"]
@@ -303,18 +304,18 @@ def test_message_naming_another_hosts_provider_is_refused(bus, placement):
     before = placement.get(f"/resource_providers/{victim_root['uuid']}/inventories")
     client = intruder.upstream._client
 
-    body = upstream.body_of(intruder.desired)
+    body = wire.body_of(intruder.desired)
     by_name = dict(body["tree"][0], name=f"{victim.name}_NUMA_0", parent=intruder.name,
                    uuid=None)
-    reply = client.call({}, "apply", message=upstream.full_message(
+    reply = client.call({}, "apply", message=wire.full_message(
         intruder.name, 1, {**body, "tree": body["tree"] + [by_name]}))
-    assert reply["status"] == upstream.REFUSED and "not this host's" in reply["error"]
+    assert reply["status"] == wire.REFUSED and "not this host's" in reply["error"]
 
     by_uuid = dict(body["tree"][0], name=f"{intruder.name}_extra", parent=intruder.name,
                    uuid=victim_root["uuid"])
-    reply = client.call({}, "apply", message=upstream.full_message(
+    reply = client.call({}, "apply", message=wire.full_message(
         intruder.name, 2, {**body, "tree": body["tree"] + [by_uuid]}))
-    assert reply["status"] == upstream.REFUSED
+    assert reply["status"] == wire.REFUSED
     assert "of another host's tree" in reply["error"]
 
     assert placement.get(f"/resource_providers?name={intruder.name}")["resource_providers"] == []
@@ -461,7 +462,7 @@ def test_vgpu_then_numa_reshape_through_the_applier_keep_every_allocation(
     # 1. enabled_mdev_types: VGPU follows each mdev to its parent GPU's child.
     requests.mark()
     report = sender.send(compute_desired(host.settings(enabled_mdev_types=(MDEV_TYPE,))))
-    assert report.status == upstream.APPLIED and report.ok, report.errors
+    assert report.status == wire.APPLIED and report.ok, report.errors
     assert report.reshape["totals"] == {"consumers": 2, "moved": {"VGPU -> VGPU": 3}}
     sent_once(requests, report)
     gpu1 = host.uuid_of(f"{host_name}_pci_0000_81_00_0")
@@ -478,7 +479,7 @@ def test_vgpu_then_numa_reshape_through_the_applier_keep_every_allocation(
     numa = compute_desired(host.settings(enabled_mdev_types=(MDEV_TYPE,),
                                          numa_in_placement=True))
     report = sender.send(numa)
-    assert report.status == upstream.APPLIED and report.ok, report.errors
+    assert report.status == wire.APPLIED and report.ok, report.errors
     sent_once(requests, report)
     node0, node1 = (host.uuid_of(f"{host_name}_NUMA_{n}") for n in (0, 1))
     after = host.allocations()
@@ -492,7 +493,7 @@ def test_vgpu_then_numa_reshape_through_the_applier_keep_every_allocation(
     # 3. Steady state: a heartbeat, no Placement request, no reshape.
     requests.mark()
     steady = sender.send(numa)
-    assert (steady.status, steady.messages, steady.requests) == (upstream.UNCHANGED, 1, 0)
+    assert (steady.status, steady.messages, steady.requests) == (wire.UNCHANGED, 1, 0)
     assert requests.lines("POST /reshaper") == [] and host.allocations() == after
 
 
@@ -516,7 +517,7 @@ def test_numa_refusal_through_the_applier_is_an_error_in_the_reply(
     # The refusal stands on the next cycle too: its heartbeat re-applies.
     for messages in (1, 1):
         report = sender.send(numa)
-        assert report.status == upstream.APPLIED and not report.ok
+        assert report.status == wire.APPLIED and not report.ok
         assert report.messages == messages
         refusal, = report.errors
         assert f"guest instance-00000002 ({guests[1]['uuid']}) spans NUMA nodes 0-1" in refusal
@@ -536,10 +537,10 @@ def test_numa_refusal_through_the_applier_is_an_error_in_the_reply(
 def test_message_of_another_wire_version_is_refused_with_the_side_to_upgrade(bus):
     bus.start(1)
     agent = make_agents(bus, 1, "version")[0]
-    body = upstream.body_of(agent.desired)
-    old = {**upstream.full_message(agent.name, 1, body), "version": "1.0"}
+    body = wire.body_of(agent.desired)
+    old = {**wire.full_message(agent.name, 1, body), "version": "1.0"}
     reply = agent.upstream._client.call({}, "apply", message=old)
-    assert reply["status"] == upstream.REFUSED
+    assert reply["status"] == wire.REFUSED
     assert "upgrade node-agent on this host" in reply["error"]
     assert agent.cycle().ok   # the current version is applied
 
@@ -574,10 +575,10 @@ class DirectHost:
 
 def send_to(applier: ApplierProcess, agent: FixtureAgent, beat: bool = False) -> dict:
     """The agent's message (or heartbeat), delivered to that process only."""
-    body = upstream.body_of(agent.desired)
+    body = wire.body_of(agent.desired)
     seq = agent.upstream._next_seq()
-    message = (upstream.heartbeat(agent.name, seq, upstream.digest_of(body)) if beat
-               else upstream.full_message(agent.name, seq, body))
+    message = (wire.heartbeat(agent.name, seq, wire.digest_of(body)) if beat
+               else wire.full_message(agent.name, seq, body))
     client = agent.upstream._client.prepare(server=applier.server, timeout=TIMEOUT)
     return client.call({}, "apply", message=message)
 
@@ -603,12 +604,12 @@ def test_host_hopping_between_applier_processes_costs_placement_what_direct_mode
         step()
         return log.requests()
 
-    def hop(applier: ApplierProcess, beat: bool = False, status=upstream.APPLIED):
+    def hop(applier: ApplierProcess, beat: bool = False, status=wire.APPLIED):
         def step():
             reply = send_to(applier, agent, beat)
             assert reply["status"] == status and reply.get("ok", True), reply
             assert f":{applier.proc.pid}:" in applied_by(bus, agent.name) \
-                or status == upstream.UNCHANGED
+                or status == wire.UNCHANGED
         return step
 
     def scheduler_activity():
@@ -620,7 +621,7 @@ def test_host_hopping_between_applier_processes_costs_placement_what_direct_mode
     # The one request more: the ownership check looks the new root up by name.
     assert len(first["messaging"]) == len(first["direct"]) + 1, first
 
-    assert cost(hop(b, beat=True, status=upstream.UNCHANGED)) == []
+    assert cost(hop(b, beat=True, status=wire.UNCHANGED)) == []
     assert cost(direct.cycle) == []
 
     steps = {}
@@ -688,7 +689,7 @@ def test_dedicated_set_beside_a_stranger_on_vcpu_never_publishes_pcpu_beside_vcp
     # The refusal stands on the next cycle too (its heartbeat re-applies).
     for _ in range(2):
         report = sender.send(compute_desired(host.settings(dedicated="0-15", shared=None)))
-        assert report.status == upstream.APPLIED and not report.ok
+        assert report.status == wire.APPLIED and not report.ok
         assert any(migration in e for e in report.errors), report.errors
 
     listed = host.scheduler.get(f"/resource_providers?in_tree={root}")["resource_providers"]
@@ -708,12 +709,12 @@ def test_a_2_0_agent_is_applied_unchecked_and_the_applier_says_so_once_per_host(
     2.1 (it cannot check the invariant) and logs that once for the host."""
     applier, = bus.start(1)
     agent = make_agents(bus, 1, "old-agent")[0]
-    body = upstream.body_of(agent.desired)
+    body = wire.body_of(agent.desired)
     del body["limits"]
     for seq in (1, 2):
-        old = {**upstream.full_message(agent.name, seq, body), "version": "2.0"}
+        old = {**wire.full_message(agent.name, seq, body), "version": "2.0"}
         reply = agent.upstream._client.call({}, "apply", message=old)
-        assert reply["status"] == upstream.APPLIED and reply["ok"], reply
+        assert reply["status"] == wire.APPLIED and reply["ok"], reply
     assert converged(placement, agent)
     warned = re.findall(rf"{re.escape(agent.name)} sends wire format 2\.0.*not checked",
                         applier.log())

@@ -1,8 +1,9 @@
 """The import contract: the pure core touches nothing outside the process.
 
 The pure core is every module of ``model/``, ``policy/`` and ``tree/``, plus
-the sync planner, the reshape engine, Placement's error classes and the
-microversion table in ``placement/``. It may import the standard library's
+the sync planner, the reshape engine and rules, Placement's error classes and
+the microversion table in ``placement/``, and the wire format and its schema
+in ``remote/``. It may import the standard library's
 data and text modules, a few pure third-party libraries, ``node_agent.errors``
 and other pure-core modules. It may not import anything that reads or writes
 the world (config loading, keystoneauth, libvirt, psutil, HTTP, sockets,
@@ -27,7 +28,9 @@ PACKAGE = ROOT / "node_agent"
 PURE_PACKAGES = ("model", "policy", "tree")
 PURE_MODULES = ("node_agent.placement.planner", "node_agent.placement.reshape_engine",
                 "node_agent.placement.reshape_rules",
-                "node_agent.placement.errors", "node_agent.placement.microversions")
+                "node_agent.placement.errors", "node_agent.placement.microversions",
+                # The wire format and the JSON Schema it ships (read as package data).
+                "node_agent.remote.wire", "node_agent.remote.schema")
 # Not pure themselves, but safe to import: the error hierarchy (it reads
 # os.EX_CONFIG, a constant) and the packages' docstring-only __init__ files.
 ALLOWED_INTERNAL = ({"node_agent", "node_agent.errors"}
@@ -55,7 +58,9 @@ def pure_modules() -> dict[str, Path]:
         for path in sorted((PACKAGE / package).glob("*.py")):
             found[module_name(path)] = path
     for name in PURE_MODULES:
-        found[name] = ROOT / (name.replace(".", "/") + ".py")
+        module = ROOT / (name.replace(".", "/") + ".py")
+        package = ROOT / name.replace(".", "/") / "__init__.py"
+        found[name] = package if package.is_file() else module
     return found
 
 

@@ -10,6 +10,7 @@ import uuid
 import pytest
 
 from node_agent.remote import upstream
+from node_agent.remote import wire
 from node_agent.model.cpuset import parse_cpu_spec, parse_cpulist
 from node_agent.cycle.desired import desired_from
 from node_agent.placement.reshape_rules import host_rule, rule_provider_names
@@ -70,9 +71,9 @@ def nested(tmp_path):
 
 
 def rebuilt(desired):
-    message = json.loads(json.dumps(upstream.full_message("node1", 7, upstream.body_of(desired))))
-    parsed = upstream.parse_message(message)
-    return upstream.desired_from_body(parsed.body, parsed.host)
+    message = json.loads(json.dumps(wire.full_message("node1", 7, wire.body_of(desired))))
+    parsed = wire.parse_message(message)
+    return wire.desired_from_body(parsed.body, parsed.host)
 
 
 def test_full_message_round_trips_tree_and_reshape_inputs(desired):
@@ -114,7 +115,7 @@ def test_applier_rebuilds_every_decision_of_the_nested_rules(nested):
     there = _decisions(nested, remote.host, remote.partition.dedicated)
     assert there == here
     # Guests alone (wire 1.0) decided otherwise: the new fields matter.
-    guests_only = upstream.RemoteHost(remote.host.guests)
+    guests_only = wire.RemoteHost(remote.host.guests)
     assert _decisions(nested, guests_only, remote.partition.dedicated) != here
     names, _sources, targets, _classes, places, _refusals = here
     assert len(names) == len(targets) == 5  # root, 2 NUMA, 2 GPU children
@@ -125,20 +126,20 @@ def test_applier_rebuilds_every_decision_of_the_nested_rules(nested):
 
 
 def test_digest_changes_with_the_tree_and_not_with_key_order(desired):
-    body = upstream.body_of(desired)
+    body = wire.body_of(desired)
     shuffled = json.loads(json.dumps(body, sort_keys=False))
-    assert upstream.digest_of(shuffled) == upstream.digest_of(body)
+    assert wire.digest_of(shuffled) == wire.digest_of(body)
     changed = copy.deepcopy(body)
     changed["tree"][0]["inventories"]["DISK_GB"]["reserved"] += 1
-    assert upstream.digest_of(changed) != upstream.digest_of(body)
+    assert wire.digest_of(changed) != wire.digest_of(body)
     repinned = dataclasses.replace(desired, host=dataclasses.replace(
         desired.host, guests=(dataclasses.replace(PINNED, vcpupin=()),)))
-    assert upstream.digest_of(upstream.body_of(repinned)) != upstream.digest_of(body)
+    assert wire.digest_of(wire.body_of(repinned)) != wire.digest_of(body)
 
 
 def _digest_with(desired, **host_changes) -> str:
     host = dataclasses.replace(desired.host, **host_changes)
-    return upstream.digest_of(upstream.body_of(dataclasses.replace(desired, host=host)))
+    return wire.digest_of(wire.body_of(dataclasses.replace(desired, host=host)))
 
 
 def _with_guest(desired, name, **changes):
@@ -172,16 +173,16 @@ def test_digest_follows_every_input_of_the_nested_rules_and_nothing_else(nested)
 
 
 def test_heartbeat_is_small_and_has_no_body(desired):
-    digest = upstream.digest_of(upstream.body_of(desired))
-    beat = upstream.heartbeat("node1", 8, digest)
+    digest = wire.digest_of(wire.body_of(desired))
+    beat = wire.heartbeat("node1", 8, digest)
     assert len(json.dumps(beat)) < 200
-    assert upstream.parse_message(beat).body is None
+    assert wire.parse_message(beat).body is None
 
 
 def _message(desired, mutate):
-    body = copy.deepcopy(upstream.body_of(desired))
+    body = copy.deepcopy(wire.body_of(desired))
     mutate(body)
-    return upstream.full_message("node1", 1, body)
+    return wire.full_message("node1", 1, body)
 
 
 @pytest.mark.parametrize("mutate, words", [
@@ -223,9 +224,9 @@ def test_malformed_body_is_refused_with_where_and_why(nested, mutate, words):
     message = _message(nested, mutate)
     # The schema refuses in parse_message, a rule across fields in
     # desired_from_body: the applier calls both.
-    with pytest.raises(upstream.Malformed, match=re.escape(words)):
-        parsed = upstream.parse_message(message)
-        upstream.desired_from_body(parsed.body, parsed.host)
+    with pytest.raises(wire.Malformed, match=re.escape(words)):
+        parsed = wire.parse_message(message)
+        wire.desired_from_body(parsed.body, parsed.host)
 
 
 @pytest.mark.parametrize("change, words", [
@@ -239,9 +240,9 @@ def test_malformed_body_is_refused_with_where_and_why(nested, mutate, words):
     ({"digest": "0" * 64}, "does not match the body"),
 ])
 def test_malformed_envelope_is_refused(desired, change, words):
-    message = {**upstream.full_message("node1", 1, upstream.body_of(desired)), **change}
-    with pytest.raises(upstream.Malformed, match=words):
-        upstream.parse_message(message)
+    message = {**wire.full_message("node1", 1, wire.body_of(desired)), **change}
+    with pytest.raises(wire.Malformed, match=words):
+        wire.parse_message(message)
 
 
 def test_reply_becomes_a_report_the_service_can_log():
@@ -265,7 +266,7 @@ def _no_placement():
 
 
 @pytest.mark.parametrize("cache, status", [
-    ({"verified_at": 1000.0 - 299, "providers": []}, upstream.UNCHANGED),
+    ({"verified_at": 1000.0 - 299, "providers": []}, wire.UNCHANGED),
     ({"verified_at": 1000.0 - 300, "providers": []}, None),   # full verify due
     (None, None),                                            # taken mid-apply: read
 ])
@@ -274,16 +275,16 @@ def test_heartbeat_is_answered_from_the_shared_record_until_the_verify_is_due(
     from node_agent.remote.applier import Applier
     from node_agent.state import StateStore
 
-    body = upstream.body_of(desired)
-    digest = upstream.digest_of(body)
+    body = wire.body_of(desired)
+    digest = wire.digest_of(body)
     StateStore(tmp_path / "node1").save({"applier": {
         "seq": 5, "digest": digest, "body": body, "ok": True, "by": "another process",
         "cache": cache}})
     # Another process, with nothing in memory and no way to reach Placement.
     applier = Applier(_no_placement, tmp_path, full_verify_interval=300, clock=lambda: 1000.0)
-    reply = applier.handle(upstream.heartbeat("node1", 6, digest))
+    reply = applier.handle(wire.heartbeat("node1", 6, digest))
     if status is None:
-        assert reply["status"] == upstream.ERROR and "Tripwire" in reply["error"]
+        assert reply["status"] == wire.ERROR and "Tripwire" in reply["error"]
     else:
         assert reply == {"status": status, "seq": 6, "requests": 0}
 
@@ -308,14 +309,14 @@ def test_guests_that_do_not_fit_are_refused_on_the_host_and_nothing_is_sent(tmp_
 def test_keep_placement_ratio_crosses_the_wire_so_the_applier_keeps_operator_ratios():
     from node_agent.model.provider_tree import Inventory
     kept = Inventory(16, allocation_ratio=4.0, keep_placement_ratio=True)
-    assert upstream.inventory_from_wire(upstream.inventory_to_wire(kept), "x") == kept
-    assert "keep_placement_ratio" not in upstream.inventory_to_wire(Inventory(16))
+    assert wire.inventory_from_wire(wire.inventory_to_wire(kept), "x") == kept
+    assert "keep_placement_ratio" not in wire.inventory_to_wire(Inventory(16))
 
 
 # ---------------------------------------------------------------- the published schema
 
 def _full(nested) -> dict:
-    return json.loads(json.dumps(upstream.full_message("node1", 1, upstream.body_of(nested))))
+    return json.loads(json.dumps(wire.full_message("node1", 1, wire.body_of(nested))))
 
 
 def _at(message: dict, path: tuple):
@@ -334,7 +335,7 @@ def _path(where: tuple) -> str:
 
 def _redigest(message: dict) -> dict:
     if "body" in message:
-        message["digest"] = upstream.digest_of(message["body"])
+        message["digest"] = wire.digest_of(message["body"])
     return message
 
 
@@ -361,8 +362,8 @@ def test_each_required_field_missing_is_refused_naming_its_path(nested, where, k
         _redigest(message)
     words = "not a wire version" if key == "version" else \
         f"{_path(where)}: {key!r} is required"
-    with pytest.raises(upstream.Malformed, match=re.escape(words)):
-        upstream.parse_message(message)
+    with pytest.raises(wire.Malformed, match=re.escape(words)):
+        wire.parse_message(message)
 
 
 @pytest.mark.parametrize("where, value, words", [
@@ -406,8 +407,8 @@ def test_wrong_type_is_refused_naming_its_path(nested, where, value, words):
     _at(message, where[:-1])[where[-1]] = value
     if where[0] == "body":
         _redigest(message)
-    with pytest.raises(upstream.Malformed, match=re.escape(words)):
-        upstream.parse_message(message)
+    with pytest.raises(wire.Malformed, match=re.escape(words)):
+        wire.parse_message(message)
 
 
 def test_unknown_key_is_refused_in_a_known_minor_and_ignored_from_a_newer_minor(nested):
@@ -418,13 +419,13 @@ def test_unknown_key_is_refused_in_a_known_minor_and_ignored_from_a_newer_minor(
         message = _full(nested)
         _at(message, where)["hugepages"] = {"2M": 4}
         _redigest(message)
-        with pytest.raises(upstream.Malformed,
+        with pytest.raises(wire.Malformed,
                            match=re.escape(f"{_path(where)}: unknown key "
                                            "'hugepages' (not in this wire version)")):
-            upstream.parse_message(message)
+            wire.parse_message(message)
         message["version"] = "2.9"
-        parsed = upstream.parse_message(message)
-        remote = upstream.desired_from_body(parsed.body, parsed.host)
+        parsed = wire.parse_message(message)
+        remote = wire.desired_from_body(parsed.body, parsed.host)
         assert remote.tree == nested.tree
 
 
@@ -432,8 +433,8 @@ def test_future_major_is_refused_by_its_version_before_its_shape_is_read(desired
     """A 3.0 message may look nothing like 2.0: the reason is the version
     and which side to upgrade, not a schema path."""
     message = {"version": "3.0", "host": "node1", "sequence": 1, "state": {"tree": "v3"}}
-    with pytest.raises(upstream.Malformed) as refused:
-        upstream.parse_message(message)
+    with pytest.raises(wire.Malformed) as refused:
+        wire.parse_message(message)
     assert str(refused.value) == (
         "version: wire format '3.0' is newer than this applier understands: upgrade "
         "node-agent-applier (this applier reads 2.x)")
@@ -444,7 +445,7 @@ def test_applier_refusal_names_the_path_counts_it_and_echoes_no_value(tmp_path, 
     from node_agent.remote.applier import Applier
 
     secret = "rabbit://nova:s3cr3t@broker:5672/"
-    message = upstream.full_message("node1", 1, upstream.body_of(desired))
+    message = wire.full_message("node1", 1, wire.body_of(desired))
     message["body"]["reshape"]["guests"][0]["vcpus"] = secret
     message = _redigest(message)
     applier = Applier(_no_placement, tmp_path)
@@ -452,9 +453,9 @@ def test_applier_refusal_names_the_path_counts_it_and_echoes_no_value(tmp_path, 
     reply = applier.handle(message)
     reply_to_bad_envelope = applier.handle({**message, "host": secret})
 
-    assert reply == {"status": upstream.REFUSED, "error": "message refused: "
+    assert reply == {"status": wire.REFUSED, "error": "message refused: "
                      "body.reshape.guests[0].vcpus: must be a non-negative integer"}
-    assert reply_to_bad_envelope["status"] == upstream.REFUSED
+    assert reply_to_bad_envelope["status"] == wire.REFUSED
     assert "host: is not a host name" in reply_to_bad_envelope["error"]
     assert "s3cr3t" not in json.dumps([reply, reply_to_bad_envelope])
     assert "s3cr3t" not in caplog.text
@@ -477,7 +478,7 @@ def test_agent_bug_is_caught_before_sending_and_nothing_is_sent(tmp_path):
 
     report = sender.send(desired)
 
-    assert report.status == upstream.REFUSED and report.messages == 0
+    assert report.status == wire.REFUSED and report.messages == 0
     assert sender.messages_sent == 0 and sender.acked is None
     assert report.errors == ["wire format 2.1: body.reshape.guests[1].name: "
                              "must be a non-empty string"]
@@ -490,7 +491,7 @@ def test_saved_messages_can_be_checked_from_the_command_line(tmp_path, nested, c
     good = _full(nested)
     bad = json.loads(json.dumps(good))
     bad["body"]["reshape"]["numa"][0]["cpus"] = 7
-    files = {"good": good, "beat": upstream.heartbeat("node1", 2, good["digest"]),
+    files = {"good": good, "beat": wire.heartbeat("node1", 2, good["digest"]),
              "bad": _redigest(bad)}
     for name, message in files.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(message))
@@ -510,16 +511,16 @@ def test_saved_messages_can_be_checked_from_the_command_line(tmp_path, nested, c
 
 def test_limits_travel_in_the_body_and_come_back_as_the_agent_computed_them(nested):
     """Wire 2.1: the applier's limits_of reads what the agent's did."""
-    from node_agent.cycle.reconcile import limits_of
+    from node_agent.policy.capacity import limits_of
 
     message = _full(nested)
     assert message["version"] == "2.1"
     assert message["body"]["limits"]["cpus"] == 16
-    parsed = upstream.parse_message(message)
-    remote = upstream.desired_from_body(parsed.body, parsed.host)
+    parsed = wire.parse_message(message)
+    remote = wire.desired_from_body(parsed.body, parsed.host)
     assert limits_of(remote) == limits_of(nested) is not None
     # and back again: the applier's record re-encodes to the same body
-    assert upstream.body_of(remote)["limits"] == message["body"]["limits"]
+    assert wire.body_of(remote)["limits"] == message["body"]["limits"]
 
 
 def test_a_change_of_the_hosts_facts_changes_the_digest(nested):
@@ -532,30 +533,30 @@ def test_a_change_of_the_hosts_facts_changes_the_digest(nested):
         nested.host, memory_mb=nested.host.memory_mb // 2,
         nodes=tuple(dataclasses.replace(n, memory_kb=(n.memory_kb or 0) // 2)
                     for n in nested.host.nodes)))
-    before, after = upstream.body_of(nested), upstream.body_of(fewer)
+    before, after = wire.body_of(nested), wire.body_of(fewer)
     assert before["tree"] == after["tree"] and before["reshape"] == after["reshape"]
     assert before["limits"] != after["limits"]
-    assert upstream.digest_of(before) != upstream.digest_of(after)
+    assert wire.digest_of(before) != wire.digest_of(after)
 
 
 def test_a_2_0_message_without_limits_is_still_accepted_and_checks_nothing(nested):
-    from node_agent.cycle.reconcile import limits_of
+    from node_agent.policy.capacity import limits_of
 
     message = _full(nested)
     del message["body"]["limits"]
     message["version"] = "2.0"
     _redigest(message)
-    parsed = upstream.parse_message(message)
-    remote = upstream.desired_from_body(parsed.body, parsed.host)
+    parsed = wire.parse_message(message)
+    remote = wire.desired_from_body(parsed.body, parsed.host)
     assert remote.tree == nested.tree and limits_of(remote) is None
 
 
 def test_a_2_0_message_carrying_limits_is_refused_they_came_with_2_1(nested):
     message = _full(nested)
     message["version"] = "2.0"
-    with pytest.raises(upstream.Malformed,
+    with pytest.raises(wire.Malformed,
                        match=re.escape("body: unknown key 'limits' (not in this wire version)")):
-        upstream.parse_message(message)
+        wire.parse_message(message)
 
 
 @pytest.mark.parametrize("where, value, words", [
@@ -576,8 +577,8 @@ def test_malformed_limits_are_refused_naming_their_path(nested, where, value, wo
     else:
         message["body"]["limits"] = value
     _redigest(message)
-    with pytest.raises(upstream.Malformed, match=re.escape(words)):
-        upstream.parse_message(message)
+    with pytest.raises(wire.Malformed, match=re.escape(words)):
+        wire.parse_message(message)
 
 
 @pytest.mark.parametrize("key", ["cpus", "memory_mb", "disk_gb", "hugepages", "vgpus", "vfs",
@@ -586,5 +587,5 @@ def test_limits_missing_a_key_are_refused(nested, key):
     message = _full(nested)
     del message["body"]["limits"][key]
     _redigest(message)
-    with pytest.raises(upstream.Malformed, match=re.escape(f"body.limits: {key!r} is required")):
-        upstream.parse_message(message)
+    with pytest.raises(wire.Malformed, match=re.escape(f"body.limits: {key!r} is required")):
+        wire.parse_message(message)

@@ -8,7 +8,7 @@ refused: it is a bug of the sender. Each minor's file is kept, and a
 message is checked against the file of the minor it names (2.1 added
 ``body.limits``, the host's facts the applier checks the capacity
 invariant against). Another major is refused before the schema is read (see
-:func:`node_agent.remote.upstream.parse_message`), with a reason that says
+:func:`node_agent.remote.wire.parse_message`), with a reason that says
 which side to upgrade.
 
 The schema checks structure (types, required keys, ranges, name patterns).

@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from node_agent.remote import upstream
+from node_agent.remote import wire
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -30,8 +30,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             worst = 2
             continue
         try:
-            upstream.check_outgoing(message)
-        except upstream.Malformed as exc:
+            wire.check_outgoing(message)
+        except wire.Malformed as exc:
             print(f"{path}: refused: {exc}")
             worst = max(worst, 1)
         else:
