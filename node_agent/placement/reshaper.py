@@ -18,6 +18,11 @@ created first (one POST each, and the plan is computed again).
 Call :func:`host_reshape` (or :func:`ensure_reshaped` with a rule of your
 own) before the tree sync of a cycle, so the sync sees a tree that is
 already reshaped.
+
+Why one module over 400 lines: the reads, the children created first and
+the retry on 409 share one plan-send-replan loop; the pure decisions are in
+:mod:`node_agent.placement.reshape_engine` and
+:mod:`node_agent.placement.reshape_rules`.
 """
 
 from __future__ import annotations

@@ -6,6 +6,12 @@ what Placement holds, so a cycle where nothing changed sends no request at
 all. A full re-read every ``full_verify_interval`` seconds catches changes
 made behind its back; with ``spread`` each host's verifies fall at its own
 phase of the interval (:func:`~node_agent.placement.planner.verify_phase`).
+
+Why one module over 400 lines: :class:`TreeSyncer` is one object whose
+methods all share its cache, the partial-read marks and the owned
+children; reads, writes, the usage guard and the cache export each need
+that state. The pure parts are in :mod:`node_agent.placement.planner` and
+:mod:`node_agent.policy.capacity`.
 """
 
 from __future__ import annotations

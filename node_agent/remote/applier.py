@@ -50,6 +50,10 @@ credentials.
 Killed mid-apply: the sync writes one provider at a time and the next
 message from that host (its next cycle) finds the tree as it is and
 finishes it; the reshape is one POST /reshaper, applied or not.
+
+Why one module over 400 lines: the per-host record, its lock and the
+handler that reads and rewrites them under that lock must be read together
+to see that no two processes ever apply one host at once.
 """
 
 from __future__ import annotations
