@@ -28,7 +28,6 @@ import argparse
 import json
 import logging
 import sys
-import urllib.parse
 from typing import Optional, Sequence
 
 from node_agent.cli import render
@@ -183,7 +182,7 @@ def _connect(valid) -> int:
     client = valid.client
     newest = client.check_version()
     # GET / needs no credentials; this one does (and admin rights).
-    client.get(f"/resource_providers?name={urllib.parse.quote(valid.settings.host)}")
+    client.providers_named(valid.settings.host)
     print(f"Placement answers: {client.endpoint} (microversion up to {newest}); "
           "the credentials are accepted.")
     return 0
@@ -533,20 +532,18 @@ def _maintenance_status(conf, settings, output: str) -> int:
 def _root_in_placement(conf, settings, state) -> dict:
     """The root's traits and inventories, found by the state file's uuid or
     else by the host's name (the state file may be gone)."""
-    from urllib.parse import quote
-
     from node_agent.placement.errors import NotFound
     from node_agent.placement.client import PlacementClient
 
     client = PlacementClient.from_conf(conf)
     client.check_version()
     candidates = [state.get("root_uuid")] if state.get("root_uuid") else []
-    found = client.get(f"/resource_providers?name={quote(settings.host)}")["resource_providers"]
+    found = client.providers_named(settings.host)
     candidates += [rp["uuid"] for rp in found]
     for uuid in candidates:
         try:
-            traits = client.get(f"/resource_providers/{uuid}/traits")["traits"]
-            inventories = client.get(f"/resource_providers/{uuid}/inventories")["inventories"]
+            traits = client.traits(uuid)["traits"]
+            inventories = client.inventories(uuid)["inventories"]
         except NotFound:
             continue
         return {"root_uuid": uuid, "traits": traits, "inventories": inventories}

@@ -226,8 +226,9 @@ class Reconciler:
 def _retired_deletes(inputs: HostReshape, planned: list[Change]) -> list[Change]:
     """The deletes the sync sends after a way-back reshape for children the
     state file does not list (so the sync's own plan does not show them)."""
-    paths = {c.path for c in planned}
-    return [Change("DELETE", f"/resource_providers/{p.uuid}",
-                   f"delete provider {p.name} (no longer on the host)", provider=p.name)
+    # An update or a delete of that provider is already planned.
+    deleted = {c.target for c in planned if c.kind in ("update", "delete")}
+    return [Change("delete", p.uuid, f"delete provider {p.name} (no longer on the host)",
+                   provider=p.name)
             for p in inputs.tree.providers
-            if p.uuid in inputs.retired and f"/resource_providers/{p.uuid}" not in paths]
+            if p.uuid and p.uuid in inputs.retired and p.uuid not in deleted]

@@ -20,7 +20,7 @@ def read_provider_allocations(client, providers: Iterable[str]) -> dict[str, dic
     found = {}
     for uuid in providers:
         try:
-            found[uuid] = client.get(f"/resource_providers/{uuid}/allocations")
+            found[uuid] = client.provider_allocations(uuid)
         except NotFound:
             continue
     return found
@@ -39,4 +39,4 @@ def read_consumers(client, consumers: Iterable[str]) -> dict[str, dict]:
     """consumer -> body of ``GET /allocations/{consumer}`` (allocations by
     provider, and ``consumer_type`` when the server has 1.38)."""
     version = consumer_type_version(getattr(client, "server_max", None))
-    return {c: client.get(f"/allocations/{c}", microversion=version) for c in consumers}
+    return {c: client.consumer_allocations(c, microversion=version) for c in consumers}

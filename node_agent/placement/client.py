@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import tenacity
 from keystoneauth1 import adapter as ks_adapter
@@ -29,10 +30,13 @@ from keystoneauth1 import session as ks_session
 from keystoneauth1 import token_endpoint
 
 from node_agent import errors
-from node_agent.placement import microversions
+from node_agent.placement import microversions, routes
 from node_agent.placement.errors import (AuthError, DuplicateName, GenerationConflict,
                                         InventoryInUse, NotFound, PlacementError, Unavailable)
 from node_agent.config.options import PLACEMENT_GROUP
+
+if TYPE_CHECKING:
+    from node_agent.placement.planner import Change
 
 LOG = logging.getLogger(__name__)
 
@@ -256,6 +260,54 @@ class PlacementClient:
 
     def delete(self, path: str) -> None:
         self._request("DELETE", path, None)
+
+    # -- typed operations: callers name what they want, never a URL
+
+    def providers_named(self, name: str) -> list[dict]:
+        """The providers called ``name`` (none or one)."""
+        return self.get(routes.providers_named(name))["resource_providers"]
+
+    def providers_in_tree(self, root_uuid: str) -> list[dict]:
+        return self.get(routes.providers_in_tree(root_uuid))["resource_providers"]
+
+    def provider(self, uuid: str) -> dict:
+        return self.get(routes.provider(uuid))
+
+    def inventories(self, uuid: str) -> dict:
+        """``{resource_provider_generation, inventories}`` of one provider."""
+        return self.get(routes.inventories(uuid))
+
+    def traits(self, uuid: str) -> dict:
+        """``{resource_provider_generation, traits}`` of one provider."""
+        return self.get(routes.traits(uuid))
+
+    def usages(self, uuid: str) -> dict:
+        """``{resource_provider_generation, usages}`` of one provider."""
+        return self.get(routes.usages(uuid))
+
+    def provider_allocations(self, uuid: str) -> dict:
+        """``{resource_provider_generation, allocations}``: every consumer's
+        resources on one provider."""
+        return self.get(routes.provider_allocations(uuid))
+
+    def consumer_allocations(self, consumer: str, microversion: str | None = None) -> dict:
+        return self.get(routes.consumer_allocations(consumer), microversion=microversion)
+
+    def create_provider(self, body: dict) -> dict | None:
+        return self.post(routes.PROVIDERS, body)
+
+    def put_inventories(self, uuid: str, body: dict) -> dict:
+        return self._request("PUT", routes.inventories(uuid), body)
+
+    def put_traits(self, uuid: str, body: dict) -> dict:
+        return self._request("PUT", routes.traits(uuid), body)
+
+    def reshape(self, body: dict) -> None:
+        self.post(routes.RESHAPER, body)
+
+    def send(self, change: Change) -> dict | None:
+        """Send one planned change as it was planned (its body, if any)."""
+        return self._request(change.method, change.path, change.body)
 
     def _where(self) -> str:
         return (getattr(self._adapter, "endpoint_override", None)

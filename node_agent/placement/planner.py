@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
 from node_agent.model.provider_tree import Provider, ProviderTree, placement_inventories
+from node_agent.placement import routes
 
 CUSTOM = "CUSTOM_"
 # Allocation ratios are floats in Placement's database (FLOAT columns can
@@ -29,29 +30,28 @@ INVENTORY_FIELDS = ("total", "reserved", "min_unit", "max_unit", "step_size",
 
 @dataclass(frozen=True)
 class Change:
-    """One HTTP request of a plan; ``provider`` is the provider's name."""
+    """One request of a plan: ``kind`` (one of
+    :data:`node_agent.placement.routes.CHANGE_KINDS`) on ``target``, the
+    provider's uuid or the name of the resource class or trait to define;
+    ``provider`` is the provider's name."""
 
-    method: str
-    path: str
+    kind: str
+    target: str
     summary: str
     body: Optional[dict] = None
     provider: Optional[str] = None
 
+    def __post_init__(self) -> None:
+        if self.kind not in routes.CHANGE_KINDS:
+            raise ValueError(f"unknown change kind {self.kind!r}")
+
     @property
-    def kind(self) -> str:
-        if self.path.startswith("/resource_classes/"):
-            return "resource_class"
-        if self.path.startswith("/traits/"):
-            return "trait"
-        if self.method == "POST":
-            return "create"
-        if self.method == "DELETE":
-            return "delete"
-        if self.path.endswith("/inventories"):
-            return "inventories"
-        if self.path.endswith("/traits"):
-            return "traits"
-        return "update"
+    def method(self) -> str:
+        return routes.request_of(self.kind, self.target)[0]
+
+    @property
+    def path(self) -> str:
+        return routes.request_of(self.kind, self.target)[1]
 
 
 @dataclass(frozen=True)
@@ -145,10 +145,14 @@ def _ensure_custom_changes(desired: ProviderTree,
                       if rc.startswith(CUSTOM)} - known_rc)
     traits = sorted({t for p in desired.providers for t in p.wanted_traits
                      if t.startswith(CUSTOM)} - known_tr)
-    return ([Change("PUT", f"/resource_classes/{rc}",
-                    f"define resource class {rc}") for rc in classes]
-            + [Change("PUT", f"/traits/{t}", f"define trait {t}")
-               for t in traits])
+    return ([Change("resource_class", rc, f"define resource class {rc}") for rc in classes]
+            + [Change("trait", t, f"define trait {t}") for t in traits])
+
+
+def _uuid(provider: Provider) -> str:
+    if not provider.uuid:
+        raise ValueError(f"provider {provider.name} has no uuid")
+    return provider.uuid
 
 
 def parent_uuid_in(desired: ProviderTree, provider: Provider) -> Optional[str]:
@@ -166,7 +170,7 @@ def _create_change(desired: ProviderTree, provider: Provider) -> Change:
     if parent is not None:
         body["parent_provider_uuid"] = parent
     where = f" under {provider.parent}" if provider.parent else ""
-    return Change("POST", "/resource_providers",
+    return Change("create", _uuid(provider),
                   f"create provider {provider.name}{where}", body,
                   provider.name)
 
@@ -176,7 +180,7 @@ def _update_change(desired: ProviderTree, provider: Provider,
     parent = parent_uuid_in(desired, provider)
     if state.name == provider.name and state.parent_uuid == parent:
         return None
-    return Change("PUT", f"/resource_providers/{provider.uuid}",
+    return Change("update", _uuid(provider),
                   f"rename/re-parent provider {state.name} as "
                   f"{provider.name}",
                   {"name": provider.name, "parent_provider_uuid": parent},
@@ -190,7 +194,7 @@ def inventory_change(provider: Provider, state: ProviderState,
     if inventories_equal(state.inventories, wanted):
         return None
     phrases = describe_inventory_diff(state.inventories, wanted)
-    return Change("PUT", f"/resource_providers/{provider.uuid}/inventories",
+    return Change("inventories", _uuid(provider),
                   f"{'; '.join(phrases)} on {provider.name}",
                   {"resource_provider_generation": generation,
                    "inventories": wanted}, provider.name)
@@ -204,7 +208,7 @@ def _traits_change(provider: Provider, state: ProviderState,
     added = sorted(merged - state.traits)
     removed = sorted(state.traits - merged)
     what = " ".join([f"+{t}" for t in added] + [f"-{t}" for t in removed])
-    return Change("PUT", f"/resource_providers/{provider.uuid}/traits",
+    return Change("traits", _uuid(provider),
                   f"traits {what} on {provider.name}",
                   {"resource_provider_generation": generation,
                    "traits": sorted(merged)}, provider.name)
@@ -236,7 +240,7 @@ def _delete_changes(desired: ProviderTree,
         changed = bool(blocked)
         doomed -= blocked
     order = sorted(doomed, key=lambda u: (-_depth(u, actual), actual[u].name))
-    return [Change("DELETE", f"/resource_providers/{u}",
+    return [Change("delete", u,
                    f"delete provider {actual[u].name} (no longer on the host)",
                    provider=actual[u].name) for u in order]
 

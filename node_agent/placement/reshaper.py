@@ -32,7 +32,6 @@ import uuid as uuidlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping, Optional
-from urllib.parse import quote
 
 import tenacity
 
@@ -100,8 +99,7 @@ def resolve_uuids(client, tree: ProviderTree,
             continue
         uuid = provider.uuid or known.get(provider.name)
         if uuid is None:
-            found = client.get(f"/resource_providers?name={quote(provider.name)}")
-            listed = found["resource_providers"]
+            listed = client.providers_named(provider.name)
             uuid = listed[0]["uuid"] if listed else None
         if uuid is not None:
             uuids[provider.name] = uuid
@@ -113,7 +111,7 @@ def read_allocations(client, uuids: Iterable[str]) -> dict[str, ProviderAllocati
     found = {}
     for uuid in uuids:
         try:
-            body = client.get(f"/resource_providers/{uuid}/allocations")
+            body = client.provider_allocations(uuid)
         except NotFound:
             continue
         found[uuid] = ProviderAllocations.from_placement(uuid, body)
@@ -127,7 +125,7 @@ def read_consumers(client, uuids: Iterable[str],
     uuids = list(uuids)
 
     def one(uuid: str) -> Consumer:
-        return Consumer.from_placement(uuid, client.get(f"/allocations/{uuid}"))
+        return Consumer.from_placement(uuid, client.consumer_allocations(uuid))
 
     if len(uuids) < 2 or workers < 2:
         return {uuid: one(uuid) for uuid in uuids}
@@ -140,7 +138,7 @@ def read_inventories(client, uuids: Iterable[str]) -> dict[str, dict]:
     found = {}
     for uuid in uuids:
         try:
-            found[uuid] = client.get(f"/resource_providers/{uuid}/inventories")["inventories"]
+            found[uuid] = client.inventories(uuid)["inventories"]
         except NotFound:
             continue
     return found
@@ -203,7 +201,7 @@ def _create_missing(client, tree: ProviderTree, uuids: Iterable[str]) -> None:
         if provider.parent is not None:
             body["parent_provider_uuid"] = tree.by_name(provider.parent).uuid
         try:
-            client.post("/resource_providers", body)
+            client.create_provider(body)
         except DuplicateName as exc:
             raise ReshapeError(
                 f"cannot create provider {provider.name} for the reshape: {exc}; "
@@ -263,7 +261,7 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
                             # Say who keeps what where (the consumers it does not move).
                             raise ReshapeError("; ".join([str(exc), *plan.warnings])) from exc
                     sent = plan
-                    client.post("/reshaper", plan.body)
+                    client.reshape(plan.body)
                     outcome.reshaped = True
                     outcome.request_id = client.last_request_id
                 elif sent is not None and _committed(client, sent):
@@ -295,7 +293,7 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
 def _committed(client, sent: Reshape) -> bool:
     """Every consumer of ``sent`` holds exactly the allocations it set."""
     for consumer, entry in sent.body["allocations"].items():
-        held = client.get(f"/allocations/{consumer}")["allocations"]
+        held = client.consumer_allocations(consumer)["allocations"]
         if {rp: a["resources"] for rp, a in held.items()} != {
                 rp: a["resources"] for rp, a in entry["allocations"].items()}:
             return False
@@ -350,7 +348,7 @@ def _listed_children(client, root_uuid: str, listed) -> list[ListedChild]:
     if listed is not None:
         return [ListedChild(p.uuid, p.name, p.parent_uuid, frozenset(p.traits),
                             dict(p.inventories)) for p in listed]
-    found = client.get(f"/resource_providers?in_tree={root_uuid}")["resource_providers"]
+    found = client.providers_in_tree(root_uuid)
     return [ListedChild(rp["uuid"], rp["name"], rp.get("parent_provider_uuid"))
             for rp in found]
 
@@ -358,10 +356,9 @@ def _listed_children(client, root_uuid: str, listed) -> list[ListedChild]:
 def _with_details(client, child: ListedChild) -> ListedChild:
     if child.inventories is not None:
         return child
-    base = f"/resource_providers/{child.uuid}"
     try:
-        traits = client.get(f"{base}/traits")["traits"]
-        inventories = client.get(f"{base}/inventories")["inventories"]
+        traits = client.traits(child.uuid)["traits"]
+        inventories = client.inventories(child.uuid)["inventories"]
     except NotFound:
         return replace(child, inventories={})
     return replace(child, traits=frozenset(traits), inventories=inventories)

@@ -22,7 +22,6 @@ import time
 import uuid as uuidlib
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional
-from urllib.parse import quote
 
 import tenacity
 
@@ -224,14 +223,12 @@ class TreeSyncer:
         return None if self._cache is None else self._due_at
 
     def _lookup_by_name(self, name: str) -> Optional[dict]:
-        found = self.client.get(
-            f"/resource_providers?name={quote(name)}")["resource_providers"]
+        found = self.client.providers_named(name)
         return found[0] if found else None
 
     def _read_provider(self, rp: dict) -> ProviderState:
-        base = f"/resource_providers/{rp['uuid']}"
-        inventories = self.client.get(f"{base}/inventories")
-        traits = self.client.get(f"{base}/traits")
+        inventories = self.client.inventories(rp["uuid"])
+        traits = self.client.traits(rp["uuid"])
         self._note_generation(rp["uuid"], inventories["resource_provider_generation"],
                               traits["resource_provider_generation"])
         return ProviderState(rp["uuid"], rp["name"],
@@ -243,8 +240,7 @@ class TreeSyncer:
     def _full_read(self, root_uuid: str) -> dict[str, ProviderState]:
         """GET the tree; inventories and traits only of providers whose
         generation moved since we last saw them."""
-        listing = self.client.get(
-            f"/resource_providers?in_tree={root_uuid}")["resource_providers"]
+        listing = self.client.providers_in_tree(root_uuid)
         old = self._cache or {}
         actual = {}
         for rp in listing:
@@ -384,7 +380,7 @@ class TreeSyncer:
         PUTs that grow nothing go first. A steady cycle reads nothing here.
         """
         planned: dict[str, dict] = {}
-        by_uuid = {c.path.split("/")[2]: c for c in changes if c.kind == "inventories"}
+        by_uuid = {c.target: c for c in changes if c.kind == "inventories"}
         for provider in ctx.tree.providers:
             state = ctx.actual.get(provider.uuid)
             change = by_uuid.get(provider.uuid)
@@ -431,7 +427,7 @@ class TreeSyncer:
                    for rc, rec in ctx.planned[provider.uuid].items()):
                 ctx.grows.add(provider.uuid)
             puts.append(change)
-        puts.sort(key=lambda c: c.path.split("/")[2] in ctx.grows)
+        puts.sort(key=lambda c: c.target in ctx.grows)
         others = [c for c in changes if c.kind != "inventories"]
         at = next((i for i, c in enumerate(others) if c.kind in ("traits", "delete")),
                   len(others))
@@ -459,7 +455,7 @@ class TreeSyncer:
                 continue
             if not any(self._usages_of(ctx, uuid).get(rc) for rc in classes):
                 continue
-            body = self.client.get(f"/resource_providers/{uuid}/allocations")
+            body = self.client.provider_allocations(uuid)
             for consumer, alloc in sorted(body.get("allocations", {}).items()):
                 held = {rc: n for rc, n in alloc.get("resources", {}).items()
                         if rc in classes}
@@ -678,7 +674,7 @@ class TreeSyncer:
                                      "provider or parent could not be created")
                 continue
             if (change.kind == "inventories" and ctx.shrink_failed
-                    and change.path.split("/")[2] in ctx.grows):
+                    and change.target in ctx.grows):
                 report.errors.append(f"skipped ({change.summary}): an earlier inventory "
                                      "change failed, and growing now could overstate "
                                      "the host")
@@ -714,17 +710,16 @@ class TreeSyncer:
         return False
 
     def _define(self, ctx, change, attempt):
-        self.client.put(change.path, None)
-        name = change.path.rsplit("/", 1)[1]
+        self.client.send(change)
         (self._known_classes if change.kind == "resource_class"
-         else self._known_traits).add(name)
+         else self._known_traits).add(change.target)
         return True, []
 
     def _create(self, ctx, change, attempt):
         """POST the provider. 409 duplicate name: adopt the provider of that
         name if it is our root or in our tree, then re-plan; else an error."""
         try:
-            created = self.client.post(change.path, change.body) or {}
+            created = self.client.send(change) or {}
         except DuplicateName:
             return False, self._adopt(ctx, change, attempt)
         body = change.body
@@ -755,8 +750,8 @@ class TreeSyncer:
                 "rename or delete it"]
 
     def _update(self, ctx, change, attempt):
-        result = self.client.put(change.path, change.body) or {}
-        uuid = change.path.rsplit("/", 1)[1]
+        result = self.client.send(change) or {}
+        uuid = change.target
         self._cache[uuid] = replace(
             self._cache[uuid], name=change.body["name"],
             parent_uuid=change.body["parent_provider_uuid"],
@@ -766,9 +761,9 @@ class TreeSyncer:
     def _delete(self, ctx, change, attempt):
         """DELETE an owned child. 409 (allocations, or children): an error
         naming the provider; it stays owned and is retried next cycle."""
-        uuid = change.path.rsplit("/", 1)[1]
+        uuid = change.target
         try:
-            self.client.delete(change.path)
+            self.client.send(change)
         except PlacementError as exc:
             if getattr(exc, "status", None) != 409:
                 raise
@@ -788,7 +783,7 @@ class TreeSyncer:
             reraise=True)
 
     def _reread_inventories(self, uuid: str) -> ProviderState:
-        got = self.client.get(f"/resource_providers/{uuid}/inventories")
+        got = self.client.inventories(uuid)
         self._mark_if_moved(uuid, got["resource_provider_generation"])
         state = replace(self._cache[uuid],
                         generation=got["resource_provider_generation"],
@@ -809,7 +804,7 @@ class TreeSyncer:
         inventory.inuse, or a shrink below usage that Placement would only
         log) keep their current record and are reported; the others apply.
         """
-        uuid = change.path.split("/")[2]
+        uuid = change.target
         wanted_all = change.body["inventories"]
         errors: list[str] = []
         for try_ in self._retrying():
@@ -832,7 +827,7 @@ class TreeSyncer:
                 if inventories_equal(state.inventories, wanted):
                     return False, errors
                 try:
-                    result = self.client.put(change.path, {
+                    result = self.client.put_inventories(uuid, {
                         "resource_provider_generation": generation,
                         "inventories": wanted})
                 except InventoryInUse:
@@ -848,7 +843,7 @@ class TreeSyncer:
 
     def _usages(self, uuid: str) -> tuple[dict[str, int], int]:
         """Usages and the provider generation they were read at."""
-        body = self.client.get(f"/resource_providers/{uuid}/usages")
+        body = self.client.usages(uuid)
         return body["usages"], body["resource_provider_generation"]
 
     def _over_used(self, usages: Mapping[str, int], wanted: Mapping[str, Mapping],
@@ -895,13 +890,13 @@ class TreeSyncer:
         merged in; traits the agent has no opinion on are kept. 409
         concurrent_update: GET again and retry (bounded). A provider created
         in this cycle has no traits yet, so its GET is skipped."""
-        uuid = change.path.split("/")[2]
+        uuid = change.target
         provider = ctx.tree.by_name(change.provider)
         for try_ in self._retrying():
             with try_:
                 state = self._cache[uuid]
                 if uuid not in ctx.created or try_.retry_state.attempt_number > 1:
-                    got = self.client.get(change.path)
+                    got = self.client.traits(uuid)
                     self._mark_if_moved(uuid, got["resource_provider_generation"])
                     state = replace(state, traits=frozenset(got["traits"]),
                                     generation=got["resource_provider_generation"])
@@ -909,7 +904,7 @@ class TreeSyncer:
                 merged = merged_traits(state.traits, provider)
                 if merged == state.traits:
                     return False, []
-                result = self.client.put(change.path, {
+                result = self.client.put_traits(uuid, {
                     "resource_provider_generation": state.generation,
                     "traits": sorted(merged)})
         self._cache[uuid] = replace(

@@ -73,7 +73,6 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
-from urllib.parse import quote
 
 from node_agent.remote import wire
 from node_agent.errors import (ConfigError, NodeAgentError, PlacementError, ProviderOwned,
@@ -369,12 +368,12 @@ class Applier:
 
     @staticmethod
     def _by_name(client, name: str) -> Optional[dict]:
-        found = client.get(f"/resource_providers?name={quote(name)}")["resource_providers"]
+        found = client.providers_named(name)
         return found[0] if found else None
 
     @staticmethod
     def _tree_names(client, root: str) -> set[str]:
-        listed = client.get(f"/resource_providers?in_tree={root}")["resource_providers"]
+        listed = client.providers_in_tree(root)
         return {rp["name"] for rp in listed}
 
     @staticmethod
@@ -382,7 +381,7 @@ class Applier:
         from node_agent.placement.client import NotFound
 
         try:
-            return client.get(f"/resource_providers/{uuid}")
+            return client.provider(uuid)
         except NotFound:
             return None
 

@@ -29,6 +29,7 @@ PURE_PACKAGES = ("model", "policy", "tree")
 PURE_MODULES = ("node_agent.placement.planner", "node_agent.placement.reshape_engine",
                 "node_agent.placement.reshape_rules",
                 "node_agent.placement.errors", "node_agent.placement.microversions",
+                "node_agent.placement.routes",
                 # The wire format and the JSON Schema it ships (read as package data).
                 "node_agent.remote.wire", "node_agent.remote.schema")
 # Not pure themselves, but safe to import: the error hierarchy (it reads

@@ -180,7 +180,7 @@ def test_owned_child_no_longer_desired_is_deleted_last():
     actual[NUMA1] = state_of(numa1, parent_uuid=ROOT)
     changes = plan_changes(desired, actual, {NUMA0, NUMA1})
     assert changes[-1] == Change(
-        "DELETE", f"/resource_providers/{NUMA1}",
+        "delete", NUMA1,
         "delete provider host1_NUMA1 (no longer on the host)",
         provider="host1_NUMA1")
     assert changes[0].kind == "inventories"
