@@ -7,23 +7,45 @@ never "repaired": it is reported and the caller rebuilds from Placement.
 Writes follow the kubelet's checkpoint recipe: a temp file in the same
 directory, fsync, rename over the old file, fsync the directory. A crash
 at any point leaves either the old file or the new one, never a mix.
+
+Several writers share the file (the syncer, the maintenance command run
+with sudo while the service runs, the audit, the applier): each changes only
+its own keys, listed here, through :meth:`StateStore.update`, which reads,
+changes and writes the file under an exclusive ``flock`` of its directory,
+so no writer ever loses another's update. Readers need no lock: the rename
+makes every read see a whole file.
 """
 
 from __future__ import annotations
 
+import copy
 import errno
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 from node_agent.errors import NodeAgentError, StateError
 
 FILE_NAME = "state.json"
 FORMAT_VERSION = 1
 FILE_MODE = 0o600
+
+LOG = logging.getLogger(__name__)
+
+# The file's keys, and who writes each.
+ROOT_UUID = "root_uuid"              # the syncer: the root provider's uuid
+PROVIDERS = "providers"              # the syncer (or the upstream sender): name -> uuid
+OWNED_CHILDREN = "owned_children"    # the syncer: children it created, uuids
+APPLIED = "provider_config_applied"  # a cycle: provider -> operator traits applied
+MAINTENANCE = "maintenance"          # the maintenance command / control RPC: the request
+AUDIT = "audit"                      # the allocation audit: its history
+APPLIER = "applier"                  # node-agent-applier: its per-host record
 
 
 def _reason(exc: OSError) -> str:
@@ -115,6 +137,44 @@ class StateStore:
         except StateCorrupt as exc:
             log.warning("%s", exc)
             return {}
+
+    def update(self, change: Callable[[dict], None]) -> dict:
+        """Read the file, let ``change`` edit the dict in place, write it back
+        (only when it changed), all under an exclusive lock: two processes
+        updating at once both keep their update. A corrupt file is logged
+        and read as empty. Returns the file's new content. The lock waits
+        for the other writer (a write takes milliseconds)."""
+        with self._locked():
+            state = self.load_or_empty(LOG)
+            new = copy.deepcopy(state)
+            change(new)
+            if new != state:
+                self.save(new)
+            return new
+
+    def put(self, key: str, value: Any) -> dict:
+        """:meth:`update` that sets one key."""
+        def set_key(state: dict) -> None:
+            state[key] = value
+        return self.update(set_key)
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        # The directory itself is locked: no lock file to own, and a sudo
+        # run leaves nothing the service user cannot open. The kernel drops
+        # the lock when its holder dies.
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
+        except OSError as exc:
+            raise StateError(
+                f"state directory {self.directory} cannot be opened: {_reason(exc)}. "
+                "Make it readable and writable by the user the agent runs as.") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def save(self, data: dict) -> None:
         """Replace the file with ``data`` atomically, mode 0600.

@@ -34,8 +34,8 @@ from node_agent.cli import render
 from node_agent.policy.capacity import check, host_limits, published
 from node_agent.config.files import oslo_args
 from node_agent.policy import maintenance as maint
-from node_agent.cycle.desired import (APPLIED_KEY, MAINTENANCE_KEY, compute_desired,
-                                      file_traits_to_remember, forget_applied_off)
+from node_agent.cycle.desired import compute_desired, file_traits_to_remember, forget_applied_off
+from node_agent.state import APPLIED, MAINTENANCE, ROOT_UUID
 from node_agent.errors import ConfigError, NodeAgentError, StateError
 from node_agent.policy.partition import node_split
 from node_agent.config.validation import config_args, placement_configured, validate
@@ -247,8 +247,8 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
             try:
                 before = syncer.traits_by_name(desired.tree)
                 outcome = reconciler.apply(desired)
-                syncer.remember(APPLIED_KEY, file_traits_to_remember(
-                    desired, syncer.state.get(APPLIED_KEY), before, clean=outcome.ok))
+                syncer.remember(APPLIED, file_traits_to_remember(
+                    desired, syncer.state.get(APPLIED), before, clean=outcome.ok))
                 if outcome.ok:
                     forget_applied_off(syncer.store, desired.maintenance)
             except StateError as exc:
@@ -469,10 +469,8 @@ def _maintenance(argv: list[str]) -> int:
                   f"recorded it and applied it in a cycle: {json.dumps(answer, sort_keys=True)}")
             return 0
         store = _state_store(settings)
-        state = store.load_or_empty(LOG)
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        state[MAINTENANCE_KEY] = maint.record(args.switch == "on", args.reason, now)
-        store.save(state)
+        store.put(MAINTENANCE, maint.record(args.switch == "on", args.reason, now))
     except (NodeAgentError, OSError) as exc:
         print(f"node-agent: error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)
@@ -523,7 +521,7 @@ def _maintenance_status(conf, settings, output: str) -> int:
     except (StateCorrupt, OSError) as exc:
         error = str(exc)
     seen = _root_in_placement(conf, settings, state) if placement_configured(conf) else None
-    report = maint.status(settings.host, str(store.path), state.get(MAINTENANCE_KEY),
+    report = maint.status(settings.host, str(store.path), state.get(MAINTENANCE),
                           error, seen)
     print(render.as_json(report) + "\n" if output == "json" else maint.status_text(report), end="")
     return 0
@@ -537,7 +535,7 @@ def _root_in_placement(conf, settings, state) -> dict:
 
     client = PlacementClient.from_conf(conf)
     client.check_version()
-    candidates = [state.get("root_uuid")] if state.get("root_uuid") else []
+    candidates = [state[ROOT_UUID]] if state.get(ROOT_UUID) else []
     found = client.providers_named(settings.host)
     candidates += [rp["uuid"] for rp in found]
     for uuid in candidates:

@@ -18,10 +18,11 @@ from typing import Callable, Optional
 
 from node_agent.placement import audit_read
 from node_agent.policy import audit as policy
+from node_agent.state import AUDIT
 
 LOG = logging.getLogger(__name__)
 
-STATE_KEY = "audit"
+STATE_KEY = AUDIT
 
 
 def holding_providers(states) -> list[str]:

@@ -23,13 +23,11 @@ from node_agent.config.provider_files import load_provider_configs, load_provide
 from node_agent.model.provider_tree import ProviderTree
 from node_agent.model.settings import Settings
 from node_agent.model.snapshot import HostSnapshot
+from node_agent.state import APPLIED, MAINTENANCE, PROVIDERS
 
 LOG = logging.getLogger(__name__)
 
 # Keys of the state file this module reads (the syncer owns the others).
-APPLIED_KEY = "provider_config_applied"
-MAINTENANCE_KEY = "maintenance"
-PROVIDERS_KEY = "providers"  # written by the syncer: name -> uuid
 
 
 @dataclass(frozen=True)
@@ -121,10 +119,10 @@ def forget_applied_off(store, record: Optional[Mapping]) -> None:
     the root's disabled trait alone means maintenance again."""
     if maint.requested(record) is not False:
         return
-    state = store.load_or_empty(LOG)
-    if state.get(MAINTENANCE_KEY) == record:
-        del state[MAINTENANCE_KEY]
-        store.save(state)
+    def drop_if_unchanged(state: dict) -> None:
+        if state.get(MAINTENANCE) == record:
+            del state[MAINTENANCE]
+    store.update(drop_if_unchanged)
 
 
 def compute_desired(settings: Settings, hypervisor=None,
@@ -140,5 +138,5 @@ def compute_desired(settings: Settings, hypervisor=None,
     else:
         configs, refused = load_provider_configs(settings.provider_config_location), ()
     return desired_from(settings, discover(settings, hypervisor), configs,
-                        state.get(APPLIED_KEY), state.get(MAINTENANCE_KEY),
-                        state.get(PROVIDERS_KEY), refused)
+                        state.get(APPLIED), state.get(MAINTENANCE),
+                        state.get(PROVIDERS), refused)

@@ -32,7 +32,8 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Optional, Union
 
 from node_agent.policy.capacity import Published, as_published, check, limits_of
-from node_agent.cycle.desired import PROVIDERS_KEY, Desired, with_placement_maintenance
+from node_agent.cycle.desired import Desired, with_placement_maintenance
+from node_agent.state import PROVIDERS
 from node_agent.errors import GuestsDoNotFit, ReshapeError
 from node_agent.policy.guest_fit import misfits
 from node_agent.model.provider_tree import ProviderTree
@@ -99,7 +100,7 @@ class Reconciler:
         self._applied_shape: Optional[tuple] = None
 
     def _known_uuids(self) -> Mapping[str, str]:
-        return self.syncer.state.get(PROVIDERS_KEY, {})
+        return self.syncer.state.get(PROVIDERS, {})
 
     def _held_tree(self, inputs: HostReshape) -> ProviderTree:
         rule = inputs.rule

@@ -21,7 +21,7 @@ import math
 import time
 import uuid as uuidlib
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 import tenacity
 
@@ -34,9 +34,7 @@ from node_agent.model.provider_tree import Inventory, ProviderTree
 from node_agent.placement.planner import (Change, ProviderState, capacity, guarded_capacity,
                                           inventories_equal, inventory_change, merged_traits,
                                           parent_uuid_in, plan_changes, verify_phase)
-
-if TYPE_CHECKING:  # the store is passed in; its file I/O stays out of this module
-    from node_agent.state import StateStore
+from node_agent.state import OWNED_CHILDREN, PROVIDERS, ROOT_UUID, StateStore
 
 LOG = logging.getLogger(__name__)
 
@@ -255,8 +253,8 @@ class TreeSyncer:
         return actual
 
     def _root_uuid(self, desired: ProviderTree) -> Optional[str]:
-        if self._state.get("root_uuid"):
-            return self._state["root_uuid"]
+        if self._state.get(ROOT_UUID):
+            return self._state[ROOT_UUID]
         found = self._lookup_by_name(desired.root.name)
         return found["uuid"] if found else None
 
@@ -273,7 +271,7 @@ class TreeSyncer:
         root_uuid = self._root_uuid(desired)
         actual = self._actual(root_uuid, desired.root.name)
         by_name = {s.name: s.uuid for s in actual.values()}
-        saved = self._state.get("providers", {})
+        saved = self._state.get(PROVIDERS, {})
         uuids = {p.name: by_name.get(p.name) or saved.get(p.name)
                  or str(uuidlib.uuid4()) for p in desired.providers}
         if root_uuid:
@@ -312,7 +310,7 @@ class TreeSyncer:
         want (ours even if the state file was lost)."""
         wanted = {p.uuid for p in ctx.tree.providers[1:]}
         found = {u for u in wanted if u in ctx.actual}
-        return set(self._state.get("owned_children", [])) | found
+        return set(self._state.get(OWNED_CHILDREN, [])) | found
 
     def _plan(self, ctx: _Context) -> list[Change]:
         return plan_changes(ctx.tree, ctx.actual, self._owned(ctx),
@@ -526,20 +524,18 @@ class TreeSyncer:
     def _save_state(self, ctx: _Context) -> None:
         created_or_found = {p.uuid for p in ctx.tree.providers[1:]
                             if p.uuid in self._cache}
-        owned = (set(self._state.get("owned_children", [])) | created_or_found)
+        owned = (set(self._state.get(OWNED_CHILDREN, [])) | created_or_found)
         owned &= set(self._cache)
         root = ctx.tree.root.uuid
-        new = {"root_uuid": root if root in self._cache else
-               self._state.get("root_uuid"),
-               "providers": {p.name: p.uuid for p in ctx.tree.providers
-                             if p.uuid in self._cache},
-               "owned_children": sorted(owned)}
+        new = {ROOT_UUID: root if root in self._cache else
+               self._state.get(ROOT_UUID),
+               PROVIDERS: {p.name: p.uuid for p in ctx.tree.providers
+                                 if p.uuid in self._cache},
+               OWNED_CHILDREN: sorted(owned)}
         if any(self._state.get(key) != value for key, value in new.items()):
-            # Merge with the file as it is now: other writers (the maintenance
-            # command, the cycle's remembered operator traits) own other keys.
-            merged = {**self.store.load_or_empty(LOG), **new}
-            self.store.save(merged)
-            self._state = merged
+            # Other writers (the maintenance command, the cycle's remembered
+            # operator traits) own the other keys.
+            self._state = self.store.update(lambda saved: saved.update(new))
 
     def cached(self) -> Optional[dict[str, ProviderState]]:
         """What the cache says Placement holds (uuid -> state), None without one."""
@@ -642,21 +638,19 @@ class TreeSyncer:
 
     @property
     def owned_children(self) -> list[str]:
-        return list(self._state.get("owned_children", []))
+        return list(self._state.get(OWNED_CHILDREN, []))
 
     def claim_children(self, uuids: Iterable[str]) -> None:
         """These children are the agent's (found by name and mark after a
         lost state file): the next sync deletes them if the tree dropped them."""
-        self._state = {**self._state, "owned_children": sorted(
-            set(self._state.get("owned_children", [])) | set(uuids))}
+        self._state = {**self._state, OWNED_CHILDREN: sorted(
+            set(self._state.get(OWNED_CHILDREN, [])) | set(uuids))}
 
     def remember(self, key: str, value) -> None:
         """Keep ``value`` under ``key`` in the state file (saved only on change)."""
         if self._state.get(key) == value:
             return
-        merged = {**self.store.load_or_empty(LOG), key: value}
-        self.store.save(merged)
-        self._state = merged
+        self._state = self.store.put(key, value)
 
     @property
     def state(self) -> dict:
@@ -738,9 +732,9 @@ class TreeSyncer:
             or found.get("root_provider_uuid") == root.uuid)
         if ours and attempt == 0:
             if name == root.name:
-                self._state = {**self._state, "root_uuid": found["uuid"]}
-            self._state = {**self._state, "providers": {
-                **self._state.get("providers", {}), name: found["uuid"]}}
+                self._state = {**self._state, ROOT_UUID: found["uuid"]}
+            self._state = {**self._state, PROVIDERS: {
+                **self._state.get(PROVIDERS, {}), name: found["uuid"]}}
             LOG.info("adopting existing provider %s (%s)", name, found["uuid"])
             raise _Replan()
         where = (f"uuid {found['uuid']}, tree {found.get('root_provider_uuid')}"
@@ -770,8 +764,8 @@ class TreeSyncer:
             return False, [f"cannot delete provider {change.provider}: "
                            f"{exc}; move or delete what uses it"]
         self._cache.pop(uuid, None)
-        self._state = {**self._state, "owned_children": [
-            u for u in self._state.get("owned_children", []) if u != uuid]}
+        self._state = {**self._state, OWNED_CHILDREN: [
+            u for u in self._state.get(OWNED_CHILDREN, []) if u != uuid]}
         return True, []
 
     # -- inventories

@@ -79,11 +79,11 @@ from node_agent.errors import (ConfigError, NodeAgentError, PlacementError, Prov
                                ReshapeError)
 from node_agent.policy.root_owner import identity_of_tree
 from node_agent.cycle.reconcile import Reconciler, shape_of
-from node_agent.state import StateStore
+from node_agent.state import APPLIER, PROVIDERS, ROOT_UUID, StateStore
 
 LOG = logging.getLogger(__name__)
 
-RECORD_KEY = "applier"
+RECORD_KEY = APPLIER
 # Keys of the record that hold only between completed applies.
 CACHE_KEY, SHAPE_KEY = "cache", "shape"
 LOCK_FILE = "lock"
@@ -283,7 +283,7 @@ class Applier:
 
     def _save(self, store: StateStore, record: dict) -> None:
         # The syncer owns the other keys of the same file.
-        store.save({**store.load_or_empty(LOG), RECORD_KEY: record})
+        store.put(RECORD_KEY, record)
 
     def _take(self, store: StateStore, record: dict) -> None:
         """Drop the cache and the shape from the shared record before
@@ -336,9 +336,9 @@ class Applier:
         """
         client = local.client
         state = local.syncer.state
-        known = dict(state.get("providers", {}))
+        known = dict(state.get(PROVIDERS, {}))
         problems: list[str] = []
-        root = state.get("root_uuid")
+        root = state.get(ROOT_UUID)
         looked_up = root is None
         if looked_up:
             found = self._by_name(client, tree.root.name)

@@ -32,6 +32,7 @@ from typing import Mapping, Optional
 
 from node_agent.errors import ConfigError
 from node_agent.placement.errors import Unavailable
+from node_agent.state import APPLIED, PROVIDERS
 from node_agent.remote.wire import (BUSY, DEFAULT_TOPIC, ERROR, METHOD, REFUSED,
                                     RPC_VERSION, STALE, STATUSES, UNCHANGED, UNKNOWN_DIGEST,
                                     WIRE_VERSION, Malformed, body_of, check_outgoing, digest_of,
@@ -99,16 +100,12 @@ def remember(store, report: UpstreamReport, desired) -> None:
     for the cycle: the operator-file traits applied (once applied cleanly)
     and the providers' uuids, so provider files may name them by uuid.
     Written only when something changed."""
-    from node_agent.cycle.desired import APPLIED_KEY, PROVIDERS_KEY
-
-    state = store.load_or_empty(LOG)
-    new = dict(state)
-    if report.ok:
-        new[APPLIED_KEY] = {k: list(v) for k, v in desired.applied.items()}
-    if report.uuids:
-        new[PROVIDERS_KEY] = dict(report.uuids)
-    if new != state:
-        store.save(new)
+    def note(state: dict) -> None:
+        if report.ok:
+            state[APPLIED] = {k: list(v) for k, v in desired.applied.items()}
+        if report.uuids:
+            state[PROVIDERS] = dict(report.uuids)
+    store.update(note)
 
 
 def _guests_refused_here(desired) -> Optional[UpstreamReport]:

@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from node_agent.policy import maintenance as maint
-from node_agent.cycle.desired import (APPLIED_KEY, MAINTENANCE_KEY, Desired, compute_desired,
-                                      file_traits_to_remember, forget_applied_off)
+from node_agent.cycle.desired import (Desired, compute_desired, file_traits_to_remember,
+                                      forget_applied_off)
 from node_agent.errors import NodeAgentError, PlacementError
 from node_agent.model.settings import Settings
-from node_agent.state import StateStore
+from node_agent.state import APPLIED, MAINTENANCE, StateStore
 from node_agent.service.loop import CycleResult, Service, systemd_notifier
 
 LOG = logging.getLogger(__name__)
@@ -68,7 +68,7 @@ class Maintenance:
     def get(self, last: Optional[Desired] = None) -> dict:
         """The state file's say; ``last`` (the last cycle's desired) adds
         maintenance kept on by Placement's disabled trait alone."""
-        saved = self._store.load_or_empty(LOG).get(MAINTENANCE_KEY)
+        saved = self._store.load_or_empty(LOG).get(MAINTENANCE)
         if not saved and last is not None and maint.is_on(last.maintenance):
             return {"on": True, "reason": maint.UNKNOWN_REASON, "since": None,
                     "source": "placement"}
@@ -79,10 +79,8 @@ class Maintenance:
                 "since": saved.get("since"), "source": "state file"}
 
     def set(self, on: bool, reason: Optional[str] = None) -> dict:
-        # Merged into the file as it is now: the syncer owns the other keys.
-        state = self._store.load_or_empty(LOG)
-        state[MAINTENANCE_KEY] = maint.record(on, reason, _now())
-        self._store.save(state)
+        # The syncer owns the other keys of the file.
+        self._store.put(MAINTENANCE, maint.record(on, reason, _now()))
         LOG.info("maintenance %s%s", "on" if on else "off", f": {reason}" if reason else "")
         return self.get()
 
@@ -172,8 +170,8 @@ class Agent:
                 desired = self._reconciler.maintained(desired)
                 before = syncer.traits_by_name(desired.tree)
                 outcome = self._reconciler.apply(desired, **self._reshape_hooks(loaded))
-                syncer.remember(APPLIED_KEY, file_traits_to_remember(
-                    desired, syncer.state.get(APPLIED_KEY), before, clean=outcome.ok))
+                syncer.remember(APPLIED, file_traits_to_remember(
+                    desired, syncer.state.get(APPLIED), before, clean=outcome.ok))
                 if syncer.verified_at != verified_at:  # this cycle read the whole tree
                     self._audit(loaded, desired)
             if outcome.ok:

@@ -115,7 +115,8 @@ def test_status_of_an_unreadable_state_file_names_the_error_and_trusts_placement
 
 
 def test_an_applied_off_is_forgotten_but_a_newer_record_is_kept(tmp_path):
-    from node_agent.cycle.desired import MAINTENANCE_KEY, forget_applied_off
+    from node_agent.cycle.desired import forget_applied_off
+    from node_agent.state import MAINTENANCE as MAINTENANCE_KEY
     from node_agent.state import StateStore
 
     store = StateStore(tmp_path)
