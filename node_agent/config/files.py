@@ -29,10 +29,6 @@ from node_agent.config.nova_options import NOVA_DYNAMIC_SECTION_PREFIXES, NOVA_O
 LOG = logging.getLogger(__name__)
 
 PROJECT = "node-agent"
-# keystoneauth1 auth plugins whose options may appear in [placement].
-AUTH_PLUGINS = ("password", "v3password", "v2password", "token", "v3token",
-                "v3applicationcredential", "admin_token", "none", "http_basic",
-                "v3oidcpassword", "v3totp")
 # Sections that belong to libraries; their keys are theirs to check.
 _LIBRARY_SECTION_PREFIXES = ("oslo_", "keystone_authtoken", "ssl")
 
@@ -51,15 +47,23 @@ def _known_keys(conf: cfg.ConfigOpts) -> dict[str, set[str]]:
             for old in opt.deprecated_opts:
                 if old.name and (old.group in (None, group)):
                     names.add(old.name.replace("-", "_"))
-    placement = known.setdefault(conf_mod.PLACEMENT_GROUP, set())
-    for name in AUTH_PLUGINS:
-        try:
-            for opt in ks_loading.get_plugin_options(name):
-                placement.add(opt.dest)
-        except Exception:  # a broken third-party plugin must not block config checks
-            continue
+    known.setdefault(conf_mod.PLACEMENT_GROUP, set()).update(_auth_plugin_keys(conf))
     known["DEFAULT"] |= {"config_file", "config_dir"}
     return known
+
+
+def _auth_plugin_keys(conf: cfg.ConfigOpts) -> set[str]:
+    """The options of the configured ``[placement] auth_type``, as
+    keystoneauth's plugin loader lists them (any installed plugin). An
+    unknown auth_type adds none: loading the session reports it."""
+    name = conf[conf_mod.PLACEMENT_GROUP].auth_type
+    if not name:
+        return set()
+    try:
+        options = ks_loading.get_plugin_options(name)
+    except Exception:  # no such plugin, or a broken third-party one
+        return set()
+    return {opt.dest for opt in options}
 
 
 def _files(conf: cfg.ConfigOpts) -> list[str]:

@@ -1,0 +1,36 @@
+"""[placement]'s credentials are checked against the configured auth_type's
+own options, as keystoneauth's plugin loader lists them."""
+
+from __future__ import annotations
+
+import pytest
+
+from node_agent.config.files import load_conf
+from node_agent.errors import ConfigError
+
+OAUTH2 = """
+[placement]
+auth_type = v3oauth2clientcredential
+auth_url = https://keystone.example/v3
+oauth2_endpoint = https://keystone.example/v3/OS-OAUTH2/token
+oauth2_client_id = node-agent
+oauth2_client_secret = secret
+"""
+
+
+def load(tmp_path, text: str):
+    path = tmp_path / "node-agent.conf"
+    path.write_text(text)
+    return load_conf(["--config-file", str(path)])
+
+
+def test_any_installed_auth_plugin_may_be_configured(tmp_path):
+    conf = load(tmp_path, OAUTH2)
+    assert conf.placement.auth_type == "v3oauth2clientcredential"
+
+
+def test_a_misspelt_credential_of_the_configured_plugin_is_refused(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load(tmp_path, OAUTH2.replace("oauth2_client_secret", "oauth2_client_secrte"))
+    assert any("unknown option [placement] oauth2_client_secrte" in p
+               for p in err.value.problems), err.value.problems
