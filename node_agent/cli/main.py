@@ -255,7 +255,7 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
                 raise StateError(f"{exc} {_written(syncer.client)}") from None
             tree = outcome.report.tree or tree
             changes = outcome.report.applied
-            reshape = _reshape_record(outcome.reshape)
+            reshape = _reshape_record(outcome)
             capacity, errors = outcome.report.capacity, outcome.errors
             for error in outcome.errors:
                 print(f"node-agent: {error}", file=sys.stderr)
@@ -416,13 +416,12 @@ def _send_once(conf, settings, desired):
             0 if report.ok else EX_NOT_IN_SYNC, list(report.errors))
 
 
-def _reshape_record(outcome) -> Optional[dict]:
+def _reshape_record(cycle) -> Optional[dict]:
     """The ``reshape`` key after a real run: what was moved, or why not."""
-    if outcome is None:
-        return None
-    if isinstance(outcome, NodeAgentError):
-        return {"refused": [str(outcome)], "lines": [f"REFUSED: {outcome}"]}
-    if not outcome.reshaped:
+    if cycle.refused is not None:
+        return cycle.refused.as_record()
+    outcome = cycle.reshape
+    if outcome is None or not outcome.reshaped:
         return None
     record = outcome.reshape.as_dict()
     record["request_id"] = outcome.request_id

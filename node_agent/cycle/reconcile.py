@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Mapping, Optional, Union
+from typing import Mapping, Optional
 
 from node_agent.policy.capacity import Published, as_published, check, limits_of
 from node_agent.cycle.desired import Desired, with_placement_maintenance
@@ -76,18 +76,37 @@ def guests_refused(desired: Desired) -> Optional[GuestsDoNotFit]:
     return GuestsDoNotFit(reasons) if reasons else None
 
 
+@dataclass(frozen=True)
+class ReshapeRefused:
+    """Why this cycle's reshape was not sent: nothing moved, and the classes
+    it would have moved keep the inventory Placement holds."""
+
+    reason: str
+
+    def __str__(self) -> str:
+        return self.reason
+
+    def as_record(self) -> dict:
+        """The ``reshape`` key of a report, a reply or a notification."""
+        return {"refused": [self.reason], "lines": [f"REFUSED: {self.reason}"]}
+
+
 @dataclass
 class CycleOutcome:
+    """What one cycle did: the sync's report, the reshape when one was
+    checked, and its refusal when it was refused (then ``reshape`` is None)."""
+
     report: SyncReport
-    reshape: Optional[Union[ReshapeOutcome, ReshapeError]] = None
+    reshape: Optional[ReshapeOutcome] = None
+    refused: Optional[ReshapeRefused] = None
 
     @property
     def ok(self) -> bool:
-        return self.report.ok and not isinstance(self.reshape, ReshapeError)
+        return self.report.ok and self.refused is None
 
     @property
     def errors(self) -> list[str]:
-        refused = [str(self.reshape)] if isinstance(self.reshape, ReshapeError) else []
+        refused = [self.refused.reason] if self.refused is not None else []
         return refused + list(self.report.errors)
 
 
@@ -114,10 +133,10 @@ class Reconciler:
                                    self.syncer.owned_children, self.syncer.cached_tree())
 
     def _reshape(self, desired: Desired, before_post=None
-                 ) -> tuple[Optional[Union[ReshapeOutcome, ReshapeError]], ProviderTree]:
+                 ) -> tuple[Optional[ReshapeOutcome], Optional[ReshapeRefused], ProviderTree]:
         inputs = self._inputs(desired)
         if inputs is None:
-            return ReshapeOutcome(False, Reshape(None)), desired.tree
+            return ReshapeOutcome(False, Reshape(None)), None, desired.tree
         guard = self._capacity_guard(desired, inputs.tree)
         kw = {"before_post": _chain(guard, before_post)} if guard or before_post else {}
         try:
@@ -126,14 +145,14 @@ class Reconciler:
         except ReshapeError as exc:
             LOG.error("reshape refused, the inventory it would move is kept as it is: %s",
                       exc)
-            return exc, self._held_tree(inputs)
+            return None, ReshapeRefused(str(exc)), self._held_tree(inputs)
         if outcome.created:
             self.syncer.invalidate()  # the sync re-reads the tree and adopts them
         elif outcome.reshaped:
             self.syncer.note_inventories(outcome.inventories)
         # Emptied (or empty already): the sync deletes them, state file or not.
         self.syncer.claim_children(inputs.retired)
-        return outcome, desired.tree
+        return outcome, None, desired.tree
 
     def maintained(self, desired: Desired) -> Desired:
         """``desired`` kept in maintenance when Placement's root says so and
@@ -189,13 +208,13 @@ class Reconciler:
         refused = guests_refused(desired)
         if refused is not None:
             LOG.error("%s", refused)
-            return CycleOutcome(SyncReport(), refused)
+            return CycleOutcome(SyncReport(), refused=ReshapeRefused(str(refused)))
         shape = shape_of(desired)
-        tree, outcome = desired.tree, None
+        tree, outcome, refusal = desired.tree, None, None
         if shape != self._applied_shape:
-            outcome, tree = self._reshape(desired, before_post)
+            outcome, refusal, tree = self._reshape(desired, before_post)
         report = self.syncer.sync(tree, limits_of(desired), guest_names(desired.host.guests))
-        result = CycleOutcome(report, outcome)
+        result = CycleOutcome(report, outcome, refusal)
         if result.ok:
             self._applied_shape = shape
         return result

@@ -136,12 +136,11 @@ def _changes(changes) -> list[dict]:
              "provider": c.provider} for c in changes]
 
 
-def _reshape_record(reshape) -> Optional[dict]:
-    if reshape is None:
-        return None
-    if isinstance(reshape, NodeAgentError):
-        return {"refused": [str(reshape)], "lines": [f"REFUSED: {reshape}"]}
-    if not reshape.reshaped:
+def _reshape_record(cycle) -> Optional[dict]:
+    if cycle.refused is not None:
+        return cycle.refused.as_record()
+    reshape = cycle.reshape
+    if reshape is None or not reshape.reshaped:
         return None
     record = reshape.reshape.as_dict()
     record["request_id"] = reshape.request_id
@@ -259,7 +258,7 @@ class Applier:
         return {"status": wire.APPLIED, "seq": message.seq, "ok": outcome.ok,
                 "summary": report.summary(), "errors": outcome.errors,
                 "applied": _changes(report.applied),
-                "reshape": _reshape_record(outcome.reshape), "requests": requests,
+                "reshape": _reshape_record(outcome), "requests": requests,
                 "uuids": {p.name: p.uuid for p in report.tree.providers}
                 if report.tree else {}}
 

@@ -303,15 +303,13 @@ class Agent:
         return {"before_post": before_post}
 
     def _note_reshape(self, loaded: Loaded, outcome) -> None:
-        from node_agent.errors import ReshapeError
-
         reshape = outcome.reshape
         host = loaded.settings.host
-        if isinstance(reshape, ReshapeError):
+        if outcome.refused is not None:
             with self._lock:
                 self.reshape_errors += 1
             if self.messenger:
-                self.messenger.reshape("error", host, {"error": str(reshape)})
+                self.messenger.reshape("error", host, {"error": outcome.refused.reason})
         elif reshape is not None and reshape.reshaped:
             with self._lock:
                 self.reshapes += 1

@@ -46,12 +46,12 @@ def make_settings(host: str, sysfs_root: str, libvirt_uri: str, state_dir: str,
 
 def agent_cycle(client, settings: Settings, before_post=None):
     """One cycle as the agent runs it (node_agent.cycle.reconcile: reshape, then sync),
-    with a fresh process's objects. Returns (ReshapeOutcome | ReshapeError,
-    SyncReport, Desired)."""
+    with a fresh process's objects. Returns (the ReshapeOutcome, or the
+    ReshapeRefused when the reshape was refused; SyncReport; Desired)."""
     store = StateStore(Path(settings.state_path))
     desired = compute_desired(settings, state=store.load_or_empty(LOG))
     outcome = Reconciler(client, TreeSyncer(client, store)).apply(desired, before_post)
-    return outcome.reshape, outcome.report, desired
+    return outcome.refused or outcome.reshape, outcome.report, desired
 
 
 def allocate(client, consumer: str, resources_by_rp: dict, generation=None) -> None:

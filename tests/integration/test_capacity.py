@@ -14,7 +14,7 @@ import uuid
 import pytest
 
 from node_agent.policy.capacity import HostLimits, Published, check, units
-from node_agent.errors import ReshapeError
+from node_agent.cycle.reconcile import ReshapeRefused
 from tests.cli.runner import run_agent
 from tests.integration.reshape_driver import (Host, allocate, boot_legacy_guests,
                                               expected_after_reshape)
@@ -188,7 +188,7 @@ def test_numa_reshape_that_would_keep_memory_on_the_root_for_a_stranger_is_not_s
     assert_within_the_host(tree)
     # Refused whole: the guest's memory cannot go to its node while the
     # stranger's stays on the root. Nothing moved, exit 1 for --once.
-    assert isinstance(outcome, ReshapeError) and "overstates the host" in str(outcome)
+    assert isinstance(outcome, ReshapeRefused) and "overstates the host" in str(outcome)
     assert host.allocations() == before
     assert host.scheduler.get(f"/allocations/{stranger}")["allocations"][root]["resources"] \
         == {"VCPU": 2, "MEMORY_MB": 512}

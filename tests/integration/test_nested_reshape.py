@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from node_agent.cycle.desired import compute_desired
-from node_agent.errors import ReshapeError
+from node_agent.cycle.reconcile import ReshapeRefused
 from node_agent.placement.client import PlacementClient
 from node_agent.cycle.reconcile import Reconciler
 from node_agent.state import StateStore
@@ -270,7 +270,7 @@ def test_guest_pinned_across_numa_nodes_refuses_the_numa_reshape(tmp_path, place
 
     outcome, report, _ = host.cycle(numa_in_placement=True)
 
-    assert isinstance(outcome, ReshapeError)
+    assert isinstance(outcome, ReshapeRefused)
     assert f"guest instance-00000002 ({guests[1]['uuid']}) spans NUMA nodes 0-1" in str(outcome)
     assert "instance-00000001" not in str(outcome)
     assert reshaper_posts(host.agent) == []

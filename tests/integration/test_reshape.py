@@ -11,7 +11,8 @@ import logging
 
 import pytest
 
-from node_agent.errors import ConfigError, ReshapeError
+from node_agent.cycle.reconcile import ReshapeRefused
+from node_agent.errors import ConfigError
 from node_agent.placement.client import PlacementClient
 from node_agent.placement.reshaper import pcpu_reshape, plan_pcpu_reshape
 from tests.integration.reshape_driver import (Host, agent_cycle, boot_legacy_guests,
@@ -115,7 +116,7 @@ def test_pinned_guest_outside_the_new_dedicated_set_refuses_and_changes_nothing(
     before, inventories = host.allocations(), host.inventories()
     outcome, report, _ = agent_cycle(host.agent, host.settings(dedicated="2-3,10-11,5-7",
                                                                shared="0-1,8-9"))
-    assert isinstance(outcome, ReshapeError)
+    assert isinstance(outcome, ReshapeRefused)
     assert "instance-00000002" in str(outcome) and "CPUs 4,12" in str(outcome)
     assert reshaper_posts(host.agent) == []
     assert host.allocations() == before
@@ -133,7 +134,7 @@ def test_every_cpu_dedicated_under_floating_guests_is_refused_by_name_writing_no
     before, inventories = host.allocations(), host.inventories()
     host.agent.stats.reset()
     outcome, report, _ = agent_cycle(host.agent, host.settings(dedicated="0-15"))
-    assert isinstance(outcome, ReshapeError)
+    assert isinstance(outcome, ReshapeRefused)
     for name in ("instance-00000003", "instance-00000005", "instance-00000006"):
         assert f"floating guest {name} (" in str(outcome)
     assert "cpu_shared_set" in str(outcome)

@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 
-from node_agent.errors import ReshapeError
+from node_agent.cycle.reconcile import ReshapeRefused
 from tests.integration.reshape_driver import allocate, reshaper_posts
 from tests.integration.test_nested_reshape import (FOREIGN_RC, GPU1, GPU2, MDEV_TYPE, MDEVS,
                                                    TRAIT, NestedHost, guest, prefix)
@@ -89,7 +89,7 @@ def test_numa_off_moves_every_allocation_back_to_the_root_and_deletes_the_childr
 
     outcome, report, _ = host.cycle()               # numa_in_placement = false
 
-    assert not isinstance(outcome, ReshapeError), outcome
+    assert not isinstance(outcome, ReshapeRefused), outcome
     assert outcome.reshaped and report.ok, report.errors
     assert len(reshaper_posts(host.agent)) == 1
     assert host.allocations() == to_root(before, children, root)
@@ -119,7 +119,7 @@ def test_numa_off_that_the_root_cannot_hold_is_refused_and_nothing_is_offered_tw
 
     outcome, report, _ = host.cycle(cpu_allocation_ratio=1.0)
 
-    assert isinstance(outcome, ReshapeError)
+    assert isinstance(outcome, ReshapeRefused)
     assert f"VCPU on {host.name} would need 17 but the new inventory holds 8" in str(outcome)
     assert reshaper_posts(host.agent) == []
     assert host.allocations() == before
@@ -146,7 +146,7 @@ def test_gpu_children_going_away_refuse_while_a_guest_holds_vgpu_then_are_delete
     # The type is no longer enabled: the root reports no VGPU to move it back to.
     outcome, report, _ = host.cycle()
 
-    assert isinstance(outcome, ReshapeError)
+    assert isinstance(outcome, ReshapeRefused)
     assert (f"guest {a['name']} ({a['uuid']}) holds 1 VGPU on "
             f"{host.name}_pci_0000_81_00_0") in str(outcome)
     assert "enabled_mdev_types" in str(outcome)
@@ -158,7 +158,7 @@ def test_gpu_children_going_away_refuse_while_a_guest_holds_vgpu_then_are_delete
     allocate(host.scheduler, a["uuid"], {host.root: {"PCPU": 2, "MEMORY_MB": 1024}},
              generation=host.scheduler.get(f"/allocations/{a['uuid']}")["consumer_generation"])
     outcome, report, _ = host.cycle()
-    assert not isinstance(outcome, ReshapeError), outcome
+    assert not isinstance(outcome, ReshapeRefused), outcome
     assert report.ok, report.errors
     assert sorted(host.tree()) == [host.name]
 
