@@ -96,3 +96,39 @@ class ProviderTree:
     def with_uuids(self, uuids: Mapping[str, str]) -> "ProviderTree":
         return ProviderTree(tuple(
             replace(p, uuid=uuids.get(p.name, p.uuid)) for p in self.providers))
+
+    def placed(self, uuids: Mapping[str, str]) -> "PlacedTree":
+        """:meth:`with_uuids`, checked: every provider must then have one."""
+        return PlacedTree(self.with_uuids(uuids).providers)
+
+
+@dataclass(frozen=True)
+class PlacedTree(ProviderTree):
+    """A tree whose every provider has its uuid: what is planned against
+    and sent to Placement. The desired tree is built without uuids (they
+    come from Placement, the state file, or are made up for new providers);
+    this type says where they are known."""
+
+    def __post_init__(self) -> None:
+        missing = [p.name for p in self.providers if not p.uuid]
+        if missing:
+            raise ValueError(f"providers without uuid: {', '.join(missing)}")
+
+    @classmethod
+    def of(cls, tree: ProviderTree) -> "PlacedTree":
+        return tree if isinstance(tree, PlacedTree) else cls(tree.providers)
+
+    def uuid(self, provider: Provider) -> str:
+        """The uuid of ``provider``, one of this tree's."""
+        if not provider.uuid:
+            raise ValueError(f"provider {provider.name} is not in this tree")
+        return provider.uuid
+
+    def parent_uuid(self, provider: Provider) -> Optional[str]:
+        """The uuid of ``provider``'s parent; None for the root."""
+        if provider.parent is None:
+            return None
+        parent = self.by_name(provider.parent)
+        if parent is None:
+            raise ValueError(f"{provider.name}: parent {provider.parent} is not in the tree")
+        return self.uuid(parent)

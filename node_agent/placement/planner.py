@@ -17,7 +17,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
-from node_agent.model.provider_tree import Provider, ProviderTree, placement_inventories
+from node_agent.model.provider_tree import (PlacedTree, Provider, ProviderTree,
+                                            placement_inventories)
 from node_agent.placement import routes
 
 CUSTOM = "CUSTOM_"
@@ -149,38 +150,23 @@ def _ensure_custom_changes(desired: ProviderTree,
             + [Change("trait", t, f"define trait {t}") for t in traits])
 
 
-def _uuid(provider: Provider) -> str:
-    if not provider.uuid:
-        raise ValueError(f"provider {provider.name} has no uuid")
-    return provider.uuid
-
-
-def parent_uuid_in(desired: ProviderTree, provider: Provider) -> Optional[str]:
-    if provider.parent is None:
-        return None
-    parent = desired.by_name(provider.parent)
-    if parent is None:
-        raise ValueError(f"{provider.name}: parent {provider.parent} is not in the tree")
-    return parent.uuid
-
-
-def _create_change(desired: ProviderTree, provider: Provider) -> Change:
-    parent = parent_uuid_in(desired, provider)
-    body = {"name": provider.name, "uuid": provider.uuid}
+def _create_change(desired: PlacedTree, provider: Provider) -> Change:
+    uuid, parent = desired.uuid(provider), desired.parent_uuid(provider)
+    body = {"name": provider.name, "uuid": uuid}
     if parent is not None:
         body["parent_provider_uuid"] = parent
     where = f" under {provider.parent}" if provider.parent else ""
-    return Change("create", _uuid(provider),
+    return Change("create", uuid,
                   f"create provider {provider.name}{where}", body,
                   provider.name)
 
 
-def _update_change(desired: ProviderTree, provider: Provider,
+def _update_change(desired: PlacedTree, provider: Provider,
                    state: ProviderState) -> Optional[Change]:
-    parent = parent_uuid_in(desired, provider)
+    parent = desired.parent_uuid(provider)
     if state.name == provider.name and state.parent_uuid == parent:
         return None
-    return Change("update", _uuid(provider),
+    return Change("update", state.uuid,
                   f"rename/re-parent provider {state.name} as "
                   f"{provider.name}",
                   {"name": provider.name, "parent_provider_uuid": parent},
@@ -194,7 +180,7 @@ def inventory_change(provider: Provider, state: ProviderState,
     if inventories_equal(state.inventories, wanted):
         return None
     phrases = describe_inventory_diff(state.inventories, wanted)
-    return Change("inventories", _uuid(provider),
+    return Change("inventories", state.uuid,
                   f"{'; '.join(phrases)} on {provider.name}",
                   {"resource_provider_generation": generation,
                    "inventories": wanted}, provider.name)
@@ -208,7 +194,7 @@ def _traits_change(provider: Provider, state: ProviderState,
     added = sorted(merged - state.traits)
     removed = sorted(state.traits - merged)
     what = " ".join([f"+{t}" for t in added] + [f"-{t}" for t in removed])
-    return Change("traits", _uuid(provider),
+    return Change("traits", state.uuid,
                   f"traits {what} on {provider.name}",
                   {"resource_provider_generation": generation,
                    "traits": sorted(merged)}, provider.name)
@@ -259,31 +245,29 @@ def plan_changes(desired: ProviderTree, actual: Mapping[str, ProviderState],
     shell re-reads and retries when Placement answers 409 concurrent_update.
     Only providers in ``owned_children`` are ever deleted.
     """
-    missing = [p.name for p in desired.providers if not p.uuid]
-    if missing:
-        raise ValueError(f"providers without uuid: {', '.join(missing)}")
-    changes = _ensure_custom_changes(desired, actual, known_resource_classes,
+    placed = PlacedTree.of(desired)  # raises ValueError naming providers without one
+    changes = _ensure_custom_changes(placed, actual, known_resource_classes,
                                      known_traits)
-    states: dict[Optional[str], ProviderState] = {}
-    generations: dict[Optional[str], int] = {}
-    for provider in desired.providers:
-        state = actual.get(provider.uuid or "")
+    states: dict[str, ProviderState] = {}
+    generations: dict[str, int] = {}
+    for provider in placed.providers:
+        uuid = placed.uuid(provider)
+        state = actual.get(uuid)
         if state is None:
-            changes.append(_create_change(desired, provider))
-            state = ProviderState(provider.uuid or "", provider.name, 0,
-                                  parent_uuid_in(desired, provider))
+            changes.append(_create_change(placed, provider))
+            state = ProviderState(uuid, provider.name, 0, placed.parent_uuid(provider))
         else:
-            update = _update_change(desired, provider, state)
+            update = _update_change(placed, provider, state)
             changes += [update] if update else []
-        states[provider.uuid], generations[provider.uuid] = state, state.generation
+        states[uuid], generations[uuid] = state, state.generation
     for step in (inventory_change, _traits_change):
-        for provider in desired.providers:
-            change = step(provider, states[provider.uuid],
-                          generations[provider.uuid])
+        for provider in placed.providers:
+            uuid = placed.uuid(provider)
+            change = step(provider, states[uuid], generations[uuid])
             if change:
                 changes.append(change)
-                generations[provider.uuid] += 1
-    return changes + _delete_changes(desired, actual, owned_children)
+                generations[uuid] += 1
+    return changes + _delete_changes(placed, actual, owned_children)
 
 
 def verify_phase(host: str) -> float:

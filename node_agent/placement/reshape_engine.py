@@ -241,8 +241,8 @@ def _usage_after(providers: Mapping[str, ProviderAllocations],
                 continue  # its full record is newer; counted below
             for rc, amount in res.items():
                 usage[rp][rc][consumer] = amount
-    for uuid, consumer in consumers.items():
-        for rp, res in new_host.get(uuid, consumer.allocations).items():
+    for uuid, record in consumers.items():
+        for rp, res in new_host.get(uuid, record.allocations).items():
             if rp in providers:
                 for rc, amount in res.items():
                     usage[rp][rc][uuid] = amount
@@ -388,7 +388,7 @@ def _orphan_warnings(providers: Mapping[str, ProviderAllocations], desired: Prov
     """Without a reshape: allocations in classes the desired tree dropped."""
     warnings = []
     for provider in desired.providers:
-        state = providers.get(provider.uuid)
+        state = providers.get(provider.uuid) if provider.uuid else None
         if state is None:
             continue
         dropped: dict[str, dict[str, int]] = defaultdict(dict)
@@ -419,7 +419,8 @@ def hold_inventories(tree: ProviderTree, current: Mapping[str, Mapping[str, dict
         if held_uuids is not None and provider.uuid not in held_uuids:
             out.append(provider)
             continue
-        held = {rc: rec for rc, rec in current.get(provider.uuid, {}).items() if rc in classes}
+        now = current.get(provider.uuid, {}) if provider.uuid else {}
+        held = {rc: rec for rc, rec in now.items() if rc in classes}
         inventories = {rc: inv for rc, inv in provider.inventories.items() if rc not in classes}
         for rc, rec in held.items():
             inventories[rc] = Inventory.from_placement(rec)

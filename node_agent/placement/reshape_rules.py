@@ -75,7 +75,7 @@ class chain(RuleBase):
         return places
 
     def refusals(self, moved: Sequence[str], names: Mapping[str, str]) -> list[str]:
-        found = []
+        found: list[str] = []
         for rule in self.rules:
             found += getattr(rule, "refusals", lambda *_: [])(moved, names)
         return found
@@ -185,8 +185,8 @@ class vgpu_to_gpu_children(RuleBase):
                 or self._why_not(guest, amount) is not None):
             return [(provider, rc, amount)]
         per_gpu: dict[str, int] = defaultdict(int)
-        for mdev in guest.mdevs:
-            per_gpu[self.gpu_providers[mdev.parent]] += 1
+        for mdev in guest.mdevs:  # each has a parent the tree reports: see _why_not
+            per_gpu[self.gpu_providers[mdev.parent or ""]] += 1
         return [(rp, "VGPU", n) for rp, n in sorted(per_gpu.items())]
 
     def unplaced(self, consumer: str, provider: str, rc: str, amount: int) -> list[str]:
@@ -231,7 +231,7 @@ class pcpu_to_numa_children(RuleBase):
         homeless = CpuSet(c for c, n in cpu_nodes.items() if n is None)
         if homeless:
             return None, f"{_who(guest)} is pinned to CPUs {homeless}, which are in no NUMA node"
-        nodes = set(cpu_nodes.values()) | set(guest.numa_nodes)
+        nodes = {n for n in cpu_nodes.values() if n is not None} | set(guest.numa_nodes)
         if not nodes:
             return None, (f"{_who(guest)} has neither CPU pins nor numatune memory nodes, "
                           "so its NUMA node is unknown")
@@ -355,6 +355,12 @@ def _gpu_children(tree: ProviderTree, host: HostSnapshot) -> dict[str, Provider]
             if (p := tree.by_name(gpu_provider_name(tree.root.name, g.address))) is not None}
 
 
+def _uuid(provider: Provider) -> str:
+    if not provider.uuid:
+        raise ValueError(f"the reshape rule needs the uuid of provider {provider.name}")
+    return provider.uuid
+
+
 def rule_provider_names(tree: ProviderTree, host: HostSnapshot) -> list[str]:
     """Names of the providers :func:`host_rule` works on, root first."""
     children = [*_numa_children(tree, host).values(), *_gpu_children(tree, host).values()]
@@ -372,18 +378,18 @@ def host_rule(tree: ProviderTree, host: HostSnapshot,
     SEV child when it has one, flat -> NUMA children when it has NUMA
     children. ``tree`` needs uuids for the root and those children (new
     children: fresh ones)."""
-    root = tree.root
+    root = _uuid(tree.root)
     numa = _numa_children(tree, host)
-    gpus = {address: p.uuid for address, p in _gpu_children(tree, host).items()}
-    rules: list[Rule] = [*back, pinned_to_pcpu(host.guests, root.uuid, dedicated,
-                                               [p.uuid for p in numa.values()])]
+    gpus = {address: _uuid(p) for address, p in _gpu_children(tree, host).items()}
+    rules: list[Rule] = [*back, pinned_to_pcpu(host.guests, root, dedicated,
+                                               [_uuid(p) for p in numa.values()])]
     if gpus:
-        rules.append(vgpu_to_gpu_children(host.guests, root.uuid, gpus))
+        rules.append(vgpu_to_gpu_children(host.guests, root, gpus))
     sev = _sev_child(tree)
     if sev is not None and sev.uuid:
-        rules.append(mem_encryption_to_child(root.uuid, sev.uuid))
+        rules.append(mem_encryption_to_child(root, sev.uuid))
     if numa:
         rules.append(pcpu_to_numa_children(
-            host.guests, root.uuid, {n: p.uuid for n, p in numa.items()}, host.node_of,
+            host.guests, root, {n: _uuid(p) for n, p in numa.items()}, host.node_of,
             node_classes={n: frozenset(p.inventories) for n, p in numa.items()}))
     return chain(*rules)

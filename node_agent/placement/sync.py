@@ -30,10 +30,10 @@ from node_agent.policy import capacity as cap
 from node_agent.policy import root_owner
 from node_agent.placement.errors import (DuplicateName, GenerationConflict, InventoryInUse,
                                          NotFound, PlacementError)
-from node_agent.model.provider_tree import Inventory, ProviderTree
+from node_agent.model.provider_tree import Inventory, PlacedTree, ProviderTree
 from node_agent.placement.planner import (Change, ProviderState, capacity, guarded_capacity,
                                           inventories_equal, inventory_change, merged_traits,
-                                          parent_uuid_in, plan_changes, verify_phase)
+                                          plan_changes, verify_phase)
 from node_agent.state import OWNED_CHILDREN, PROVIDERS, ROOT_UUID, StateStore
 
 LOG = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class _Replan(Exception):
 
 @dataclass
 class _Context:
-    tree: ProviderTree            # desired, with uuids
+    tree: PlacedTree              # desired, with uuids
     actual: dict                  # uuid -> ProviderState, as read for this plan
     created: set = field(default_factory=set)
     failed: set = field(default_factory=set)  # names whose changes are skipped
@@ -278,7 +278,7 @@ class TreeSyncer:
             uuids[desired.root.name] = root_uuid
         if self.owner is not None:
             desired = self._claimed(desired, actual.get(root_uuid) if root_uuid else None)
-        return _Context(desired.with_uuids(uuids), actual)
+        return _Context(desired.placed(uuids), actual)
 
     def _claimed(self, desired: ProviderTree, root: Optional[ProviderState]) -> ProviderTree:
         verdict = root_owner.judge(None if root is None else root.traits, self.owner)
@@ -415,7 +415,7 @@ class TreeSyncer:
         puts = []
         for provider in ctx.tree.providers:
             state = ctx.actual.get(provider.uuid) or ProviderState(
-                provider.uuid, provider.name, 0, parent_uuid_in(ctx.tree, provider))
+                ctx.tree.uuid(provider), provider.name, 0, ctx.tree.parent_uuid(provider))
             change = inventory_change(provider, state, state.generation,
                                        ctx.planned[provider.uuid])
             if change is None:
