@@ -33,13 +33,12 @@ import logging
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
-from urllib.parse import quote
 
 from node_agent.cycle.audit import Auditor
 from node_agent.errors import ReshapeError
 from node_agent.placement.readonly import ReadOnlyPlacement
 from node_agent.placement.reshaper import host_reshape_inputs, plan_reshape
-from node_agent.placement.sync import ProviderState
+from node_agent.placement.planner import ProviderState
 from node_agent.policy import drift as drift_policy
 
 LOG = logging.getLogger(__name__)
@@ -131,9 +130,7 @@ class Companion:
         """Keep ``value`` in the local state file (never in Placement)."""
         if self._state.get(key) == value:
             return
-        merged = {**self.store.load_or_empty(LOG), key: value}
-        self.store.save(merged)
-        self._state = merged
+        self._state = self.store.put(key, value)
 
     # -- reading
 
@@ -144,13 +141,12 @@ class Companion:
     def _read(self, host: str) -> None:
         """The root by name, its tree, and the inventories and traits of
         each provider whose generation moved since the last read."""
-        found = self.client.get(f"/resource_providers?name={quote(host)}")
-        listed = found["resource_providers"]
+        listed = self.client.providers_named(host)
         if not listed:
             self._root_uuid, self._held = None, {}
             return
         root = listed[0]["uuid"]
-        tree = self.client.get(f"/resource_providers?in_tree={root}")["resource_providers"]
+        tree = self.client.providers_in_tree(root)
         old = self._held or {}
         held = {}
         for rp in tree:
@@ -159,9 +155,8 @@ class Companion:
                 held[rp["uuid"]] = replace(known, name=rp["name"],
                                            parent_uuid=rp.get("parent_provider_uuid"))
                 continue
-            base = f"/resource_providers/{rp['uuid']}"
-            inventories = self.client.get(f"{base}/inventories")
-            traits = self.client.get(f"{base}/traits")
+            inventories = self.client.inventories(rp["uuid"])
+            traits = self.client.traits(rp["uuid"])
             held[rp["uuid"]] = ProviderState(
                 rp["uuid"], rp["name"], traits["resource_provider_generation"],
                 rp.get("parent_provider_uuid"), inventories["inventories"],

@@ -155,7 +155,46 @@ def version_refusal(url: str, server_min: str, server_max: str,
     return None
 
 
-class PlacementClient:
+class PlacementReads:
+    """Placement's reads as typed operations, over the ``get`` of the class
+    that mixes them in (:class:`PlacementClient`, and the read-only gateway
+    of companion mode): callers name what they want, never a URL."""
+
+    def get(self, path: str, microversion: str | None = None) -> dict:
+        raise NotImplementedError
+
+    def providers_named(self, name: str) -> list[dict]:
+        """The providers called ``name`` (none or one)."""
+        return self.get(routes.providers_named(name))["resource_providers"]
+
+    def providers_in_tree(self, root_uuid: str) -> list[dict]:
+        return self.get(routes.providers_in_tree(root_uuid))["resource_providers"]
+
+    def provider(self, uuid: str) -> dict:
+        return self.get(routes.provider(uuid))
+
+    def inventories(self, uuid: str) -> dict:
+        """``{resource_provider_generation, inventories}`` of one provider."""
+        return self.get(routes.inventories(uuid))
+
+    def traits(self, uuid: str) -> dict:
+        """``{resource_provider_generation, traits}`` of one provider."""
+        return self.get(routes.traits(uuid))
+
+    def usages(self, uuid: str) -> dict:
+        """``{resource_provider_generation, usages}`` of one provider."""
+        return self.get(routes.usages(uuid))
+
+    def provider_allocations(self, uuid: str) -> dict:
+        """``{resource_provider_generation, allocations}``: every consumer's
+        resources on one provider."""
+        return self.get(routes.provider_allocations(uuid))
+
+    def consumer_allocations(self, consumer: str, microversion: str | None = None) -> dict:
+        return self.get(routes.consumer_allocations(consumer), microversion=microversion)
+
+
+class PlacementClient(PlacementReads):
     MICROVERSION = microversions.REQUIRED
 
     def __init__(self, adapter: ks_adapter.Adapter, retries: int = 3,
@@ -261,37 +300,7 @@ class PlacementClient:
     def delete(self, path: str) -> None:
         self._request("DELETE", path, None)
 
-    # -- typed operations: callers name what they want, never a URL
-
-    def providers_named(self, name: str) -> list[dict]:
-        """The providers called ``name`` (none or one)."""
-        return self.get(routes.providers_named(name))["resource_providers"]
-
-    def providers_in_tree(self, root_uuid: str) -> list[dict]:
-        return self.get(routes.providers_in_tree(root_uuid))["resource_providers"]
-
-    def provider(self, uuid: str) -> dict:
-        return self.get(routes.provider(uuid))
-
-    def inventories(self, uuid: str) -> dict:
-        """``{resource_provider_generation, inventories}`` of one provider."""
-        return self.get(routes.inventories(uuid))
-
-    def traits(self, uuid: str) -> dict:
-        """``{resource_provider_generation, traits}`` of one provider."""
-        return self.get(routes.traits(uuid))
-
-    def usages(self, uuid: str) -> dict:
-        """``{resource_provider_generation, usages}`` of one provider."""
-        return self.get(routes.usages(uuid))
-
-    def provider_allocations(self, uuid: str) -> dict:
-        """``{resource_provider_generation, allocations}``: every consumer's
-        resources on one provider."""
-        return self.get(routes.provider_allocations(uuid))
-
-    def consumer_allocations(self, consumer: str, microversion: str | None = None) -> dict:
-        return self.get(routes.consumer_allocations(consumer), microversion=microversion)
+    # -- typed writes (the reads are PlacementReads')
 
     def create_provider(self, body: dict) -> dict | None:
         return self.post(routes.PROVIDERS, body)

@@ -14,6 +14,7 @@ from contextlib import contextmanager
 from typing import Iterator, Optional
 
 from node_agent.errors import NodeAgentError
+from node_agent.placement.client import PlacementReads
 
 
 class WriteRefused(NodeAgentError):
@@ -23,7 +24,7 @@ class WriteRefused(NodeAgentError):
     exit_code = 70  # EX_SOFTWARE
 
 
-class ReadOnlyPlacement:
+class ReadOnlyPlacement(PlacementReads):
     """Wraps a :class:`~node_agent.placement.client.PlacementClient` and
     forwards reads only. It shares the client's request counters, so the
     metrics and the benchmarks count companion reads as any others."""

@@ -64,12 +64,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from node_agent.cycle.desired import (
-    APPLIED_KEY,
-    MAINTENANCE_KEY,
-    compute_desired,
-    forget_applied_off,
-)
+from node_agent.cycle.desired import compute_desired, forget_applied_off
 from node_agent.cycle.reconcile import Reconciler
 from node_agent.errors import NodeAgentError
 from node_agent.model.cpuset import parse_cpu_spec
@@ -78,6 +73,8 @@ from node_agent.placement.errors import PlacementError
 from node_agent.placement.sync import TreeSyncer
 from node_agent.policy import maintenance as maint
 from node_agent.policy.capacity import HostLimits, Published, check
+from node_agent.state import APPLIED as APPLIED_KEY
+from node_agent.state import MAINTENANCE as MAINTENANCE_KEY
 from node_agent.state import StateStore
 from tests.hostdata import HOSTDATA, sysfs_root_for
 from tests.integration.reshape_driver import PROJECT, USER, make_settings
@@ -406,10 +403,8 @@ class CapacityMachine(RuleBasedStateMachine):
     @rule(on=st.booleans())
     def maintenance(self, on):
         # What ``node-agent maintenance on|off`` writes (node_agent.cli.main).
-        store = StateStore(Path(self.state_dir))
-        state = store.load_or_empty(LOG)
-        state[MAINTENANCE_KEY] = maint.record(on, "property test", "2026-01-01T00:00:00+00:00")
-        store.save(state)
+        StateStore(Path(self.state_dir)).put(
+            MAINTENANCE_KEY, maint.record(on, "property test", "2026-01-01T00:00:00+00:00"))
         self.step(f"maintenance {'on' if on else 'off'}")
 
     def teardown(self):
