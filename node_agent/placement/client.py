@@ -222,6 +222,12 @@ class PlacementClient(PlacementReads):
             raise errors.ConfigError(
                 f"[{group}] auth_type={conf[group].auth_type} needs {names}; "
                 f"set them in the config file.") from exc
+        except ks_exc.OptionError as exc:
+            # The plugin's own check (a secret it needs, two options that
+            # exclude each other): its words, and where to fix them.
+            raise errors.ConfigError(
+                f"[{group}] auth_type={conf[group].auth_type}: {exc} Set the "
+                f"plugin's options in [{group}].") from exc
         except ks_exc.NoMatchingPlugin as exc:
             raise errors.ConfigError(
                 f"[{group}] auth_type={conf[group].auth_type!r} is not a known "

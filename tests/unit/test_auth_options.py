@@ -7,6 +7,7 @@ import pytest
 
 from node_agent.config.files import load_conf
 from node_agent.errors import ConfigError
+from node_agent.placement.client import PlacementClient
 
 OAUTH2 = """
 [placement]
@@ -34,3 +35,13 @@ def test_a_misspelt_credential_of_the_configured_plugin_is_refused(tmp_path):
         load(tmp_path, OAUTH2.replace("oauth2_client_secret", "oauth2_client_secrte"))
     assert any("unknown option [placement] oauth2_client_secrte" in p
                for p in err.value.problems), err.value.problems
+
+
+def test_a_credential_the_plugin_needs_is_named_not_a_traceback(tmp_path):
+    conf = load(tmp_path, "\n".join(line for line in OAUTH2.splitlines()
+                                    if not line.startswith("oauth2_client_secret")))
+    with pytest.raises(ConfigError) as err:
+        PlacementClient.from_conf(conf)
+    (problem,) = err.value.problems
+    assert problem.startswith("[placement] auth_type=v3oauth2clientcredential: ")
+    assert "secret" in problem and "Set the plugin's options in [placement]" in problem
