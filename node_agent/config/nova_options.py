@@ -8,8 +8,6 @@ With ``--config-file /etc/nova/nova.conf`` the agent reads nova's file as it
 is: a section or option of nova that the agent does not use is ignored (one
 DEBUG line), while a name that is neither nova's nor the agent's is a typo and
 refused (exit 78).
-
-Its length is nova's option table's.
 """
 
 from types import MappingProxyType
