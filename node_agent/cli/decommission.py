@@ -18,7 +18,6 @@ import logging
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
-from urllib.parse import quote
 
 from node_agent.config.files import oslo_args
 from node_agent.config.validation import config_args, placement_configured, validate
@@ -27,13 +26,13 @@ from node_agent.host.machine_id import identity
 from node_agent.placement.errors import NotFound, PlacementError
 from node_agent.policy import root_owner
 from node_agent.policy.decommission import plan
-from node_agent.state import StateStore
+from node_agent.state import APPLIED, OWNED_CHILDREN, PROVIDERS, ROOT_UUID, StateStore
 from node_agent.tree.ownership import ListedChild
 
 LOG = logging.getLogger(__name__)
 EX_REFUSED = 1
 # The syncer's keys of the state file: they describe providers that are gone.
-_PROVIDER_KEYS = ("root_uuid", "providers", "owned_children", "provider_config_applied")
+_PROVIDER_KEYS = (ROOT_UUID, PROVIDERS, OWNED_CHILDREN, APPLIED)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -50,24 +49,23 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _root(client, host: str, state: dict) -> Optional[dict]:
-    if state.get("root_uuid"):
+    if state.get(ROOT_UUID):
         try:
-            return client.get(f"/resource_providers/{state['root_uuid']}")
+            return client.provider(state[ROOT_UUID])
         except NotFound:
             pass
-    found = client.get(f"/resource_providers?name={quote(host)}")["resource_providers"]
+    found = client.providers_named(host)
     return found[0] if found else None
 
 
 def _listed(client, root_uuid: str) -> tuple[list[ListedChild], dict]:
-    listing = client.get(f"/resource_providers?in_tree={root_uuid}")["resource_providers"]
+    listing = client.providers_in_tree(root_uuid)
     listed, consumers = [], {}
     for rp in listing:
-        base = f"/resource_providers/{rp['uuid']}"
-        traits = frozenset(client.get(f"{base}/traits")["traits"])
+        traits = frozenset(client.traits(rp["uuid"])["traits"])
         listed.append(ListedChild(rp["uuid"], rp["name"], rp.get("parent_provider_uuid"),
                                   traits))
-        allocations = client.get(f"{base}/allocations")["allocations"]
+        allocations = client.provider_allocations(rp["uuid"])["allocations"]
         consumers[rp["uuid"]] = {c: a["resources"] for c, a in allocations.items()}
     return listed, consumers
 
@@ -98,12 +96,12 @@ def _decommission(conf, settings, dry_run: bool, output: str) -> int:
         raise ProviderOwned(f"provider {host} ({root['uuid']}) is a child in another tree "
                             f"(root {root.get('root_provider_uuid')}), not this host's root; "
                             "nothing was removed.")
-    traits = client.get(f"/resource_providers/{root['uuid']}/traits")["traits"]
+    traits = client.traits(root["uuid"])["traits"]
     verdict = root_owner.judge(traits, owner)
     if not verdict.may_write:
         raise ProviderOwned(root_owner.refusal(verdict, host, root["uuid"]))
     listed, consumers = _listed(client, root["uuid"])
-    owned = set(state.get("owned_children", [])) | set(state.get("providers", {}).values())
+    owned = set(state.get(OWNED_CHILDREN, [])) | set(state.get(PROVIDERS, {}).values())
     decision = plan(host, root["uuid"], listed, consumers, owned)
     record = {"host": host, "root": root["uuid"], "dry_run": dry_run,
               "deletes": [{"uuid": u, "name": n} for u, n in decision.deletes],
@@ -120,7 +118,7 @@ def _decommission(conf, settings, dry_run: bool, output: str) -> int:
         return 0
     for uuid, name in decision.deletes:
         try:
-            client.delete(f"/resource_providers/{uuid}")
+            client.delete_provider(uuid)
         except NotFound:
             pass
         except PlacementError as exc:
@@ -135,7 +133,10 @@ def _decommission(conf, settings, dry_run: bool, output: str) -> int:
                  + ". Run it again once that is gone."]), stream=sys.stderr)
             return EX_REFUSED
         record["deleted"].append({"uuid": uuid, "name": name})
-    store.save({k: v for k, v in store.load_or_empty(LOG).items() if k not in _PROVIDER_KEYS})
+    def forget_providers(saved: dict) -> None:
+        for key in _PROVIDER_KEYS:
+            saved.pop(key, None)
+    store.update(forget_providers)
     _print(output, record, "\n".join(
         [f"Removed {len(record['deleted'])} provider(s) of {host}:"]
         + [f"  deleted provider {d['name']} ({d['uuid']})" for d in record["deleted"]]

@@ -317,6 +317,9 @@ class PlacementClient(PlacementReads):
     def put_traits(self, uuid: str, body: dict) -> dict:
         return self._request("PUT", routes.traits(uuid), body)
 
+    def delete_provider(self, uuid: str) -> None:
+        self._request("DELETE", routes.provider(uuid), None)
+
     def reshape(self, body: dict) -> None:
         self.post(routes.RESHAPER, body)
 
