@@ -205,7 +205,7 @@ def test_maintenance_command_writes_the_file_when_no_service_answers(
 
     assert result.code == 0, result.stderr
     assert "at the next cycle" in result.stdout
-    from node_agent.cycle.desired import MAINTENANCE_KEY
+    from node_agent.state import MAINTENANCE as MAINTENANCE_KEY
     from node_agent.policy.maintenance import is_on
     from node_agent.state import StateStore
     assert is_on(StateStore(tmp_path / "state").load()[MAINTENANCE_KEY])
