@@ -255,6 +255,11 @@ class TreeSyncer:
     def _root_uuid(self, desired: ProviderTree) -> Optional[str]:
         if self._state.get(ROOT_UUID):
             return self._state[ROOT_UUID]
+        if not self._verify_due():
+            # Read this verify period (the owner check just before a sync,
+            # say): the cache answers, found or not, without a second lookup.
+            return next((s.uuid for s in self._cache.values()
+                         if s.name == desired.root.name and s.parent_uuid is None), None)
         found = self._lookup_by_name(desired.root.name)
         return found["uuid"] if found else None
 
