@@ -50,18 +50,13 @@ import yaml
 from node_agent.errors import ConfigError
 from node_agent.model.hugepages import PAGE_CLASS_PREFIX
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
+from node_agent.policy import provider_schema
 
 COMPUTE_NODE = "$COMPUTE_NODE"
-_CUSTOM = re.compile(r"^CUSTOM_[A-Z0-9_]+$")
-# Placement's limits: trait and class names 255 characters, provider names 200.
-_MAX_CUSTOM = 255
-_MAX_NAME = 200
 _VERSION = re.compile(r"^1\.(\d+)$")
+_PATH_PART = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
 # Classes the agent reports itself on some provider, refused wherever they appear.
 _AGENT_PREFIXES = (PAGE_CLASS_PREFIX,)
-# Placement stores inventory fields as 32-bit signed integers.
-_PLACEMENT_MAX_INT = 2 ** 31 - 1
-_INT_FIELDS = {"total": 1, "reserved": 0, "min_unit": 1, "max_unit": 1, "step_size": 1}
 
 
 @dataclass(frozen=True)
@@ -80,202 +75,111 @@ class ProviderConfig:
         return COMPUTE_NODE if self.compute_node else (self.name or self.uuid or "")
 
 
-class _Problems:
-    def __init__(self, source: str):
-        self.source = source
-        self.items: list[str] = []
-
-    def add(self, path: str, message: str) -> None:
-        where = f"{self.source}: {path}" if path else self.source
-        self.items.append(f"{where}: {message}")
-
-
-def _mapping(value: Any, path: str, problems: _Problems, allowed: Sequence[str],
-             strict: bool) -> Optional[dict]:
-    if not isinstance(value, dict):
-        problems.add(path, f"must be a mapping, not {type(value).__name__}")
-        return None
-    unknown = sorted(str(k) for k in value if k not in allowed)
-    if unknown and strict:
-        problems.add(path, f"unknown key(s) {', '.join(unknown)} (allowed: "
-                           f"{', '.join(allowed)})")
-    return value
-
-
-def _identification(value: Any, path: str, problems: _Problems, strict: bool) -> dict:
-    ident = _mapping(value, path, problems, ("name", "uuid"), strict)
-    if ident is None:
-        return {}
-    given = [k for k in ("name", "uuid") if k in ident]
-    if len(given) != 1:
-        problems.add(path, "give exactly one of name or uuid")
-        return {}
-    key = given[0]
-    text = ident[key]
-    if not isinstance(text, str) or not text.strip():
-        problems.add(f"{path}.{key}", "must be a non-empty string")
-        return {}
-    if text == COMPUTE_NODE:
-        # nova accepts the sentinel under name too (its own
-        # example_provider.yaml writes name: $COMPUTE_NODE).
-        return {"compute_node": True}
-    if key == "name":
-        if len(text) > _MAX_NAME:
-            problems.add(f"{path}.name", f"is {len(text)} characters long; Placement "
-                                         f"takes at most {_MAX_NAME}")
-            return {}
-        return {"name": text}
-    try:
-        return {"uuid": str(uuid_mod.UUID(text))}
-    except ValueError:
-        problems.add(f"{path}.uuid", f"'{text}' is neither a uuid nor {COMPUTE_NODE}")
-        return {}
-
-
-def _custom_name(name: Any, path: str, what: str, problems: _Problems) -> bool:
-    if not isinstance(name, str) or not _CUSTOM.match(name):
-        problems.add(path, f"{what} '{name}' must be CUSTOM_ followed by A-Z, 0-9 "
-                           "and _ (standard ones are the agent's to report)")
-        return False
-    if len(name) > _MAX_CUSTOM:
-        problems.add(path, f"{what} {name[:40]}... is {len(name)} characters long; "
-                           f"Placement takes at most {_MAX_CUSTOM}. Shorten it.")
-        return False
-    if what == "resource class" and name.startswith(_AGENT_PREFIXES):
-        problems.add(path, f"{name} is a class the agent reports itself")
-        return False
-    return True
-
-
-def _inventory(value: Any, path: str, problems: _Problems, strict: bool
-               ) -> Optional[Inventory]:
-    allowed = tuple(_INT_FIELDS) + ("allocation_ratio",)
-    data = _mapping(value, path, problems, allowed, strict)
-    if data is None:
-        return None
-    if "total" not in data:
-        problems.add(f"{path}.total", "is required")
-        return None
-    ok = True
-    for key, minimum in _INT_FIELDS.items():
-        v = data.get(key)
-        if key in data and (not isinstance(v, int) or isinstance(v, bool) or v < minimum):
-            problems.add(f"{path}.{key}", f"{v!r} must be a whole number >= {minimum}")
-            ok = False
-        elif v is not None and v > _PLACEMENT_MAX_INT:
-            problems.add(f"{path}.{key}", f"{v!r} is above Placement's limit "
-                                          f"{_PLACEMENT_MAX_INT}")
-            ok = False
-    ratio = data.get("allocation_ratio", 1.0)
-    if (isinstance(ratio, bool) or not isinstance(ratio, (int, float))
-            or not math.isfinite(ratio) or ratio <= 0):
-        problems.add(f"{path}.allocation_ratio", f"{ratio!r} must be a number > 0")
-        ok = False
-    if not ok:
-        return None
-    inv = Inventory(total=data["total"], reserved=data.get("reserved", 0),
-                    min_unit=data.get("min_unit", 1), max_unit=data.get("max_unit"),
-                    step_size=data.get("step_size", 1), allocation_ratio=float(ratio))
-    if inv.reserved > inv.total:
-        problems.add(f"{path}.reserved", f"{inv.reserved} is above total {inv.total}")
-        return None
-    if inv.max_unit is not None and inv.min_unit > inv.max_unit:
-        problems.add(f"{path}.min_unit", f"{inv.min_unit} is above max_unit {inv.max_unit}")
-        return None
-    return inv
-
-
-def _additional(section: Any, path: str, problems: _Problems, strict: bool) -> list:
-    data = _mapping(section, path, problems, ("additional",), strict)
-    if data is None:
+def _entry_problems(entry: Any, path: str, wrong: Set[str], refused: Set[str]
+                    ) -> list[tuple[str, str]]:
+    """(path, message) for what the schema cannot see in the entry at
+    ``path``: rules between two values, and classes the agent reports
+    itself. Skipped: what the schema found ``wrong`` (the paths of its
+    problems) and the inventories it ``refused`` (those paths and their
+    parents)."""
+    inventories = f"{path}.inventories"
+    if {path, inventories, f"{inventories}.additional"} & wrong:
         return []
-    items = data.get("additional", [])
-    if not isinstance(items, list):
-        problems.add(f"{path}.additional", "must be a list")
-        return []
-    return items
-
-
-def _inventories(section: Any, path: str, problems: _Problems, strict: bool
-                 ) -> dict[str, Inventory]:
-    found: dict[str, Inventory] = {}
-    for i, item in enumerate(_additional(section, path, problems, strict)):
-        item_path = f"{path}.additional[{i}]"
-        if not isinstance(item, dict) or len(item) != 1:
-            problems.add(item_path, "must be a mapping of one resource class to its inventory")
+    found = []
+    classes: set[str] = set()
+    for i, item in enumerate(entry.get("inventories", {}).get("additional", [])):
+        if f"{path}.inventories.additional[{i}]" in refused:
             continue
-        (rc, value), = item.items()
-        if not _custom_name(rc, f"{item_path}.{rc}", "resource class", problems):
-            continue
-        if rc in found:
-            problems.add(f"{item_path}.{rc}", "is listed twice")
-            continue
-        inv = _inventory(value, f"{item_path}.{rc}", problems, strict)
-        if inv is not None:
-            found[rc] = inv
+        (rc, data), = item.items()
+        path_rc = f"{path}.inventories.additional[{i}].{rc}"
+        if rc.startswith(_AGENT_PREFIXES):
+            found.append((path_rc, f"{rc} is a class the agent reports itself"))
+        elif rc in classes:
+            found.append((path_rc, "is listed twice"))
+        elif data.get("reserved", 0) > data["total"]:
+            found.append((f"{path_rc}.reserved",
+                          f"{data['reserved']} is above total {data['total']}"))
+        elif data.get("min_unit", 1) > data.get("max_unit", math.inf):
+            found.append((f"{path_rc}.min_unit", f"{data.get('min_unit', 1)} is above "
+                                                 f"max_unit {data['max_unit']}"))
+        classes.add(rc)
     return found
 
 
-def _traits(section: Any, path: str, problems: _Problems, strict: bool) -> frozenset[str]:
-    found = set()
-    for i, trait in enumerate(_additional(section, path, problems, strict)):
-        if _custom_name(trait, f"{path}.additional[{i}]", "trait", problems):
-            found.add(trait)
-    return frozenset(found)
+def _config(entry: dict, source: str) -> ProviderConfig:
+    """The record of one entry the schema and :func:`_entry_problems` accepted."""
+    (key, text), = ((k, v) for k, v in entry["identification"].items()
+                    if k in ("name", "uuid"))
+    if text == COMPUTE_NODE:
+        # nova accepts the sentinel under name too (its own
+        # example_provider.yaml writes name: $COMPUTE_NODE).
+        ident: dict[str, Any] = {"compute_node": True}
+    else:
+        ident = {key: text if key == "name" else str(uuid_mod.UUID(text))}
+    inventories = {}
+    for item in entry.get("inventories", {}).get("additional", []):
+        (rc, data), = item.items()
+        inventories[rc] = Inventory(
+            total=data["total"], reserved=data.get("reserved", 0),
+            min_unit=data.get("min_unit", 1), max_unit=data.get("max_unit"),
+            step_size=data.get("step_size", 1),
+            allocation_ratio=float(data.get("allocation_ratio", 1.0)))
+    traits = frozenset(entry.get("traits", {}).get("additional", []))
+    return ProviderConfig(source=source, inventories=inventories, traits=traits, **ident)
 
 
-def _provider(value: Any, path: str, source: str, problems: _Problems,
-              strict: bool) -> Optional[ProviderConfig]:
-    entry = _mapping(value, path, problems, ("identification", "inventories", "traits"),
-                     strict)
-    if entry is None:
-        return None
-    if "identification" not in entry:
-        problems.add(f"{path}.identification", "is required")
-        return None
-    ident = _identification(entry["identification"], f"{path}.identification",
-                            problems, strict)
-    inventories = _inventories(entry.get("inventories", {}), f"{path}.inventories",
-                               problems, strict)
-    traits = _traits(entry.get("traits", {}), f"{path}.traits", problems, strict)
-    if not ident:
-        return None
-    return ProviderConfig(source=f"{source} {path}", inventories=inventories,
-                          traits=traits, **ident)
+def _prefixes(path: str) -> list[str]:
+    """``a[0].b`` -> ``a``, ``a[0]``, ``a[0].b``."""
+    return [path[:i] for i, c in enumerate(path) if c in ".["] + [path]
+
+
+def _document_order(problem: tuple[str, str]) -> tuple:
+    return tuple((bool(key), int(index) if index else key)
+                 for index, key in _PATH_PART.findall(problem[0]))
+
+
+def _minor(version: Any) -> Optional[int]:
+    """The minor of a 1.x version, None for any other version."""
+    match = _VERSION.match(str(version)) if isinstance(version, (str, float)) else None
+    return int(match.group(1)) if match else None
 
 
 def parse_provider_config(text: str, source: str) -> tuple[ProviderConfig, ...]:
-    """One YAML document. Raises ConfigError listing every problem."""
-    problems = _Problems(source)
+    """One YAML document, checked against the schema
+    (:mod:`node_agent.policy.provider_schema`) and then the rules between
+    values. Raises ConfigError listing every problem, each as
+    ``<source>: <path in the document>: <what is wrong>``."""
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark else ""
-        problems.add(where, f"not valid YAML: {getattr(exc, 'problem', None) or exc}")
-        raise ConfigError(problems.items)
-    doc = _mapping(doc, "", problems, ("meta", "providers"), False)
-    if doc is None:
-        raise ConfigError(problems.items)
+        where = f": line {mark.line + 1}" if mark else ""
+        raise ConfigError(f"{source}{where}: not valid YAML: "
+                          f"{getattr(exc, 'problem', None) or exc}") from exc
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source}: must be a mapping, not {type(doc).__name__}")
     meta = doc.get("meta")
     version = meta.get("schema_version") if isinstance(meta, dict) else None
-    match = _VERSION.match(str(version)) if isinstance(version, (str, float)) else None
-    if match is None:
-        problems.add("meta.schema_version", f"{version!r} is not a supported version; "
-                                            "write schema_version: '1.0'")
-        raise ConfigError(problems.items)
-    strict = match.group(1) == "0"
-    if strict:
-        _mapping(doc, "", problems, ("meta", "providers"), True)
-    providers = doc.get("providers", [])
-    if not isinstance(providers, list):
-        problems.add("providers", "must be a list")
-        raise ConfigError(problems.items)
-    found = [_provider(p, f"providers[{i}]", source, problems, strict)
-             for i, p in enumerate(providers)]
-    if problems.items:
-        raise ConfigError(problems.items)
-    return tuple(p for p in found if p is not None)
+    minor = _minor(version)
+    if minor is None:  # before the schema: the version says which one applies
+        raise ConfigError(f"{source}: meta.schema_version: {version!r} is not a supported "
+                          "version; write schema_version: '1.0'")
+    problems = [(provider_schema.where(path), message)
+                for path, message in provider_schema.problems(doc, strict=minor == 0)]
+    wrong = {path for path, _ in problems}
+    refused = {prefix for path in wrong for prefix in _prefixes(path)}
+    configs = []
+    entries = doc.get("providers", [])
+    for i, entry in enumerate(entries if isinstance(entries, list) else ()):
+        path = f"providers[{i}]"
+        entry_problems = _entry_problems(entry, path, wrong, refused)
+        problems += entry_problems
+        if path not in refused and not entry_problems:
+            configs.append(_config(entry, f"{source} {path}"))
+    if problems:
+        raise ConfigError([f"{source}: {path + ': ' if path else ''}{message}"
+                           for path, message in sorted(problems, key=_document_order)])
+    return tuple(configs)
 
 
 def check_unique(configs: Sequence[ProviderConfig]) -> None:
