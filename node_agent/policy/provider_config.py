@@ -22,8 +22,10 @@ the ``$COMPUTE_NODE`` entry for it, as in nova. Schema versions 1.x are
 read; keys unknown to 1.0 are refused in 1.0 documents and ignored in later
 minor versions, whose additions this agent does not know.
 
-Parsing is pure (text in, records out) and reports every problem with the
-file and the path inside the document
+Parsing is pure (text in, records out): the JSON Schema of
+:mod:`node_agent.policy.provider_schema` checks the format, the functions
+here the rules between values. It reports every problem with the file and
+the path inside the document
 (``providers[0].inventories.additional[1].CUSTOM_FOO.total``). Reading the
 directory is the only side effect, in
 :func:`node_agent.config.provider_files.load_provider_configs`.

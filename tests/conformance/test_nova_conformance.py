@@ -310,6 +310,9 @@ OWN_PROVIDER_FILES = {
         {"identification": {"name": "p"}, "traits": {"additional": ["CUSTOM_Y"]}}]},
     "empty-entry": {"meta": {"schema_version": "1.0"}, "providers": [
         {"identification": {"name": "p"}}]},
+    "uuid-without-hyphens": {"meta": {"schema_version": "1.0"}, "providers": [
+        {"identification": {"uuid": "9f4b3c1e8d1a4f7c9a4e2b3c4d5e6f70"},
+         "traits": {"additional": ["CUSTOM_X"]}}]},
 }
 
 

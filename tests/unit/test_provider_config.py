@@ -108,9 +108,51 @@ providers:
     ("meta: {schema_version: '1.0'}\nproviders:\n  - identification: {name: a}\n"
      "    inventories: {additional: [{CUSTOM_MEMORY_PAGE_2048: {total: 1}}]}",
      "CUSTOM_MEMORY_PAGE_2048 is a class the agent reports itself"),
+    ("meta: {schema_version: '1.0'}\nproviders:\n  - identification: {name: a}\n"
+     "    inventories: {additional: [{CUSTOM_X: {total: 1, allocation_ratio: .nan}}]}",
+     "CUSTOM_X.allocation_ratio: nan must be a number > 0"),
+    ("meta: {schema_version: '1.0'}\nproviders:\n  - identification: {name: a}\n"
+     "    inventories: {additional: [{CUSTOM_X: {total: true}}]}",
+     "CUSTOM_X.total: True must be a whole number >= 1"),
+    ("meta: {schema_version: '1.0'}\nproviders:\n  - identification: {name: a}\n"
+     "    inventories: {additional: [{CUSTOM_X: {total: 2147483648}}]}",
+     "CUSTOM_X.total: 2147483648 is above Placement's limit 2147483647"),
+    ("meta: {schema_version: '1.0'}\nproviders:\n  - identification: {name: a}\n"
+     "    traits: null", "providers[0].traits: must be a mapping, not NoneType"),
 ])
 def test_invalid_documents_are_refused(text, expected):
     assert expected in "\n".join(errors_of(text))
+
+
+def test_rules_between_values_are_listed_with_the_schemas_refusals_in_document_order():
+    entries = "".join(f"  - identification: {{name: p{i}}}\n" for i in range(2, 10))
+    problems = errors_of(
+        "meta: {schema_version: '1.0'}\nproviders:\n"
+        "  - identification: {name: p0}\n"
+        "    inventories: {additional: [{CUSTOM_A: {total: 1, reserved: 2}},\n"
+        "                               {CUSTOM_B: {total: 1, step_size: 0}}]}\n"
+        "  - identification: {name: p1, uuid: $COMPUTE_NODE}\n"
+        f"{entries}"
+        "  - identification: {uuid: nope}\n")
+    assert problems == (
+        "/etc/pc/a.yaml: providers[0].inventories.additional[0].CUSTOM_A.reserved: "
+        "2 is above total 1",
+        "/etc/pc/a.yaml: providers[0].inventories.additional[1].CUSTOM_B.step_size: "
+        "0 must be a whole number >= 1",
+        "/etc/pc/a.yaml: providers[1].identification: give exactly one of name or uuid",
+        "/etc/pc/a.yaml: providers[10].identification.uuid: 'nope' is neither a uuid "
+        "nor $COMPUTE_NODE",
+    )
+
+
+def test_a_uuid_without_its_hyphens_is_refused_as_nova_refuses_it():
+    # nova's schema takes the 8-4-4-4-12 form only; Python's UUID() reads more.
+    problems = errors_of("meta: {schema_version: '1.0'}\nproviders:\n"
+                         "  - identification: {uuid: 9f4b3c1e8d1a4f7c9a4e2b3c4d5e6f70}\n"
+                         "    traits: {additional: [CUSTOM_A]}\n")
+    assert problems == ("/etc/pc/a.yaml: providers[0].identification.uuid: "
+                        "'9f4b3c1e8d1a4f7c9a4e2b3c4d5e6f70' is neither a uuid nor "
+                        "$COMPUTE_NODE",)
 
 
 def test_later_minor_version_ignores_unknown_keys():
