@@ -38,7 +38,7 @@ from typing import Callable
 from bench import common, fleet, synthetic_host
 from bench.phases import Scheduler
 from node_agent.remote import messaging
-from node_agent.remote import upstream
+from node_agent.remote import signing, upstream
 from node_agent.remote import wire
 from node_agent.cycle.desired import desired_from
 from node_agent.host.discover import discover
@@ -58,6 +58,7 @@ FULL_VERIFY = 300      # the default [applier] full_verify_interval
 RPC_TIMEOUT = 60.0     # the default [agent] upstream_timeout
 RETRY_FOR = 120.0      # seconds an agent keeps retrying one cycle
 APPLIER = Path(sys.executable).with_name("node-agent-applier")
+MASTER = b"bench-only master secret, not for use"  # the appliers' [applier] master_key_file
 DATABASE = "na_bench_messaging"
 RESTART = "first heartbeat after the appliers restart"
 VERIFY = "full verify (every 300 s)"
@@ -101,10 +102,13 @@ class Appliers:
                  full_verify: int, count: int = APPLIERS):
         work.mkdir(parents=True, exist_ok=True)
         config = work / f"applier-{full_verify}.conf"
+        master = work / "master.key"
+        master.write_bytes(MASTER)
+        master.chmod(0o600)
         config.write_text(
             f"[DEFAULT]\ntransport_url = {transport_url}\n"
             f"[applier]\ntopic = {topic}\nstate_path = {work / 'state'}\n"
-            f"full_verify_interval = {full_verify}\n"
+            f"full_verify_interval = {full_verify}\nmaster_key_file = {master}\n"
             "[placement]\nauth_type = admin_token\ntoken = admin\n"
             f"endpoint_override = {placement_url}\n")
         self.processes = [ApplierProcess(config, work / f"applier-{full_verify}-{n}.log")
@@ -177,7 +181,8 @@ def _retrying(attempt: Callable[[], object]) -> dict:
 class MessagingAgent:
     def __init__(self, conf, name: str, topic: str, host: Host):
         self.name, self.host = name, host
-        self.upstream = upstream.MessagingUpstream(conf, name, topic, RPC_TIMEOUT)
+        self.upstream = upstream.MessagingUpstream(conf, name, topic, RPC_TIMEOUT,
+                                                   key=signing.host_key(MASTER, name))
         self.desired = host.desired(name)
         self.root_uuid = None
 
@@ -188,8 +193,8 @@ class MessagingAgent:
         """Bytes of this agent's full message and of its heartbeat."""
         body = wire.body_of(self.desired)
         seq = self.upstream.seq
-        full = wire.full_message(self.name, seq, body)
-        beat = wire.heartbeat(self.name, seq, full["digest"])
+        full = wire.full_message(self.name, seq, body, self.upstream.key)
+        beat = wire.heartbeat(self.name, seq, full["digest"], self.upstream.key)
         return len(json.dumps(full)), len(json.dumps(beat))
 
     def cycle(self) -> dict:

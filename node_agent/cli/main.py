@@ -398,10 +398,11 @@ def _written(client) -> str:
 def _send_once(conf, settings, desired):
     """``--once`` with ``[agent] upstream = messaging``: one call to
     node-agent-applier. Returns (tree, changes, reshape, exit code, errors)."""
-    from node_agent.remote import upstream
+    from node_agent.remote import keys, upstream
 
     sender = upstream.MessagingUpstream(conf, settings.host, settings.upstream_topic,
-                                        settings.upstream_timeout)
+                                        settings.upstream_timeout,
+                                        key=keys.read_host_key(settings.upstream_key_file))
     from node_agent.service.daemon import _marked
     try:
         report = sender.send(_marked(desired, settings))

@@ -368,6 +368,14 @@ AGENT_OPTS = [
              "the option must stay set while the root carries it (remove the "
              "trait by hand once nova-compute is gone for good)."),
     cfg.StrOpt(
+        "upstream_key_file",
+        help="Messaging mode: the file holding this host's signing key (64 hex "
+             "digits, mode 0600, made on the control node with "
+             "'node-agent-applier derive-key HOST'). Every message is signed with "
+             "it, so no other hypervisor can send in this host's name. Required "
+             "with upstream = messaging; a file open to its group or others is "
+             "refused."),
+    cfg.StrOpt(
         "metrics_textfile",
         help="Also write the metrics after each cycle to this file, for "
              "node_exporter's textfile collector (a path ending in .prom). "
@@ -400,6 +408,30 @@ APPLIER_OPTS = [
         min=0,
         help="Seconds a message waits for another process applying the same "
              "host before it is answered 'busy'."),
+    cfg.StrOpt(
+        "master_key_file",
+        help="The master secret every host's signing key is derived from "
+             "(key = HMAC-SHA256(master, host)); at least 32 bytes, e.g. "
+             "'openssl rand -hex 32', mode 0600. Required: messages whose "
+             "signature does not verify with the sending host's key are refused."),
+    cfg.StrOpt(
+        "previous_master_key_file",
+        help="Key rotation: the master secret being replaced. Messages signed "
+             "with a key derived from it are still accepted until "
+             "previous_master_key_until, while the hosts get their new keys."),
+    cfg.StrOpt(
+        "previous_master_key_until",
+        help="Key rotation: when the overlap of previous_master_key_file ends "
+             "(ISO 8601, UTC unless a zone is given, e.g. 2026-12-01T00:00:00Z). "
+             "Required with previous_master_key_file."),
+    cfg.BoolOpt(
+        "accept_unsigned",
+        default=False,
+        help="Upgrade only: also apply messages of wire format 2.0 and 2.1, "
+             "which carry no signature (agents not upgraded yet). Such a message "
+             "can name any host; once a host has sent a signed message, unsigned "
+             "ones in its name are refused anyway. Turn off when every agent "
+             "signs."),
 ]
 
 PLACEMENT_GROUP = "placement"

@@ -192,6 +192,7 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
         upstream=agent.upstream or "placement",
         upstream_timeout=float(agent.upstream_timeout or 60.0),
         upstream_topic=agent.upstream_topic or "node-agent-applier",
+        upstream_key_file=agent.upstream_key_file or "",
         state_path=_state_path(conf, get),
         machine_id_path=agent.machine_id_path or "/etc/machine-id",
         take_over_provider=bool(agent.take_over_provider),

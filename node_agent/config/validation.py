@@ -63,11 +63,23 @@ def mode_problems(conf, settings: Settings) -> tuple[list[str], object]:
                 "combined with [agent] upstream = messaging; set upstream = placement "
                 "with a [placement] section (read access is enough)."], None
     if settings.upstream == "messaging":
-        if _configured_value(conf, "transport_url", None):
-            return [], None
-        return ["[agent] upstream = messaging needs [DEFAULT] transport_url (the "
-                "broker node-agent-applier listens on); set it, or set upstream = "
-                "placement with a [placement] section."], None
+        problems = []
+        if not _configured_value(conf, "transport_url", None):
+            problems.append("[agent] upstream = messaging needs [DEFAULT] transport_url "
+                            "(the broker node-agent-applier listens on); set it, or set "
+                            "upstream = placement with a [placement] section.")
+        if not settings.upstream_key_file:
+            problems.append("[agent] upstream = messaging needs [agent] upstream_key_file, "
+                            "this host's signing key: make it on the control node with "
+                            f"node-agent-applier derive-key {settings.host} --output FILE, "
+                            "copy it here with mode 0600")
+        else:
+            from node_agent.remote import keys
+            try:
+                keys.read_host_key(settings.upstream_key_file)
+            except ConfigError as exc:
+                problems += exc.problems
+        return problems, None
     if not placement_configured(conf):
         return ["no Placement is configured: set [placement] auth_type (and its "
                 "credentials) or endpoint_override, or [agent] upstream = messaging "

@@ -54,6 +54,7 @@ class Settings:
     # take over a root another writer manages.
     machine_id_path: str = "/etc/machine-id"
     take_over_provider: bool = False
+    upstream_key_file: str = ""
     # [libvirt] cpu_power_management: dedicated CPUs may be offline.
     cpu_power_management: bool = False
     # [libvirt] guest CPU (nova's): the CPU feature traits follow it.

@@ -41,11 +41,16 @@ A host may only change its own subtree: the root must be named as the
 sending host, every child must hang under it and be named ``<host>_...``
 (checked in :func:`node_agent.remote.wire.tree_from_wire`), and a provider
 name or uuid that Placement shows under another root is refused and
-logged (:meth:`Applier.foreign` says exactly what is looked up). The
-sending host is the ``host`` of the message: oslo.messaging does not
-authenticate senders, so this protects against mistakes and against a
-confused agent, not against a hostile hypervisor holding the shared broker
-credentials.
+logged (:meth:`Applier.foreign` says exactly what is looked up).
+
+The sending host is the ``host`` of the message, and the message's
+signature proves it (:mod:`node_agent.remote.signing`): before the host's
+lock or record is touched, a message that is unsigned, signed with another
+host's key or altered is refused, logged and counted (``refused`` by
+reason); a replayed one is not above the record's ``seq`` and answered
+``stale``. oslo.messaging does not authenticate senders, and every
+hypervisor holds the broker's credentials: the signature is what stops a
+hostile hypervisor from sending another host's tree.
 
 Killed mid-apply: the sync writes one provider at a time and the next
 message from that host (its next cycle) finds the tree as it is and
@@ -74,7 +79,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from node_agent.remote import wire
+from node_agent.remote import signing, wire
 from node_agent.errors import (ConfigError, NodeAgentError, PlacementError, ProviderOwned,
                                ReshapeError)
 from node_agent.policy.root_owner import identity_of_tree
@@ -100,6 +105,7 @@ class HostLock:
     def __init__(self, directory: Path, timeout: float):
         self.path = directory / LOCK_FILE
         self.timeout = timeout
+        self.waited = False  # another holder was there first
         self._fd: Optional[int] = None
 
     def __enter__(self) -> "HostLock":
@@ -112,6 +118,7 @@ class HostLock:
                 self._fd = fd
                 return self
             except BlockingIOError:
+                self.waited = True
                 if time.monotonic() >= deadline:
                     os.close(fd)
                     raise Busy() from None
@@ -161,8 +168,10 @@ class Applier:
 
     def __init__(self, client_factory: Callable[[], object], state_path: Path,
                  full_verify_interval: float = 300, lock_timeout: float = 20,
-                 clock: Callable[[], float] = time.time, token: Optional[str] = None):
+                 clock: Callable[[], float] = time.time, token: Optional[str] = None,
+                 *, keyring: signing.Keyring):
         self.client_factory = client_factory
+        self.keyring = keyring
         self.state_path = Path(state_path)
         self.full_verify_interval = full_verify_interval
         self.lock_timeout = lock_timeout
@@ -171,31 +180,56 @@ class Applier:
         self.clock = clock
         self.token = token or f"{socket.gethostname()}:{os.getpid()}:{uuidlib.uuid4().hex[:8]}"
         # Messages refused since start, by cause: "format" (the wire
-        # schema, the version or the digest) and "tree" (a rule across
-        # fields, or another host's providers).
+        # schema, the version or the digest), "tree" (a rule across
+        # fields, or another host's providers), and the signature's
+        # (signing.REASONS: unsigned, forged, expired_key).
         self.refused: Counter[str] = Counter()
+        # Every message by the status of its reply (applied, unchanged,
+        # stale, busy, error, ...); stale counts replayed messages too.
+        self.outcomes: Counter[str] = Counter()
+        self.lock_waits = 0           # messages that found their host locked
+        self.placement_requests = 0   # requests sent to Placement, all hosts
+        self._counting = threading.Lock()
         # Messages applied without the capacity invariant, by host: a 2.0
         # agent sends no limits (wire 2.1's body.limits). Logged once per host.
         self.unchecked: Counter[str] = Counter()
 
     def handle(self, raw) -> dict:
         """The reply to one message (a JSON-able dict; never raises)."""
+        reply = self._reply(raw)
+        with self._counting:
+            self.outcomes[reply["status"]] += 1
+        return reply
+
+    def _refuse(self, reason: str, sender: str, text: str) -> dict:
+        with self._counting:
+            self.refused[reason] += 1
+            total = sum(self.refused.values())
+        LOG.warning("refused a message from %s (%s; %d refused so far): %s",
+                    sender, reason, total, text)
+        return {"status": wire.REFUSED, "error": f"message refused: {text}"}
+
+    def _reply(self, raw) -> dict:
         try:
             message = wire.parse_message(raw)
         except wire.Malformed as exc:
-            self.refused["format"] += 1
-            LOG.warning("refused a message from %s (%d refused so far): %s",
-                        wire.sender_of(raw), sum(self.refused.values()), exc)
-            return {"status": wire.REFUSED, "error": f"message refused: {exc}"}
+            return self._refuse("format", wire.sender_of(raw), str(exc))
+        # Before the host's lock and record: a forged message costs nothing
+        # but the HMAC, and changes no sequence number.
+        refusal = self.keyring.check(raw, self.clock())
+        if refusal is not None:
+            return self._refuse(refusal.reason, message.host, refusal.text)
+        lock = HostLock(self.state_path / message.host, self.lock_timeout)
         try:
-            with HostLock(self.state_path / message.host, self.lock_timeout):
+            with lock:
                 return self._handle(message)
         except Busy:
             return {"status": wire.BUSY, "seq": message.seq,
                     "error": f"another applier has held {message.host} for "
                              f"{self.lock_timeout:g}s"}
         except wire.Malformed as exc:
-            self.refused["tree"] += 1
+            with self._counting:
+                self.refused["tree"] += 1
             LOG.warning("refused the tree of %s: %s", message.host, exc)
             return {"status": wire.REFUSED, "seq": message.seq, "error": str(exc)}
         except ProviderOwned as exc:
@@ -209,6 +243,10 @@ class Applier:
             LOG.exception("%s seq %d: unexpected failure", message.host, message.seq)
             return {"status": wire.ERROR, "seq": message.seq,
                     "error": f"applier failure: {type(exc).__name__}: {exc}"}
+        finally:
+            if lock.waited:
+                with self._counting:
+                    self.lock_waits += 1
 
     # -- one message, under the host's lock
 
@@ -217,9 +255,15 @@ class Applier:
         record = store.load_or_empty(LOG).get(RECORD_KEY, {})
         last = record.get("seq", -1)
         if message.seq <= last:
-            LOG.info("%s seq %d ignored: %d was applied already (stale)",
-                     message.host, message.seq, last)
+            LOG.warning("%s seq %d ignored: not above %d, the last applied (a replayed "
+                        "or out-of-order message: stale)", message.host, message.seq, last)
             return {"status": wire.STALE, "seq": message.seq, "last_seq": last}
+        if record.get("signed") and not message.signed:
+            # accept_unsigned is for agents not upgraded yet: one that signed
+            # has been, and an unsigned message in its name is someone else's.
+            return self._refuse(signing.UNSIGNED, message.host,
+                                f"{message.host} has sent signed messages: an unsigned "
+                                "one in its name is refused")
         body = message.body
         if body is None:
             if record.get("digest") != message.digest or "body" not in record:
@@ -233,9 +277,19 @@ class Applier:
             self._unchecked(message.host)
         local = self._local(message.host, record, desired)
         start = local.client.stats.total
+        try:
+            return self._apply(message, store, record, body, desired, local)
+        finally:
+            with self._counting:
+                self.placement_requests += local.client.stats.total - start
+
+    def _apply(self, message: wire.Message, store: StateStore, record: dict, body: dict,
+               desired, local: _Local) -> dict:
+        start = local.client.stats.total
         problems = self.foreign(local, desired.tree)
         if problems:
-            self.refused["tree"] += 1
+            with self._counting:
+                self.refused["tree"] += 1
             LOG.error("refused the tree of %s (seq %d): %s", message.host, message.seq,
                       "; ".join(problems))
             return {"status": wire.REFUSED, "seq": message.seq,
@@ -251,6 +305,7 @@ class Applier:
         self._save(store, {
             "seq": message.seq, "digest": message.digest, "body": body,
             "ok": outcome.ok, "by": self.token, SHAPE_KEY: shape,
+            "signed": message.signed or bool(record.get("signed")),
             CACHE_KEY: local.syncer.export_cache()})
         requests = local.client.stats.total - start
         log = LOG.warning if not outcome.ok else LOG.info if report.applied else LOG.debug
@@ -407,7 +462,59 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--config-file", action="append", default=[], metavar="FILE")
     parser.add_argument("--config-dir", action="append", default=[], metavar="DIR")
     parser.add_argument("--debug", action="store_true", help="log at DEBUG level")
+    parser.add_argument("--check-config", action="store_true",
+                        help="check the configuration (transport_url, Placement, the "
+                             "master key files) and exit: 0 usable, 78 not, 75 when a "
+                             "service it needs does not answer")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    derive = commands.add_parser(
+        "derive-key", help="the signing key of HOST, derived from [applier] "
+                           "master_key_file: what HOST's [agent] upstream_key_file holds")
+    derive.add_argument("host", metavar="HOST", help="the host's name, as its agent sends it")
+    derive.add_argument("--output", metavar="FILE",
+                        help="write the key to FILE (mode 0600) instead of printing it")
     return parser
+
+
+def derive_key(conf, host: str, output: Optional[str]) -> int:
+    """``derive-key HOST``: the key under the current master."""
+    from node_agent.remote import keys, schema
+
+    if schema.first_error(host, 2, at="host") is not None:
+        raise ConfigError(f"derive-key: {host!r} is not a host name (letters, digits, "
+                          "'.', '_', '-'), so no agent can send it")
+    key = signing.host_key(keys.read_master(conf.applier.master_key_file or ""), host)
+    if output:
+        keys.write_host_key(output, key)
+        print(f"wrote the key of {host} to {output} (mode 0600): copy it to {host} "
+              "as its [agent] upstream_key_file, owned by the agent's user, mode 0600")
+    else:
+        print(key.hex())
+    return 0
+
+
+def check_config(conf) -> int:
+    """``--check-config``: every problem in one run; nothing is started."""
+    from node_agent.remote import keys, messaging
+
+    problems: list[str] = []
+    rpc_url, _ = messaging.urls(conf)
+    if not rpc_url:
+        problems.append("node-agent-applier needs [DEFAULT] transport_url (the bus the "
+                        "agents send to)")
+    try:
+        _placement_client(conf)
+    except ConfigError as exc:
+        problems += exc.problems
+    try:
+        ring = keys.keyring(conf.applier)
+    except ConfigError as exc:
+        problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
+    print(f"configuration is usable: {len(ring.masters)} master key(s)"
+          + ("; unsigned messages (wire 2.0, 2.1) accepted" if ring.accept_unsigned else ""))
+    return 0
 
 
 def _placement_client(conf):
@@ -430,12 +537,19 @@ def serve(conf) -> int:
     if not rpc_url:
         raise ConfigError("node-agent-applier needs [DEFAULT] transport_url (the bus the "
                           "agents send to)")
+    from node_agent.remote import keys
+
+    group = conf.applier
+    keyring = keys.keyring(group)
     base = _placement_client(conf)
     base.check_version()
-    group = conf.applier
     applier = Applier(lambda: PlacementClient(base.adapter), Path(group.state_path),
                       full_verify_interval=group.full_verify_interval,
-                      lock_timeout=group.lock_timeout)
+                      lock_timeout=group.lock_timeout, keyring=keyring)
+    if keyring.accept_unsigned:
+        LOG.warning("[applier] accept_unsigned is on: messages of wire format 2.0 and "
+                    "2.1 carry no signature and can name any host; turn it off once "
+                    "every agent signs")
     om = messaging.oslo_messaging()
     transport = om.get_rpc_transport(conf, url=rpc_url)
     # server= only names this process's own queue; agents call the topic
@@ -472,6 +586,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         conf = load_conf(oslo_args(args))
         logs.setup(conf, args.debug)  # the same format as node-agent
         messaging.register(conf)
+        if args.command == "derive-key":
+            return derive_key(conf, args.host, args.output)
+        if args.check_config:
+            return check_config(conf)
         return serve(conf)
     except NodeAgentError as exc:
         print(f"node-agent-applier: error: {exc}", file=sys.stderr)

@@ -6,8 +6,8 @@ topic are competing consumers) and learns the result from the reply:
 
 * when the tree or the reshape inputs changed since the last acknowledged
   apply (their digest differs), or on the first cycle of the process: the
-  full message, ``{version, host, seq, digest, body}``;
-* otherwise a heartbeat, ``{version, host, seq, digest}`` (about 150
+  full message, ``{version, host, seq, digest, signature, body}``;
+* otherwise a heartbeat, ``{version, host, seq, digest, signature}`` (about 220
   bytes). The applier answers ``unchanged`` without touching Placement,
   re-applies the tree it keeps when its periodic full verify is due, or
   answers ``unknown_digest``, and the agent sends the full message at once.
@@ -131,7 +131,7 @@ class MessagingUpstream:
     remembers the last sequence number and the last acknowledged digest."""
 
     def __init__(self, conf, host: str, topic: str = DEFAULT_TOPIC,
-                 timeout: float = 60.0, clock=time.time):
+                 timeout: float = 60.0, clock=time.time, *, key: bytes):
         from node_agent.remote import messaging
 
         rpc_url, _ = messaging.urls(conf)
@@ -143,6 +143,7 @@ class MessagingUpstream:
         target = self._om.Target(topic=topic, version=RPC_VERSION)
         self._client = self._om.get_rpc_client(self._transport, target, timeout=timeout)
         self.host, self.topic, self.timeout = host, topic, timeout
+        self.key = key  # this host's own key: it can sign for no other host
         self.clock = clock
         self.seq = 0
         self.acked: Optional[str] = None
@@ -192,19 +193,20 @@ class MessagingUpstream:
         digest = digest_of(body)
         sent = 1
         if digest == self.acked:
-            reply = self._call(heartbeat(self.host, self._next_seq(), digest), timeout)
+            reply = self._call(heartbeat(self.host, self._next_seq(), digest, self.key),
+                               timeout)
             if reply["status"] == UNKNOWN_DIGEST:
-                reply, sent = self._call(full_message(self.host, self._next_seq(), body),
-                                         timeout), 2
+                reply, sent = self._call(
+                    full_message(self.host, self._next_seq(), body, self.key), timeout), 2
         else:
-            reply = self._call(full_message(self.host, self._next_seq(), body), timeout)
+            reply = self._call(full_message(self.host, self._next_seq(), body, self.key), timeout)
         if reply["status"] == STALE:
             LOG.warning("node-agent-applier already applied sequence %s for %s, newer "
                         "than ours (%s): the clock went back, or another agent uses "
                         "this host name; sending again after it", reply.get("last_seq"),
                         self.host, self.seq)
             self.seq = max(self.seq, int(reply.get("last_seq") or 0))
-            reply = self._call(full_message(self.host, self._next_seq(), body), timeout)
+            reply = self._call(full_message(self.host, self._next_seq(), body, self.key), timeout)
             sent += 1
         return self._outcome(reply, digest, sent)
 

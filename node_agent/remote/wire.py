@@ -41,6 +41,13 @@ applier that ignored them would move NUMA or GPU inventory to children while
 the guests' allocations stayed on the root, so both sides refuse the other
 major version, with a reply that says which side to upgrade.
 
+``signature`` (since 2.2, required from 2.2 on): HMAC-SHA256 over
+version, host, seq and digest with the sending host's own key
+(:mod:`node_agent.remote.signing`, ``[agent] upstream_key_file``), so no
+hypervisor can speak for another. The applier refuses a message without
+one (a 2.0 or 2.1 agent) unless ``[applier] accept_unsigned`` is set for
+an upgrade.
+
 Why one module over 400 lines: the encoder and the validating decoder are
 one definition of the format; a change to it touches both, in one diff.
 """
@@ -59,11 +66,11 @@ from node_agent.model.cpuset import CpuSet, CpuSetSyntaxError, parse_cpulist
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.model.snapshot import Guest, GuestMdev, HostSnapshot, NumaNode, PciGpu
 from node_agent.policy.capacity import HostLimits, limits_of
-from node_agent.remote import schema
+from node_agent.remote import schema, signing
 from node_agent.tree.numa import numa_provider_name
 from node_agent.tree.pci import gpu_provider_name
 
-WIRE_VERSION = "2.1"   # bump the minor for an added optional key, the major otherwise
+WIRE_VERSION = "2.2"   # bump the minor for an added optional key, the major otherwise
 RPC_VERSION = "1.0"
 METHOD = "apply"
 DEFAULT_TOPIC = "node-agent-applier"
@@ -154,13 +161,15 @@ def digest_of(body: Mapping) -> str:
     return hashlib.sha256(canonical(body).encode("utf-8")).hexdigest()
 
 
-def full_message(host: str, seq: int, body: dict) -> dict:
-    return {"version": WIRE_VERSION, "host": host, "seq": seq,
-            "digest": digest_of(body), "body": body}
+def full_message(host: str, seq: int, body: dict, key: bytes) -> dict:
+    """The full message, signed with the host's ``key``."""
+    return signing.sign({"version": WIRE_VERSION, "host": host, "seq": seq,
+                         "digest": digest_of(body)}, key) | {"body": body}
 
 
-def heartbeat(host: str, seq: int, digest: str) -> dict:
-    return {"version": WIRE_VERSION, "host": host, "seq": seq, "digest": digest}
+def heartbeat(host: str, seq: int, digest: str, key: bytes) -> dict:
+    return signing.sign({"version": WIRE_VERSION, "host": host, "seq": seq,
+                         "digest": digest}, key)
 
 
 # ---------------------------------------------------------------- decode
@@ -173,6 +182,7 @@ class Message:
     seq: int
     digest: str
     body: Optional[dict] = None
+    signed: bool = False
 
 
 @dataclass(frozen=True)
@@ -408,7 +418,8 @@ def parse_message(message) -> Message:
     body = message.get("body")
     if body is not None:
         _need(digest_of(body) == message["digest"], "digest", "does not match the body")
-    return Message(message["host"], message["seq"], message["digest"], body)
+    return Message(message["host"], message["seq"], message["digest"], body,
+                   signed="signature" in message)
 
 
 def sender_of(raw) -> str:

@@ -264,9 +264,10 @@ class Agent:
 
         settings = loaded.settings
         if self._upstream is None:  # messaging options are read at start only
+            from node_agent.remote import keys
             self._upstream = upstream.MessagingUpstream(
                 loaded.conf, settings.host, settings.upstream_topic,
-                settings.upstream_timeout)
+                settings.upstream_timeout, key=keys.read_host_key(settings.upstream_key_file))
         report = self._upstream.send(_marked(desired, settings),
                                      timeout=settings.upstream_timeout)
         upstream.remember(StateStore(Path(settings.state_path)), report, desired)

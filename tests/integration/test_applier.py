@@ -8,6 +8,7 @@ per-host records of other tests never mix in.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -23,7 +24,7 @@ import pytest
 from oslo_config import cfg
 
 from node_agent.remote import messaging
-from node_agent.remote import upstream
+from node_agent.remote import signing, upstream
 from node_agent.remote import wire
 from node_agent.cycle.desired import compute_desired
 from node_agent.placement.client import PlacementClient
@@ -92,14 +93,22 @@ class Bus:
         self.topic = f"node-agent-applier-{uuid.uuid4().hex[:8]}"
         self.state = tmp_path / "applier-state"
         self.config = tmp_path / "applier.conf"
-        self.config.write_text(
-            f"[DEFAULT]\ntransport_url = {transport_url}\n"
-            f"[applier]\ntopic = {self.topic}\nstate_path = {self.state}\n"
-            "lock_timeout = 3\n"
-            "[placement]\nauth_type = admin_token\ntoken = admin\n"
-            f"endpoint_override = {placement_url}\n")
+        self.master_file = tmp_path / "master.key"
+        self.master_file.write_text(uuid.uuid4().hex + uuid.uuid4().hex + "\n")
+        self.master_file.chmod(0o600)
+        self.placement_url = placement_url
+        self.write_config()
         self.appliers: list[ApplierProcess] = []
         self.senders: list[upstream.MessagingUpstream] = []
+
+    def write_config(self, applier: str = "") -> None:
+        """The appliers' config; ``applier``: more lines of ``[applier]``."""
+        self.config.write_text(
+            f"[DEFAULT]\ntransport_url = {self.url}\n"
+            f"[applier]\ntopic = {self.topic}\nstate_path = {self.state}\n"
+            f"lock_timeout = 3\nmaster_key_file = {self.master_file}\n{applier}"
+            "[placement]\nauth_type = admin_token\ntoken = admin\n"
+            f"endpoint_override = {self.placement_url}\n")
 
     def start(self, count: int) -> list[ApplierProcess]:
         new = [ApplierProcess(self.config, self.tmp / f"applier-{len(self.appliers) + n}.log")
@@ -109,8 +118,13 @@ class Bus:
             process.wait_listening()
         return new
 
+    def key(self, host: str) -> bytes:
+        """What ``node-agent-applier derive-key host`` provisions."""
+        return signing.host_key(self.master_file.read_text().strip().encode(), host)
+
     def sender(self, host: str, timeout: float = TIMEOUT) -> upstream.MessagingUpstream:
-        sender = upstream.MessagingUpstream(self.conf(), host, self.topic, timeout)
+        sender = upstream.MessagingUpstream(self.conf(), host, self.topic, timeout,
+                                            key=self.key(host))
         self.senders.append(sender)
         return sender
 
@@ -283,12 +297,14 @@ def test_stale_message_is_ignored(bus, placement):
     agent = make_agents(bus, 1, "stale")[0]
     client = agent.upstream._client
     newer = wire.body_of(agent.desired)
-    reply = client.call({}, "apply", message=wire.full_message(agent.name, 200, newer))
+    reply = client.call({}, "apply", message=wire.full_message(agent.name, 200, newer,
+                                                                       agent.upstream.key))
     assert reply["status"] == wire.APPLIED
 
     agent.reserve(2048)
     older = wire.body_of(agent.desired)
-    reply = client.call({}, "apply", message=wire.full_message(agent.name, 100, older))
+    reply = client.call({}, "apply", message=wire.full_message(agent.name, 100, older,
+                                                                       agent.upstream.key))
     assert reply == {"status": wire.STALE, "seq": 100, "last_seq": 200}
     root = root_of(placement, agent.name)
     got = placement.get(f"/resource_providers/{root['uuid']}/inventories")["inventories"]
@@ -308,13 +324,13 @@ def test_message_naming_another_hosts_provider_is_refused(bus, placement):
     by_name = dict(body["tree"][0], name=f"{victim.name}_NUMA_0", parent=intruder.name,
                    uuid=None)
     reply = client.call({}, "apply", message=wire.full_message(
-        intruder.name, 1, {**body, "tree": body["tree"] + [by_name]}))
+        intruder.name, 1, {**body, "tree": body["tree"] + [by_name]}, intruder.upstream.key))
     assert reply["status"] == wire.REFUSED and "not this host's" in reply["error"]
 
     by_uuid = dict(body["tree"][0], name=f"{intruder.name}_extra", parent=intruder.name,
                    uuid=victim_root["uuid"])
     reply = client.call({}, "apply", message=wire.full_message(
-        intruder.name, 2, {**body, "tree": body["tree"] + [by_uuid]}))
+        intruder.name, 2, {**body, "tree": body["tree"] + [by_uuid]}, intruder.upstream.key))
     assert reply["status"] == wire.REFUSED
     assert "of another host's tree" in reply["error"]
 
@@ -369,8 +385,13 @@ def test_service_in_messaging_mode_backs_off_without_applier_then_converges(
     text = agent.config_text()
     text = text[:text.index("[placement]")]  # the hypervisor holds no credentials
     text = text.replace("[DEFAULT]\n", f"[DEFAULT]\ntransport_url = {bus.url}\n")
+    # Provisioned as an operator does it, with the applier's own command.
+    key_file = tmp_path / "upstream.key"
+    subprocess.run([str(APPLIER), "--config-file", str(bus.config), "derive-key", host_name,
+                    "--output", str(key_file)], check=True, capture_output=True)
     text = text.replace("[agent]\n", f"[agent]\nupstream = messaging\nupstream_timeout = 2\n"
-                                     f"upstream_topic = {bus.topic}\n")
+                                     f"upstream_topic = {bus.topic}\n"
+                                     f"upstream_key_file = {key_file}\n")
     agent.write_config(text)
     agent.start()
     try:
@@ -538,7 +559,7 @@ def test_message_of_another_wire_version_is_refused_with_the_side_to_upgrade(bus
     bus.start(1)
     agent = make_agents(bus, 1, "version")[0]
     body = wire.body_of(agent.desired)
-    old = {**wire.full_message(agent.name, 1, body), "version": "1.0"}
+    old = {**wire.full_message(agent.name, 1, body, agent.upstream.key), "version": "1.0"}
     reply = agent.upstream._client.call({}, "apply", message=old)
     assert reply["status"] == wire.REFUSED
     assert "upgrade node-agent on this host" in reply["error"]
@@ -577,8 +598,9 @@ def send_to(applier: ApplierProcess, agent: FixtureAgent, beat: bool = False) ->
     """The agent's message (or heartbeat), delivered to that process only."""
     body = wire.body_of(agent.desired)
     seq = agent.upstream._next_seq()
-    message = (wire.heartbeat(agent.name, seq, wire.digest_of(body)) if beat
-               else wire.full_message(agent.name, seq, body))
+    key = agent.upstream.key
+    message = (wire.heartbeat(agent.name, seq, wire.digest_of(body), key) if beat
+               else wire.full_message(agent.name, seq, body, key))
     client = agent.upstream._client.prepare(server=applier.server, timeout=TIMEOUT)
     return client.call({}, "apply", message=message)
 
@@ -706,20 +728,25 @@ def test_dedicated_set_beside_a_stranger_on_vcpu_never_publishes_pcpu_beside_vcp
 def test_a_2_0_agent_is_applied_unchecked_and_the_applier_says_so_once_per_host(
         bus, placement):
     """A 2.0 message carries no limits: the applier applies it as before
-    2.1 (it cannot check the invariant) and logs that once for the host."""
+    2.1 (it cannot check the invariant) and logs that once for the host.
+    A 2.0 agent does not sign either: applied during an upgrade only
+    (``accept_unsigned``)."""
+    bus.write_config("accept_unsigned = true\n")
     applier, = bus.start(1)
     agent = make_agents(bus, 1, "old-agent")[0]
     body = wire.body_of(agent.desired)
     del body["limits"]
     for seq in (1, 2):
-        old = {**wire.full_message(agent.name, seq, body), "version": "2.0"}
+        old = {**wire.full_message(agent.name, seq, body, agent.upstream.key),
+               "version": "2.0"}
+        del old["signature"]
         reply = agent.upstream._client.call({}, "apply", message=old)
         assert reply["status"] == wire.APPLIED and reply["ok"], reply
     assert converged(placement, agent)
     warned = re.findall(rf"{re.escape(agent.name)} sends wire format 2\.0.*not checked",
                         applier.log())
     assert len(warned) == 1, applier.log()
-    assert agent.cycle().ok   # a 2.1 message from the same host: checked again
+    assert agent.cycle().ok   # a 2.2 message from the same host: checked again
 
 
 def test_tree_for_a_root_another_machine_marked_is_refused_by_the_applier(bus, placement):
@@ -744,3 +771,61 @@ def test_tree_for_a_root_another_machine_marked_is_refused_by_the_applier(bus, p
     assert placement.get(f"/resource_providers/{root['uuid']}") == before
     assert mine in placement.get(f"/resource_providers/{root['uuid']}/traits")["traits"]
     assert "another machine" in applier.log()
+
+
+# ---------------------------------------------------------------- signed messages
+
+def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placement(
+        bus, placement, placement_server):
+    """A hostile hypervisor holds the broker's credentials and its own key:
+    whatever it sends in another host's name, or replays of that host's old
+    messages, reach no Placement request (its request log stays empty) and
+    leave the victim's inventory as it was."""
+    applier, = bus.start(1)
+    victim, intruder = make_agents(bus, 2, "signed")
+    client = intruder.upstream._client   # any connection to the broker will do
+    key = victim.upstream.key
+
+    victim.reserve(1024)
+    old = wire.full_message(victim.name, victim.upstream._next_seq(),
+                                wire.body_of(victim.desired), key)
+    assert client.call({}, "apply", message=old)["status"] == wire.APPLIED
+    victim.reserve(512)
+    assert victim.cycle().ok
+    inventories = f"/resource_providers/{root_of(placement, victim.name)['uuid']}/inventories"
+    before = placement.get(inventories)
+
+    # The victim's tree with all its memory reserved: no guest could land there.
+    hostile = wire.body_of(victim.desired)
+    memory = hostile["tree"][0]["inventories"]["MEMORY_MB"]
+    memory["reserved"] = memory["total"]
+    seq = victim.upstream._next_seq() + 10 ** 9
+    forged = wire.full_message(victim.name, seq, hostile, intruder.upstream.key)
+    tampered = {**wire.full_message(victim.name, seq, wire.body_of(victim.desired),
+                                        key),
+                "body": hostile, "digest": wire.digest_of(hostile)}
+    unsigned = {**wire.full_message(victim.name, seq, hostile, key), "version": "2.1"}
+    del unsigned["signature"]
+    attempts = {"forged host": (forged, wire.REFUSED, "does not verify"),
+                "bad signature": (tampered, wire.REFUSED, "does not verify"),
+                "unsigned": (unsigned, wire.REFUSED, "carries no signature"),
+                "replayed": (old, wire.STALE, None)}
+
+    log = RequestLog(placement_server)
+    for what, (message, status, words) in attempts.items():
+        log.mark()
+        reply = client.call({}, "apply", message=message)
+        assert reply["status"] == status, (what, reply)
+        assert words is None or words in reply["error"], (what, reply)
+        assert log.requests() == [], what
+        assert placement.get(inventories) == before, what
+        secrets = (bus.master_file.read_text().strip(), key.hex(), intruder.upstream.key.hex())
+        assert not any(s in json.dumps(reply) for s in secrets), what
+
+    text = applier.log()
+    assert f"refused a message from {victim.name} (forged; 2 refused so far)" in text
+    assert f"refused a message from {victim.name} (unsigned; 3 refused so far)" in text
+    assert re.search(rf"{re.escape(victim.name)} seq {old['seq']} ignored: not above "
+                     r"\d+, the last applied \(a replayed", text)
+    assert not any(s in text for s in secrets)
+    assert victim.cycle().ok   # the victim's own next message is applied

@@ -269,7 +269,29 @@ def test_check_config_refuses_messaging_mode_without_transport_url(tmp_path):
     config = write_config(tmp_path, TEST6, extra="[agent]\nupstream = messaging\n")
     result = run_agent("--config-file", str(config), "--check-config")
     assert_one_clear_line(result, 78, "[agent] upstream = messaging needs [DEFAULT] "
-                          "transport_url")
+                          "transport_url", "needs [agent] upstream_key_file",
+                          "node-agent-applier derive-key fixture-host --output FILE")
+
+
+def host_key_file(tmp_path, mode: int = 0o600) -> Path:
+    """A host key as node-agent-applier derive-key writes it."""
+    from node_agent.remote import keys
+
+    path = tmp_path / "upstream.key"
+    keys.write_host_key(str(path), bytes(range(32)))
+    path.chmod(mode)
+    return path
+
+
+def test_check_config_refuses_a_host_key_readable_by_others_naming_the_fix(tmp_path):
+    key = host_key_file(tmp_path, 0o644)
+    config = write_config(tmp_path, TEST6, extra=(
+        f"[agent]\nupstream = messaging\nupstream_key_file = {key}\n"
+        "[DEFAULT]\ntransport_url = rabbit://agent:pw@127.0.0.1:5672/\n"))
+    result = run_agent("--config-file", str(config), "--check-config")
+    assert_one_clear_line(result, 78, f"[agent] upstream_key_file = {key}: the key is open "
+                          "to its group or others (mode 0644)", f"chmod 0600 {key}")
+    assert bytes(range(32)).hex() not in result.stdout + result.stderr
 
 
 def test_service_started_with_overlapping_cpu_sets_exits_78_before_ready(service):
@@ -323,7 +345,7 @@ def test_check_config_connect_names_a_broker_that_refuses(tmp_path):
     port = closed.getsockname()[1]
     closed.close()  # nothing listens there
     config = write_config(tmp_path, TEST6, extra=(
-        "[agent]\nupstream = messaging\n"
+        f"[agent]\nupstream = messaging\nupstream_key_file = {host_key_file(tmp_path)}\n"
         f"[DEFAULT]\ntransport_url = rabbit://agent:S3cret@127.0.0.1:{port}/\n"))
     result = run_agent("--config-file", str(config), "--check-config", "--connect")
     assert_one_clear_line(result, 75, f"the broker at 127.0.0.1:{port}")
@@ -332,7 +354,8 @@ def test_check_config_connect_names_a_broker_that_refuses(tmp_path):
 
 def test_check_config_connect_reports_a_broker_that_answers(tmp_path, rabbitmq):
     config = write_config(tmp_path, TEST6, extra=(
-        f"[agent]\nupstream = messaging\n[DEFAULT]\ntransport_url = {rabbitmq}\n"))
+        f"[agent]\nupstream = messaging\nupstream_key_file = {host_key_file(tmp_path)}\n"
+        f"[DEFAULT]\ntransport_url = {rabbitmq}\n"))
     result = run_agent("--config-file", str(config), "--check-config", "--connect")
     assert result.code == 0, result.stderr
     assert "Broker answers: 127.0.0.1:" in result.stdout

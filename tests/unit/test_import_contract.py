@@ -31,7 +31,9 @@ PURE_MODULES = ("node_agent.placement.planner", "node_agent.placement.reshape_en
                 "node_agent.placement.errors", "node_agent.placement.microversions",
                 "node_agent.placement.routes",
                 # The wire format and the JSON Schema it ships (read as package data).
-                "node_agent.remote.wire", "node_agent.remote.schema")
+                "node_agent.remote.wire", "node_agent.remote.schema",
+                # The HMACs of signed messages (hmac, hashlib, json).
+                "node_agent.remote.signing")
 # Not pure themselves, but safe to import: the error hierarchy (it reads
 # os.EX_CONFIG, a constant) and the packages' docstring-only __init__ files.
 ALLOWED_INTERNAL = ({"node_agent", "node_agent.errors"}

@@ -9,13 +9,17 @@ import uuid
 
 import pytest
 
-from node_agent.remote import upstream
+from node_agent.remote import signing, upstream
 from node_agent.remote import wire
 from node_agent.model.cpuset import parse_cpu_spec, parse_cpulist
 from node_agent.cycle.desired import desired_from
 from node_agent.placement.reshape_rules import host_rule, rule_provider_names
 from node_agent.model.snapshot import Guest, GuestMdev, MdevTypeInfo, PciGpu
 from tests.snapshots import settings, snapshot
+
+MASTER = b"m" * 32   # the applier's master secret in these tests
+KEY = signing.host_key(MASTER, "node1")
+KEYRING = signing.Keyring((signing.Master(MASTER),))
 
 GPU1, GPU2 = "0000:81:00.0", "0000:82:00.0"
 MDEV_TYPE = "nvidia-222"
@@ -71,7 +75,8 @@ def nested(tmp_path):
 
 
 def rebuilt(desired):
-    message = json.loads(json.dumps(wire.full_message("node1", 7, wire.body_of(desired))))
+    message = json.loads(json.dumps(
+        wire.full_message("node1", 7, wire.body_of(desired), KEY)))
     parsed = wire.parse_message(message)
     return wire.desired_from_body(parsed.body, parsed.host)
 
@@ -174,15 +179,15 @@ def test_digest_follows_every_input_of_the_nested_rules_and_nothing_else(nested)
 
 def test_heartbeat_is_small_and_has_no_body(desired):
     digest = wire.digest_of(wire.body_of(desired))
-    beat = wire.heartbeat("node1", 8, digest)
-    assert len(json.dumps(beat)) < 200
+    beat = wire.heartbeat("node1", 8, digest, KEY)
+    assert len(json.dumps(beat)) < 256  # signed since 2.2
     assert wire.parse_message(beat).body is None
 
 
 def _message(desired, mutate):
     body = copy.deepcopy(wire.body_of(desired))
     mutate(body)
-    return wire.full_message("node1", 1, body)
+    return wire.full_message("node1", 1, body, KEY)
 
 
 @pytest.mark.parametrize("mutate, words", [
@@ -240,7 +245,7 @@ def test_malformed_body_is_refused_with_where_and_why(nested, mutate, words):
     ({"digest": "0" * 64}, "does not match the body"),
 ])
 def test_malformed_envelope_is_refused(desired, change, words):
-    message = {**wire.full_message("node1", 1, wire.body_of(desired)), **change}
+    message = {**wire.full_message("node1", 1, wire.body_of(desired), KEY), **change}
     with pytest.raises(wire.Malformed, match=words):
         wire.parse_message(message)
 
@@ -281,8 +286,9 @@ def test_heartbeat_is_answered_from_the_shared_record_until_the_verify_is_due(
         "seq": 5, "digest": digest, "body": body, "ok": True, "by": "another process",
         "cache": cache}})
     # Another process, with nothing in memory and no way to reach Placement.
-    applier = Applier(_no_placement, tmp_path, full_verify_interval=300, clock=lambda: 1000.0)
-    reply = applier.handle(wire.heartbeat("node1", 6, digest))
+    applier = Applier(_no_placement, tmp_path, full_verify_interval=300, clock=lambda: 1000.0,
+                      keyring=KEYRING)
+    reply = applier.handle(wire.heartbeat("node1", 6, digest, KEY))
     if status is None:
         assert reply["status"] == wire.ERROR and "Tripwire" in reply["error"]
     else:
@@ -316,7 +322,8 @@ def test_keep_placement_ratio_crosses_the_wire_so_the_applier_keeps_operator_rat
 # ---------------------------------------------------------------- the published schema
 
 def _full(nested) -> dict:
-    return json.loads(json.dumps(wire.full_message("node1", 1, wire.body_of(nested))))
+    return json.loads(json.dumps(
+        wire.full_message("node1", 1, wire.body_of(nested), KEY)))
 
 
 def _at(message: dict, path: tuple):
@@ -445,10 +452,10 @@ def test_applier_refusal_names_the_path_counts_it_and_echoes_no_value(tmp_path, 
     from node_agent.remote.applier import Applier
 
     secret = "rabbit://nova:s3cr3t@broker:5672/"
-    message = wire.full_message("node1", 1, wire.body_of(desired))
+    message = wire.full_message("node1", 1, wire.body_of(desired), KEY)
     message["body"]["reshape"]["guests"][0]["vcpus"] = secret
     message = _redigest(message)
-    applier = Applier(_no_placement, tmp_path)
+    applier = Applier(_no_placement, tmp_path, keyring=KEYRING)
 
     reply = applier.handle(message)
     reply_to_bad_envelope = applier.handle({**message, "host": secret})
@@ -459,7 +466,7 @@ def test_applier_refusal_names_the_path_counts_it_and_echoes_no_value(tmp_path, 
     assert "host: is not a host name" in reply_to_bad_envelope["error"]
     assert "s3cr3t" not in json.dumps([reply, reply_to_bad_envelope])
     assert "s3cr3t" not in caplog.text
-    assert "refused a message from node1 (1 refused so far)" in caplog.text
+    assert "refused a message from node1 (format; 1 refused so far)" in caplog.text
     assert "refused a message from a sender with no valid host name" in caplog.text
     assert applier.refused == {"format": 2}
 
@@ -473,14 +480,14 @@ def test_agent_bug_is_caught_before_sending_and_nothing_is_sent(tmp_path):
                                     cpu_shared_set=parse_cpu_spec("0-1,6-15")), host)
     sender = object.__new__(upstream.MessagingUpstream)
     sender.host, sender.timeout, sender.seq, sender.acked = "node1", 1.0, 0, None
-    sender.messages_sent, sender.clock = 0, lambda: 1.0
+    sender.messages_sent, sender.clock, sender.key = 0, lambda: 1.0, KEY
     sender._client = None  # no bus: any attempt to send fails the test
 
     report = sender.send(desired)
 
     assert report.status == wire.REFUSED and report.messages == 0
     assert sender.messages_sent == 0 and sender.acked is None
-    assert report.errors == ["wire format 2.1: body.reshape.guests[1].name: "
+    assert report.errors == ["wire format 2.2: body.reshape.guests[1].name: "
                              "must be a non-empty string"]
     assert "nothing sent" in report.summary()
 
@@ -491,7 +498,7 @@ def test_saved_messages_can_be_checked_from_the_command_line(tmp_path, nested, c
     good = _full(nested)
     bad = json.loads(json.dumps(good))
     bad["body"]["reshape"]["numa"][0]["cpus"] = 7
-    files = {"good": good, "beat": wire.heartbeat("node1", 2, good["digest"]),
+    files = {"good": good, "beat": wire.heartbeat("node1", 2, good["digest"], KEY),
              "bad": _redigest(bad)}
     for name, message in files.items():
         (tmp_path / f"{name}.json").write_text(json.dumps(message))
@@ -501,8 +508,8 @@ def test_saved_messages_can_be_checked_from_the_command_line(tmp_path, nested, c
     assert main([str(tmp_path / "good.json"), str(tmp_path / "bad.json")]) == 1
     assert main([str(tmp_path / "bad.json"), str(tmp_path / "torn.json")]) == 2
     out = capsys.readouterr()
-    assert "good.json: valid wire format 2.1 full message" in out.out
-    assert "beat.json: valid wire format 2.1 heartbeat" in out.out
+    assert "good.json: valid wire format 2.2 full message" in out.out
+    assert "beat.json: valid wire format 2.2 heartbeat" in out.out
     assert "bad.json: refused: body.reshape.numa[0].cpus: must be a string" in out.out
     assert "torn.json: cannot read a JSON message" in out.err
 
@@ -514,7 +521,7 @@ def test_limits_travel_in_the_body_and_come_back_as_the_agent_computed_them(nest
     from node_agent.policy.capacity import limits_of
 
     message = _full(nested)
-    assert message["version"] == "2.1"
+    assert message["version"] == "2.2"
     assert message["body"]["limits"]["cpus"] == 16
     parsed = wire.parse_message(message)
     remote = wire.desired_from_body(parsed.body, parsed.host)
@@ -543,7 +550,7 @@ def test_a_2_0_message_without_limits_is_still_accepted_and_checks_nothing(neste
     from node_agent.policy.capacity import limits_of
 
     message = _full(nested)
-    del message["body"]["limits"]
+    del message["body"]["limits"], message["signature"]
     message["version"] = "2.0"
     _redigest(message)
     parsed = wire.parse_message(message)
@@ -553,6 +560,7 @@ def test_a_2_0_message_without_limits_is_still_accepted_and_checks_nothing(neste
 
 def test_a_2_0_message_carrying_limits_is_refused_they_came_with_2_1(nested):
     message = _full(nested)
+    del message["signature"]
     message["version"] = "2.0"
     with pytest.raises(wire.Malformed,
                        match=re.escape("body: unknown key 'limits' (not in this wire version)")):

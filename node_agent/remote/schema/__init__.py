@@ -7,7 +7,8 @@ minor this side knows) and carries a key its minor does not have is
 refused: it is a bug of the sender. Each minor's file is kept, and a
 message is checked against the file of the minor it names (2.1 added
 ``body.limits``, the host's facts the applier checks the capacity
-invariant against). Another major is refused before the schema is read (see
+invariant against; 2.2 the ``signature``, required from 2.2 on, see
+:mod:`node_agent.remote.signing`). Another major is refused before the schema is read (see
 :func:`node_agent.remote.wire.parse_message`), with a reason that says
 which side to upgrade.
 
@@ -31,7 +32,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
 # major -> the schema files of that major this release ships, oldest first
-FILES = {2: ("wire-2.0.json", "wire-2.1.json")}
+FILES = {2: ("wire-2.0.json", "wire-2.1.json", "wire-2.2.json")}
 # major -> the newest of them
 SCHEMAS = {major: files[-1] for major, files in FILES.items()}
 
