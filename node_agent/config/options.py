@@ -391,10 +391,10 @@ APPLIER_OPTS = [
     cfg.StrOpt(
         "state_path",
         default="/var/lib/node-agent-applier",
-        help="Directory shared by every applier process: per host, the "
-             "syncer's state, the last applied sequence number and a lock. "
-             "Processes on several machines need a shared filesystem with "
-             "POSIX locks here."),
+        help="Without coordination_url: the directory every applier process "
+             "on this machine shares (per host, the syncer's state, the last "
+             "applied sequence number; the locks under locks/). Unused with a "
+             "Redis coordination_url."),
     cfg.IntOpt(
         "full_verify_interval",
         default=300,
@@ -408,6 +408,16 @@ APPLIER_OPTS = [
         min=0,
         help="Seconds a message waits for another process applying the same "
              "host before it is answered 'busy'."),
+    cfg.StrOpt(
+        "coordination_url",
+        secret=True,
+        help="Where applier processes agree (per-host locks through tooz, and "
+             "the per-host records: last sequence number, digest, cache). Unset: "
+             "tooz's file driver and files under state_path, for processes on one "
+             "machine. redis://[:PASSWORD@]HOST:PORT[?lock_timeout=SECONDS]: locks "
+             "and records in Redis, for processes on several machines (nothing "
+             "shared on disk); a lock held by a killed process expires after "
+             "lock_timeout (tooz's default: 30)."),
     cfg.StrOpt(
         "master_key_file",
         help="The master secret every host's signing key is derived from "

@@ -7,22 +7,23 @@ format) with the same engine as the direct mode:
 sync), one per host.
 
 Several processes share one topic ([applier] topic): RabbitMQ hands each
-message to one of them. What they must agree on lives under the shared
-[applier] state_path, one directory per host:
+message to one of them. What they must agree on is per host, held by
+:mod:`node_agent.remote.coordination` (state files under [applier]
+state_path on one machine, Redis across machines):
 
-* ``state.json``: the syncer's state (root uuid, providers, children it
+* the host's record: the syncer's state (root uuid, providers, children it
   created) and the ``applier`` record: the last applied sequence number,
   digest and body, whether it applied cleanly, which process applied it
-  last, and what the direct mode keeps in memory between cycles: the
-  syncer's cache of the tree (each provider's generation, parent,
-  inventories and traits, and the wall-clock time of the last full read)
-  and the digest of the tree's shape last applied cleanly (a reshape check
-  is due when it changes);
-* ``lock``: a POSIX lock held while one message of that host is handled,
-  so per-host order holds across processes, and a killed process releases
-  it at once (the kernel drops its locks).
+  last, whether the host signs, and what the direct mode keeps in memory
+  between cycles: the syncer's cache of the tree (each provider's
+  generation, parent, inventories and traits, and the wall-clock time of
+  the last full read) and the digest of the tree's shape last applied
+  cleanly (a reshape check is due when it changes);
+* the host's tooz lock, held while one message of that host is handled, so
+  per-host order holds across processes. A killed process's lock goes with
+  it (file driver) or expires after the backend's lock timeout (Redis).
 
-Every message is handled with objects built from that file, so a host
+Every message is handled with objects built from that record, so a host
 costs Placement the same requests whichever process its message reaches:
 as many as the direct mode's agent, whose syncer and reconciler live on
 between cycles. The cache is a hint, as it is in the direct mode: a
@@ -64,7 +65,6 @@ to see that no two processes ever apply one host at once.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import logging
 import os
@@ -80,53 +80,18 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from node_agent.remote import signing, wire
+from node_agent.remote.coordination import Busy, Coordination, Store
 from node_agent.errors import (ConfigError, NodeAgentError, PlacementError, ProviderOwned,
                                ReshapeError)
 from node_agent.policy.root_owner import identity_of_tree
 from node_agent.cycle.reconcile import Reconciler, shape_of
-from node_agent.state import APPLIER, PROVIDERS, ROOT_UUID, StateStore
+from node_agent.state import APPLIER, PROVIDERS, ROOT_UUID
 
 LOG = logging.getLogger(__name__)
 
 RECORD_KEY = APPLIER
 # Keys of the record that hold only between completed applies.
 CACHE_KEY, SHAPE_KEY = "cache", "shape"
-LOCK_FILE = "lock"
-LOCK_POLL = 0.05
-
-
-class Busy(Exception):
-    """Another thread or process holds the host's lock."""
-
-
-class HostLock:
-    """``flock`` on ``directory/lock``, waiting up to ``timeout`` seconds."""
-
-    def __init__(self, directory: Path, timeout: float):
-        self.path = directory / LOCK_FILE
-        self.timeout = timeout
-        self.waited = False  # another holder was there first
-        self._fd: Optional[int] = None
-
-    def __enter__(self) -> "HostLock":
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-        deadline = time.monotonic() + self.timeout
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                self._fd = fd
-                return self
-            except BlockingIOError:
-                self.waited = True
-                if time.monotonic() >= deadline:
-                    os.close(fd)
-                    raise Busy() from None
-                time.sleep(LOCK_POLL)
-
-    def __exit__(self, *exc) -> None:
-        fcntl.flock(self._fd, fcntl.LOCK_UN)
-        os.close(self._fd)
 
 
 @dataclass
@@ -169,7 +134,7 @@ class Applier:
     def __init__(self, client_factory: Callable[[], object], state_path: Path,
                  full_verify_interval: float = 300, lock_timeout: float = 20,
                  clock: Callable[[], float] = time.time, token: Optional[str] = None,
-                 *, keyring: signing.Keyring):
+                 *, keyring: signing.Keyring, coordination: Optional[Coordination] = None):
         self.client_factory = client_factory
         self.keyring = keyring
         self.state_path = Path(state_path)
@@ -179,9 +144,13 @@ class Applier:
         # between processes in its record.
         self.clock = clock
         self.token = token or f"{socket.gethostname()}:{os.getpid()}:{uuidlib.uuid4().hex[:8]}"
+        # Per-host locks and records; by default tooz's file driver and
+        # state files under state_path (one machine).
+        self.coordination = coordination or Coordination(None, self.state_path, self.token)
         # Messages refused since start, by cause: "format" (the wire
         # schema, the version or the digest), "tree" (a rule across
-        # fields, or another host's providers), and the signature's
+        # fields, or another host's providers), "owner" (a root another
+        # machine or nova-compute manages), and the signature's
         # (signing.REASONS: unsigned, forged, expired_key).
         self.refused: Counter[str] = Counter()
         # Every message by the status of its reply (applied, unchanged,
@@ -219,7 +188,13 @@ class Applier:
         refusal = self.keyring.check(raw, self.clock())
         if refusal is not None:
             return self._refuse(refusal.reason, message.host, refusal.text)
-        lock = HostLock(self.state_path / message.host, self.lock_timeout)
+        try:
+            lock = self.coordination.lock(message.host, self.lock_timeout)
+        except Exception as exc:  # the backend is down: the agent retries
+            LOG.error("%s seq %d: %s", message.host, message.seq, exc)
+            return {"status": wire.ERROR, "seq": message.seq,
+                    "error": f"the appliers' coordination backend cannot be used: "
+                             f"{type(exc).__name__}"}
         try:
             with lock:
                 return self._handle(message)
@@ -233,7 +208,8 @@ class Applier:
             LOG.warning("refused the tree of %s: %s", message.host, exc)
             return {"status": wire.REFUSED, "seq": message.seq, "error": str(exc)}
         except ProviderOwned as exc:
-            self.refused["owner"] += 1
+            with self._counting:
+                self.refused["owner"] += 1
             LOG.error("refused the tree of %s (seq %d): %s", message.host, message.seq, exc)
             return {"status": wire.REFUSED, "seq": message.seq, "error": str(exc)}
         except (PlacementError, ReshapeError) as exc:
@@ -247,11 +223,13 @@ class Applier:
             if lock.waited:
                 with self._counting:
                     self.lock_waits += 1
+                LOG.info("%s seq %d waited %.1fs for the host's lock (another applier "
+                         "held it)", message.host, message.seq, lock.waited_for)
 
     # -- one message, under the host's lock
 
     def _handle(self, message: wire.Message) -> dict:
-        store = StateStore(self.state_path / message.host)
+        store = self.coordination.store(message.host)
         record = store.load_or_empty(LOG).get(RECORD_KEY, {})
         last = record.get("seq", -1)
         if message.seq <= last:
@@ -283,7 +261,7 @@ class Applier:
             with self._counting:
                 self.placement_requests += local.client.stats.total - start
 
-    def _apply(self, message: wire.Message, store: StateStore, record: dict, body: dict,
+    def _apply(self, message: wire.Message, store: Store, record: dict, body: dict,
                desired, local: _Local) -> dict:
         start = local.client.stats.total
         problems = self.foreign(local, desired.tree)
@@ -335,11 +313,11 @@ class Applier:
             return True
         return self.clock() - verified_at >= self.full_verify_interval
 
-    def _save(self, store: StateStore, record: dict) -> None:
+    def _save(self, store: Store, record: dict) -> None:
         # The syncer owns the other keys of the same file.
         store.put(RECORD_KEY, record)
 
-    def _take(self, store: StateStore, record: dict) -> None:
+    def _take(self, store: Store, record: dict) -> None:
         """Drop the cache and the shape from the shared record before
         writing to Placement; :meth:`_handle` puts them back when done."""
         if record.get(CACHE_KEY) is None and record.get(SHAPE_KEY) is None:
@@ -354,7 +332,7 @@ class Applier:
         client = self.client_factory()
         # The agent's machine is the one whose mark it sent: a tree for a
         # root that nova-compute or another machine manages is refused.
-        syncer = TreeSyncer(client, StateStore(self.state_path / host),
+        syncer = TreeSyncer(client, self.coordination.store(host),
                             full_verify_interval=self.full_verify_interval, clock=self.clock,
                             owner=identity_of_tree(desired.tree))
         syncer.import_cache(record.get(CACHE_KEY))
@@ -510,10 +488,19 @@ def check_config(conf) -> int:
         ring = keys.keyring(conf.applier)
     except ConfigError as exc:
         problems += exc.problems
+    group = conf.applier
+    try:
+        coordination = Coordination(group.coordination_url, Path(group.state_path),
+                                    f"check-config-{os.getpid()}")
+    except ConfigError as exc:
+        problems += exc.problems
     if problems:
         raise ConfigError(problems)
+    coordination.start()  # CoordinationError: exit 75, naming the backend
+    coordination.stop()
     print(f"configuration is usable: {len(ring.masters)} master key(s)"
-          + ("; unsigned messages (wire 2.0, 2.1) accepted" if ring.accept_unsigned else ""))
+          + ("; unsigned messages (wire 2.0, 2.1) accepted" if ring.accept_unsigned else "")
+          + f"; coordination backend answers: {coordination.where()}")
     return 0
 
 
@@ -543,9 +530,12 @@ def serve(conf) -> int:
     keyring = keys.keyring(group)
     base = _placement_client(conf)
     base.check_version()
+    token = f"{socket.gethostname()}:{os.getpid()}:{uuidlib.uuid4().hex[:8]}"
+    coordination = Coordination(group.coordination_url, Path(group.state_path), token).start()
     applier = Applier(lambda: PlacementClient(base.adapter), Path(group.state_path),
                       full_verify_interval=group.full_verify_interval,
-                      lock_timeout=group.lock_timeout, keyring=keyring)
+                      lock_timeout=group.lock_timeout, token=token, keyring=keyring,
+                      coordination=coordination)
     if keyring.accept_unsigned:
         LOG.warning("[applier] accept_unsigned is on: messages of wire format 2.0 and "
                     "2.1 carry no signature and can name any host; turn it off once "
@@ -563,14 +553,15 @@ def serve(conf) -> int:
     notifier = systemd_notifier()
     notifier.notify("READY=1")
     notifier.notify(f"STATUS=listening on topic {group.topic}")
-    LOG.info("node-agent-applier listening on topic %s (state in %s)", group.topic,
-             group.state_path)
+    LOG.info("node-agent-applier listening on topic %s (coordination: %s)", group.topic,
+             coordination.where())
     while not stop.wait(5):
         notifier.notify("WATCHDOG=1")
     notifier.notify("STOPPING=1")
     server.stop()
     server.wait()
     transport.cleanup()
+    coordination.stop()
     LOG.info("node-agent-applier stopped")
     return 0
 

@@ -101,18 +101,30 @@ class Bus:
         self.appliers: list[ApplierProcess] = []
         self.senders: list[upstream.MessagingUpstream] = []
 
-    def write_config(self, applier: str = "") -> None:
+    def write_config(self, applier: str = "", path: Path | None = None,
+                     state: Path | None = None, placement_url: str | None = None) -> Path:
         """The appliers' config; ``applier``: more lines of ``[applier]``."""
-        self.config.write_text(
+        path = path or self.config
+        path.write_text(
             f"[DEFAULT]\ntransport_url = {self.url}\n"
-            f"[applier]\ntopic = {self.topic}\nstate_path = {self.state}\n"
-            f"lock_timeout = 3\nmaster_key_file = {self.master_file}\n{applier}"
+            f"[applier]\ntopic = {self.topic}\nstate_path = {state or self.state}\n"
+            + ("" if re.search(r"^lock_timeout *=", applier, re.M) else "lock_timeout = 3\n")
+            + f"master_key_file = {self.master_file}\n{applier}"
             "[placement]\nauth_type = admin_token\ntoken = admin\n"
-            f"endpoint_override = {self.placement_url}\n")
+            f"endpoint_override = {placement_url or self.placement_url}\n")
+        return path
 
-    def start(self, count: int) -> list[ApplierProcess]:
-        new = [ApplierProcess(self.config, self.tmp / f"applier-{len(self.appliers) + n}.log")
-               for n in range(count)]
+    def start(self, count: int, applier: str | None = None,
+              placement_url: str | None = None) -> list[ApplierProcess]:
+        """``count`` processes; with ``applier`` (more ``[applier]`` lines)
+        or ``placement_url``, each its own config and empty state directory."""
+        new = []
+        for n in range(len(self.appliers), len(self.appliers) + count):
+            config = self.config
+            if applier is not None or placement_url is not None:
+                config = self.write_config(applier or "", self.tmp / f"applier-{n}.conf",
+                                           self.tmp / f"applier-state-{n}", placement_url)
+            new.append(ApplierProcess(config, self.tmp / f"applier-{n}.log"))
         self.appliers += new
         for process in new:
             process.wait_listening()
@@ -594,14 +606,15 @@ class DirectHost:
         assert self.reconciler.apply(compute_desired(self.settings)).ok
 
 
-def send_to(applier: ApplierProcess, agent: FixtureAgent, beat: bool = False) -> dict:
+def send_to(applier: ApplierProcess, agent: FixtureAgent, beat: bool = False,
+            timeout: float = TIMEOUT) -> dict:
     """The agent's message (or heartbeat), delivered to that process only."""
     body = wire.body_of(agent.desired)
     seq = agent.upstream._next_seq()
     key = agent.upstream.key
     message = (wire.heartbeat(agent.name, seq, wire.digest_of(body), key) if beat
                else wire.full_message(agent.name, seq, body, key))
-    client = agent.upstream._client.prepare(server=applier.server, timeout=TIMEOUT)
+    client = agent.upstream._client.prepare(server=applier.server, timeout=timeout)
     return client.call({}, "apply", message=message)
 
 

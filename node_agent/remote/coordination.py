@@ -1,0 +1,223 @@
+"""Where applier processes agree: a lock per host through tooz, and a
+record per host in a store every applier can reach. The only code that
+talks to the coordination backend.
+
+``[applier] coordination_url`` names the backend, as cinder's or octavia's
+``[coordination] backend_url`` does:
+
+* unset: tooz's file driver under ``[applier] state_path/locks`` and the
+  records as state files under ``state_path/<host>/`` (one machine:
+  today's behaviour and cost; a killed process's locks go with it);
+* ``redis://host:port[?lock_timeout=N]``: tooz's Redis driver for the
+  locks (a lock expires ``lock_timeout`` seconds, 30 by default, after
+  its holder stops heartbeating: a process killed while holding a host
+  frees it then) and the records as Redis values under
+  ``node-agent-applier/host/<host>``, in the same checksummed envelope as
+  the state file. Appliers on several machines then share nothing on
+  disk. Redis is the store because it is the backend the locks already
+  need: no second service to run, back up or reach.
+
+Other tooz backends (etcd3, PostgreSQL, MySQL) would give the locks but
+not the records: they are refused until a records store for them exists.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, Protocol
+from urllib.parse import urlsplit, urlunsplit
+
+from node_agent.errors import ConfigError, NodeAgentError
+from node_agent.state import StateCorrupt, StateStore, decode, encode
+
+LOG = logging.getLogger(__name__)
+
+RECORD_PREFIX = "node-agent-applier/host/"
+LOCK_PREFIX = b"node-agent-applier-host-"
+SCHEMES = ("file", "redis")
+
+
+class Busy(Exception):
+    """Another thread or process holds the host's lock."""
+
+
+class CoordinationError(NodeAgentError):
+    """The coordination backend cannot be reached or refused."""
+
+    exit_code = 75
+
+
+class Store(Protocol):
+    """What the syncer and the applier read and write: a host's state."""
+
+    def load(self) -> dict: ...
+
+    def load_or_empty(self, log: logging.Logger) -> dict: ...
+
+    def save(self, data: dict) -> None: ...
+
+    def update(self, change: Callable[[dict], None]) -> dict: ...
+
+    def put(self, key: str, value: Any) -> dict: ...
+
+
+class RedisStore:
+    """A host's state as one Redis value (the state file's envelope)."""
+
+    def __init__(self, client, key: str):
+        self.client, self.key = client, key
+
+    def load(self) -> dict:
+        text = self.client.get(self.key)
+        if text is None:
+            return {}
+        return decode(text.decode("utf-8"), f"redis key {self.key}")
+
+    def load_or_empty(self, log: logging.Logger) -> dict:
+        try:
+            return self.load()
+        except StateCorrupt as exc:
+            log.warning("%s", exc)
+            return {}
+
+    def save(self, data: dict) -> None:
+        self.client.set(self.key, encode(data))
+
+    def update(self, change: Callable[[dict], None]) -> dict:
+        """As :meth:`node_agent.state.StateStore.update`: read, edit, write
+        back only when changed; a Redis transaction (WATCH) instead of a
+        file lock, retried when another writer came in between."""
+        done: dict = {}
+
+        def attempt(pipe) -> None:
+            text = pipe.get(self.key)
+            try:
+                state = {} if text is None else decode(text.decode("utf-8"),
+                                                       f"redis key {self.key}")
+            except StateCorrupt as exc:
+                LOG.warning("%s", exc)
+                state = {}
+            new = copy.deepcopy(state)
+            change(new)
+            pipe.multi()
+            if new != state:
+                pipe.set(self.key, encode(new))
+            done["state"] = new
+
+        self.client.transaction(attempt, self.key)
+        return done["state"]
+
+    def put(self, key: str, value: Any) -> dict:
+        def set_key(state: dict) -> None:
+            state[key] = value
+        return self.update(set_key)
+
+
+class HostLock:
+    """One host's tooz lock, waiting up to ``timeout`` seconds; raises
+    :class:`Busy` when it is not had by then."""
+
+    def __init__(self, lock, timeout: float):
+        self._lock = lock
+        self.timeout = timeout
+        self.waited = False  # another holder was there first
+        self.waited_for = 0.0
+
+    def __enter__(self) -> "HostLock":
+        if self._lock.acquire(blocking=False):
+            return self
+        self.waited = True
+        started = time.monotonic()
+        try:
+            if not self._lock.acquire(blocking=max(self.timeout, 0.001)):
+                raise Busy()
+        finally:
+            self.waited_for = time.monotonic() - started
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._lock.release()
+        except Exception as err:  # an expired lock: the next holder repairs
+            LOG.warning("releasing a host lock failed (it may have expired): %s", err)
+
+
+def url_of(url: Optional[str], state_path: Path) -> str:
+    return url or f"file://{Path(state_path).resolve() / 'locks'}"
+
+
+def check_url(url: str) -> None:
+    """Refuse a backend the records cannot live in; raises ConfigError."""
+    scheme = urlsplit(url).scheme
+    if scheme not in SCHEMES:
+        raise ConfigError(
+            f"[applier] coordination_url: {scheme or url!r} is not supported; use "
+            "redis://HOST:PORT (several machines) or leave it unset (one machine: "
+            "files under [applier] state_path)")
+
+
+class Coordination:
+    """The tooz coordinator of this process and the per-host records."""
+
+    def __init__(self, url: Optional[str], state_path: Path, member: str):
+        from tooz import coordination as tooz
+
+        self.url = url_of(url, state_path)
+        check_url(self.url)
+        self.state_path = Path(state_path)
+        self._coordinator = tooz.get_coordinator(self.url, member.encode("utf-8"))
+        self._redis = None
+        if urlsplit(self.url).scheme == "redis":
+            import redis
+
+            parts = urlsplit(self.url)
+            # The query holds tooz's options (lock_timeout...), not redis-py's.
+            self._redis = redis.Redis.from_url(
+                urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")),
+                socket_timeout=10, socket_connect_timeout=10)
+        self._started = False
+
+    def start(self) -> "Coordination":
+        """Connect (and, for Redis, start heartbeating held locks); raises
+        :class:`CoordinationError` naming the backend, not its password."""
+        if self._started:
+            return self
+        try:
+            self._coordinator.start(start_heart=True)
+            if self._redis is not None:
+                self._redis.ping()
+        except Exception as exc:
+            raise CoordinationError(
+                f"the coordination backend at {self.where()} cannot be used: "
+                f"{type(exc).__name__}: {exc}".replace(self.url, self.where())) from None
+        self._started = True
+        return self
+
+    def where(self) -> str:
+        """The backend's URL without credentials, for messages."""
+        parts = urlsplit(self.url)
+        host = parts.hostname or ""
+        netloc = f"{host}:{parts.port}" if parts.port else host
+        return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+    def lock(self, host: str, timeout: float) -> HostLock:
+        self.start()
+        return HostLock(self._coordinator.get_lock(LOCK_PREFIX + host.encode("utf-8")),
+                        timeout)
+
+    def store(self, host: str) -> Store:
+        if self._redis is None:
+            return StateStore(self.state_path / host)
+        return RedisStore(self._redis, RECORD_PREFIX + host)
+
+    def stop(self) -> None:
+        if self._started:
+            try:
+                self._coordinator.stop()
+            except Exception as exc:  # shutting down: nothing left to protect
+                LOG.debug("stopping the coordinator: %s", exc)
+            self._started = False
+

@@ -1,0 +1,142 @@
+"""Appliers on separate machines: two ``node-agent-applier`` processes with
+their own empty state directories, coordinated through a real Redis the
+test starts (tooz's Redis driver for the per-host locks, the per-host
+records in Redis), a real RabbitMQ and the real Placement."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+import redis
+
+from node_agent.remote import wire
+from node_agent.remote.coordination import RECORD_PREFIX
+from node_agent.state import decode
+from tests.integration.redis_server import redis_url  # noqa: F401 (fixture)
+from tests.integration.test_applier import (AGENTS, allocations, bus, converged,  # noqa: F401
+                                            in_threads, make_agents, root_of, send_to)
+from tests.reliability.proxy import FaultProxy
+from tests.integration.reshape_driver import allocate
+
+pytestmark = pytest.mark.integration
+
+LOCK_EXPIRY = 4   # tooz's lock_timeout: a killed holder's lock is free after it
+
+
+def record(url: str, host: str) -> dict:
+    text = redis.Redis.from_url(url).get(RECORD_PREFIX + host)
+    return decode(text.decode("utf-8"))["applier"]
+
+
+def on_redis(url: str, lock_timeout: float = 3) -> str:
+    return (f"coordination_url = {url}?lock_timeout={LOCK_EXPIRY}\n"
+            f"lock_timeout = {lock_timeout}\n")
+
+
+def nothing_on_disk(bus) -> bool:
+    return not any(p.is_file() for n in range(len(bus.appliers))
+                   for p in (bus.tmp / f"applier-state-{n}").rglob("*"))
+
+
+def test_twenty_agents_through_two_appliers_sharing_only_redis_converge_then_heartbeat(
+        bus, placement, redis_url):
+    first, second = bus.start(2, applier=on_redis(redis_url))
+    agents = make_agents(bus, AGENTS, "redis")
+    failures: list[str] = []
+    deadline = time.monotonic() + 60
+    applied = in_threads(agents, lambda a: a.cycle_until_ok(deadline, failures))
+    assert all(r.status == wire.APPLIED and r.ok for r in applied.values())
+    assert all(converged(placement, a) for a in agents)
+    assert " seq " in first.log() and " seq " in second.log()
+
+    # Each heartbeat lands on either process; the record both read is in Redis.
+    steady = in_threads(agents, lambda a: a.cycle())
+    assert {r.status for r in steady.values()} == {wire.UNCHANGED}
+    assert {r.requests for r in steady.values()} == {0}
+    assert nothing_on_disk(bus)
+    # The records the heartbeats were answered from: written by both processes.
+    writers = {record(redis_url, a.name)["by"].split(":")[1] for a in agents}
+    assert writers == {str(first.proc.pid), str(second.proc.pid)}
+
+
+def test_per_host_order_holds_under_a_burst_across_two_appliers(bus, placement, redis_url):
+    """Twelve messages of one host, sent at once from six connections: the
+    newest one applied is what Placement holds, whatever order they came in."""
+    bus.start(2, applier=on_redis(redis_url, lock_timeout=30))
+    agent = make_agents(bus, 1, "burst")[0]
+    assert agent.cycle().ok
+    senders = [bus.sender(agent.name, timeout=60) for _ in range(6)]
+    base = agent.upstream._next_seq()
+    messages = []
+    for n in range(12):
+        agent.reserve(256 + 64 * n)
+        messages.append(wire.full_message(agent.name, base + 1 + n,
+                                              wire.body_of(agent.desired), agent.upstream.key))
+    order = list(reversed(messages))   # the newest first: the most stale replies
+    replies: dict[int, dict] = {}
+
+    def send(k: int) -> None:
+        for message in order[k::6]:
+            replies[message["seq"]] = senders[k]._client.call({}, "apply", message=message)
+
+    threads = [threading.Thread(target=send, args=(k,)) for k in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+
+    assert len(replies) == 12
+    assert {r["status"] for r in replies.values()} <= {wire.APPLIED, wire.STALE}
+    newest = max(seq for seq, r in replies.items() if r["status"] == wire.APPLIED)
+    assert record(redis_url, agent.name)["seq"] == newest
+    wanted = next(m for m in messages if m["seq"] == newest)["body"]["tree"][0]
+    root = root_of(placement, agent.name)
+    got = placement.get(f"/resource_providers/{root['uuid']}/inventories")["inventories"]
+    assert got["MEMORY_MB"]["reserved"] == wanted["inventories"]["MEMORY_MB"]["reserved"]
+
+
+def test_applier_killed_holding_a_hosts_lock_frees_it_at_the_lock_expiry(
+        bus, placement, placement_server, redis_url):
+    """The first applier reaches Placement through a proxy that SIGKILLs it
+    on the message's first request, inside the host's lock. The host's next
+    message, on the other applier, waits for the Redis lock to expire and
+    applies; the allocation on the host is kept."""
+    proxy = FaultProxy(placement_server.url).start()
+    try:
+        holder, = bus.start(1, applier=on_redis(redis_url, lock_timeout=30),
+                            placement_url=proxy.url)
+        other, = bus.start(1, applier=on_redis(redis_url, lock_timeout=30))
+        agent = make_agents(bus, 1, "killed")[0]
+        assert send_to(other, agent)["status"] == wire.APPLIED
+        consumer = str(uuid.uuid4())
+        allocate(placement, consumer, {root_of(placement, agent.name)["uuid"]: {"MEMORY_MB": 256}})
+        before = allocations(placement, [consumer])
+
+        proxy.before_forward = lambda n: os.kill(holder.proc.pid, signal.SIGKILL)
+        agent.reserve(768)
+        lost: list[BaseException] = []
+
+        def never_answered() -> None:
+            try:
+                send_to(holder, agent)
+            except Exception as exc:  # the call times out: its applier is dead
+                lost.append(exc)
+
+        caller = threading.Thread(target=never_answered)
+        caller.start()
+        assert holder.proc.wait(30) == -signal.SIGKILL
+
+        reply = send_to(other, agent, timeout=60)
+        caller.join(60)
+        assert lost, "the killed applier answered"
+        assert reply["status"] == wire.APPLIED and reply["ok"], reply
+        assert "waited" in other.log() and "for the host's lock" in other.log()
+        assert converged(placement, agent)
+        assert allocations(placement, [consumer]) == before
+    finally:
+        proxy.stop()
