@@ -30,7 +30,7 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _environment(base: Path, node: str, port: int, dist_port: int) -> dict:
+def _environment(base: Path, node: str, port: int, dist_port: int, extra: str = "") -> dict:
     home = base / "home"
     home.mkdir(parents=True)
     cookie = home / ".erlang.cookie"
@@ -38,7 +38,7 @@ def _environment(base: Path, node: str, port: int, dist_port: int) -> dict:
     cookie.chmod(0o400)
     (base / "rabbitmq.conf").write_text(
         f"listeners.tcp.1 = 127.0.0.1:{port}\n"
-        "loopback_users.guest = true\n")
+        "loopback_users.guest = true\n" + extra)
     (base / "enabled_plugins").write_text("[].\n")
     (base / "env.conf").write_text("")
     env = dict(os.environ)
@@ -70,17 +70,53 @@ def _answers_amqp(port: int) -> bool:
         return False
 
 
+def make_ca(base: Path) -> dict:
+    """A private CA and a server certificate for 127.0.0.1 signed by it
+    (openssl); paths by role."""
+    files = {k: base / f"{k}.pem" for k in ("ca", "ca_key", "cert", "key", "csr")}
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+            "-subj", "/CN=node-agent test CA", "-keyout", str(files["ca_key"]),
+            "-out", str(files["ca"]))
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
+            "-keyout", str(files["key"]), "-out", str(files["csr"]))
+    extensions = base / "san.cnf"
+    extensions.write_text("subjectAltName = IP:127.0.0.1, DNS:localhost\n")
+    openssl("x509", "-req", "-in", str(files["csr"]), "-CA", str(files["ca"]),
+            "-CAkey", str(files["ca_key"]), "-CAcreateserial", "-days", "2",
+            "-extfile", str(extensions), "-out", str(files["cert"]))
+    return files
+
+
 class Broker:
-    def __init__(self, base: Path):
+    def __init__(self, base: Path, tls: dict | None = None):
+        """``tls``: :func:`make_ca`'s files; the broker then also listens
+        with TLS on ``tls_port`` (the plain port stays for the readiness
+        check)."""
         self.base = base
         self.port = free_port()
+        self.tls_port = free_port() if tls else None
         self.node = f"na-test-{os.getpid()}-{self.port}@localhost"
-        self.env = _environment(base, self.node, self.port, free_port())
+        extra = "" if not tls else (
+            f"listeners.ssl.1 = 127.0.0.1:{self.tls_port}\n"
+            f"ssl_options.cacertfile = {tls['ca']}\n"
+            f"ssl_options.certfile = {tls['cert']}\n"
+            f"ssl_options.keyfile = {tls['key']}\n"
+            "ssl_options.verify = verify_none\n"
+            "ssl_options.fail_if_no_peer_cert = false\n")
+        self.env = _environment(base, self.node, self.port, free_port(), extra)
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
         return f"rabbit://guest:guest@127.0.0.1:{self.port}/"
+
+    @property
+    def tls_url(self) -> str:
+        return f"rabbit://guest:guest@127.0.0.1:{self.tls_port}/"
 
     def start(self) -> "Broker":
         out = open(self.base / "server.out", "wb")

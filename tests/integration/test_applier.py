@@ -87,9 +87,13 @@ class ApplierProcess:
 class Bus:
     """One test's topic, applier config and applier processes."""
 
-    def __init__(self, tmp_path: Path, transport_url: str, placement_url: str):
+    def __init__(self, tmp_path: Path, transport_url: str, placement_url: str,
+                 rabbit: str = ""):
+        """``rabbit``: lines of ``[oslo_messaging_rabbit]`` (TLS) for the
+        appliers and the agents alike."""
         self.tmp = tmp_path
         self.url = transport_url
+        self.rabbit = rabbit
         self.topic = f"node-agent-applier-{uuid.uuid4().hex[:8]}"
         self.state = tmp_path / "applier-state"
         self.config = tmp_path / "applier.conf"
@@ -111,7 +115,8 @@ class Bus:
             + ("" if re.search(r"^lock_timeout *=", applier, re.M) else "lock_timeout = 3\n")
             + f"master_key_file = {self.master_file}\n{applier}"
             "[placement]\nauth_type = admin_token\ntoken = admin\n"
-            f"endpoint_override = {placement_url or self.placement_url}\n")
+            f"endpoint_override = {placement_url or self.placement_url}\n"
+            f"[oslo_messaging_rabbit]\n{self.rabbit}")
         return path
 
     def start(self, count: int, applier: str | None = None,
@@ -142,7 +147,9 @@ class Bus:
 
     def conf(self):
         conf = cfg.ConfigOpts()
-        conf([])
+        agent_conf = self.tmp / "agent-messaging.conf"
+        agent_conf.write_text(f"[oslo_messaging_rabbit]\n{self.rabbit}")
+        conf(["--config-file", str(agent_conf)])
         messaging.register(conf)
         conf.set_override("transport_url", self.url)
         return conf
