@@ -434,6 +434,18 @@ APPLIER_OPTS = [
         help="Key rotation: when the overlap of previous_master_key_file ends "
              "(ISO 8601, UTC unless a zone is given, e.g. 2026-12-01T00:00:00Z). "
              "Required with previous_master_key_file."),
+    cfg.IntOpt(
+        "metrics_port",
+        default=0,
+        min=0,
+        max=65535,
+        help="Serve the applier's Prometheus metrics (messages by status, "
+             "refusals by reason, lock waits, Placement requests) over HTTP on "
+             "this port (metrics_host). 0 serves none."),
+    cfg.StrOpt(
+        "metrics_host",
+        default="127.0.0.1",
+        help="Address the applier's metrics endpoint listens on."),
     cfg.BoolOpt(
         "accept_unsigned",
         default=False,

@@ -540,6 +540,9 @@ def serve(conf) -> int:
         LOG.warning("[applier] accept_unsigned is on: messages of wire format 2.0 and "
                     "2.1 carry no signature and can name any host; turn it off once "
                     "every agent signs")
+    from node_agent.remote import applier_metrics
+
+    metrics = applier_metrics.serve(applier, group.metrics_port, group.metrics_host)
     om = messaging.oslo_messaging()
     transport = om.get_rpc_transport(conf, url=rpc_url)
     # server= only names this process's own queue; agents call the topic
@@ -562,6 +565,8 @@ def serve(conf) -> int:
     server.wait()
     transport.cleanup()
     coordination.stop()
+    if metrics is not None:
+        metrics.shutdown()
     LOG.info("node-agent-applier stopped")
     return 0
 

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 import uuid
 from pathlib import Path
 
@@ -33,6 +34,7 @@ from node_agent.state import StateStore
 from node_agent.placement.planner import inventories_equal, wanted_inventories
 from node_agent.placement.sync import TreeSyncer
 from tests.hostdata import sysfs_root_for, sysfs_trees
+from tests.integration.rabbit import free_port
 from tests.integration.reshape_driver import (Host, allocate, boot_legacy_guests,
                                               cpu_view, expected_after_reshape)
 from tests.integration.test_nested_reshape import (GPU1, GPU2, MDEV_TYPE, NestedHost,
@@ -800,8 +802,10 @@ def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placem
     """A hostile hypervisor holds the broker's credentials and its own key:
     whatever it sends in another host's name, or replays of that host's old
     messages, reach no Placement request (its request log stays empty) and
-    leave the victim's inventory as it was."""
-    applier, = bus.start(1)
+    leave the victim's inventory as it was. The applier's metrics count
+    each refusal by reason."""
+    port = free_port()
+    applier, = bus.start(1, applier=f"metrics_port = {port}\n")
     victim, intruder = make_agents(bus, 2, "signed")
     client = intruder.upstream._client   # any connection to the broker will do
     key = victim.upstream.key
@@ -849,3 +853,14 @@ def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placem
                      r"\d+, the last applied \(a replayed", text)
     assert not any(s in text for s in secrets)
     assert victim.cycle().ok   # the victim's own next message is applied
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        metrics = answer.read().decode()
+    for line in ('node_agent_applier_refused_total{reason="forged"} 2.0',
+                 'node_agent_applier_refused_total{reason="unsigned"} 1.0',
+                 'node_agent_applier_refused_total{reason="expired_key"} 0.0',
+                 'node_agent_applier_messages_total{status="stale"} 1.0',
+                 'node_agent_applier_messages_total{status="refused"} 3.0'):
+        assert line in metrics, metrics
+    requests = re.search(r"^node_agent_applier_placement_requests_total (\S+)$", metrics, re.M)
+    assert requests and float(requests[1]) > 0, metrics

@@ -140,3 +140,44 @@ def test_applier_killed_holding_a_hosts_lock_frees_it_at_the_lock_expiry(
         assert allocations(placement, [consumer]) == before
     finally:
         proxy.stop()
+
+
+def check_config(tmp_path, applier: str, master_mode: int = 0o600):
+    import subprocess
+
+    from tests.integration.test_applier import APPLIER
+
+    master = tmp_path / "master.key"
+    master.write_text("6d" * 32 + "\n")
+    master.chmod(master_mode)
+    config = tmp_path / "applier.conf"
+    config.write_text(
+        "[DEFAULT]\ntransport_url = rabbit://guest:guest@127.0.0.1:5672/\n"
+        f"[applier]\nstate_path = {tmp_path / 'state'}\nmaster_key_file = {master}\n"
+        f"{applier}[placement]\nauth_type = admin_token\ntoken = admin\n"
+        "endpoint_override = http://127.0.0.1:1\n")
+    return subprocess.run([str(APPLIER), "--config-file", str(config), "--check-config"],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_check_config_connects_to_the_coordination_backend_and_checks_the_master(
+        tmp_path, redis_url):
+    good = check_config(tmp_path, f"coordination_url = {redis_url}\n")
+    assert good.returncode == 0, good.stderr
+    assert f"coordination backend answers: {redis_url}" in good.stdout
+
+    open_master = check_config(tmp_path, f"coordination_url = {redis_url}\n", 0o644)
+    assert open_master.returncode == 78, open_master.stderr
+    assert "open to its group or others (mode 0644)" in open_master.stderr
+    assert "6d" * 32 not in open_master.stdout + open_master.stderr
+
+    from tests.integration.rabbit import free_port
+    closed = f"redis://:S3cret@127.0.0.1:{free_port()}"
+    down = check_config(tmp_path, f"coordination_url = {closed}\n")
+    assert down.returncode == 75, down.stderr
+    assert "the coordination backend at redis://127.0.0.1:" in down.stderr
+    assert "S3cret" not in down.stdout + down.stderr
+    assert "Traceback" not in down.stderr
+
+    other = check_config(tmp_path, "coordination_url = etcd3+http://127.0.0.1:2379\n")
+    assert other.returncode == 78 and "is not supported" in other.stderr

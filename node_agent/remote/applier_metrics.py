@@ -1,0 +1,78 @@
+"""``node-agent-applier``'s Prometheus metrics, read from the
+:class:`~node_agent.remote.applier.Applier`'s counters at scrape time.
+Served on ``[applier] metrics_port`` (0: none), as the agent's are.
+
+Counts are per process since its start: sum them over the processes.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily
+
+from node_agent.errors import ResourceError
+from node_agent.remote import signing
+
+LOG = logging.getLogger(__name__)
+PREFIX = "node_agent_applier"
+# Always exported, 0 until seen: an alert on "forged" needs the series.
+REFUSAL_REASONS = ("format", "tree", *signing.REASONS)
+
+
+class ApplierCollector:
+    def __init__(self, applier):
+        self.applier = applier
+
+    def collect(self):
+        applier = self.applier
+        with applier._counting:
+            outcomes = dict(applier.outcomes)
+            refused = dict(applier.refused)
+            lock_waits, requests = applier.lock_waits, applier.placement_requests
+        messages = CounterMetricFamily(
+            f"{PREFIX}_messages", "Agent messages handled, by the status of the reply "
+            "(applied, unchanged, stale: not above the last applied sequence number, "
+            "i.e. replayed or out of order; refused, busy, error, unknown_digest).",
+            labels=["status"])
+        for status in ("applied", "unchanged", "stale", "refused", "busy", "error",
+                       "unknown_digest"):
+            messages.add_metric([status], outcomes.get(status, 0))
+        yield messages
+        refusals = CounterMetricFamily(
+            f"{PREFIX}_refused", "Messages refused, by reason: format (wire schema, "
+            "version, digest), tree (another host's providers), unsigned, forged "
+            "(signature does not verify for the named host), expired_key (previous "
+            "master after its overlap).", labels=["reason"])
+        for reason in sorted(set(REFUSAL_REASONS) | set(refused)):
+            refusals.add_metric([reason], refused.get(reason, 0))
+        yield refusals
+        waits = CounterMetricFamily(f"{PREFIX}_lock_waits",
+                                    "Messages that found their host locked by another "
+                                    "message (this process or another applier).")
+        waits.add_metric([], lock_waits)
+        yield waits
+        sent = CounterMetricFamily(f"{PREFIX}_placement_requests",
+                                   "Requests sent to Placement while handling messages.")
+        sent.add_metric([], requests)
+        yield sent
+
+
+def serve(applier, port: int, host: str) -> Optional[object]:
+    """Start the HTTP endpoint (None when ``port`` is 0); raises
+    ResourceError (exit 69) when the port is taken."""
+    if not port:
+        return None
+    registry = CollectorRegistry()
+    registry.register(ApplierCollector(applier))
+    try:
+        server, _thread = start_http_server(port, host, registry=registry)
+    except OSError as exc:
+        raise ResourceError(
+            f"[applier] metrics_port = {port}: cannot listen on {host}:{port}: "
+            f"{exc.strerror or exc}. Another process holds the port (see `ss -ltnp`); "
+            "stop it or choose another metrics_port.") from None
+    LOG.info("metrics on http://%s:%d/metrics", host, port)
+    return server
