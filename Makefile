@@ -65,7 +65,7 @@ typecheck-all: install
 UNIT_TESTS := $(addprefix tests/unit/test_,cpuset.py partition.py numa_tree.py \
   provider_config.py sync_plan.py reshape.py maintenance.py import_contract.py \
   meminfo.py capabilities.py domain.py nodedev.py cpu_traits.py microversions.py \
-  upstream.py capacity.py guest_fit.py reverse_reshape.py)
+  upstream.py signing.py capacity.py guest_fit.py reverse_reshape.py)
 
 unit: install
 	$(PY) -m pytest -q -p no:cacheprovider $(UNIT_TESTS)
