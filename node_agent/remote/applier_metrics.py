@@ -19,7 +19,7 @@ from node_agent.remote import signing
 LOG = logging.getLogger(__name__)
 PREFIX = "node_agent_applier"
 # Always exported, 0 until seen: an alert on "forged" needs the series.
-REFUSAL_REASONS = ("format", "tree", *signing.REASONS)
+REFUSAL_REASONS = ("format", "tree", "owner", *signing.REASONS)
 
 
 class ApplierCollector:
@@ -43,7 +43,8 @@ class ApplierCollector:
         yield messages
         refusals = CounterMetricFamily(
             f"{PREFIX}_refused", "Messages refused, by reason: format (wire schema, "
-            "version, digest), tree (another host's providers), unsigned, forged "
+            "version, digest), tree (another host's providers), owner (a root another "
+            "machine or nova-compute manages), unsigned, forged "
             "(signature does not verify for the named host), expired_key (previous "
             "master after its overlap).", labels=["reason"])
         for reason in sorted(set(REFUSAL_REASONS) | set(refused)):
