@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from node_agent.remote import upstream
+from node_agent.remote import wire
 from tests.integration.rabbit import SERVER, Broker, make_ca
 from tests.integration.test_applier import Bus, converged, make_agents
 
@@ -36,7 +36,7 @@ def test_agent_and_applier_speak_tls_to_rabbitmq_with_a_private_ca(
         applier, = bus.start(1)
         agent = make_agents(bus, 1, "tls")[0]
         report = agent.cycle()
-        assert report.status == upstream.APPLIED and report.ok
+        assert report.status == wire.APPLIED and report.ok
         assert converged(placement, agent)
     finally:
         bus.stop()
