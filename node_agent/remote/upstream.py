@@ -41,6 +41,11 @@ from node_agent.remote.wire import (BUSY, DEFAULT_TOPIC, ERROR, METHOD, REFUSED,
 LOG = logging.getLogger(__name__)
 
 
+# Connection retries of one call when the broker is away (oslo.messaging's
+# default retries forever); the next cycle sends again.
+RPC_RETRY = 2
+
+
 class NoApplier(Unavailable):
     """No node-agent-applier answered in time (or it could not use Placement)."""
 
@@ -148,17 +153,48 @@ class MessagingUpstream:
         self.seq = 0
         self.acked: Optional[str] = None
         self.messages_sent = 0
+        self._rpc_url = rpc_url
+        self._bus_answered = False
 
     def _next_seq(self) -> int:
         self.seq = max(self.seq + 1, int(self.clock() * 1_000_000))
         return self.seq
 
+    def _check_bus(self) -> None:
+        """Connect once, with bounded retries, before the first call.
+
+        oslo.messaging opens the reply queue's connection with unbounded
+        retries, so a first call to a broker that is down (or that refuses
+        the TLS handshake) would never return, whatever the call's timeout.
+        A send connection from the same pool, with the same TLS options,
+        fails in a few seconds instead, and is reused by the call."""
+        from oslo_messaging._drivers import common as rpc_common
+
+        from node_agent.config.settings import _masked_url
+
+        get_connection = getattr(getattr(self._transport, "_driver", None),
+                                 "_get_connection", None)
+        if get_connection is None:  # a driver without a pool: nothing to check
+            return
+        try:
+            with get_connection(rpc_common.PURPOSE_SEND, retry=RPC_RETRY):
+                pass
+        except Exception as exc:  # kombu and amqp raise many types; all mean "no"
+            raise NoApplier(f"the message bus at {_masked_url(self._rpc_url)} did not "
+                            f"accept a connection: {_masked_url(str(exc)) or type(exc).__name__}"
+                            "; the next cycle tries again") from None
+
     def _call(self, message: dict, timeout: float) -> dict:
         check_outgoing(message)  # raises Malformed: nothing is sent
+        if not self._bus_answered:
+            self._check_bus()
         self.messages_sent += 1
         try:
-            reply = self._client.prepare(timeout=timeout).call({}, METHOD, message=message)
+            reply = self._client.prepare(timeout=timeout, retry=RPC_RETRY).call(
+                {}, METHOD, message=message)
+            self._bus_answered = True
         except self._om.MessagingTimeout:
+            self._bus_answered = True  # the reply queue exists: later calls are bounded
             raise NoApplier(f"no node-agent-applier answered on topic {self.topic} "
                             f"within {timeout:g}s; the next cycle sends the tree "
                             "again") from None

@@ -864,3 +864,30 @@ def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placem
         assert line in metrics, metrics
     requests = re.search(r"^node_agent_applier_placement_requests_total (\S+)$", metrics, re.M)
     assert requests and float(requests[1]) > 0, metrics
+
+
+def test_a_broker_that_is_down_is_a_clear_error_within_seconds_not_a_hung_call(tmp_path):
+    """oslo.messaging retries a reply queue's connection forever; the
+    agent's first call must still end, naming the bus."""
+    port = free_port()  # nothing listens there
+    conf = cfg.ConfigOpts()
+    messaging.register(conf)
+    conf([])
+    conf.set_override("transport_url", f"rabbit://guest:secret@127.0.0.1:{port}/")
+    sender = upstream.MessagingUpstream(conf, "down-host", timeout=5, key=b"k" * 32)
+    message = wire.heartbeat("down-host", 1, "0" * 64, sender.key)
+    outcome: dict = {}
+
+    def call():
+        try:
+            sender._call(message, 5)
+        except upstream.NoApplier as exc:
+            outcome["error"] = str(exc)
+
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    thread.join(60)  # generous: bounded retries take a few seconds
+    assert not thread.is_alive(), "the call to a dead broker never returned"
+    assert f"127.0.0.1:{port}" in outcome["error"]
+    assert "did not accept a connection" in outcome["error"]
+    assert "secret" not in outcome["error"]

@@ -233,12 +233,13 @@ def test_failures_back_off_instead_of_running_every_interval():
     service.request_stop()
     thread.join(5)
     # The schedule doubles from the interval up to the cap (upper half of
-    # each step with rand ~1); a loaded machine can only lengthen the real
-    # gaps, so those are checked against the schedule as lower bounds.
+    # each step with rand ~1). The real gaps are checked against it as lower
+    # bounds, less a margin: each start is recorded inside the cycle's thread,
+    # which a loaded machine may start late.
     assert [round(d, 2) for d in chosen[:5]] == [0.02, 0.04, 0.08, 0.16, 0.16]
     gaps = [b - a for a, b in zip(starts, starts[1:])]
     for gap, delay in zip(gaps, chosen):
-        assert gap >= delay - 0.005
+        assert gap >= delay - 0.05
 
 
 def test_systemd_hears_ready_first_then_status_and_watchdog_and_stopping():
