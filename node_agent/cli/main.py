@@ -70,6 +70,16 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
+class _VersionAction(argparse.Action):
+    """``--version``, read from the package metadata only when asked:
+    importlib.metadata costs every other run a noticeable part of its
+    start-up."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"node-agent {_version()}")
+        parser.exit()
+
+
 def split_subcommand(argv: Sequence[str]) -> tuple[list[str], Optional[str], list[str]]:
     """(global options, subcommand or None, the subcommand's arguments).
     ``node-agent --config-file F maintenance on`` and
@@ -104,7 +114,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="node-agent",
         description="Report this compute node's resources to OpenStack Placement.",
         epilog=SUBCOMMANDS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"node-agent {_version()}")
+    parser.add_argument("--version", action=_VersionAction, nargs=0,
+                        help="show the program's version number and exit")
     parser.add_argument("--config-file", action="append", default=[], metavar="FILE",
                         help="config file; repeat to layer several (later ones win)")
     parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
@@ -215,9 +226,6 @@ def _state_store(settings):
 def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
     import time
 
-    from node_agent.service import metrics
-    from node_agent.cycle.reconcile import Reconciler
-
     if settings.companion:
         return _companion_once(conf, settings, dry_run, output, client)
     started = time.monotonic()
@@ -235,6 +243,10 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
         if not dry_run:
             tree, changes, reshape, code, errors = _send_once(conf, settings, desired)
     elif placement_configured(conf):
+        # Imported here: a dry-run without Placement never needs them.
+        from node_agent.cycle.reconcile import Reconciler
+        from node_agent.service import metrics
+
         syncer = _syncer(conf, settings, client)
         reconciler = Reconciler(syncer.client, syncer)
         desired = reconciler.maintained(desired)
