@@ -208,12 +208,15 @@ def _syncer(conf, settings, client=None, writes: bool = True):
     from node_agent.placement.client import PlacementClient
     from node_agent.state import StateStore
     from node_agent.placement.sync import TreeSyncer
+    from node_agent.cycle import provider_cache
 
     owner = identity(settings) if writes else None
     client = client or PlacementClient.from_conf(conf)
     client.check_version()
-    return TreeSyncer(client, StateStore(Path(settings.state_path)),
-                      full_verify_interval=settings.full_verify_interval, owner=owner)
+    syncer = TreeSyncer(client, StateStore(Path(settings.state_path)),
+                        full_verify_interval=settings.full_verify_interval, owner=owner)
+    provider_cache.restore(syncer)  # its first read verifies it
+    return syncer
 
 
 def _state_store(settings):
@@ -244,6 +247,7 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
             tree, changes, reshape, code, errors = _send_once(conf, settings, desired)
     elif placement_configured(conf):
         # Imported here: a dry-run without Placement never needs them.
+        from node_agent.cycle import provider_cache
         from node_agent.cycle.reconcile import Reconciler
         from node_agent.service import metrics
 
@@ -259,6 +263,7 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
             try:
                 before = syncer.traits_by_name(desired.tree)
                 outcome = reconciler.apply(desired)
+                provider_cache.keep(syncer)
                 syncer.remember(APPLIED, file_traits_to_remember(
                     desired, syncer.state.get(APPLIED), before, clean=outcome.ok))
                 if outcome.ok:
