@@ -13,7 +13,8 @@ With ``[agent] mode = companion`` (:mod:`node_agent.cycle.companion`)
 restart instead of syncing.
 
 Exit codes: 0 success; 78 bad configuration; 69 the host could not be read;
-75 Placement refused or was unreachable; 1 Placement does not match the host
+75 Placement refused or was unreachable, or the host was too busy to reshape
+(try again later); 1 Placement does not match the host
 after a sync, or the audit found an alarm, or (companion) Placement has no
 provider of the host's name; 3 (companion ``--once``) drift or audit alarms.
 
@@ -36,7 +37,7 @@ from node_agent.config.files import oslo_args
 from node_agent.policy import maintenance as maint
 from node_agent.cycle.desired import compute_desired, file_traits_to_remember, forget_applied_off
 from node_agent.state import APPLIED, MAINTENANCE, ROOT_UUID
-from node_agent.errors import ConfigError, NodeAgentError, StateError
+from node_agent.errors import ConfigError, HostBusy, NodeAgentError, StateError
 from node_agent.policy.partition import node_split
 from node_agent.config.validation import config_args, placement_configured, validate
 
@@ -276,7 +277,9 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
             capacity, errors = outcome.report.capacity, outcome.errors
             for error in outcome.errors:
                 print(f"node-agent: {error}", file=sys.stderr)
-            if not outcome.ok:
+            if isinstance(outcome.reshape, HostBusy):
+                code = outcome.reshape.exit_code  # 75: try again later
+            elif not outcome.ok:
                 code = EX_NOT_IN_SYNC
             metrics.write_once(conf, desired, syncer.client, time.monotonic() - started,
                                outcome.errors)
