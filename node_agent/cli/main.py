@@ -277,8 +277,8 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
             capacity, errors = outcome.report.capacity, outcome.errors
             for error in outcome.errors:
                 print(f"node-agent: {error}", file=sys.stderr)
-            if isinstance(outcome.reshape, HostBusy):
-                code = outcome.reshape.exit_code  # 75: try again later
+            if outcome.refused is not None and outcome.refused.busy:
+                code = HostBusy.exit_code  # 75: try again later
             elif not outcome.ok:
                 code = EX_NOT_IN_SYNC
             metrics.write_once(conf, desired, syncer.client, time.monotonic() - started,
