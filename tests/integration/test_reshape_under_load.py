@@ -21,7 +21,7 @@ from node_agent.model.cpuset import CpuSet
 from node_agent.model.snapshot import Guest
 from node_agent.placement.client import PlacementClient
 from node_agent.placement.errors import GenerationConflict
-from node_agent.placement.reshape_engine import pinned_to_pcpu
+from node_agent.placement.reshape_rules import pinned_to_pcpu
 from node_agent.placement.reshaper import ATTEMPTS, ensure_reshaped
 from tests.integration.reshape_bench import HOST_CPUS, tree
 from tests.integration.reshape_driver import PROJECT, USER, allocate
