@@ -52,6 +52,13 @@ class ReshapeError(NodeAgentError):
     exit_code = 70  # EX_SOFTWARE
 
 
+class HostBusy(ReshapeError):
+    """A reshape kept being refused because allocations on the host changed
+    between its reads and its write: temporary, the next cycle tries again."""
+
+    exit_code = 75  # EX_TEMPFAIL
+
+
 class ResourceError(NodeAgentError):
     """A local resource the agent needs is unreadable, unwritable or busy
     (the state file, its directory, the metrics port)."""

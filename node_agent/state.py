@@ -46,6 +46,7 @@ APPLIED = "provider_config_applied"  # a cycle: provider -> operator traits appl
 MAINTENANCE = "maintenance"          # the maintenance command / control RPC: the request
 AUDIT = "audit"                      # the allocation audit: its history
 APPLIER = "applier"                  # node-agent-applier: its per-host record
+PROVIDER_CACHE = "provider_cache"    # the service and --once: the syncer's cache
 
 
 def _reason(exc: OSError) -> str:

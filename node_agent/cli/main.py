@@ -13,7 +13,8 @@ With ``[agent] mode = companion`` (:mod:`node_agent.cycle.companion`)
 restart instead of syncing.
 
 Exit codes: 0 success; 78 bad configuration; 69 the host could not be read;
-75 Placement refused or was unreachable; 1 Placement does not match the host
+75 Placement refused or was unreachable, or the host was too busy to reshape
+(try again later); 1 Placement does not match the host
 after a sync, or the audit found an alarm, or (companion) Placement has no
 provider of the host's name; 3 (companion ``--once``) drift or audit alarms.
 
@@ -36,7 +37,7 @@ from node_agent.config.files import oslo_args
 from node_agent.policy import maintenance as maint
 from node_agent.cycle.desired import compute_desired, file_traits_to_remember, forget_applied_off
 from node_agent.state import APPLIED, MAINTENANCE, ROOT_UUID
-from node_agent.errors import ConfigError, NodeAgentError, StateError
+from node_agent.errors import ConfigError, HostBusy, NodeAgentError, StateError
 from node_agent.policy.partition import node_split
 from node_agent.config.validation import config_args, placement_configured, validate
 
@@ -68,6 +69,16 @@ def _version() -> str:
         return importlib.metadata.version("node-agent")
     except importlib.metadata.PackageNotFoundError:
         return "unknown (not installed)"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``, read from the package metadata only when asked:
+    importlib.metadata costs every other run a noticeable part of its
+    start-up."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"node-agent {_version()}")
+        parser.exit()
 
 
 def split_subcommand(argv: Sequence[str]) -> tuple[list[str], Optional[str], list[str]]:
@@ -104,7 +115,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="node-agent",
         description="Report this compute node's resources to OpenStack Placement.",
         epilog=SUBCOMMANDS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"node-agent {_version()}")
+    parser.add_argument("--version", action=_VersionAction, nargs=0,
+                        help="show the program's version number and exit")
     parser.add_argument("--config-file", action="append", default=[], metavar="FILE",
                         help="config file; repeat to layer several (later ones win)")
     parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
@@ -197,12 +209,15 @@ def _syncer(conf, settings, client=None, writes: bool = True):
     from node_agent.placement.client import PlacementClient
     from node_agent.state import StateStore
     from node_agent.placement.sync import TreeSyncer
+    from node_agent.cycle import provider_cache
 
     owner = identity(settings) if writes else None
     client = client or PlacementClient.from_conf(conf)
     client.check_version()
-    return TreeSyncer(client, StateStore(Path(settings.state_path)),
-                      full_verify_interval=settings.full_verify_interval, owner=owner)
+    syncer = TreeSyncer(client, StateStore(Path(settings.state_path)),
+                        full_verify_interval=settings.full_verify_interval, owner=owner)
+    provider_cache.restore(syncer)  # its first read verifies it
+    return syncer
 
 
 def _state_store(settings):
@@ -214,9 +229,6 @@ def _state_store(settings):
 
 def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
     import time
-
-    from node_agent.service import metrics
-    from node_agent.cycle.reconcile import Reconciler
 
     if settings.companion:
         return _companion_once(conf, settings, dry_run, output, client)
@@ -235,6 +247,11 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
         if not dry_run:
             tree, changes, reshape, code, errors = _send_once(conf, settings, desired)
     elif placement_configured(conf):
+        # Imported here: a dry-run without Placement never needs them.
+        from node_agent.cycle import provider_cache
+        from node_agent.cycle.reconcile import Reconciler
+        from node_agent.service import metrics
+
         syncer = _syncer(conf, settings, client)
         reconciler = Reconciler(syncer.client, syncer)
         desired = reconciler.maintained(desired)
@@ -247,6 +264,7 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
             try:
                 before = syncer.traits_by_name(desired.tree)
                 outcome = reconciler.apply(desired)
+                provider_cache.keep(syncer)
                 syncer.remember(APPLIED, file_traits_to_remember(
                     desired, syncer.state.get(APPLIED), before, clean=outcome.ok))
                 if outcome.ok:
@@ -259,7 +277,9 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
             capacity, errors = outcome.report.capacity, outcome.errors
             for error in outcome.errors:
                 print(f"node-agent: {error}", file=sys.stderr)
-            if not outcome.ok:
+            if outcome.refused is not None and outcome.refused.busy:
+                code = HostBusy.exit_code  # 75: try again later
+            elif not outcome.ok:
                 code = EX_NOT_IN_SYNC
             metrics.write_once(conf, desired, syncer.client, time.monotonic() - started,
                                outcome.errors)

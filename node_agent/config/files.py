@@ -17,9 +17,9 @@ import configparser
 import glob
 import logging
 import os
-from typing import Sequence
+import re
+from typing import Optional, Sequence
 
-from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
 
 from node_agent.config import options as conf_mod
@@ -37,33 +37,50 @@ def _names(opts) -> set[str]:
     return {opt.dest for opt in opts} | {opt.name.replace("-", "_") for opt in opts}
 
 
-def _known_keys(conf: cfg.ConfigOpts) -> dict[str, set[str]]:
-    known: dict[str, set[str]] = {}
-    for group, opts in conf_mod.list_opts(with_messaging=False):
+def _opt_names(opt, group: str) -> set[str]:
+    """An option's names in ``group``: its own and its deprecated ones."""
+    names = {opt.dest, opt.name.replace("-", "_")}
+    for old in opt.deprecated_opts:
+        if old.name and (old.group in (None, group)):
+            names.add(old.name.replace("-", "_"))
+    return names
+
+
+def _known_keys(conf: cfg.ConfigOpts) -> dict[str, Optional[set[str]]]:
+    """Option names per section; ``None`` for a section not to check."""
+    known: dict[str, Optional[set[str]]] = {}
+    for group, opts in conf_mod.list_opts(with_messaging=False, with_placement=False):
         names = known.setdefault(group, set())
         for opt in opts:
-            names.add(opt.dest)
-            names.add(opt.name.replace("-", "_"))
-            for old in opt.deprecated_opts:
-                if old.name and (old.group in (None, group)):
-                    names.add(old.name.replace("-", "_"))
-    known.setdefault(conf_mod.PLACEMENT_GROUP, set()).update(_auth_plugin_keys(conf))
+            names |= _opt_names(opt, group)
+    if conf_mod.PLACEMENT_GROUP in conf:
+        known[conf_mod.PLACEMENT_GROUP] = _placement_keys(conf)
+    known["DEFAULT"] = known["DEFAULT"] or set()
     known["DEFAULT"] |= {"config_file", "config_dir"}
     return known
 
 
-def _auth_plugin_keys(conf: cfg.ConfigOpts) -> set[str]:
-    """The options of the configured ``[placement] auth_type``, as
-    keystoneauth's plugin loader lists them (any installed plugin). An
-    unknown auth_type adds none: loading the session reports it."""
-    name = conf[conf_mod.PLACEMENT_GROUP].auth_type
-    if not name:
-        return set()
-    try:
-        options = ks_loading.get_plugin_options(name)
-    except Exception:  # no such plugin, or a broken third-party one
-        return set()
-    return {opt.dest for opt in options}
+def _placement_keys(conf: cfg.ConfigOpts) -> Optional[set[str]]:
+    """What ``[placement]`` may hold: the options every auth type shares and
+    those of the configured ``auth_type`` only (asking keystoneauth for
+    every plugin's options scans every installed distribution's metadata).
+    ``None`` when that plugin cannot be loaded: the auth_type itself is then
+    the problem, which the Placement client reports."""
+    from keystoneauth1 import loading as ks_loading
+
+    group = conf_mod.PLACEMENT_GROUP
+    names: set[str] = set()
+    for opt in conf_mod.placement_base_opts():
+        names |= _opt_names(opt, group)
+    auth_type = conf[group].auth_type
+    if auth_type:
+        try:
+            plugin_opts = ks_loading.get_plugin_options(auth_type)
+        except Exception:  # unknown or broken plugin: reported where it is loaded
+            return None
+        for opt in plugin_opts:
+            names |= _opt_names(opt, group)
+    return names
 
 
 def _files(conf: cfg.ConfigOpts) -> list[str]:
@@ -111,15 +128,18 @@ def _classify_keys(conf: cfg.ConfigOpts) -> tuple[list[str], list[str]]:
                     problems.append(f"{path}: unknown section [{section}]. Check the "
                                     "spelling against etc/node-agent.conf.sample.")
                 continue
+            names = known[section]
+            if names is None:
+                continue
             keys = parser.defaults() if section == "DEFAULT" else parser[section]
             own = keys.keys() if section == "DEFAULT" else (
                 set(keys.keys()) - set(parser.defaults().keys()))
-            unknown = [key for key in own if key.replace("-", "_") not in known[section]]
+            unknown = [key for key in own if key.replace("-", "_") not in names]
             if unknown and section == "DEFAULT":
-                known[section] |= _names(conf_mod.messaging_default_opts())
+                names |= _names(conf_mod.messaging_default_opts())
             for key in unknown:
                 name = key.replace("-", "_")
-                if name in known[section]:
+                if name in names:
                     continue
                 if name in NOVA_OPTIONS.get(section, ()):
                     ignored.append(f"[{section}] {key}")
@@ -150,6 +170,20 @@ def _arg_files(args: Sequence[str]) -> list[str]:
         elif flag == "--config-dir" and os.path.isdir(value):
             files += sorted(glob.glob(os.path.join(value, "*.conf")))
     return files
+
+
+def _has_section(paths: Sequence[str], section: str) -> bool:
+    """Whether any of the files has a ``[section]`` header. A file that
+    cannot be read counts as having it: oslo.config reports that file."""
+    header = re.compile(rb"^[ \t]*\[" + re.escape(section.encode()) + rb"\]", re.MULTILINE)
+    for path in paths:
+        try:
+            with open(path, "rb") as handle:
+                if header.search(handle.read()):
+                    return True
+        except OSError:
+            return True
+    return False
 
 
 def undecodable_files(paths: Sequence[str]) -> list[str]:
@@ -193,11 +227,12 @@ def load_conf(args: Sequence[str]) -> cfg.ConfigOpts:
 def parse_conf(args: Sequence[str]) -> cfg.ConfigOpts:
     """Parse the files into a ConfigOpts; raises ConfigError when they
     cannot be read or parsed (unknown options are left to the caller)."""
-    problems = undecodable_files(_arg_files(args))
+    paths = _arg_files(args)
+    problems = undecodable_files(paths)
     if problems:
         raise ConfigError(problems)
     conf = cfg.ConfigOpts()
-    conf_mod.register_opts(conf)
+    conf_mod.register_opts(conf, placement=_has_section(paths, conf_mod.PLACEMENT_GROUP))
     try:
         conf(list(args), project=PROJECT, default_config_files=None,
              use_env=False)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import socket
 
-from keystoneauth1 import loading as ks_loading
 from oslo_config import cfg
 
 from node_agent.tree.cpu_traits import CPU_MODES
@@ -459,7 +458,11 @@ APPLIER_OPTS = [
 PLACEMENT_GROUP = "placement"
 
 
-def register_opts(conf: cfg.ConfigOpts) -> None:
+def register_opts(conf: cfg.ConfigOpts, placement: bool = True) -> None:
+    """Register every option on ``conf``. ``placement=False`` leaves out the
+    ``[placement]`` group, whose options come from keystoneauth (its import
+    and plugin scan are most of a dry-run's start-up): files that have no
+    ``[placement]`` section do not need them."""
     conf.register_opts(DEFAULT_OPTS)
     conf.register_opts(NOVA_DEFAULT_OPTS)
     conf.register_opts(HOST_OPTS, group="host")
@@ -470,9 +473,17 @@ def register_opts(conf: cfg.ConfigOpts) -> None:
     conf.register_opts(PCI_OPTS, group="pci")
     conf.register_opts(NODE_OPTS, group="node")
     conf.register_opts(APPLIER_OPTS, group="applier")
-    conf.register_opts(_session_opts(), group=PLACEMENT_GROUP)
     from node_agent import logs
     logs.register(conf)
+    if placement:
+        register_placement_opts(conf)
+
+
+def register_placement_opts(conf: cfg.ConfigOpts) -> None:
+    """keystoneauth's session, auth and adapter options in ``[placement]``."""
+    from keystoneauth1 import loading as ks_loading
+
+    conf.register_opts(_session_opts(), group=PLACEMENT_GROUP)
     ks_loading.register_auth_conf_options(conf, PLACEMENT_GROUP)
     ks_loading.register_adapter_conf_options(conf, PLACEMENT_GROUP)
 
@@ -497,6 +508,8 @@ PLACEMENT_TIMEOUT = 30
 def _session_opts():
     """keystoneauth's session options, with ``timeout`` defaulting to
     :data:`PLACEMENT_TIMEOUT` seconds instead of none."""
+    from keystoneauth1 import loading as ks_loading
+
     opts = []
     for opt in ks_loading.get_session_conf_options():
         if opt.dest == "timeout":
@@ -509,10 +522,20 @@ def _session_opts():
     return opts
 
 
-def _placement_opts():
-    opts = (_session_opts()
+def placement_base_opts() -> list:
+    """The ``[placement]`` options every auth type shares: keystoneauth's
+    session (our ``timeout``), common auth and adapter options."""
+    from keystoneauth1 import loading as ks_loading
+
+    return (_session_opts()
             + ks_loading.get_auth_common_conf_options()
             + ks_loading.get_adapter_conf_options())
+
+
+def _placement_opts():
+    from keystoneauth1 import loading as ks_loading
+
+    opts = placement_base_opts()
     for name in ("password", "v3applicationcredential", "admin_token"):
         opts += ks_loading.get_auth_plugin_conf_options(name)
     unique = {}
@@ -541,11 +564,12 @@ def _log_opts() -> list:
     return [opt for _group, opts in _options.list_opts() for opt in opts]
 
 
-def list_opts(with_messaging: bool = True):
+def list_opts(with_messaging: bool = True, with_placement: bool = True):
     """Entry point for oslo-config-generator (namespace ``node_agent``).
 
     ``with_messaging=False`` skips oslo.messaging's options, whose import
-    costs a third of a second that ``--dry-run`` should not pay."""
+    costs a third of a second that ``--dry-run`` should not pay;
+    ``with_placement=False`` skips keystoneauth's (``[placement]``)."""
     return [
         ("DEFAULT", DEFAULT_OPTS + NOVA_DEFAULT_OPTS + _log_opts()
          + (messaging_default_opts() if with_messaging else [])),
@@ -557,5 +581,4 @@ def list_opts(with_messaging: bool = True):
         ("pci", PCI_OPTS),
         ("node", NODE_OPTS),
         ("applier", APPLIER_OPTS),
-        (PLACEMENT_GROUP, _placement_opts()),
-    ]
+    ] + ([(PLACEMENT_GROUP, _placement_opts())] if with_placement else [])

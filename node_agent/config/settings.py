@@ -275,6 +275,8 @@ def _read_every_option(get: "_Reader", conf) -> None:
     an option only the service reads (``metrics_port = 70000``) would pass
     ``--check-config`` and fail later; read them all now."""
     for group in _CHECKED_GROUPS:
+        if group not in conf:  # [placement]: registered only when a file has it
+            continue
         for name in list(conf[group]):
             get(group, name)
 

@@ -49,6 +49,10 @@ def config_args(args: Sequence[str], default: str = DEFAULT_CONFIG_FILE) -> list
 
 
 def placement_configured(conf) -> bool:
+    """``[placement]`` names an auth type or an endpoint. Its options are
+    registered only when a file has that section (config/files.py)."""
+    if "placement" not in conf:
+        return False
     group = conf.placement
     return bool(group.auth_type or group.endpoint_override)
 

@@ -34,7 +34,7 @@ from typing import Mapping, Optional
 from node_agent.policy.capacity import Published, as_published, check, limits_of
 from node_agent.cycle.desired import Desired, with_placement_maintenance
 from node_agent.state import PROVIDERS
-from node_agent.errors import GuestsDoNotFit, ReshapeError
+from node_agent.errors import GuestsDoNotFit, HostBusy, ReshapeError
 from node_agent.policy.guest_fit import misfits
 from node_agent.model.provider_tree import ProviderTree
 from node_agent.tree.mem_encryption import keep_as_held, undecided
@@ -82,6 +82,9 @@ class ReshapeRefused:
     it would have moved keep the inventory Placement holds."""
 
     reason: str
+    # Allocations kept changing under it (HostBusy): temporary, the next
+    # cycle tries again; --once exits 75 rather than 1.
+    busy: bool = False
 
     def __str__(self) -> str:
         return self.reason
@@ -145,7 +148,8 @@ class Reconciler:
         except ReshapeError as exc:
             LOG.error("reshape refused, the inventory it would move is kept as it is: %s",
                       exc)
-            return None, ReshapeRefused(str(exc)), self._held_tree(inputs)
+            return (None, ReshapeRefused(str(exc), busy=isinstance(exc, HostBusy)),
+                    self._held_tree(inputs))
         if outcome.created:
             self.syncer.invalidate()  # the sync re-reads the tree and adopts them
         elif outcome.reshaped:

@@ -11,11 +11,10 @@ from __future__ import annotations
 import logging
 import os
 import platform
+import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Optional
-
-import psutil
 
 from node_agent.errors import ConfigError, DiscoveryError, DomainCapsRefused
 from node_agent.host.sysfs_pci import read_pci, with_mdev_parents
@@ -45,7 +44,9 @@ def disk_gb(instances_path: str) -> tuple[int, list[str]]:
         warnings.append(f"instances_path '{instances_path}' does not exist; DISK_GB is the "
                         f"size of the filesystem holding '{where}'.")
     try:
-        return psutil.disk_usage(str(where)).total // GIB, warnings
+        # The standard library's statvfs total, as psutil's: no psutil import
+        # on a host whose memory comes from the node files.
+        return shutil.disk_usage(str(where)).total // GIB, warnings
     except OSError as exc:
         raise DiscoveryError(f"cannot size the filesystem of '{where}': {exc}") from exc
 
@@ -61,6 +62,8 @@ def memory_mb(topology: SysfsTopology, real_host: bool) -> tuple[int, list[str]]
     nodes_mb = topology.memory_kb // 1024 if topology.memory_kb else None
     if nodes_mb is not None and not real_host:
         return nodes_mb, []
+    import psutil
+
     total_mb = psutil.virtual_memory().total // (1024 * 1024)
     if nodes_mb is not None and abs(nodes_mb - total_mb) > total_mb // 10:
         return total_mb, [f"NUMA node meminfo sums to {nodes_mb} MiB but the kernel's "

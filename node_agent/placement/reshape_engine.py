@@ -213,6 +213,22 @@ def affected_consumers(providers: Mapping[str, ProviderAllocations], rule: Rule,
     return sorted(_view_moves(providers, rule))
 
 
+def stale_consumers(providers: Mapping[str, ProviderAllocations],
+                    consumers: Mapping[str, Consumer], wanted: Iterable[str]) -> set[str]:
+    """The ``wanted`` consumers whose record (``GET /allocations/{consumer}``)
+    is missing or disagrees with the providers' view: created, resized or
+    moved since it was read, so it must be read again. The others' records
+    still hold what the view shows."""
+    stale = set()
+    for consumer in wanted:
+        record = consumers.get(consumer)
+        if record is None or any(
+                dict(record.allocations.get(rp, {})) != dict(state.consumers.get(consumer, {}))
+                for rp, state in providers.items()):
+            stale.add(consumer)
+    return stale
+
+
 def move_targets(providers: Mapping[str, ProviderAllocations], rule: Rule) -> set[str]:
     """Providers the rule would move allocations onto (the shell reads those
     it has not read yet, and creates those Placement does not have)."""

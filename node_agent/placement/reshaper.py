@@ -10,8 +10,10 @@ children on a host that reports them), T target providers allocations
 actually move to that are not sources, and N consumers to move:
 S + T ``GET /resource_providers/{uuid}/allocations`` (generation and every
 consumer's share), N ``GET /allocations/{consumer}`` (whole allocations
-with consumer generation), one ``POST /reshaper``. VCPU -> PCPU on a host
-without NUMA children: N + 2, whatever other children the host has.
+with consumer generation, several at a time: :mod:`node_agent.placement.read_pace`),
+one ``POST /reshaper``. VCPU -> PCPU on a host without NUMA children: N + 2,
+whatever other children the host has. After a 409, a retry reads the S + T
+views again and only the consumers they show changed.
 Children that allocations move to but Placement does not have yet are
 created first (one POST each, and the plan is computed again).
 
@@ -28,6 +30,8 @@ the retry on 409 share one plan-send-replan loop; the pure decisions are in
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid as uuidlib
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -35,24 +39,30 @@ from typing import Callable, Iterable, Mapping, Optional
 
 import tenacity
 
-from node_agent.errors import ReshapeError
-from node_agent.placement.errors import DuplicateName, GenerationConflict, InventoryInUse, NotFound
+from node_agent.errors import HostBusy, ReshapeError
+from node_agent.placement.errors import (DuplicateName, GenerationConflict, InventoryInUse,
+                                        NotFound, Unavailable)
+from node_agent.placement.read_pace import ReadPace
 from node_agent.tree.ownership import (AGENT_CHILD_TRAIT, GPU, NUMA, ListedChild,
                                        agent_children, candidates)
 from node_agent.model.provider_tree import Provider, ProviderTree
 from node_agent.placement.reshape_engine import (Consumer, ProviderAllocations, Reshape, Rule,
                                                  affected_consumers, compute_reshape, move_targets,
-                                                 rule_sources)
+                                                 rule_sources, stale_consumers)
 from node_agent.placement.reshape_rules import (children_to_root, guest_names, host_rule,
                                                 rule_provider_names)
 from node_agent.model.snapshot import Guest
 
 LOG = logging.getLogger(__name__)
 
-# A 409 means the scheduler (or someone) wrote meanwhile; each attempt
-# re-reads everything the plan depends on. Four in a row is a storm.
-ATTEMPTS = 4
-READ_WORKERS = 8
+# A 409 means the scheduler (or someone) wrote meanwhile. The first attempt
+# reads everything; a retry reads the providers' view (their generations)
+# and then only the consumers it shows changed, so its window is a few
+# round trips whatever the number of consumers. A host still refusing after
+# this many is busier than any reshape can get through (HostBusy).
+ATTEMPTS = 8
+# Rounds of "view, changed consumers, view again" before a retry's POST.
+SETTLE_ROUNDS = 3
 
 
 @dataclass
@@ -118,19 +128,56 @@ def read_allocations(client, uuids: Iterable[str]) -> dict[str, ProviderAllocati
     return found
 
 
+def _overloads(client) -> int:
+    """Answers so far that say Placement is past what it sustains: 5xx, or
+    none at all (a timeout), retries included."""
+    return sum(n for (_method, status), n in client.stats.by_status.items()
+               if status == 0 or status >= 500)
+
+
 def read_consumers(client, uuids: Iterable[str],
-                   workers: int = READ_WORKERS) -> dict[str, Consumer]:
-    """One GET per consumer, a few at a time: the count stays N, the wait
-    shrinks (Placement answers reads concurrently)."""
+                   pace: Optional[ReadPace] = None) -> dict[str, Consumer]:
+    """One GET per consumer, several at a time: the count stays N, the wait
+    shrinks. How many at once adapts to what Placement sustains
+    (:class:`~node_agent.placement.read_pace.ReadPace`, carried between the
+    calls of one reshape)."""
     uuids = list(uuids)
+    pace = pace or ReadPace()
 
     def one(uuid: str) -> Consumer:
         return Consumer.from_placement(uuid, client.consumer_allocations(uuid))
 
-    if len(uuids) < 2 or workers < 2:
+    if len(uuids) < 2:
         return {uuid: one(uuid) for uuid in uuids}
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        return dict(zip(uuids, pool.map(one, uuids)))
+    gate = threading.Condition()
+    in_flight = 0
+
+    def paced(uuid: str) -> Consumer:
+        nonlocal in_flight
+        with gate:
+            gate.wait_for(lambda: in_flight < pace.limit)
+            in_flight += 1
+            overloads = _overloads(client)
+        start = time.monotonic()
+        try:
+            consumer = one(uuid)
+        except Unavailable:
+            with gate:
+                pace.overloaded()
+            raise
+        finally:
+            with gate:
+                in_flight -= 1
+                gate.notify_all()
+        with gate:
+            if _overloads(client) > overloads:  # the client retried a 5xx or a timeout
+                pace.overloaded()
+            else:
+                pace.answered(time.monotonic() - start)
+        return consumer
+
+    with ThreadPoolExecutor(max_workers=min(pace.ceiling, len(uuids))) as pool:
+        return dict(zip(uuids, pool.map(paced, uuids)))
 
 
 def read_inventories(client, uuids: Iterable[str]) -> dict[str, dict]:
@@ -144,21 +191,72 @@ def read_inventories(client, uuids: Iterable[str]) -> dict[str, dict]:
     return found
 
 
-def _compute(client, tree: ProviderTree, rule: Rule, names: Mapping[str, str],
-             absent: Iterable[str] = ()) -> tuple[Reshape, frozenset[str]]:
-    """Read what the plan depends on and compute it (reads only). Also
-    returns the targets moves go to that Placement does not have: they are
-    in the plan as empty providers of generation 0 (what a new one has)."""
-    absent = set(absent)
+@dataclass
+class _Reads:
+    """What one reshape read, kept across its attempts."""
+
+    view: dict[str, ProviderAllocations] = field(default_factory=dict)
+    new: frozenset[str] = frozenset()
+    consumers: dict[str, Consumer] = field(default_factory=dict)
+    pace: ReadPace = field(default_factory=ReadPace)
+    consumer_conflict: bool = False  # the last 409 named a consumer generation
+
+
+def _generations(view: Mapping[str, ProviderAllocations]) -> dict[str, int]:
+    return {uuid: state.generation for uuid, state in view.items()}
+
+
+def _read_view(client, tree: ProviderTree, rule: Rule, absent: set[str]
+               ) -> tuple[dict[str, ProviderAllocations], frozenset[str]]:
+    """The sources' allocations, then the targets moves go to (their
+    generations and every consumer's share); the targets Placement does not
+    have are in the view as empty providers of generation 0 (what a new one
+    has) and returned apart."""
     providers = read_allocations(client, [u for u in rule_sources(rule, tree)
                                           if u not in absent])
     if not providers:
-        return compute_reshape({}, {}, tree, rule, consumer_names=names), frozenset()
+        return {}, frozenset()
     targets = move_targets(providers, rule) - set(providers)
     providers.update(read_allocations(client, sorted(targets - absent)))
     new = frozenset(targets - set(providers))
-    view = {**providers, **{uuid: ProviderAllocations(uuid, 0) for uuid in new}}
-    consumers = read_consumers(client, affected_consumers(view, rule))
+    return {**providers, **{uuid: ProviderAllocations(uuid, 0) for uuid in new}}, new
+
+
+def _compute(client, tree: ProviderTree, rule: Rule, names: Mapping[str, str],
+             absent: Iterable[str] = (), reads: Optional[_Reads] = None,
+             conflict: bool = False) -> tuple[Reshape, frozenset[str]]:
+    """Read what the plan depends on and compute it (reads only). Also
+    returns the targets moves go to that Placement does not have.
+
+    With ``reads`` from an earlier computation, the consumers whose records
+    still match the new view are not read again. After a 409
+    (``conflict``) the view (the generations) is also read last: after the
+    changed consumers, again, until it holds still (at most
+    :data:`SETTLE_ROUNDS` rounds)."""
+    absent = set(absent)
+    retry = conflict
+    reads = reads if reads is not None else _Reads()
+    view, new = _read_view(client, tree, rule, absent)
+    if not view:
+        return compute_reshape({}, {}, tree, rule, consumer_names=names), frozenset()
+    rounds = 0
+    while True:
+        wanted = affected_consumers(view, rule)
+        stale = stale_consumers(view, reads.consumers, wanted)
+        if (retry and rounds == 0 and not stale and (
+                reads.consumer_conflict or _generations(view) == _generations(reads.view))):
+            # A consumer changed where the view does not show it (on another
+            # provider, or rewritten as it was): read them all.
+            stale = set(wanted)
+        if stale:
+            reads.consumers.update(read_consumers(client, sorted(stale), reads.pace))
+        rounds += 1
+        if not (retry and stale) or rounds >= SETTLE_ROUNDS:
+            break
+        view, new = _read_view(client, tree, rule, absent)  # the generations, last
+    reads.view, reads.new = view, new
+    consumers = {c: reads.consumers[c] for c in affected_consumers(view, rule)
+                 if c in reads.consumers}
     plan = compute_reshape(view, consumers, tree, rule, consumer_names=names)
     if plan.missing_inventories:
         current = read_inventories(client, sorted(plan.missing_inventories - new))
@@ -224,16 +322,17 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
 
     Reads the rule's providers and the consumers the rule moves, and sends
     one ``POST /reshaper`` if anything moves. On 409 (a provider or consumer
-    generation moved, or inventory became in use) everything is read again
-    and the plan recomputed: a stale plan is never sent. ``before_post``
+    generation moved, or inventory became in use) the providers' view is
+    read again, then the consumers it shows changed, and the plan is
+    recomputed: a stale plan is never sent. ``before_post``
     is called with the body just before it is sent (tests use it to race).
     ``absent``: uuids given to providers of ``tree`` Placement does not have
     yet; those that allocations move to are created before the POST.
 
     Raises ReshapeError (before any write) when the rule refuses (a pinned
     guest outside cpu_dedicated_set, fewer PCPU than pinned vCPUs in use, a
-    guest that cannot be attributed to a GPU or NUMA node), or when the
-    conflicts do not stop after ``attempts`` tries.
+    guest that cannot be attributed to a GPU or NUMA node); HostBusy when
+    the conflicts do not stop after ``attempts`` tries.
     Placement being unreachable raises the client's ``Unavailable``.
     """
     _with_uuids_or_fail(tree)
@@ -241,18 +340,26 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
     absent = set(absent)
     start = client.stats.total
     outcome = ReshapeOutcome(False, Reshape(None))
+    reads = _Reads()
+
+    def note_conflict(state: tenacity.RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome else None
+        reads.consumer_conflict = "consumer generation" in str(exc)
+
     retrying = tenacity.Retrying(
         stop=tenacity.stop_after_attempt(max(1, attempts)),
         retry=tenacity.retry_if_exception_type((GenerationConflict, InventoryInUse)),
         wait=tenacity.wait_random(0, 0.05),
+        before_sleep=note_conflict,
         reraise=True)
     sent: Optional[Reshape] = None
+    started = time.monotonic()
     try:
         for attempt in retrying:
             with attempt:
                 outcome.attempts = attempt.retry_state.attempt_number
                 outcome.reshape = plan = _plan_for_post(client, tree, rule, names,
-                                                        absent, outcome)
+                                                        absent, outcome, reads)
                 if plan.needed:
                     if before_post is not None:
                         try:
@@ -270,9 +377,16 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
                     outcome.reshape, outcome.reshaped = sent, True
                     outcome.response_lost = True
     except (GenerationConflict, InventoryInUse) as exc:
-        raise ReshapeError(
-            f"reshape abandoned after {outcome.attempts} attempts: Placement kept "
-            f"changing under it ({exc}); the next cycle tries again") from exc
+        consumers = len(outcome.reshape.moved_consumers)
+        raise HostBusy(
+            f"reshape not done, this host is too busy: every one of {outcome.attempts} "
+            f"attempts in {time.monotonic() - started:.1f} s to move {consumers} "
+            "consumers in one POST /reshaper was refused because allocations on the "
+            f"host changed between its reads and its write (last: {exc}). Nothing was "
+            "moved and the inventory it would move is kept as Placement holds it; the "
+            "next cycle tries again. To let it through now, stop scheduling to this host "
+            "for a moment (openstack compute service set --disable, or node-agent "
+            "maintenance on) and run node-agent --once.") from exc
     except ValueError as exc:
         raise ReshapeError(f"cannot plan the reshape: {exc}") from exc
     finally:
@@ -301,14 +415,15 @@ def _committed(client, sent: Reshape) -> bool:
 
 
 def _plan_for_post(client, tree: ProviderTree, rule: Rule, names, absent: set[str],
-                   outcome: ReshapeOutcome) -> Reshape:
-    plan, new = _compute(client, tree, rule, names, absent)
+                   outcome: ReshapeOutcome, reads: _Reads) -> Reshape:
+    plan, new = _compute(client, tree, rule, names, absent, reads,
+                         conflict=outcome.attempts > 1)
     _refuse(plan)
     if plan.needed and new:
         _create_missing(client, tree, new)
         outcome.created += sorted(new)
         absent -= new
-        plan, new = _compute(client, tree, rule, names, absent)
+        plan, new = _compute(client, tree, rule, names, absent, reads)
         _refuse(plan)
         if new:
             raise ValueError("providers created for the reshape are gone: "

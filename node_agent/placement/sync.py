@@ -591,14 +591,16 @@ class TreeSyncer:
                                "traits": sorted(s.traits)}
                               for s in self._cache.values()]}
 
-    def import_cache(self, data: Optional[Mapping]) -> bool:
+    def import_cache(self, data: Optional[Mapping], verify_now: bool = False) -> bool:
         """Take over a cache from :meth:`export_cache`; False (and no cache:
         the next sync reads the tree) when ``data`` is None or malformed.
 
         It stays a hint, as our own cache is: a generation that moved since
         turns into a 409 and a re-read of that provider, and the full verify
         is due ``full_verify_interval`` after ``verified_at`` (a time ahead
-        of this clock counts as now).
+        of this clock counts as now), or at the next read with
+        ``verify_now`` (a cache from another clock, a previous process's):
+        the listing, then only the providers whose generation moved.
         """
         self._cache = self._verified_at = self._due_at = None
         self._partial.clear()
@@ -615,7 +617,7 @@ class TreeSyncer:
                         exc)
             return False
         self._cache, self._verified_at = cache, verified_at
-        self._due_at = verified_at + self.full_verify_interval
+        self._due_at = None if verify_now else verified_at + self.full_verify_interval
         return True
 
     def note_inventories(self, inventories_by_uuid: Mapping[str, Mapping]) -> None:

@@ -47,12 +47,9 @@ import uuid as uuid_mod
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Sequence, Set
 
-import yaml
-
 from node_agent.errors import ConfigError
 from node_agent.model.hugepages import PAGE_CLASS_PREFIX
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
-from node_agent.policy import provider_schema
 
 COMPUTE_NODE = "$COMPUTE_NODE"
 _VERSION = re.compile(r"^1\.(\d+)$")
@@ -151,6 +148,9 @@ def parse_provider_config(text: str, source: str) -> tuple[ProviderConfig, ...]:
     (:mod:`node_agent.policy.provider_schema`) and then the rules between
     values. Raises ConfigError listing every problem, each as
     ``<source>: <path in the document>: <what is wrong>``."""
+    import yaml  # here: a host without provider files never pays for yaml
+    from node_agent.policy import provider_schema  # nor for jsonschema
+
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:

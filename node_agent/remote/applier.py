@@ -505,10 +505,10 @@ def check_config(conf) -> int:
 
 
 def _placement_client(conf):
+    from node_agent.config.validation import placement_configured
     from node_agent.placement.client import PlacementClient
 
-    group = conf.placement
-    if not (group.auth_type or group.endpoint_override):
+    if not placement_configured(conf):
         raise ConfigError("node-agent-applier needs Placement: set [placement] auth_type "
                           "(and its credentials) or endpoint_override")
     return PlacementClient.from_conf(conf)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from node_agent.policy import maintenance as maint
+from node_agent.cycle import provider_cache
 from node_agent.cycle.desired import (Desired, compute_desired, file_traits_to_remember,
                                       forget_applied_off)
 from node_agent.errors import NodeAgentError, PlacementError
@@ -51,6 +52,11 @@ def load(args: Sequence[str]) -> Loaded:
     valid = validate(args, lenient_files=True)
     # With upstream = messaging the client is None: node-agent-applier holds Placement.
     return Loaded(valid.conf, valid.settings, valid.client)
+
+
+def _same_tree(old: Settings, new: Settings) -> bool:
+    """A reload that keeps the host and its state file keeps the syncer's cache."""
+    return old.host == new.host and old.state_path == new.state_path
 
 
 def _now() -> str:
@@ -137,10 +143,15 @@ class Agent:
         if self._syncer_for is not loaded:  # first cycle, or a reload
             from node_agent.host.machine_id import identity
             # spread: a fleet started together does not verify together.
-            self._syncer = TreeSyncer(loaded.client, StateStore(Path(loaded.settings.state_path)),
-                                      full_verify_interval=loaded.settings.full_verify_interval,
-                                      spread=True, owner=identity(loaded.settings))
-            self._syncer_for = loaded
+            syncer = TreeSyncer(loaded.client, StateStore(Path(loaded.settings.state_path)),
+                                full_verify_interval=loaded.settings.full_verify_interval,
+                                spread=True, owner=identity(loaded.settings))
+            before = self._syncer_for
+            if before is not None and _same_tree(before.settings, loaded.settings):
+                provider_cache.carry_over(self._syncer, syncer)
+            else:
+                provider_cache.restore(syncer)
+            self._syncer, self._syncer_for = syncer, loaded
             self._version_checked = False
             from node_agent.cycle.reconcile import Reconciler
             self._reconciler = Reconciler(loaded.client, self._syncer)
@@ -170,6 +181,7 @@ class Agent:
                 desired = self._reconciler.maintained(desired)
                 before = syncer.traits_by_name(desired.tree)
                 outcome = self._reconciler.apply(desired, **self._reshape_hooks(loaded))
+                provider_cache.keep(syncer)
                 syncer.remember(APPLIED, file_traits_to_remember(
                     desired, syncer.state.get(APPLIED), before, clean=outcome.ok))
                 if syncer.verified_at != verified_at:  # this cycle read the whole tree

@@ -226,6 +226,16 @@ CASES = [
          ("[placement] auth_type='passwd'", "not a known"), args=ONCE),
     Case("placement-timeout-text", "[placement]\ntimeout = soon\n",
          ("[placement] timeout", "'soon'")),
+    # [placement] is checked against the configured auth type's options only
+    Case("placement-option-typo",
+         "[placement]\nauth_type = password\nauth_url = http://k/\nusernme = nova\n",
+         ("unknown option [placement] usernme",)),
+    Case("placement-option-of-another-auth-type",
+         "[placement]\nauth_type = password\napplication_credential_secret = x\n",
+         ("unknown option [placement] application_credential_secret",)),
+    Case("placement-typo-and-bad-cpu-set-in-one-pass",
+         "cpu_dedicated_set = 0-3,x\n[placement]\nauth_type = none\nendpont_override = x\n",
+         ("[compute] cpu_dedicated_set = '0-3,x'", "unknown option [placement] endpont_override")),
     # --- service options only the daemon reads (still checked up front)
     Case("report-interval-zero", "[agent]\nreport_interval = 0\n",
          ("[agent] report_interval", "0")),

@@ -234,7 +234,8 @@ def test_hung_placement_endpoint_is_an_error_naming_it_within_the_timeout(
 def test_placement_timeout_defaults_to_30_seconds(tmp_path):
     from node_agent.config.files import load_conf
 
-    config = write_config(tmp_path, TEST6)
+    # [placement] is registered when a file has the section (it loads keystoneauth).
+    config = write_config(tmp_path, TEST6, extra="[placement]\nauth_type = none\n")
     assert load_conf(["--config-file", str(config)]).placement.timeout == 30
 
 

@@ -418,3 +418,20 @@ def test_refused_reshape_holds_only_the_rules_classes_on_the_rules_providers():
     assert held.root.inventories["MEMORY_MB"] == tree().root.inventories["MEMORY_MB"]
     assert held.by_name("host_pci_0000_81_00_0").inventories == {}  # not created yet
     assert held.by_name("host_other").inventories == {"VGPU": Inventory(2)}
+
+
+def test_after_a_conflict_only_consumers_the_view_shows_changed_are_read_again():
+    from node_agent.placement.reshape_engine import stale_consumers
+
+    def record(uuid, resources):
+        return Consumer(uuid, 1, PROJECT, USER, {ROOT: resources, SHARED_DISK: {"DISK_GB": 5}})
+
+    read = {PINNED: record(PINNED, {"VCPU": 4, "MEMORY_MB": 512}),
+            PINNED_2: record(PINNED_2, {"VCPU": 2, "MEMORY_MB": 256})}
+    view = {ROOT: ProviderAllocations(ROOT, 7, {
+        PINNED: {"VCPU": 4, "MEMORY_MB": 512},      # as read
+        PINNED_2: {"VCPU": 2, "MEMORY_MB": 1024},   # resized since
+        ORPHAN: {"VCPU": 1}})}                      # booted since
+    assert stale_consumers(view, read, [PINNED, PINNED_2, ORPHAN]) == {PINNED_2, ORPHAN}
+    # A consumer the plan does not need is never read, changed or not.
+    assert stale_consumers(view, read, [PINNED]) == set()

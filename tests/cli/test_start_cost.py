@@ -1,0 +1,45 @@
+"""What ``node-agent --once --dry-run`` loads: only what the run uses.
+
+A dry-run without a ``[placement]`` section talks to no server, so it must
+not pay for keystoneauth, requests or oslo.messaging (their imports and
+keystoneauth's plugin scan were most of its start-up). The imports are read
+from the interpreter's own ``-X importtime`` report of the real entry point.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.cli.runner import write_config
+from tests.hostdata import HOSTDATA
+
+TEST6 = HOSTDATA / "virhostcpudata" / "linux-test6"
+UNUSED_BY_A_DRY_RUN = ("keystoneauth1", "requests", "urllib3", "oslo_messaging")
+
+
+def imported_by(config: Path, *args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "node_agent.cli.main",
+                           "--config-file", str(config), *args],
+                          capture_output=True, text=True, timeout=120)
+    modules = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
+               if line.startswith("import time:") and "|" in line}
+    return proc, modules
+
+
+def test_dry_run_without_placement_imports_no_http_auth_or_messaging_library(tmp_path):
+    proc, modules = imported_by(write_config(tmp_path, TEST6), "--once", "--dry-run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "node_agent.host.discover" in modules  # the report is read
+    assert not {m for m in modules if m.split(".")[0] in UNUSED_BY_A_DRY_RUN}
+
+
+def test_a_placement_section_is_checked_with_keystoneauth(tmp_path):
+    config = write_config(tmp_path, TEST6, extra="[placement]\nauth_type = none\n"
+                                                  "endpoint_override = http://127.0.0.1:9\n"
+                                                  "region = x\n")
+    proc, modules = imported_by(config, "--once", "--dry-run")
+    assert proc.returncode == 78
+    assert "unknown option [placement] region" in proc.stderr
+    assert "keystoneauth1.loading" in modules
