@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import platform
-import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Optional
@@ -43,10 +42,10 @@ def disk_gb(instances_path: str) -> tuple[int, list[str]]:
     if str(where) != str(Path(instances_path).absolute()):
         warnings.append(f"instances_path '{instances_path}' does not exist; DISK_GB is the "
                         f"size of the filesystem holding '{where}'.")
+    import psutil
+
     try:
-        # The standard library's statvfs total, as psutil's: no psutil import
-        # on a host whose memory comes from the node files.
-        return shutil.disk_usage(str(where)).total // GIB, warnings
+        return psutil.disk_usage(str(where)).total // GIB, warnings
     except OSError as exc:
         raise DiscoveryError(f"cannot size the filesystem of '{where}': {exc}") from exc
 
