@@ -273,7 +273,7 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
                 raise StateError(f"{exc} {_written(syncer.client)}") from None
             tree = outcome.report.tree or tree
             changes = outcome.report.applied
-            reshape = _reshape_record(outcome)
+            reshape = outcome.reshape_record()
             capacity, errors = outcome.report.capacity, outcome.errors
             for error in outcome.errors:
                 print(f"node-agent: {error}", file=sys.stderr)
@@ -435,23 +435,6 @@ def _send_once(conf, settings, desired):
         print(f"node-agent: {error}", file=sys.stderr)
     return (desired.tree.with_uuids(report.uuids), report.applied, report.reshape,
             0 if report.ok else EX_NOT_IN_SYNC, list(report.errors))
-
-
-def _reshape_record(cycle) -> Optional[dict]:
-    """The ``reshape`` key after a real run: what was moved, or why not."""
-    if cycle.refused is not None:
-        return cycle.refused.as_record()
-    outcome = cycle.reshape
-    if outcome is None or not outcome.reshaped:
-        return None
-    record = outcome.reshape.as_dict()
-    record["request_id"] = outcome.request_id
-    record["response_lost"] = outcome.response_lost
-    if outcome.response_lost:
-        record["lines"] = record["lines"] + [
-            "POST /reshaper was committed but its answer was lost; the moves above "
-            "were read back from Placement"]
-    return record
 
 
 def _maintenance(argv: list[str]) -> int:

@@ -112,6 +112,23 @@ class CycleOutcome:
         refused = [self.refused.reason] if self.refused is not None else []
         return refused + list(self.report.errors)
 
+    def reshape_record(self) -> Optional[dict]:
+        """What was moved (with the request id), or why not; None when no
+        reshape was sent."""
+        if self.refused is not None:
+            return self.refused.as_record()
+        outcome = self.reshape
+        if outcome is None or not outcome.reshaped:
+            return None
+        record = outcome.reshape.as_dict()
+        record["request_id"] = outcome.request_id
+        record["response_lost"] = outcome.response_lost
+        if outcome.response_lost:
+            record["lines"] = record["lines"] + [
+                "POST /reshaper was committed but its answer was lost; the moves above "
+                "were read back from Placement"]
+        return record
+
 
 class Reconciler:
     """Keeps one host's tree in Placement, reshaping first when needed."""

@@ -23,6 +23,8 @@ import jsonschema
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError
 
+from node_agent.model.json_schema import opened
+
 SCHEMA_FILE = "provider-config-1.0.json"
 
 # JSON Schema counts true as an integer and 1.0 as one too; Placement takes
@@ -46,22 +48,12 @@ def load() -> dict:
                       .read_text(encoding="utf-8"))
 
 
-def _open(schema: Any) -> Any:
-    """``schema`` without ``additionalProperties: false``."""
-    if isinstance(schema, dict):
-        return {k: _open(v) for k, v in schema.items()
-                if not (k == "additionalProperties" and v is False)}
-    if isinstance(schema, list):
-        return [_open(v) for v in schema]
-    return schema
-
-
 @lru_cache(maxsize=None)
 def validator(strict: bool) -> Any:
     """The compiled validator; ``strict`` refuses unknown keys (a 1.0 document)."""
     schema = load()
     _Validator.check_schema(schema)
-    return _Validator(schema if strict else _open(schema))
+    return _Validator(schema if strict else opened(schema))
 
 
 def where(path: DocPath) -> str:

@@ -108,17 +108,6 @@ def _changes(changes) -> list[dict]:
              "provider": c.provider} for c in changes]
 
 
-def _reshape_record(cycle) -> Optional[dict]:
-    if cycle.refused is not None:
-        return cycle.refused.as_record()
-    reshape = cycle.reshape
-    if reshape is None or not reshape.reshaped:
-        return None
-    record = reshape.reshape.as_dict()
-    record["request_id"] = reshape.request_id
-    return record
-
-
 def shape_digest(shape: tuple) -> str:
     """A short, stable name for :func:`node_agent.cycle.reconcile.shape_of`."""
     return hashlib.sha256(wire.canonical(shape).encode("utf-8")).hexdigest()
@@ -291,7 +280,7 @@ class Applier:
         return {"status": wire.APPLIED, "seq": message.seq, "ok": outcome.ok,
                 "summary": report.summary(), "errors": outcome.errors,
                 "applied": _changes(report.applied),
-                "reshape": _reshape_record(outcome), "requests": requests,
+                "reshape": outcome.reshape_record(), "requests": requests,
                 "uuids": {p.name: p.uuid for p in report.tree.providers}
                 if report.tree else {}}
 

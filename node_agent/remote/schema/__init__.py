@@ -31,6 +31,8 @@ import jsonschema
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 
+from node_agent.model.json_schema import opened
+
 # major -> the schema files of that major this release ships, oldest first
 FILES = {2: ("wire-2.0.json", "wire-2.1.json", "wire-2.2.json")}
 # major -> the newest of them
@@ -73,17 +75,6 @@ def minor_of(major: int) -> int:
     return _minor(SCHEMAS[major])
 
 
-def _open(schema: Any) -> Any:
-    """``schema`` without ``additionalProperties: false``: keys added by a
-    newer minor are let through (and ignored by the reader)."""
-    if isinstance(schema, dict):
-        return {k: _open(v) for k, v in schema.items()
-                if not (k == "additionalProperties" and v is False)}
-    if isinstance(schema, list):
-        return [_open(v) for v in schema]
-    return schema
-
-
 def _inline(schema: Any, defs: dict) -> Any:
     """``schema`` with each local ``{"$ref": "#/$defs/x"}`` replaced by
     ``x``: the file stays readable, and the validator does not resolve a
@@ -111,7 +102,7 @@ def validator(major: int, newer_minor: bool = False, at: str = "",
     schema = _inline(schema, schema.get("$defs", {}))
     if at:
         schema = schema["properties"][at]
-    return _Validator(_open(schema) if newer_minor else schema)
+    return _Validator(opened(schema) if newer_minor else schema)
 
 
 def where(path) -> str:
