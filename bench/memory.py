@@ -12,6 +12,7 @@ itself; it prints one JSON line.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -44,14 +45,39 @@ def rss_kib() -> int:
         return next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:"))
 
 
-def import_probe(python: Path, imports: str) -> dict:
-    seconds, rss = [], []
-    for _ in range(IMPORT_REPEATS):
-        out = subprocess.run([str(python), "-c", _PROBE.format(imports=imports)],
-                             capture_output=True, text=True, check=True).stdout.split()
-        seconds.append(float(out[0]))
-        rss.append(int(out[1]) / 1024)
-    return {"seconds": common.summary(seconds), "rss_mib": common.summary(rss)}
+def _probe_once(python: Path, imports: str) -> tuple[float, float]:
+    out = subprocess.run([str(python), "-c", _PROBE.format(imports=imports)],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return float(out[0]), int(out[1]) / 1024
+
+
+def import_probes(nova_python: Path) -> dict:
+    """node-agent's and nova's imports, interleaved (alternating order), with
+    the per-repetition ratios nova / node-agent."""
+    runs: dict[str, list[tuple[float, float]]] = {"node_agent": [], "nova": []}
+    probes = [("node_agent", Path(sys.executable), NODE_AGENT_IMPORTS),
+              ("nova", nova_python, NOVA_IMPORTS)]
+    for i in range(IMPORT_REPEATS):
+        for name, python, imports in (probes if i % 2 == 0 else probes[::-1]):
+            runs[name].append(_probe_once(python, imports))
+    result = {f"{name}_import": {"seconds": common.summary([s for s, _ in r]),
+                                 "rss_mib": common.summary([m for _, m in r])}
+              for name, r in runs.items()}
+    pairs = list(zip(runs["node_agent"], runs["nova"]))
+    result["import_ratio"] = {
+        "seconds": common.summary([b[0] / a[0] for a, b in pairs]),
+        "rss_mib": common.summary([b[1] / a[1] for a, b in pairs])}
+    return result
+
+
+def _child(command: list[str]) -> tuple[float, float, float, int]:
+    """Wall s, CPU s (user + system) and peak RSS (MiB) of one process."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return (time.perf_counter() - start, usage.ru_utime + usage.ru_stime,
+            usage.ru_maxrss / 1024, proc.returncode)
 
 
 def _config(work: Path, sysfs_root: Path) -> Path:
@@ -65,16 +91,24 @@ def _config(work: Path, sysfs_root: Path) -> Path:
 
 
 def dry_run(work: Path, sysfs_root: Path, label: str) -> dict:
+    """``--once --dry-run`` interleaved with ``python -c pass`` (the same
+    interpreter): wall, CPU and peak RSS, and their per-repetition ratios."""
     agent = Path(sys.executable).with_name("node-agent")
     config = _config(work, sysfs_root)
-    seconds = []
-    for _ in range(DRY_RUN_REPEATS):
-        start = time.perf_counter()
-        done = subprocess.run([str(agent), "--config-file", str(config), "--once",
-                               "--dry-run", "--output", "json"],
-                              capture_output=True, text=True)
-        seconds.append(time.perf_counter() - start)
-    return {"host": label, "seconds": common.summary(seconds), "exit": done.returncode}
+    commands = {"agent": [str(agent), "--config-file", str(config), "--once",
+                          "--dry-run", "--output", "json"],
+                "baseline": [sys.executable, "-c", "pass"]}
+    runs: dict[str, list] = {"agent": [], "baseline": []}
+    for i in range(DRY_RUN_REPEATS):
+        for name in (("agent", "baseline") if i % 2 == 0 else ("baseline", "agent")):
+            runs[name].append(_child(commands[name]))
+    result: dict = {"host": label, "exit": runs["agent"][-1][3]}
+    for index, key in enumerate(("seconds", "cpu", "rss_mib")):
+        result[key] = common.summary([r[index] for r in runs["agent"]])
+        result[f"baseline_{key}"] = common.summary([r[index] for r in runs["baseline"]])
+        result[f"ratio_{key}"] = common.summary(
+            [a[index] / b[index] for a, b in zip(runs["agent"], runs["baseline"])])
+    return result
 
 
 def soak(url: str, sysfs_root: str, work: str, cycles: int) -> dict:
@@ -116,8 +150,7 @@ def run(work: Path, nova_python: Path, fixture_root: Path, synthetic_root: Path,
         url: str) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     return {
-        "node_agent_import": import_probe(Path(sys.executable), NODE_AGENT_IMPORTS),
-        "nova_import": import_probe(nova_python, NOVA_IMPORTS),
+        **import_probes(nova_python),
         "dry_run": [dry_run(work / "dry-fixture", fixture_root, FIXTURE.split("/")[-1]),
                     dry_run(work / "dry-synthetic", synthetic_root, "synthetic 384 CPUs")],
         "soak": dict(run_soak(work / "soak", url, fixture_root), fixture=FIXTURE),

@@ -424,6 +424,8 @@ def run_phases(work: Path, nova_python: Path, url: str, log_path: Path,
 def run(work: Path, nova_python: Path) -> dict:
     server = start_subprocess(work / "placement-sqlite")
     try:
-        return run_phases(work, nova_python, server.url, server.workdir / LOG_FILE)
+        # The 1,000-consumer reshape runs in section 6 (bench/production.py).
+        return run_phases(work, nova_python, server.url, server.workdir / LOG_FILE,
+                          reshapes=(100,))
     finally:
         server.stop()
