@@ -149,15 +149,18 @@ class Phases:
     """Requests (from placement's log) and wall time of each repetition of
     each phase and side; :meth:`result` summarises them."""
 
-    def __init__(self, log: common.RequestLog):
+    def __init__(self, log: common.RequestLog,
+                 clock: Callable[[], float] = time.perf_counter):
         self.log = log
+        self.clock = clock
         self.runs: dict[str, dict[str, list[dict]]] = {}
 
-    def once(self, phase: str, side: str, fn) -> None:
+    def measure(self, phase: str, side: str, fn) -> None:
+        """One repetition of ``phase`` on ``side``, added to the earlier ones."""
         mark = self.log.mark()
-        start = time.perf_counter()
+        start = self.clock()
         reply = fn() or {}
-        seconds = time.perf_counter() - start
+        seconds = self.clock() - start
         requests = self.log.since(mark)
         self.runs.setdefault(phase, {}).setdefault(side, []).append(dict(
             common.count(requests), paths=[common.shape(r) for r in requests],
@@ -176,7 +179,11 @@ class Phases:
                 if i % 2:
                     order.reverse()
                 for side, fn in order:
-                    self.once(phase, side, fn)
+                    self.measure(phase, side, fn)
+
+    @property
+    def rows(self) -> dict:
+        return self.result()
 
     def result(self) -> dict:
         rows = {}

@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only and args.output.exists():
         text = report.merge(args.output.read_text(), results, chosen)
     else:
-        text = report.render(results)
+        text = report.render(results, args.output.read_text() if args.output.exists() else "")
     args.output.write_text(text)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str))
