@@ -40,7 +40,8 @@ class _Clock:
 
 def _phases(tmp_path: Path, clock=None) -> tuple[Phases, _Placement]:
     placement = _Placement(tmp_path / "placement.log")
-    return Phases(common.RequestLog(placement.path), clock or _Clock()), placement
+    log = common.RequestLog(placement.path)
+    return (Phases(log, clock) if clock else Phases(log)), placement
 
 
 def test_every_repetition_of_a_phase_is_kept_not_only_the_last(tmp_path):
