@@ -68,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
                              f"{', '.join(SECTIONS)}) and merge it into --output")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
     args = parser.parse_args(argv)
+    # The processes the bench starts (node-agent, the probes) run this
+    # checkout's code, not whatever the venv's editable install points at.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     logging.disable(logging.WARNING)  # the agents' per-cycle lines would drown the output
     chosen = [s for s in SECTIONS if s in (args.only or SECTIONS)
               and not (s == "fleet" and args.skip_fleet and not args.only)]
