@@ -22,8 +22,8 @@ from bench import common
 
 IMPORT_REPEATS = 7
 DRY_RUN_REPEATS = 7
-SOAK_CYCLES = 10_000
-SOAK_SAMPLES = (0, 2_500, 5_000, 7_500, 10_000)
+SOAK_CYCLES = 5_000
+SOAK_SAMPLES = (0, 1_250, 2_500, 3_750, 5_000)
 
 # Printed by the probe: seconds to import, then RSS in KiB from /proc.
 _PROBE = """

@@ -37,8 +37,11 @@ from node_agent.placement.sync import TreeSyncer
 from node_agent.model.snapshot import Guest
 
 REPETITIONS = 5
-INSTANCES = (0, 100, 1000)
-RESHAPES = (100, 1000)
+# Kept small enough for a 2-core machine shared with other work: request
+# counts grow linearly with instances and consumers (nova: + 1 GET per
+# instance per cycle; a reshape: + 1 GET per consumer on both sides).
+INSTANCES = (0, 100)
+RESHAPES = (100,)
 INTERVAL = 60
 FULL_VERIFY = 300
 PROJECT, USER = "bench-project", "bench-user"
@@ -431,8 +434,6 @@ def run_phases(work: Path, nova_python: Path, url: str, log_path: Path,
 def run(work: Path, nova_python: Path) -> dict:
     server = start_subprocess(work / "placement-sqlite")
     try:
-        # The 1,000-consumer reshape runs in section 6 (bench/production.py).
-        return run_phases(work, nova_python, server.url, server.workdir / LOG_FILE,
-                          reshapes=(100,))
+        return run_phases(work, nova_python, server.url, server.workdir / LOG_FILE)
     finally:
         server.stop()

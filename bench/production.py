@@ -155,8 +155,7 @@ def run(work: Path, nova_python: Path) -> dict:
     server = None
     try:
         server = UwsgiPlacement(work / "placement-uwsgi", cluster.url).start()
-        result = phases.run_phases(work, nova_python, server.url, server.log,
-                                   instances=(0, 100), reshapes=(100, 1000))
+        result = phases.run_phases(work, nova_python, server.url, server.log)
         return dict(result, workers=server.workers, postgres=cluster.version(),
                     uwsgi=uwsgi_version())
     finally:

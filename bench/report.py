@@ -575,8 +575,7 @@ def _production(p: dict) -> list[str]:
               "bench, the same")
     lines = _phases(p, title, server)
     return lines[:2] + ["The phases of section 2 against a production-like server, "
-                        "node-agent and nova side by side (fewer instance counts; the "
-                        "1,000-consumer reshape runs here only).", ""] + lines[2:]
+                        "node-agent and nova side by side.", ""] + lines[2:]
 
 
 def _outage(o: dict) -> list[str]:
