@@ -2,7 +2,7 @@
 
 Every figure comes from a fresh subprocess: import time and RSS of
 node-agent and of nova's report client, the wall time of
-``node-agent --once --dry-run``, and a soak of 10,000 cycles (discovery,
+``node-agent --once --dry-run``, and a soak of SOAK_CYCLES cycles (discovery,
 tree, plan, steady sync against the embedded Placement) sampling RSS.
 
 ``python -m bench.memory soak URL SYSFS_ROOT WORKDIR CYCLES`` is the soak
