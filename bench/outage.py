@@ -29,8 +29,8 @@ from pathlib import Path
 
 from bench import common, production, synthetic_host
 
-AGENTS = 100
-SETTLE = 60
+AGENTS = 60
+SETTLE = 30
 OUTAGE = 30
 HEAL_LIMIT = 300   # seconds after the restart to wait for every agent
 PREFIX = "outage-"

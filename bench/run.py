@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 # past it is skipped (and the file says so).
 FLEET_BUDGET = 150
 SECTIONS = ("discovery", "phases", "memory", "fleet", "messaging", "production", "outage")
+RUN_ORDER = ("phases", "production", "outage", "discovery", "memory", "fleet", "messaging")
 
 
 def _section(results: dict, name: str, fn) -> None:
@@ -90,8 +91,12 @@ def main(argv: list[str] | None = None) -> int:
             "production": lambda: production.run(work / "production", args.nova_python),
             "outage": lambda: outage.run(work / "outage"),
         }
-        for name in chosen:
+        # The sections issue 19 asked for first, so an interrupted run still
+        # has them (--json is rewritten after every section).
+        for name in sorted(chosen, key=RUN_ORDER.index):
             _section(results, name, runs[name])
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=1, default=str))
     results["total_seconds"] = time.monotonic() - started
     results["load"]["end"] = os.getloadavg()[0]
     if args.only and args.output.exists():
