@@ -217,8 +217,11 @@ def _cli(p: dict) -> list[str]:
     row = p["rows"].get("first registration", {}).get("node-agent")
     if not cli or not row:
         return []
-    extra = Counter(cli["first"]["paths"]) - Counter(row["first"]["paths"])
-    missing = Counter(row["first"]["paths"]) - Counter(cli["first"]["paths"])
+    def requests(paths):  # statuses folded: a trait may exist already (204, not 201)
+        return Counter(p.rsplit(" ", 1)[0] for p in paths)
+
+    extra = requests(cli["first"]["paths"]) - requests(row["first"]["paths"])
+    missing = requests(row["first"]["paths"]) - requests(cli["first"]["paths"])
     listed = "; ".join(f"{n}× {s}" if n > 1 else s for s, n in extra.items()) or "nothing"
     text = (f"The real `node-agent --once` process registering the same host "
             f"({cli['requests']['n']} runs, a fresh host each; measured): "
