@@ -231,8 +231,8 @@ def _cli(p: dict) -> list[str]:
             f"above ({row['requests']['median']:g}) it also sends: {listed}")
     if missing:
         text += "; and not: " + "; ".join(f"{n}× {s}" for s, n in missing.items())
-    return [text + ". The sync alone, as earlier versions of this file counted it, "
-            "is the cycle without its maintenance and reshape checks.", ""]
+    return [text + ". (Earlier versions of this file counted `TreeSyncer.sync` alone, "
+            "without the cycle's maintenance and reshape checks.)", ""]
 
 
 def _errors(p: dict) -> list[str]:
