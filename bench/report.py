@@ -681,7 +681,7 @@ def _number(heading: str) -> str | None:
     return head[:-1] if head.endswith(".") and head[:-1].isdigit() else None
 
 
-def merge(existing: str, results: dict, rerun: list[str]) -> str:
+def merge(existing: str, results: dict, rerun: list[str], note: str | None = None) -> str:
     """``existing`` with the sections in ``rerun`` replaced by (or, when
     missing, added as) their new text; the rest is kept as it was."""
     sections = _sections(results)
@@ -692,10 +692,10 @@ def merge(existing: str, results: dict, rerun: list[str]) -> str:
         if not new:
             continue
         took = results.get("durations", {}).get(name, 0)
-        new = [line for line in new] + [
+        new = [line for line in new] + [(note or
             f"*This section was rerun alone (`--only {name}`) on {m['date']} at commit "
             f"`{m['commit']}`, in {took:.0f} s; the machine and versions above are those "
-            "of the last full run.*", ""]
+            "of the last full run.*").format(took=took), ""]
         number = _number(new[0])
         at = next((i for i, b in enumerate(blocks) if b and _number(b[0]) == number), None)
         if at is None:

@@ -58,6 +58,18 @@ def _memory(work: Path, nova_python: Path) -> dict:
         server.stop()
 
 
+def _render_saved(saved: Path, output: Path) -> int:
+    results = json.loads(saved.read_text())
+    done = [s for s in SECTIONS if s in results]
+    m = results["machine"]
+    note = (f"*Measured on {m['date']} at commit `{m['commit']}` in {{took:.0f}} s, in a "
+            "full run that was stopped before its last sections; the machine line above "
+            "is that of an earlier full run.*")
+    output.write_text(report.merge(output.read_text(), results, done, note))
+    print(f"[bench] merged {', '.join(done)} from {saved} into {output}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     parser.add_argument("--output", type=Path, default=REPO / "BENCHMARKS.md")
@@ -68,7 +80,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only this section (repeatable; one of "
                              f"{', '.join(SECTIONS)}) and merge it into --output")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--render-json", type=Path, metavar="FILE",
+                        help="run nothing: merge the sections a (possibly interrupted) "
+                             "run wrote to FILE with --json into --output")
     args = parser.parse_args(argv)
+    if args.render_json:
+        return _render_saved(args.render_json, args.output)
     # The processes the bench starts (node-agent, the probes) run this
     # checkout's code, not whatever the venv's editable install points at.
     os.environ["PYTHONPATH"] = os.pathsep.join(
