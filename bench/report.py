@@ -308,7 +308,7 @@ def _memory(m: dict) -> list[str]:
         lines += ["", f"`python -c pass` itself (measured): {fmt_stat(base['baseline_cpu'], sec)}"
                   f" s CPU, {fmt_stat(base['baseline_rss_mib'], mib)} MiB."]
     s = m["soak"]
-    samples = s["samples_kib"]
+    samples = {int(k): v for k, v in s["samples_kib"].items()}  # JSON keys are text
     start = samples[0]
     lines += ["", f"Soak (measured): {s['cycles']:,} cycles in one process against "
               f"{s['fixture']} (discovery + partition + tree + steady sync against the "
