@@ -272,6 +272,8 @@ def _run_main(phases: Phases, work: Path, url: str, nova: Nova,
         scheduler.place(nova_root, [str(uuidlib.uuid4()) for _ in new])
         placed = count
 
+        activity_text = " after scheduler activity" if placed else ""
+
         def activity() -> None:
             if placed:
                 scheduler.resize(na_root)
@@ -281,7 +283,7 @@ def _run_main(phases: Phases, work: Path, url: str, nova: Nova,
         # full verify, nova's association refresh (the clocks move 360 s).
         # Scheduler activity before it moved the root's generation.
         phases.repeat([
-            (activity, (f"periodic re-read after scheduler activity, {count} instances", {
+            (activity, (f"periodic re-read (every 300 s){activity_text}, {count} instances", {
                 "node-agent": lambda: agent.cycle(na, FULL_VERIFY + INTERVAL),
                 "nova": lambda: nova.cycle(nova_tree, FULL_VERIFY + INTERVAL)})),
             (None, (f"steady cycle, {count} instances", {
