@@ -573,8 +573,7 @@ def _production(p: dict) -> list[str]:
     if _failed(p):
         return [title, "", _failed(p)]
     server = (f"Placement under uWSGI {p['uwsgi']} ({p['workers']} worker processes "
-              "behind its `--http` router with keep-alive; `--http-keepalive` on a plain "
-              "`--http-socket` stalls keystoneauth's kept-alive connections) on a "
+              "behind its `--http` router with keep-alive) on a "
               f"throw-away PostgreSQL cluster ({p['postgres']}: `initdb` in a temporary "
               "directory, a free loopback port, removed afterwards), started by the "
               "bench, the same")
