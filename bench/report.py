@@ -684,7 +684,9 @@ def merge(existing: str, results: dict, rerun: list[str], note: str | None = Non
     """``existing`` with the sections in ``rerun`` replaced by (or, when
     missing, added as) their new text; the rest is kept as it was."""
     sections = _sections(results)
-    blocks = _blocks(existing)
+    # Hand-measured sections are never replaced: they move after the
+    # generated ones, renumbered (kept_by_hand).
+    blocks = [b for b in _blocks(existing) if not (b and BY_HAND in b[0])]
     m = results["machine"]
     for name in rerun:
         new = sections[name]
@@ -707,6 +709,11 @@ def merge(existing: str, results: dict, rerun: list[str], note: str | None = Non
         if block and block[0] == HOW_TO_RERUN:
             took = next((line for line in block if line.startswith(TOOK)), "")
             blocks[i] = _how_to_rerun(took)
+    hand = kept_by_hand(existing)
+    if hand:
+        at = next((i for i, b in enumerate(blocks) if b and b[0] == HOW_TO_RERUN),
+                  len(blocks))
+        blocks.insert(at, hand)
     return "\n".join(line for block in blocks for line in block).rstrip("\n") + "\n"
 
 
