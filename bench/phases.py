@@ -30,6 +30,7 @@ from node_agent.host.discover import discover
 from devenv.embedded_placement import LOG_FILE, start_subprocess
 from node_agent.placement.client import PlacementClient
 from node_agent.model.provider_tree import ProviderTree
+from node_agent.cycle.audit import Auditor
 from node_agent.cycle.reconcile import Reconciler
 from node_agent.state import StateStore
 from node_agent.placement.planner import wanted_inventories
@@ -92,9 +93,11 @@ class Nova:
 
 
 class Agent:
-    """node-agent's own cycle (node_agent.cycle.reconcile.Reconciler: the
-    maintenance check, the reshape check, the sync), as ``--once`` and the
-    service run it, with a simulated clock."""
+    """node-agent's own cycle as the service runs it (node_agent/service/
+    daemon.py, direct mode): the maintenance check, the reshape check and
+    the sync (node_agent.cycle.reconcile.Reconciler), then the allocation
+    audit when the sync verified the whole tree; with a simulated clock.
+    The bench's hosts keep NUMA out of Placement (the settings' default)."""
 
     def __init__(self, url: str, state_dir: Path):
         self.client = PlacementClient.for_endpoint(url)
@@ -107,10 +110,15 @@ class Agent:
         self.syncer = TreeSyncer(self.client, StateStore(self.state_dir),
                                  full_verify_interval=FULL_VERIFY, clock=lambda: self.now)
         self.reconciler = Reconciler(self.client, self.syncer)
+        self.auditor = Auditor(self.syncer, clock=lambda: self.now)
 
     def cycle(self, desired: Desired, advance: float = INTERVAL) -> dict:
         self.now += advance
+        verified_at = self.syncer.verified_at
+        desired = self.reconciler.maintained(desired)
         outcome = self.reconciler.apply(desired)
+        if self.syncer.verified_at != verified_at:
+            self.auditor.run(desired, desired.tree.root.name, numa=False)
         result = {"reshaper_requests": getattr(outcome.reshape, "requests", 0)}
         if not outcome.ok:
             result["error"] = "; ".join(outcome.errors)
@@ -233,9 +241,11 @@ class _Hosts:
         self.shape = synthetic_host.Shape()
         self.root, self.snapshot = _snapshot(work, self.shape, "phase-host")
 
-    def desired(self, host: str, **overrides) -> Desired:
+    def desired(self, host: str, guests: tuple[Guest, ...] = (), **overrides) -> Desired:
+        """``guests``: the instances the host runs, so the audit after a full
+        verify finds each allocation explained, as on a real host."""
         return desired_from(_settings(self.work, self.root, self.shape, host, **overrides),
-                            self.snapshot)
+                            dataclasses.replace(self.snapshot, guests=guests))
 
     def nova_tree(self, host: str, uuids: dict, **overrides) -> ProviderTree:
         return self.desired(host, **overrides).tree.with_uuids(uuids)
@@ -265,12 +275,14 @@ def _run_main(phases: Phases, work: Path, url: str, nova: Nova,
     agent, na, nova_tree = sides["agent"], sides["na"], sides["nova_tree"]
     na_root, nova_root = agent.root_uuid(), nova_tree.root.uuid
 
-    placed = 0
+    placed, guests = 0, ()
     for count in instances:
         new = [str(uuidlib.uuid4()) for _ in range(count - placed)]
         scheduler.place(na_root, new)
         scheduler.place(nova_root, [str(uuidlib.uuid4()) for _ in new])
         placed = count
+        guests += tuple(_floating(uuid) for uuid in new)
+        na = sides["na"] = hosts.desired(sides["na_name"], guests)
 
         activity_text = " after scheduler activity" if placed else ""
 
@@ -303,7 +315,8 @@ def _inventory_change(phases: Phases, hosts: _Hosts, scheduler: Scheduler, nova:
     agent, nova_name, uuids = sides["agent"], sides["nova_name"], sides["nova_uuids"]
     trees = {}
     for reserved in (512, 4096):
-        trees[reserved] = (hosts.desired(sides["na_name"], reserved_host_memory_mb=reserved),
+        trees[reserved] = (hosts.desired(sides["na_name"], sides["na"].host.guests,
+                                         reserved_host_memory_mb=reserved),
                            hosts.nova_tree(nova_name, uuids, reserved_host_memory_mb=reserved))
 
     def activity() -> None:
@@ -320,6 +333,11 @@ def _inventory_change(phases: Phases, hosts: _Hosts, scheduler: Scheduler, nova:
                     f"512 → 4096 MiB), {placed} instances", change(4096))),
         (activity, ("inventory growth after scheduler activity (reserved memory "
                     f"4096 → 512 MiB), {placed} instances", change(512)))])
+
+
+def _floating(uuid: str) -> Guest:
+    return Guest(uuid=uuid, name=f"instance-{uuid[:8]}", vcpus=INSTANCE["VCPU"],
+                 running=True, memory_kb=INSTANCE["MEMORY_MB"] * 1024)
 
 
 def _guests(count: int) -> list[Guest]:

@@ -179,8 +179,11 @@ def _phases(p: dict, title: str = "## 2. Placement requests and wall time per ph
         "times, interleaved (node-agent then nova, nova then node-agent, ...), a fresh "
         "host for each repetition of a registration or a reshape. Instances are "
         "allocations (1 VCPU, 256 MiB) written on the root by a stand-in scheduler. "
-        "node-agent is its own cycle (`Reconciler.apply`: maintenance check, reshape "
-        "check, sync), cycles 60 s apart on a simulated clock. nova is "
+        "Each instance is also a guest of the node-agent host, as on a real host. "
+        "node-agent is its cycle as the service runs it (node_agent/service/daemon.py: "
+        "maintenance check, reshape check, sync, and the allocation audit after a "
+        "sync that read the whole tree, which the first registration and every full "
+        "verify are), cycles 60 s apart on a simulated clock. nova is "
         "`SchedulerReportClient` + `ProviderTree` driven as the resource tracker's "
         "`_update_available_resource` drives them (bench/nova_driver.py): "
         "`_update_to_placement`, then `_remove_deleted_instances_allocations`' read of "
@@ -228,7 +231,8 @@ def _cli(p: dict) -> list[str]:
             f"{_req(dict(cli, errors=[]))} requests, "
             f"{fmt_stat(cli['seconds'], lambda v: f'{v:.2f}')} s for the whole process "
             f"(exit {', '.join(map(str, cli['exits']))}). Against the in-process cycle "
-            f"above ({row['requests']['median']:g}) it also sends: {listed}")
+            f"above ({row['requests']['median']:g}; `--once` runs no audit) it also "
+            f"sends: {listed}")
     if missing:
         text += "; and not: " + "; ".join(f"{n}× {s}" for s, n in missing.items())
     return [text + ". (Earlier versions of this file counted `TreeSyncer.sync` alone, "
