@@ -86,3 +86,22 @@ def test_a_single_run_is_not_shown_as_a_range():
 
     assert common.fmt_stat(single, str) == "371.0 (1 run)"
     assert common.fmt_stat(common.summary([1.0, 3.0, 2.0]), str) == "2.0 (1.0–3.0)"
+
+
+def test_a_rerun_keeps_hand_measured_sections_after_the_generated_ones():
+    from bench import report
+
+    existing = "\n".join([
+        "# Benchmarks", "", "## 6. Allocation audit (measured by hand; not in run.py)",
+        "| consumers | requests |", "| 100 | 1 |", "",
+        "## How to rerun", "", "This run took 1 minute.", ""])
+    results = {"machine": {"date": "today", "commit": "abc"},
+               "production": {"failed": "boom"}, "durations": {"production": 1.0}}
+
+    merged = report.merge(existing, results, ["production"])
+
+    headings = [line for line in merged.splitlines() if line.startswith("## ")]
+    assert headings == ["## 6. Production-like Placement: uWSGI on PostgreSQL",
+                        "## 8. Allocation audit (measured by hand; not in run.py)",
+                        "## How to rerun"]
+    assert "| 100 | 1 |" in merged
