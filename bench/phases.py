@@ -141,9 +141,10 @@ class Scheduler:
                     "project_id": PROJECT, "user_id": USER, "consumer_generation": None}
                 for c in consumers[start:start + batch]})
 
-    def resize(self, root_uuid: str) -> None:
-        """Change one instance's allocation: bumps the root's generation."""
-        consumer = next(iter(self.client.get(
+    def resize(self, root_uuid: str, consumer: Optional[str] = None) -> None:
+        """Change one instance's allocation (``consumer``, else the first on
+        the root): bumps the root's generation."""
+        consumer = consumer or next(iter(self.client.get(
             f"/resource_providers/{root_uuid}/allocations")["allocations"]))
         current = self.client.get(f"/allocations/{consumer}")
         vcpus = current["allocations"][root_uuid]["resources"]["VCPU"]
