@@ -131,7 +131,12 @@ $(NOVA_VENV)/.installed: bench/requirements-nova.txt
 	$(NOVA_VENV)/bin/python -m pip install -q -r bench/requirements-nova.txt
 	touch $@
 
+# PostgreSQL's programs (sections 4, 6 and 7) and GNU time (peak RSS of a
+# process, section 3).
+BENCH_DEB_PACKAGES := postgresql time
+
 bench: install $(NOVA_VENV)/.installed
+	$(MAKE) system-packages DEB_PACKAGES="$(BENCH_DEB_PACKAGES)"
 	$(PY) -m pip install -q -r bench/requirements.txt
 	$(PY) -m bench.run
 

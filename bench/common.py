@@ -109,7 +109,20 @@ def fmt_ms(seconds: float) -> str:
 
 
 def fmt_stat(stat: dict, scale: Callable[[float], str] = fmt_ms) -> str:
+    """median (min–max); a single run is shown alone, never as a range."""
+    if stat.get("n", 2) == 1:
+        return f"{scale(stat['median'])} (1 run)"
     return f"{scale(stat['median'])} ({scale(stat['min'])}–{scale(stat['max'])})"
+
+
+def fmt_ratio(stat: dict) -> str:
+    """A ratio's median (min–max), e.g. ``1.13× (0.79–1.53)``."""
+    def one(v: float) -> str:
+        return f"{v:.0f}" if v >= 10 else f"{v:.2f}"
+    text = f"{one(stat['median'])}×"
+    if stat.get("n", 2) > 1 and stat["min"] != stat["max"]:
+        text += f" ({one(stat['min'])}–{one(stat['max'])})"
+    return text
 
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

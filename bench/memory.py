@@ -2,7 +2,7 @@
 
 Every figure comes from a fresh subprocess: import time and RSS of
 node-agent and of nova's report client, the wall time of
-``node-agent --once --dry-run``, and a soak of 10,000 cycles (discovery,
+``node-agent --once --dry-run``, and a soak of SOAK_CYCLES cycles (discovery,
 tree, plan, steady sync against the embedded Placement) sampling RSS.
 
 ``python -m bench.memory soak URL SYSFS_ROOT WORKDIR CYCLES`` is the soak
@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -21,8 +22,8 @@ from bench import common
 
 IMPORT_REPEATS = 7
 DRY_RUN_REPEATS = 7
-SOAK_CYCLES = 10_000
-SOAK_SAMPLES = (0, 2_500, 5_000, 7_500, 10_000)
+SOAK_CYCLES = 5_000
+SOAK_SAMPLES = (0, 1_250, 2_500, 3_750, 5_000)
 
 # Printed by the probe: seconds to import, then RSS in KiB from /proc.
 _PROBE = """
@@ -37,6 +38,7 @@ NODE_AGENT_IMPORTS = ("import node_agent.cli.main, node_agent.cycle.desired, nod
                       "node_agent.placement.client, node_agent.placement.reshaper, node_agent.service.daemon")
 NOVA_IMPORTS = ("import nova.scheduler.client.report, nova.compute.provider_tree")
 FIXTURE = "virhostcpudata/linux-test8"
+GNU_TIME = "/usr/bin/time"  # Debian's package "time"
 
 
 def rss_kib() -> int:
@@ -44,14 +46,42 @@ def rss_kib() -> int:
         return next(int(line.split()[1]) for line in handle if line.startswith("VmRSS:"))
 
 
-def import_probe(python: Path, imports: str) -> dict:
-    seconds, rss = [], []
-    for _ in range(IMPORT_REPEATS):
-        out = subprocess.run([str(python), "-c", _PROBE.format(imports=imports)],
-                             capture_output=True, text=True, check=True).stdout.split()
-        seconds.append(float(out[0]))
-        rss.append(int(out[1]) / 1024)
-    return {"seconds": common.summary(seconds), "rss_mib": common.summary(rss)}
+def _probe_once(python: Path, imports: str) -> tuple[float, float]:
+    out = subprocess.run([str(python), "-c", _PROBE.format(imports=imports)],
+                         capture_output=True, text=True, check=True).stdout.split()
+    return float(out[0]), int(out[1]) / 1024
+
+
+def import_probes(nova_python: Path) -> dict:
+    """node-agent's and nova's imports, interleaved (alternating order), with
+    the per-repetition ratios nova / node-agent."""
+    runs: dict[str, list[tuple[float, float]]] = {"node_agent": [], "nova": []}
+    probes = [("node_agent", Path(sys.executable), NODE_AGENT_IMPORTS),
+              ("nova", nova_python, NOVA_IMPORTS)]
+    for i in range(IMPORT_REPEATS):
+        for name, python, imports in (probes if i % 2 == 0 else probes[::-1]):
+            runs[name].append(_probe_once(python, imports))
+    result = {f"{name}_import": {"seconds": common.summary([s for s, _ in r]),
+                                 "rss_mib": common.summary([m for _, m in r])}
+              for name, r in runs.items()}
+    pairs = list(zip(runs["node_agent"], runs["nova"]))
+    result["import_ratio"] = {
+        "seconds": common.summary([b[0] / a[0] for a, b in pairs]),
+        "rss_mib": common.summary([b[1] / a[1] for a, b in pairs])}
+    return result
+
+
+def _child(command: list[str]) -> tuple[float, float, float, int]:
+    """Wall s, CPU s (user + system) and peak RSS (MiB) of one process.
+
+    Through GNU time (Debian's ``time``): a child forked by this (large)
+    process would report this process's peak RSS as its own, since the
+    kernel keeps the high-water mark across exec."""
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as out:
+        done = subprocess.run([GNU_TIME, "-f", "%e %U %S %M", "-o", out.name] + command,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wall, user, system, rss_kib = out.read().split()[-4:]
+    return float(wall), float(user) + float(system), int(rss_kib) / 1024, done.returncode
 
 
 def _config(work: Path, sysfs_root: Path) -> Path:
@@ -65,16 +95,24 @@ def _config(work: Path, sysfs_root: Path) -> Path:
 
 
 def dry_run(work: Path, sysfs_root: Path, label: str) -> dict:
+    """``--once --dry-run`` interleaved with ``python -c pass`` (the same
+    interpreter): wall, CPU and peak RSS, and their per-repetition ratios."""
     agent = Path(sys.executable).with_name("node-agent")
     config = _config(work, sysfs_root)
-    seconds = []
-    for _ in range(DRY_RUN_REPEATS):
-        start = time.perf_counter()
-        done = subprocess.run([str(agent), "--config-file", str(config), "--once",
-                               "--dry-run", "--output", "json"],
-                              capture_output=True, text=True)
-        seconds.append(time.perf_counter() - start)
-    return {"host": label, "seconds": common.summary(seconds), "exit": done.returncode}
+    commands = {"agent": [str(agent), "--config-file", str(config), "--once",
+                          "--dry-run", "--output", "json"],
+                "baseline": [sys.executable, "-c", "pass"]}
+    runs: dict[str, list] = {"agent": [], "baseline": []}
+    for i in range(DRY_RUN_REPEATS):
+        for name in (("agent", "baseline") if i % 2 == 0 else ("baseline", "agent")):
+            runs[name].append(_child(commands[name]))
+    result: dict = {"host": label, "exit": runs["agent"][-1][3]}
+    for index, key in enumerate(("seconds", "cpu", "rss_mib")):
+        result[key] = common.summary([r[index] for r in runs["agent"]])
+        result[f"baseline_{key}"] = common.summary([r[index] for r in runs["baseline"]])
+        result[f"ratio_{key}"] = common.summary(
+            [a[index] / b[index] for a, b in zip(runs["agent"], runs["baseline"])])
+    return result
 
 
 def soak(url: str, sysfs_root: str, work: str, cycles: int) -> dict:
@@ -116,8 +154,7 @@ def run(work: Path, nova_python: Path, fixture_root: Path, synthetic_root: Path,
         url: str) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     return {
-        "node_agent_import": import_probe(Path(sys.executable), NODE_AGENT_IMPORTS),
-        "nova_import": import_probe(nova_python, NOVA_IMPORTS),
+        **import_probes(nova_python),
         "dry_run": [dry_run(work / "dry-fixture", fixture_root, FIXTURE.split("/")[-1]),
                     dry_run(work / "dry-synthetic", synthetic_root, "synthetic 384 CPUs")],
         "soak": dict(run_soak(work / "soak", url, fixture_root), fixture=FIXTURE),

@@ -5,19 +5,30 @@ node_agent. It reads one JSON command per line on stdin and answers one
 JSON line on stdout, so ``bench/run.py`` can count the Placement requests of
 each command from the server's request log, the same way for both agents.
 
-A cycle is ``ResourceTracker._update_to_placement`` of the installed nova,
-minus the virt driver and the database: get_provider_subtree_and_ensure_root,
+A cycle is what ``ResourceTracker._update_available_resource`` of the
+installed nova sends, minus the virt driver and the database:
+``_update_to_placement`` (get_provider_subtree_and_ensure_root,
 get_allocations_for_provider_tree, the driver's edits of the ProviderTree,
 update_from_provider_tree; repeated up to 4 times on a generation conflict,
-as the resource tracker's ``retrying`` decorator does. A reshape cycle is
-the start-up path where the driver raised ReshapeNeeded: the allocations
-read at the top are edited and passed to update_from_provider_tree, which
-sends POST /reshaper.
+as the resource tracker's ``retrying`` decorator does), then
+``_remove_deleted_instances_allocations``' read of the root's allocations
+(every consumer there is a tracked instance, so it deletes nothing). A
+reshape cycle is the start-up path where the driver raised ReshapeNeeded:
+the allocations read at the top are edited and passed to
+update_from_provider_tree, which sends POST /reshaper.
+
+The report client refreshes a provider's inventories, aggregates, traits and
+sharing providers when ``[compute] resource_provider_association_refresh``
+(300 s) has passed since its last refresh, by ``time.time()``. The bench's
+clock is simulated: ``advance`` (seconds, default 60) ages every refresh
+stamp by that much before the cycle, so the refresh fires on the cycle where
+nova's would.
 
 Commands::
 
     {"op": "init", "url": "http://127.0.0.1:PORT"}
-    {"op": "cycle", "tree": [PROVIDER, ...]}
+    {"op": "cycle", "tree": [PROVIDER, ...], "advance": 60}
+    {"op": "restart"}                         (a fresh nova-compute: empty cache)
     {"op": "reshape", "tree": [...], "consumers": [uuid, ...],
      "from": "VCPU", "to": "PCPU"}          (start-up: empty cache)
     {"op": "quit"}
@@ -88,6 +99,15 @@ class Driver:
         self.client.update_from_provider_tree(
             self.context, prov_tree, allocations=allocs if reshape else None)
 
+    def _advance(self, seconds):
+        stamps = self.client._association_refresh_time
+        for uuid in stamps:
+            stamps[uuid] -= seconds
+
+    def _remove_deleted_instances_allocations(self, root_uuid):
+        """The resource tracker's read after _update: nothing to delete."""
+        self.client.get_allocations_for_resource_provider(self.context, root_uuid)
+
     def _with_retries(self, providers, reshape=None):
         from nova import exception
 
@@ -101,19 +121,31 @@ class Driver:
                 error = repr(exc)
         return {"attempts": 4, "error": error}
 
+    def _cycle(self, providers, reshape=None):
+        reply = self._with_retries(providers, reshape)
+        self._remove_deleted_instances_allocations(providers[0]["uuid"])
+        return reply
+
     def cycle(self, cmd):
-        return self._with_retries(cmd["tree"])
+        self._advance(cmd.get("advance", 60))
+        return self._cycle(cmd["tree"])
+
+    def restart(self, cmd):
+        self.client.clear_provider_cache()
+        return {}
 
     def reshape(self, cmd):
         # nova reshapes only at service start-up, with an empty cache.
         self.client.clear_provider_cache()
-        return self._with_retries(cmd["tree"], cmd)
+        return self._cycle(cmd["tree"], cmd)
 
 
 def main():
     import logging
 
-    logging.basicConfig(level=logging.ERROR, stream=sys.stderr)
+    # The report client logs every 409 it recovers from at ERROR: the bench
+    # counts them from Placement's log instead.
+    logging.basicConfig(level=logging.CRITICAL, stream=sys.stderr)
     driver = Driver()
     for line in sys.stdin:
         cmd = json.loads(line)

@@ -5,7 +5,8 @@
 
 Benchmarks report; they never fail the build: a section that breaks is
 reported as such in the file and the others still run. ``--only`` runs the
-named sections (discovery, phases, memory, fleet, messaging) and replaces
+named sections (discovery, phases, memory, fleet, messaging, production,
+outage) and replaces
 just their part of an existing output file.
 """
 
@@ -14,19 +15,24 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
 import traceback
 from pathlib import Path
 
-from bench import discovery, fleet, memory, messaging, phases, report, synthetic_host
+from bench import (discovery, fleet, memory, messaging, outage, phases, production,
+                   report, synthetic_host)
 from devenv.embedded_placement import start_subprocess
 from tests.hostdata import HOSTDATA, sysfs_root_for
 
 REPO = Path(__file__).resolve().parents[1]
-FLEET_BUDGET = 600  # seconds for the whole fleet section
-SECTIONS = ("discovery", "phases", "memory", "fleet", "messaging")
+# Seconds for the whole fleet section: a size that the previous one projects
+# past it is skipped (and the file says so).
+FLEET_BUDGET = 150
+SECTIONS = ("discovery", "phases", "memory", "fleet", "messaging", "production", "outage")
+RUN_ORDER = ("phases", "production", "outage", "discovery", "memory", "fleet", "messaging")
 
 
 def _section(results: dict, name: str, fn) -> None:
@@ -52,6 +58,18 @@ def _memory(work: Path, nova_python: Path) -> dict:
         server.stop()
 
 
+def _render_saved(saved: Path, output: Path) -> int:
+    results = json.loads(saved.read_text())
+    done = [s for s in SECTIONS if s in results]
+    m = results["machine"]
+    note = (f"*Measured on {m['date']} at commit `{m['commit']}` in {{took:.0f}} s, in a "
+            "full run that was stopped before its last sections; the machine line above "
+            "is that of an earlier full run.*")
+    output.write_text(report.merge(output.read_text(), results, done, note))
+    print(f"[bench] merged {', '.join(done)} from {saved} into {output}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     parser.add_argument("--output", type=Path, default=REPO / "BENCHMARKS.md")
@@ -62,32 +80,55 @@ def main(argv: list[str] | None = None) -> int:
                         help="run only this section (repeatable; one of "
                              f"{', '.join(SECTIONS)}) and merge it into --output")
     parser.add_argument("--json", type=Path, help="also write the raw results here")
+    parser.add_argument("--render-json", type=Path, metavar="FILE",
+                        help="run nothing: merge the sections a (possibly interrupted) "
+                             "run wrote to FILE with --json into --output")
     args = parser.parse_args(argv)
+    if args.render_json:
+        return _render_saved(args.render_json, args.output)
+    # The processes the bench starts (node-agent, the probes) run this
+    # checkout's code, not whatever the venv's editable install points at.
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
     logging.disable(logging.WARNING)  # the agents' per-cycle lines would drown the output
     chosen = [s for s in SECTIONS if s in (args.only or SECTIONS)
               and not (s == "fleet" and args.skip_fleet and not args.only)]
 
     started = time.monotonic()
-    results: dict = {"machine": report.machine(args.nova_python)}
-    with tempfile.TemporaryDirectory(prefix="node-agent-bench-") as tmp:
-        work = Path(tmp)
-        runs = {
-            "discovery": lambda: discovery.run(work / "discovery"),
-            "phases": lambda: phases.run(work / "phases", args.nova_python),
-            "memory": lambda: _memory(work, args.nova_python),
-            "fleet": lambda: fleet.run(work / "fleet", FLEET_BUDGET),
-            "messaging": lambda: messaging.run(work / "messaging"),
-        }
-        for name in chosen:
+    results: dict = {"machine": report.machine(args.nova_python),
+                     "load": {"start": os.getloadavg()[0]}}
+    # Not a context manager: the report is written before the (slow) removal
+    # of the synthetic hosts' many small files.
+    tmp = tempfile.TemporaryDirectory(prefix="node-agent-bench-")
+    work = Path(tmp.name)
+    runs = {
+        "discovery": lambda: discovery.run(work / "discovery"),
+        "phases": lambda: phases.run(work / "phases", args.nova_python),
+        "memory": lambda: _memory(work, args.nova_python),
+        "fleet": lambda: fleet.run(work / "fleet", FLEET_BUDGET),
+        "messaging": lambda: messaging.run(work / "messaging"),
+        "production": lambda: production.run(work / "production", args.nova_python),
+        "outage": lambda: outage.run(work / "outage"),
+    }
+    try:
+        # The sections issue 19 asked for first, so an interrupted run still
+        # has them (--json is rewritten after every section).
+        for name in sorted(chosen, key=RUN_ORDER.index):
             _section(results, name, runs[name])
-    results["total_seconds"] = time.monotonic() - started
-    if args.only and args.output.exists():
-        text = report.merge(args.output.read_text(), results, chosen)
-    else:
-        text = report.render(results)
-    args.output.write_text(text)
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1, default=str))
+            if args.json:
+                args.json.write_text(json.dumps(results, indent=1, default=str))
+        results["total_seconds"] = time.monotonic() - started
+        results["load"]["end"] = os.getloadavg()[0]
+        if args.only and args.output.exists():
+            text = report.merge(args.output.read_text(), results, chosen)
+        else:
+            text = report.render(results,
+                                 args.output.read_text() if args.output.exists() else "")
+        args.output.write_text(text)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=1, default=str))
+    finally:
+        tmp.cleanup()
     print(f"[bench] wrote {args.output} in {results['total_seconds']:.0f} s")
     return 0
 

@@ -1,0 +1,107 @@
+"""The benchmark's bookkeeping (bench/): repetitions kept, single runs shown
+as such, ratios taken per interleaved repetition."""
+
+from pathlib import Path
+
+import pytest
+
+from bench import common
+from bench.phases import Phases
+
+_LINE = ('2026-11-23 18:00:00.000 1 INFO placement.requestlog [-] 127.0.0.1 '
+         '"{method} {path}" status: {status} len: 0 microversion: 1.37\n')
+
+
+class _Placement:
+    """Appends request-log lines the way placement's request log writes them."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.write_text("")
+
+    def serve(self, *requests: tuple[str, str, int]) -> None:
+        with open(self.path, "a") as log:
+            for method, path, status in requests:
+                log.write(_LINE.format(method=method, path=path, status=status))
+
+
+class _Clock:
+    """Time moves only when a side's work says how long it took."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def spend(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _phases(tmp_path: Path, clock=None) -> tuple[Phases, _Placement]:
+    placement = _Placement(tmp_path / "placement.log")
+    log = common.RequestLog(placement.path)
+    return (Phases(log, clock) if clock else Phases(log)), placement
+
+
+def test_every_repetition_of_a_phase_is_kept_not_only_the_last(tmp_path):
+    phases, placement = _phases(tmp_path)
+    rp = "/resource_providers/11111111-2222-3333-4444-555555555555/inventories"
+    phases.measure("inventory change", "node-agent",
+                   lambda: placement.serve(("GET", rp, 200), ("PUT", rp, 409),
+                                           ("PUT", rp, 200)))
+    phases.measure("inventory change", "node-agent",
+                   lambda: placement.serve(("PUT", rp, 200), ("PUT", rp, 200)))
+
+    row = phases.rows["inventory change"]["node-agent"]
+
+    assert row["requests"]["n"] == 2
+    assert (row["requests"]["min"], row["requests"]["max"]) == (2, 3)
+
+
+def test_time_ratio_is_taken_per_interleaved_repetition_in_alternating_order(tmp_path):
+    clock = _Clock()
+    phases, _ = _phases(tmp_path, clock)
+    # A slow machine in the second repetition slows both sides: per
+    # repetition nova takes 2x, which a ratio of medians would not show.
+    costs = {"node-agent": [0.01, 0.04, 0.02], "nova": [0.02, 0.08, 0.04]}
+    order = []
+
+    def side(name):
+        def work():
+            order.append(name)
+            clock.spend(costs[name].pop(0))
+        return work
+
+    phases.repeat([(None, ("cycle", {s: side(s) for s in costs}))], repetitions=3)
+
+    ratio = phases.result()["cycle"]["ratio"]["seconds"]
+    assert order == ["node-agent", "nova", "nova", "node-agent", "node-agent", "nova"]
+    assert ratio["n"] == 3
+    assert (ratio["min"], ratio["max"]) == (pytest.approx(2.0), pytest.approx(2.0))
+
+
+def test_a_single_run_is_not_shown_as_a_range():
+    single = common.summary([371.0])
+
+    assert common.fmt_stat(single, str) == "371.0 (1 run)"
+    assert common.fmt_stat(common.summary([1.0, 3.0, 2.0]), str) == "2.0 (1.0–3.0)"
+
+
+def test_a_rerun_keeps_hand_measured_sections_after_the_generated_ones():
+    from bench import report
+
+    existing = "\n".join([
+        "# Benchmarks", "", "## 6. Allocation audit (measured by hand; not in run.py)",
+        "| consumers | requests |", "| 100 | 1 |", "",
+        "## How to rerun", "", "This run took 1 minute.", ""])
+    results = {"machine": {"date": "today", "commit": "abc"},
+               "production": {"failed": "boom"}, "durations": {"production": 1.0}}
+
+    merged = report.merge(existing, results, ["production"])
+
+    headings = [line for line in merged.splitlines() if line.startswith("## ")]
+    assert headings == ["## 6. Production-like Placement: uWSGI on PostgreSQL",
+                        "## 8. Allocation audit (measured by hand; not in run.py)",
+                        "## How to rerun"]
+    assert "| 100 | 1 |" in merged
