@@ -149,7 +149,15 @@ class Reconciler:
                                 getattr(rule, "providers", None))
 
     def _inputs(self, desired: Desired) -> Optional[HostReshape]:
-        return host_reshape_inputs(self.client, desired, self._known_uuids(),
+        known = dict(self._known_uuids())
+        cached = self.syncer.cached()
+        if cached is not None:
+            # The syncer read the tree this cycle (the owner check) or
+            # within its verify period: its names answer without a lookup.
+            known = {**{s.name: u for u, s in cached.items()}, **known}
+            if desired.tree.root.name not in known:
+                return None  # no root in Placement: nothing to reshape
+        return host_reshape_inputs(self.client, desired, known,
                                    self.syncer.owned_children, self.syncer.cached_tree())
 
     def _reshape(self, desired: Desired, before_post=None

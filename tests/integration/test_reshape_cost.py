@@ -81,3 +81,19 @@ def test_reshape_after_a_reload_costs_consumers_plus_two(placement_server, host_
                                                             {host.pinned, host.pinned_2})
     finally:
         agent.close()
+
+
+def test_registering_a_new_host_costs_one_lookup_then_its_writes(placement_server, host_name,
+                                                                 tmp_path):
+    """A new host's first ``--once``: the owner check, the reshape check and
+    the sync share one name lookup; then the owner trait, the provider, its
+    inventories and its traits."""
+    host = Host(tmp_path, placement_server.url, host_name)
+    log = RequestLog(placement_server)
+
+    assert once(write_config(host)).code == 0
+
+    requests = [" ".join(r.split()[:2]) for r in cycle_requests(log)]
+    assert requests[0] == f"GET /resource_providers?name={host_name}", requests
+    assert requests.count(f"GET /resource_providers?name={host_name}") == 1, requests
+    assert [r.split()[0] for r in requests] == ["GET", "PUT", "POST", "PUT", "PUT"], requests
