@@ -30,6 +30,7 @@ from node_agent.host.discover import discover
 from devenv.embedded_placement import LOG_FILE, start_subprocess
 from node_agent.placement.client import PlacementClient
 from node_agent.model.provider_tree import ProviderTree
+from node_agent.cycle import provider_cache
 from node_agent.cycle.audit import Auditor
 from node_agent.cycle.reconcile import Reconciler
 from node_agent.state import StateStore
@@ -95,7 +96,8 @@ class Nova:
 class Agent:
     """node-agent's own cycle as the service runs it (node_agent/service/
     daemon.py, direct mode): the maintenance check, the reshape check and
-    the sync (node_agent.cycle.reconcile.Reconciler), then the allocation
+    the sync (node_agent.cycle.reconcile.Reconciler) with the syncer cache kept
+    in the state file across restarts, then the allocation
     audit when the sync verified the whole tree; with a simulated clock.
     The bench's hosts keep NUMA out of Placement (the settings' default)."""
 
@@ -109,6 +111,7 @@ class Agent:
         """A new process (or SIGHUP): a fresh syncer over the same state file."""
         self.syncer = TreeSyncer(self.client, StateStore(self.state_dir),
                                  full_verify_interval=FULL_VERIFY, clock=lambda: self.now)
+        provider_cache.restore(self.syncer)  # the cache the last process kept
         self.reconciler = Reconciler(self.client, self.syncer)
         self.auditor = Auditor(self.syncer, clock=lambda: self.now)
 
@@ -117,6 +120,7 @@ class Agent:
         verified_at = self.syncer.verified_at
         desired = self.reconciler.maintained(desired)
         outcome = self.reconciler.apply(desired)
+        provider_cache.keep(self.syncer)
         if self.syncer.verified_at != verified_at:
             self.auditor.run(desired, desired.tree.root.name, numa=False)
         result = {"reshaper_requests": getattr(outcome.reshape, "requests", 0)}
