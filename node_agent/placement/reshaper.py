@@ -265,8 +265,8 @@ def _compute(client, tree: ProviderTree, rule: Rule, names: Mapping[str, str],
     return plan, new
 
 
-def _root_uuid(tree: ProviderTree) -> str:
-    """The root's uuid, which every reshape needs."""
+def uuid_of_root(tree: ProviderTree) -> str:
+    """The root's uuid, which every reshape needs; ValueError without one."""
     if not tree.root.uuid:
         raise ValueError("the desired tree needs uuids (see resolve_uuids)")
     return tree.root.uuid
@@ -277,7 +277,7 @@ def plan_reshape(client, tree: ProviderTree, guests: Iterable[Guest], rule: Rule
     """The reshape a cycle would send now, for ``--dry-run``. Reads only;
     refusals are in the result, not raised. ``absent``: uuids of providers
     of ``tree`` that Placement does not have yet (not read)."""
-    _root_uuid(tree)
+    uuid_of_root(tree)
     try:
         plan, new = _compute(client, tree, rule, guest_names(guests), absent)
     except ValueError as exc:
@@ -340,7 +340,7 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
     the conflicts do not stop after ``attempts`` tries.
     Placement being unreachable raises the client's ``Unavailable``.
     """
-    _root_uuid(tree)
+    uuid_of_root(tree)
     names = guest_names(guests)
     absent = set(absent)
     start = client.stats.total
@@ -493,7 +493,7 @@ def retired_children(client, tree: ProviderTree, owned: Iterable[str] = (),
     mark or by ``owned`` (:mod:`node_agent.tree.ownership`). Reads: one GET for
     the tree unless ``listed`` is given, then two per child named like the
     agent's that the tree does not keep."""
-    root, root_uuid = tree.root, _root_uuid(tree)
+    root, root_uuid = tree.root, uuid_of_root(tree)
     children = candidates(root.name, root_uuid, _listed_children(client, root_uuid, listed),
                           tree.names())
     detailed = [_with_details(client, c) for c in children]
@@ -513,7 +513,7 @@ def _back_rules(tree: ProviderTree, retired: Mapping[str, tuple[ListedChild, str
         children = {u: c for u, (c, k) in retired.items() if k == kind}
         if children:
             rules.append(children_to_root(
-                _root_uuid(tree), {u: c.name for u, c in children.items()},
+                uuid_of_root(tree), {u: c.name for u, c in children.items()},
                 tree.root.inventories,
                 {u: set(c.inventories or {}) for u, c in children.items()},
                 guests, _BACK_HINTS[kind]))
