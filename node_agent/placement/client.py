@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Optional
 
 import tenacity
 from keystoneauth1 import adapter as ks_adapter
@@ -346,7 +346,8 @@ class PlacementClient(PlacementReads):
         except _Retryable as exc:
             raise exc.error from exc.__cause__
 
-    def _attempt(self, method, path, body, versioned, microversion=None):
+    def _attempt(self, method: str, path: str, body: Optional[dict], versioned: bool,
+                 microversion: Optional[str] = None) -> Any:
         kwargs: dict[str, Any] = {"raise_exc": False}
         if versioned:
             kwargs["microversion"] = microversion or self.MICROVERSION
