@@ -1,7 +1,7 @@
 # node-agent: set-up, tests and the embedded demo run.
 #   make install   system packages (when missing), .venv, requirements, the package
 #   make test      install when needed (and nova's .venv-nova), then lint, then the whole test suite
-#   make lint      ruff, mypy on the pure core, the import contract (CONTRIBUTING.md)
+#   make lint      ruff, mypy on the pure core and the gateways, the import contract
 #   make unit      the pure core's tests only: no server, no process (seconds)
 #   make run       install when needed, then the README's run (see README)
 #   make config    regenerate etc/node-agent.conf.sample (never edit it by hand)

@@ -48,15 +48,15 @@ def _opt_names(opt, group: str) -> set[str]:
 
 def _known_keys(conf: cfg.ConfigOpts) -> dict[str, Optional[set[str]]]:
     """Option names per section; ``None`` for a section not to check."""
-    known: dict[str, Optional[set[str]]] = {}
+    listed: dict[str, set[str]] = {}
     for group, opts in conf_mod.list_opts(with_messaging=False, with_placement=False):
-        names = known.setdefault(group, set())
+        names = listed.setdefault(group, set())
         for opt in opts:
             names |= _opt_names(opt, group)
+    listed.setdefault("DEFAULT", set()).update({"config_file", "config_dir"})
+    known: dict[str, Optional[set[str]]] = dict(listed)
     if conf_mod.PLACEMENT_GROUP in conf:
         known[conf_mod.PLACEMENT_GROUP] = _placement_keys(conf)
-    known["DEFAULT"] = known["DEFAULT"] or set()
-    known["DEFAULT"] |= {"config_file", "config_dir"}
     return known
 
 
@@ -109,13 +109,19 @@ def nova_only_keys(conf: cfg.ConfigOpts) -> list[str]:
     return _classify_keys(conf)[1]
 
 
+class _CaseKeepingParser(configparser.RawConfigParser):
+    """Option names as written: oslo.config does not lower-case them either."""
+
+    def optionxform(self, optionstr: str) -> str:
+        return optionstr
+
+
 def _classify_keys(conf: cfg.ConfigOpts) -> tuple[list[str], list[str]]:
     known = _known_keys(conf)
     problems: list[str] = []
     ignored: list[str] = []
     for path in _files(conf):
-        parser = configparser.RawConfigParser(strict=False, interpolation=None)
-        parser.optionxform = str
+        parser = _CaseKeepingParser(strict=False, interpolation=None)
         try:
             parser.read(path)
         except configparser.Error:

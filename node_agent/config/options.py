@@ -493,8 +493,11 @@ def default_host(conf: cfg.ConfigOpts) -> str:
     group, which shadows the option of the same name, so it is read here from
     the parsed files directly (then the default)."""
     opt = conf._get_opt_info("host")["opt"]
+    namespace = conf._namespace
+    if namespace is None:  # no file parsed yet
+        return opt.default
     try:
-        value, _loc = opt._get_from_namespace(conf._namespace, None)
+        value, _loc = opt._get_from_namespace(namespace, None)
     except (KeyError, AttributeError):
         return opt.default
     return value if value is not None else opt.default

@@ -42,7 +42,8 @@ from node_agent.tree.ownership import ListedChild
 from node_agent.placement.reshape_engine import Reshape, hold_inventories
 from node_agent.placement.reshape_rules import guest_names
 from node_agent.placement.reshaper import (HostReshape, ReshapeOutcome, ensure_reshaped,
-                                           host_reshape_inputs, plan_reshape, read_inventories)
+                                           host_reshape_inputs, plan_reshape, read_inventories,
+                                           uuid_of_root)
 from node_agent.placement.planner import Change
 from node_agent.placement.sync import SyncReport, TreeSyncer
 
@@ -209,8 +210,8 @@ class Reconciler:
             planned = {u: e["inventories"] for u, e in body["inventories"].items()}
             untouched = [Published(s.name, s.parent_uuid is None, s.inventories)
                          for u, s in (self.syncer.cached() or {}).items() if u not in planned]
-            names = {p.uuid: p.name for p in tree.providers}
-            verdict = check(as_published(planned, names, tree.root.uuid, untouched), limits)
+            names = {p.uuid: p.name for p in tree.providers if p.uuid is not None}
+            verdict = check(as_published(planned, names, uuid_of_root(tree), untouched), limits)
             if not verdict.ok:
                 raise ReshapeError(
                     "reshape not sent: the tree it would leave overstates the host ("

@@ -143,8 +143,9 @@ def _nova_instance(instance: ET.Element, ns: str) -> dict[str, str]:
         found["nova:name"] = name
     flavor = instance.find(f"{{{ns}}}flavor")
     if flavor is not None:
-        if flavor.get("name"):
-            found["flavor:name"] = flavor.get("name")
+        flavor_name = flavor.get("name")
+        if flavor_name:
+            found["flavor:name"] = flavor_name
         for child in flavor:
             value = _text(child)
             if value is not None:

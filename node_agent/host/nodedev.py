@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 from node_agent.errors import ParseError
 from node_agent.host.libvirt_xml import load, optional_int, text_of, to_int
@@ -90,7 +90,7 @@ def _capability_types(caps: list[ET.Element]) -> tuple[str, ...]:
 
 
 def _pci(cap: ET.Element, what: str) -> dict:
-    fields = {
+    fields: dict[str, Any] = {
         "pci_address": _format_address(
             text_of(cap, "domain"), text_of(cap, "bus"),
             text_of(cap, "slot"), text_of(cap, "function"), what),

@@ -292,8 +292,8 @@ def _check_nodes_complete(sysfs: SysFS, present: CpuSet, nodes: tuple[NumaNode, 
 
 
 def _total_memory(nodes: tuple[NumaNode, ...]) -> Optional[int]:
-    sizes = [node.memory_kb for node in nodes]
-    if not sizes or None in sizes:
+    sizes = [node.memory_kb for node in nodes if node.memory_kb is not None]
+    if not nodes or len(sizes) != len(nodes):
         return None
     return sum(sizes)
 

@@ -118,6 +118,10 @@ class PlacedTree(ProviderTree):
     def of(cls, tree: ProviderTree) -> "PlacedTree":
         return tree if isinstance(tree, PlacedTree) else cls(tree.providers)
 
+    @property
+    def root_uuid(self) -> str:
+        return self.uuid(self.root)
+
     def uuid(self, provider: Provider) -> str:
         """The uuid of ``provider``, one of this tree's."""
         if not provider.uuid:

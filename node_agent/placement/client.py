@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Optional
 
 import tenacity
 from keystoneauth1 import adapter as ks_adapter
@@ -44,7 +44,7 @@ SERVICE_TYPE = "placement"
 NO_RESPONSE = 0  # status recorded in RequestStats when nothing came back
 
 
-_CONFLICTS = {
+_CONFLICTS: dict[str, type[PlacementError]] = {
     "placement.concurrent_update": GenerationConflict,
     "placement.inventory.inuse": InventoryInUse,
     "placement.duplicate_name": DuplicateName,
@@ -119,12 +119,13 @@ def _connection_reason(exc: Exception) -> str:
 def error_for(status: int, code: str | None, detail: str, method: str,
               path: str, request_id: str | None) -> PlacementError:
     """The typed error for a refused request (pure, so it is unit-testable)."""
+    cls: type[PlacementError]
     if status in (401, 403):
         cls = AuthError
     elif status == 404:
         cls = NotFound
     elif status == 409:
-        cls = _CONFLICTS.get(code, PlacementError)
+        cls = _CONFLICTS.get(code, PlacementError) if code else PlacementError
     elif status >= 500:
         cls = Unavailable
     else:
@@ -345,8 +346,9 @@ class PlacementClient(PlacementReads):
         except _Retryable as exc:
             raise exc.error from exc.__cause__
 
-    def _attempt(self, method, path, body, versioned, microversion=None):
-        kwargs = {"raise_exc": False}
+    def _attempt(self, method: str, path: str, body: Optional[dict], versioned: bool,
+                 microversion: Optional[str] = None) -> Any:
+        kwargs: dict[str, Any] = {"raise_exc": False}
         if versioned:
             kwargs["microversion"] = microversion or self.MICROVERSION
         if body is not None:
@@ -394,6 +396,8 @@ class PlacementClient(PlacementReads):
     def _log_retry(self, state: tenacity.RetryCallState) -> None:
         # DEBUG: the caller reports the outcome once; an outage must not
         # write a line per retry.
-        LOG.debug("%s; retry %d of %d in %.1fs",
-                    state.outcome.exception(), state.attempt_number,
-                    self._retries, state.next_action.sleep)
+        outcome, action = state.outcome, state.next_action
+        if outcome is None or action is None:  # both are set before a sleep
+            return
+        LOG.debug("%s; retry %d of %d in %.1fs", outcome.exception(), state.attempt_number,
+                  self._retries, action.sleep)

@@ -265,10 +265,11 @@ def _compute(client, tree: ProviderTree, rule: Rule, names: Mapping[str, str],
     return plan, new
 
 
-def _with_uuids_or_fail(tree: ProviderTree) -> ProviderTree:
+def uuid_of_root(tree: ProviderTree) -> str:
+    """The root's uuid, which every reshape needs; ValueError without one."""
     if not tree.root.uuid:
         raise ValueError("the desired tree needs uuids (see resolve_uuids)")
-    return tree
+    return tree.root.uuid
 
 
 def plan_reshape(client, tree: ProviderTree, guests: Iterable[Guest], rule: Rule,
@@ -276,7 +277,7 @@ def plan_reshape(client, tree: ProviderTree, guests: Iterable[Guest], rule: Rule
     """The reshape a cycle would send now, for ``--dry-run``. Reads only;
     refusals are in the result, not raised. ``absent``: uuids of providers
     of ``tree`` that Placement does not have yet (not read)."""
-    _with_uuids_or_fail(tree)
+    uuid_of_root(tree)
     try:
         plan, new = _compute(client, tree, rule, guest_names(guests), absent)
     except ValueError as exc:
@@ -297,7 +298,11 @@ def _create_missing(client, tree: ProviderTree, uuids: Iterable[str]) -> None:
             continue
         body = {"name": provider.name, "uuid": provider.uuid}
         if provider.parent is not None:
-            body["parent_provider_uuid"] = tree.by_name(provider.parent).uuid
+            parent = tree.by_name(provider.parent)
+            if parent is None or not parent.uuid:
+                raise ValueError(f"provider {provider.name}: its parent {provider.parent} "
+                                 "has no uuid")
+            body["parent_provider_uuid"] = parent.uuid
         try:
             client.create_provider(body)
         except DuplicateName as exc:
@@ -335,7 +340,7 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
     the conflicts do not stop after ``attempts`` tries.
     Placement being unreachable raises the client's ``Unavailable``.
     """
-    _with_uuids_or_fail(tree)
+    uuid_of_root(tree)
     names = guest_names(guests)
     absent = set(absent)
     start = client.stats.total
@@ -360,7 +365,7 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
                 outcome.attempts = attempt.retry_state.attempt_number
                 outcome.reshape = plan = _plan_for_post(client, tree, rule, names,
                                                         absent, outcome, reads)
-                if plan.needed:
+                if plan.body is not None:  # plan.needed
                     if before_post is not None:
                         try:
                             before_post(plan.body)
@@ -406,6 +411,8 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
 
 def _committed(client, sent: Reshape) -> bool:
     """Every consumer of ``sent`` holds exactly the allocations it set."""
+    if sent.body is None:  # it set nothing
+        return False
     for consumer, entry in sent.body["allocations"].items():
         held = client.consumer_allocations(consumer)["allocations"]
         if {rp: a["resources"] for rp, a in held.items()} != {
@@ -486,11 +493,11 @@ def retired_children(client, tree: ProviderTree, owned: Iterable[str] = (),
     mark or by ``owned`` (:mod:`node_agent.tree.ownership`). Reads: one GET for
     the tree unless ``listed`` is given, then two per child named like the
     agent's that the tree does not keep."""
-    root = tree.root
-    children = candidates(root.name, root.uuid, _listed_children(client, root.uuid, listed),
+    root, root_uuid = tree.root, uuid_of_root(tree)
+    children = candidates(root.name, root_uuid, _listed_children(client, root_uuid, listed),
                           tree.names())
     detailed = [_with_details(client, c) for c in children]
-    mine = agent_children(root.name, root.uuid, detailed, owned)
+    mine = agent_children(root.name, root_uuid, detailed, owned)
     for child in detailed:
         if child.uuid not in mine:
             LOG.info("provider %s (%s) is named like the agent's children but bears "
@@ -506,7 +513,7 @@ def _back_rules(tree: ProviderTree, retired: Mapping[str, tuple[ListedChild, str
         children = {u: c for u, (c, k) in retired.items() if k == kind}
         if children:
             rules.append(children_to_root(
-                tree.root.uuid, {u: c.name for u, c in children.items()},
+                uuid_of_root(tree), {u: c.name for u, c in children.items()},
                 tree.root.inventories,
                 {u: set(c.inventories or {}) for u, c in children.items()},
                 guests, _BACK_HINTS[kind]))
@@ -527,8 +534,8 @@ def host_reshape_inputs(client, desired,
     tree = resolve_uuids(client, desired.tree, known_uuids, names)
     if not tree.root.uuid:
         return None
-    fresh = {name: str(uuidlib.uuid4()) for name in names[1:]
-             if tree.by_name(name).uuid is None}
+    placed = {p.name for p in tree.providers if p.uuid is not None}
+    fresh = {name: str(uuidlib.uuid4()) for name in names[1:] if name not in placed}
     tree = tree.with_uuids(fresh)
     retired = retired_children(client, tree, owned, listed)
     back = _back_rules(tree, retired, desired.host.guests)

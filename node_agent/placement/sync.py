@@ -97,7 +97,7 @@ class _Context:
     created: set = field(default_factory=set)
     failed: set = field(default_factory=set)  # names whose changes are skipped
     # Set by TreeSyncer._enforce (only when the host's limits are known):
-    planned: Optional[dict] = None  # uuid -> inventories to leave, after every hold
+    planned: Optional[dict[str, dict]] = None  # uuid -> inventories to leave, after every hold
     pre: dict = field(default_factory=dict)      # uuid -> generation of the usages read
     usages: dict = field(default_factory=dict)   # uuid -> usages read this cycle
     grows: set = field(default_factory=set)      # uuids whose PUT grows a class
@@ -105,6 +105,13 @@ class _Context:
     errors: list = field(default_factory=list)   # holds decided before sending
     capacity: Optional[dict] = None
     shrink_failed: bool = False
+
+
+def _body(change: Change) -> dict:
+    """The request body of a change that has one (all but deletes and definitions)."""
+    if change.body is None:
+        raise ValueError(f"{change.summary}: the change has no request body")
+    return change.body
 
 
 def _in_use_message(rc: str, provider: str, used: int, new_cap: int) -> str:
@@ -120,7 +127,7 @@ def _as_left(ctx: _Context) -> ProviderTree:
         return ctx.tree
     return ProviderTree(tuple(
         replace(p, inventories={rc: Inventory.from_placement(rec)
-                                for rc, rec in ctx.planned[p.uuid].items()})
+                                for rc, rec in ctx.planned[ctx.tree.uuid(p)].items()})
         for p in ctx.tree.providers))
 
 
@@ -255,7 +262,7 @@ class TreeSyncer:
     def _root_uuid(self, desired: ProviderTree) -> Optional[str]:
         if self._state.get(ROOT_UUID):
             return self._state[ROOT_UUID]
-        if not self._verify_due():
+        if self._cache is not None and not self._verify_due():
             # Read this verify period (the owner check just before a sync,
             # say): the cache answers, found or not, without a second lookup.
             return next((s.uuid for s in self._cache.values()
@@ -264,7 +271,7 @@ class TreeSyncer:
         return found["uuid"] if found else None
 
     def _actual(self, root_uuid: Optional[str], host: str) -> dict[str, ProviderState]:
-        if not self._verify_due():
+        if self._cache is not None and not self._verify_due():
             return dict(self._cache)
         actual = self._full_read(root_uuid) if root_uuid else {}
         now = self.clock()
@@ -282,12 +289,15 @@ class TreeSyncer:
         if root_uuid:
             uuids[desired.root.name] = root_uuid
         if self.owner is not None:
-            desired = self._claimed(desired, actual.get(root_uuid) if root_uuid else None)
+            desired = self._claimed(desired, actual.get(root_uuid) if root_uuid else None,
+                                    self.owner)
         return _Context(desired.placed(uuids), actual)
 
-    def _claimed(self, desired: ProviderTree, root: Optional[ProviderState]) -> ProviderTree:
-        verdict = root_owner.judge(None if root is None else root.traits, self.owner)
-        if not verdict.may_write:
+    def _claimed(self, desired: ProviderTree, root: Optional[ProviderState],
+                 owner: root_owner.Identity) -> ProviderTree:
+        verdict = root_owner.judge(None if root is None else root.traits, owner)
+        # judge() lets the agent write a root that Placement does not hold yet.
+        if root is not None and not verdict.may_write:
             raise ProviderOwned(root_owner.refusal(verdict, desired.root.name, root.uuid))
         if verdict.owner != self._judged and root is not None:
             if verdict.owner in (root_owner.OWNED_BY_NOVA, root_owner.OTHER_MACHINE):
@@ -313,7 +323,7 @@ class TreeSyncer:
     def _owned(self, ctx: _Context) -> set[str]:
         """Children we created, plus children in the tree bearing a name we
         want (ours even if the state file was lost)."""
-        wanted = {p.uuid for p in ctx.tree.providers[1:]}
+        wanted = {ctx.tree.uuid(p) for p in ctx.tree.providers[1:]}
         found = {u for u in wanted if u in ctx.actual}
         return set(self._state.get(OWNED_CHILDREN, [])) | found
 
@@ -335,7 +345,7 @@ class TreeSyncer:
         yet). Reads as :meth:`plan` does, so the sync that follows costs no
         extra request."""
         ctx = self._prepare(desired)
-        root = ctx.actual.get(ctx.tree.root.uuid)
+        root = ctx.actual.get(ctx.tree.root_uuid)
         return None if root is None else root.traits
 
     def held_children(self, desired: ProviderTree) -> tuple[Optional[str], list[ProviderState]]:
@@ -343,13 +353,13 @@ class TreeSyncer:
         holds them. Reads as :meth:`plan` does: the sync that follows costs
         no extra request."""
         ctx = self._prepare(desired)
-        root = ctx.tree.root.uuid
+        root = ctx.tree.root_uuid
         return root, [s for s in ctx.actual.values() if root and s.parent_uuid == root]
 
     def plan_with_tree(self, desired: ProviderTree,
                        limits: Optional[cap.HostLimits] = None,
                        consumer_names: Optional[Mapping[str, str]] = None
-                       ) -> tuple[ProviderTree, list[Change]]:
+                       ) -> tuple[PlacedTree, list[Change]]:
         """Like :meth:`plan`, also returning the tree with the uuids it would use.
 
         With ``limits`` the plan is the one :meth:`sync` would send after
@@ -385,25 +395,26 @@ class TreeSyncer:
         planned: dict[str, dict] = {}
         by_uuid = {c.target: c for c in changes if c.kind == "inventories"}
         for provider in ctx.tree.providers:
-            state = ctx.actual.get(provider.uuid)
-            change = by_uuid.get(provider.uuid)
+            uuid = ctx.tree.uuid(provider)
+            state = ctx.actual.get(uuid)
+            change = by_uuid.get(uuid)
             if change is None:
-                planned[provider.uuid] = dict(state.inventories) if state else {}
+                planned[uuid] = dict(state.inventories) if state else {}
                 continue
-            wanted = change.body["inventories"]
+            wanted = _body(change)["inventories"]
             if state is not None:
                 wanted, errors, generation = self._guard_usage(change, state, wanted,
                                                                usages_into=ctx.usages)
-                ctx.pre[provider.uuid] = generation
+                ctx.pre[uuid] = generation
                 ctx.errors += errors
-            planned[provider.uuid] = wanted
-        names = {p.uuid: p.name for p in ctx.tree.providers}
+            planned[uuid] = wanted
+        names = {ctx.tree.uuid(p): p.name for p in ctx.tree.providers}
         current = {u: dict(ctx.actual[u].inventories) for u in planned if u in ctx.actual}
         untouched = [cap.Published(s.name, s.parent_uuid is None, s.inventories)
                      for u, s in ctx.actual.items() if u not in planned]
-        result = cap.enforce(planned, current, names, ctx.tree.root.uuid, untouched,
+        result = cap.enforce(planned, current, names, ctx.tree.root_uuid, untouched,
                              limits, lambda classes: self._classes_in_use(ctx, classes))
-        ctx.planned = {u: dict(inv) for u, inv in result.inventories.items()}
+        ctx.planned = planned = {u: dict(inv) for u, inv in result.inventories.items()}
         ctx.closed = set(result.closed)
         ctx.capacity = {**result.wanted.as_dict(), "kept": list(result.kept),
                         "closed": list(result.closed), "blocking": [],
@@ -412,23 +423,24 @@ class TreeSyncer:
             blocking = self._blocking_consumers(ctx, result.wanted.classes, consumer_names)
             ctx.capacity["blocking"] = blocking
             ctx.errors.append(_capacity_message(result, blocking))
-        return self._rewrite_inventory_changes(ctx, changes)
+        return self._rewrite_inventory_changes(ctx, changes, planned)
 
-    def _rewrite_inventory_changes(self, ctx: _Context, changes: list[Change]) -> list[Change]:
-        """``changes`` with inventory PUTs that leave ``ctx.planned``;
+    def _rewrite_inventory_changes(self, ctx: _Context, changes: list[Change],
+                                   planned: Mapping[str, dict]) -> list[Change]:
+        """``changes`` with inventory PUTs that leave ``planned``;
         shrinks before grows."""
         puts = []
         for provider in ctx.tree.providers:
-            state = ctx.actual.get(provider.uuid) or ProviderState(
-                ctx.tree.uuid(provider), provider.name, 0, ctx.tree.parent_uuid(provider))
-            change = inventory_change(provider, state, state.generation,
-                                       ctx.planned[provider.uuid])
+            uuid = ctx.tree.uuid(provider)
+            state = ctx.actual.get(uuid) or ProviderState(
+                uuid, provider.name, 0, ctx.tree.parent_uuid(provider))
+            change = inventory_change(provider, state, state.generation, planned[uuid])
             if change is None:
                 continue
             if any(cap.units(rc, rec) > cap.units(rc, state.inventories[rc])
                    if rc in state.inventories else cap.units(rc, rec) > 0
-                   for rc, rec in ctx.planned[provider.uuid].items()):
-                ctx.grows.add(provider.uuid)
+                   for rc, rec in planned[uuid].items()):
+                ctx.grows.add(uuid)
             puts.append(change)
         puts.sort(key=lambda c: c.target in ctx.grows)
         others = [c for c in changes if c.kind != "inventories"]
@@ -527,20 +539,28 @@ class TreeSyncer:
         return report
 
     def _save_state(self, ctx: _Context) -> None:
-        created_or_found = {p.uuid for p in ctx.tree.providers[1:]
-                            if p.uuid in self._cache}
+        held = self._held
+        uuids = {p.name: ctx.tree.uuid(p) for p in ctx.tree.providers}
+        created_or_found = {uuids[p.name] for p in ctx.tree.providers[1:]
+                            if uuids[p.name] in held}
         owned = (set(self._state.get(OWNED_CHILDREN, [])) | created_or_found)
-        owned &= set(self._cache)
-        root = ctx.tree.root.uuid
-        new = {ROOT_UUID: root if root in self._cache else
+        owned &= set(held)
+        root = ctx.tree.root_uuid
+        new = {ROOT_UUID: root if root in held else
                self._state.get(ROOT_UUID),
-               PROVIDERS: {p.name: p.uuid for p in ctx.tree.providers
-                                 if p.uuid in self._cache},
+               PROVIDERS: {name: uuid for name, uuid in uuids.items() if uuid in held},
                OWNED_CHILDREN: sorted(owned)}
         if any(self._state.get(key) != value for key, value in new.items()):
             # Other writers (the maintenance command, the cycle's remembered
             # operator traits) own the other keys.
             self._state = self.store.update(lambda saved: saved.update(new))
+
+    @property
+    def _held(self) -> dict[str, ProviderState]:
+        """The cache, while a sync writes: :meth:`_prepare` always leaves one."""
+        if self._cache is None:
+            raise RuntimeError("no provider cache: the tree is read before it is written")
+        return self._cache
 
     def cached(self) -> Optional[dict[str, ProviderState]]:
         """What the cache says Placement holds (uuid -> state), None without one."""
@@ -687,8 +707,8 @@ class TreeSyncer:
             except (GenerationConflict, InventoryInUse, DuplicateName) as exc:
                 applied, errors = False, [f"{change.summary}: {exc}"]
             except PlacementError as exc:
-                if getattr(exc, "status", None) is None or exc.status >= 500 \
-                        or exc.status in (401, 403):
+                status = getattr(exc, "status", None)
+                if status is None or status >= 500 or status in (401, 403):
                     raise
                 applied, errors = False, [f"{change.summary}: {exc}"]
             if applied:
@@ -710,34 +730,32 @@ class TreeSyncer:
             return True
         return False
 
-    def _define(self, ctx, change, attempt):
+    def _define(self, ctx: _Context, change: Change, attempt: int) -> tuple[bool, list[str]]:
         self.client.send(change)
         (self._known_classes if change.kind == "resource_class"
          else self._known_traits).add(change.target)
         return True, []
 
-    def _create(self, ctx, change, attempt):
+    def _create(self, ctx: _Context, change: Change, attempt: int) -> tuple[bool, list[str]]:
         """POST the provider. 409 duplicate name: adopt the provider of that
         name if it is our root or in our tree, then re-plan; else an error."""
         try:
             created = self.client.send(change) or {}
         except DuplicateName:
             return False, self._adopt(ctx, change, attempt)
-        body = change.body
-        self._cache[body["uuid"]] = ProviderState(
+        body = _body(change)
+        self._held[body["uuid"]] = ProviderState(
             body["uuid"], body["name"], created.get("generation", 0),
             body.get("parent_provider_uuid"))
         ctx.created.add(body["uuid"])
         return True, []
 
-    def _adopt(self, ctx, change, attempt) -> list[str]:
-        name = change.body["name"]
+    def _adopt(self, ctx: _Context, change: Change, attempt: int) -> list[str]:
+        name = _body(change)["name"]
         found = self._lookup_by_name(name)
         root = ctx.tree.root
-        ours = found is not None and (
-            name == root.name
-            or found.get("root_provider_uuid") == root.uuid)
-        if ours and attempt == 0:
+        if found is not None and attempt == 0 and (
+                name == root.name or found.get("root_provider_uuid") == ctx.tree.root_uuid):
             if name == root.name:
                 self._state = {**self._state, ROOT_UUID: found["uuid"]}
             self._state = {**self._state, PROVIDERS: {
@@ -745,21 +763,21 @@ class TreeSyncer:
             LOG.info("adopting existing provider %s (%s)", name, found["uuid"])
             raise _Replan()
         where = (f"uuid {found['uuid']}, tree {found.get('root_provider_uuid')}"
-                 if found else f"uuid {change.body['uuid']} is taken")
+                 if found else f"uuid {_body(change)['uuid']} is taken")
         return [f"cannot create provider {name}: a provider with that name or "
                 f"uuid already exists outside this host's tree ({where}); "
                 "rename or delete it"]
 
-    def _update(self, ctx, change, attempt):
+    def _update(self, ctx: _Context, change: Change, attempt: int) -> tuple[bool, list[str]]:
         result = self.client.send(change) or {}
         uuid = change.target
-        self._cache[uuid] = replace(
-            self._cache[uuid], name=change.body["name"],
-            parent_uuid=change.body["parent_provider_uuid"],
-            generation=result.get("generation", self._cache[uuid].generation))
+        self._held[uuid] = replace(
+            self._held[uuid], name=_body(change)["name"],
+            parent_uuid=_body(change)["parent_provider_uuid"],
+            generation=result.get("generation", self._held[uuid].generation))
         return True, []
 
-    def _delete(self, ctx, change, attempt):
+    def _delete(self, ctx: _Context, change: Change, attempt: int) -> tuple[bool, list[str]]:
         """DELETE an owned child. 409 (allocations, or children): an error
         naming the provider; it stays owned and is retried next cycle."""
         uuid = change.target
@@ -770,7 +788,7 @@ class TreeSyncer:
                 raise
             return False, [f"cannot delete provider {change.provider}: "
                            f"{exc}; move or delete what uses it"]
-        self._cache.pop(uuid, None)
+        self._held.pop(uuid, None)
         self._state = {**self._state, OWNED_CHILDREN: [
             u for u in self._state.get(OWNED_CHILDREN, []) if u != uuid]}
         return True, []
@@ -786,18 +804,18 @@ class TreeSyncer:
     def _reread_inventories(self, uuid: str) -> ProviderState:
         got = self.client.inventories(uuid)
         self._mark_if_moved(uuid, got["resource_provider_generation"])
-        state = replace(self._cache[uuid],
+        state = replace(self._held[uuid],
                         generation=got["resource_provider_generation"],
                         inventories=got["inventories"])
-        self._cache[uuid] = state
+        self._held[uuid] = state
         return state
 
     def _mark_if_moved(self, uuid: str, generation: int) -> None:
         """A part of the record read at ``generation``: partial if it moved."""
-        if generation != self._cache[uuid].generation:
+        if generation != self._held[uuid].generation:
             self._partial.add(uuid)
 
-    def _put_inventories(self, ctx, change, attempt):
+    def _put_inventories(self, ctx: _Context, change: Change, attempt: int) -> tuple[bool, list[str]]:
         """PUT the whole inventory with the cached generation.
 
         409 concurrent_update: re-read this provider's inventories and retry
@@ -806,11 +824,11 @@ class TreeSyncer:
         log) keep their current record and are reported; the others apply.
         """
         uuid = change.target
-        wanted_all = change.body["inventories"]
+        wanted_all = _body(change)["inventories"]
         errors: list[str] = []
         for try_ in self._retrying():
             with try_:
-                state = self._cache[uuid]
+                state = self._held[uuid]
                 if try_.retry_state.attempt_number > 1:
                     state = self._reread_inventories(uuid)
                 if ctx.planned is not None and try_.retry_state.attempt_number == 1:
@@ -833,7 +851,7 @@ class TreeSyncer:
                         "inventories": wanted})
                 except InventoryInUse:
                     return False, self._in_use_errors(change, state, wanted_all)
-        self._cache[uuid] = replace(
+        self._held[uuid] = replace(
             state, generation=result["resource_provider_generation"],
             inventories=result["inventories"])
         return True, errors
@@ -886,29 +904,31 @@ class TreeSyncer:
 
     # -- traits
 
-    def _put_traits(self, ctx, change, attempt):
+    def _put_traits(self, ctx: _Context, change: Change, attempt: int) -> tuple[bool, list[str]]:
         """GET the provider's traits, then PUT them with the agent's traits
         merged in; traits the agent has no opinion on are kept. 409
         concurrent_update: GET again and retry (bounded). A provider created
         in this cycle has no traits yet, so its GET is skipped."""
         uuid = change.target
-        provider = ctx.tree.by_name(change.provider)
+        provider = ctx.tree.by_name(change.provider) if change.provider else None
+        if provider is None:
+            raise ValueError(f"{change.summary}: its provider is not in the desired tree")
         for try_ in self._retrying():
             with try_:
-                state = self._cache[uuid]
+                state = self._held[uuid]
                 if uuid not in ctx.created or try_.retry_state.attempt_number > 1:
                     got = self.client.traits(uuid)
                     self._mark_if_moved(uuid, got["resource_provider_generation"])
                     state = replace(state, traits=frozenset(got["traits"]),
                                     generation=got["resource_provider_generation"])
-                    self._cache[uuid] = state
+                    self._held[uuid] = state
                 merged = merged_traits(state.traits, provider)
                 if merged == state.traits:
                     return False, []
                 result = self.client.put_traits(uuid, {
                     "resource_provider_generation": state.generation,
                     "traits": sorted(merged)})
-        self._cache[uuid] = replace(
+        self._held[uuid] = replace(
             state, generation=result["resource_provider_generation"],
             traits=frozenset(result["traits"]))
         return True, []

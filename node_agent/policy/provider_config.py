@@ -45,7 +45,7 @@ import math
 import re
 import uuid as uuid_mod
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping, Optional, Sequence, Set
+from typing import AbstractSet, Any, Mapping, Optional, Sequence, Set
 
 from node_agent.errors import ConfigError
 from node_agent.model.hugepages import PAGE_CLASS_PREFIX
@@ -271,7 +271,7 @@ def apply_provider_configs(tree: ProviderTree, configs: Sequence[ProviderConfig]
 
 def file_added_traits(listed: Mapping[str, Sequence[str]],
                       previous: Mapping[str, Sequence[str]],
-                      before: Mapping[str, Set[str]]) -> dict[str, list[str]]:
+                      before: Mapping[str, AbstractSet[str]]) -> dict[str, list[str]]:
     """Which of the traits the files list now (``listed``, by provider) the
     files added, to remember as next cycle's ``previously_applied``.
 

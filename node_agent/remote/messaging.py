@@ -129,7 +129,8 @@ def check_broker(conf, timeout: float = 10.0) -> str:
         except Exception as exc:  # kombu/amqp raise many types; all mean "no"
             raise MessagingUnavailable(
                 f"the broker at {where} ([DEFAULT] transport_url = "
-                f"{_masked_url(rpc_url)}) did not accept a connection: "
+                f"{_masked_url(rpc_url) if rpc_url else '(not set)'}) did not accept "
+                f"a connection: "
                 f"{_masked_url(str(exc)) or type(exc).__name__}") from None
         finally:
             connection.release()
@@ -244,8 +245,9 @@ class Messenger:
         om = oslo_messaging()
         transport = om.get_rpc_transport(self.conf, url=self._rpc_url)
         target = om.Target(topic=TOPIC, server=self.host)
-        self._rpc_server = om.get_rpc_server(transport, target, [Endpoint(control)])
-        self._rpc_server.start()
+        server = om.get_rpc_server(transport, target, [Endpoint(control)])
+        self._rpc_server = server
+        server.start()
         LOG.info("control RPC listening: topic %s, server %s", TOPIC, self.host)
         return True
 
