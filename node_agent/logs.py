@@ -65,4 +65,26 @@ def setup(conf, debug: bool = False) -> None:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"logging cannot be set up: {exc}. Check [DEFAULT] log_file, "
                           "log_dir and log_config_append.") from None
+    for handler in logging.getLogger().handlers:
+        if handler.formatter is not None:
+            _say_errors_once(handler.formatter)
     logging.captureWarnings(True)
+
+
+def _say_errors_once(formatter: logging.Formatter) -> None:
+    """oslo.log appends ``: Type: text`` of the exception being handled to a
+    WARNING or ERROR logged inside an ``except`` block. node-agent's
+    messages already say what went wrong; the suffix is dropped when its text
+    is in the message, and kept when it adds something."""
+    plain = formatter.format
+
+    def format(record: logging.LogRecord) -> str:
+        text = plain(record)
+        summary = getattr(record, "error_summary", "")
+        if (not record.exc_info and summary and summary != "-"
+                and text.endswith(": " + summary)
+                and summary.partition(": ")[2] in record.getMessage()):
+            return text[:-len(summary) - 2]
+        return text
+
+    formatter.format = format  # type: ignore[method-assign]
