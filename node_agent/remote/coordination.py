@@ -16,9 +16,15 @@ talks to the coordination backend.
   the state file. Appliers on several machines then share nothing on
   disk. Redis is the store because it is the backend the locks already
   need: no second service to run, back up or reach.
+* ``postgresql://user:password@host:port/database``: tooz's PostgreSQL
+  driver (session advisory locks: the server frees a killed holder's locks
+  when its connection drops, at once) and the records as rows of one table
+  in the same database, through SQLAlchemy (:mod:`.sql_records`), as
+  oslo.db-based services keep theirs.
 
-Other tooz backends (etcd3, PostgreSQL, MySQL) would give the locks but
-not the records: they are refused until a records store for them exists.
+etcd3 would give the locks but no records store (its key-value API is not
+tooz's), and MySQL needs PyMySQL, which is not installed nor tested here:
+both are refused.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
+import tenacity
+
 from node_agent.errors import ConfigError, NodeAgentError
 from node_agent.state import StateCorrupt, StateStore, decode, encode
 
@@ -37,7 +45,7 @@ LOG = logging.getLogger(__name__)
 
 RECORD_PREFIX = "node-agent-applier/host/"
 LOCK_PREFIX = b"node-agent-applier-host-"
-SCHEMES = ("file", "redis")
+SCHEMES = ("file", "redis", "postgresql")
 
 
 class Busy(Exception):
@@ -134,6 +142,8 @@ class HostLock:
         try:
             if not self._lock.acquire(blocking=max(self.timeout, 0.001)):
                 raise Busy()
+        except tenacity.RetryError:  # tooz's PostgreSQL driver, at the timeout
+            raise Busy() from None
         finally:
             self.waited_for = time.monotonic() - started
         return self
@@ -155,8 +165,16 @@ def check_url(url: str) -> None:
     if scheme not in SCHEMES:
         raise ConfigError(
             f"[applier] coordination_url: {scheme or url!r} is not supported; use "
-            "redis://HOST:PORT (several machines) or leave it unset (one machine: "
-            "files under [applier] state_path)")
+            "redis://HOST:PORT or postgresql://USER:PASSWORD@HOST:PORT/DATABASE "
+            "(several machines) or leave it unset (one machine: files under "
+            "[applier] state_path)")
+
+
+def sqlalchemy_url(url: str) -> str:
+    """tooz's ``postgresql://`` URL as SQLAlchemy's, with psycopg2 (the
+    driver tooz uses) and without tooz's query options."""
+    parts = urlsplit(url)
+    return urlunsplit(("postgresql+psycopg2", parts.netloc, parts.path, "", ""))
 
 
 class Coordination:
@@ -178,6 +196,11 @@ class Coordination:
             self._redis = redis.Redis.from_url(
                 urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")),
                 socket_timeout=10, socket_connect_timeout=10)
+        self._sql = None
+        if urlsplit(self.url).scheme == "postgresql":
+            from node_agent.remote import sql_records
+
+            self._sql = sql_records.engine_for(sqlalchemy_url(self.url))
         self._started = False
 
     def start(self) -> "Coordination":
@@ -189,6 +212,10 @@ class Coordination:
             self._coordinator.start(start_heart=True)
             if self._redis is not None:
                 self._redis.ping()
+            if self._sql is not None:
+                from node_agent.remote import sql_records
+
+                sql_records.create_table(self._sql)
         except Exception as exc:
             raise CoordinationError(
                 f"the coordination backend at {self.where()} cannot be used: "
@@ -209,6 +236,10 @@ class Coordination:
                         timeout)
 
     def store(self, host: str) -> Store:
+        if self._sql is not None:
+            from node_agent.remote import sql_records
+
+            return sql_records.SqlStore(self._sql, host)
         if self._redis is None:
             return StateStore(self.state_path / host)
         return RedisStore(self._redis, RECORD_PREFIX + host)
@@ -219,5 +250,7 @@ class Coordination:
                 self._coordinator.stop()
             except Exception as exc:  # shutting down: nothing left to protect
                 LOG.debug("stopping the coordinator: %s", exc)
+            if self._sql is not None:
+                self._sql.dispose()
             self._started = False
 
