@@ -393,7 +393,7 @@ APPLIER_OPTS = [
         help="Without coordination_url: the directory every applier process "
              "on this machine shares (per host, the syncer's state, the last "
              "applied sequence number; the locks under locks/). Unused with a "
-             "Redis coordination_url."),
+             "Redis or PostgreSQL coordination_url."),
     cfg.IntOpt(
         "full_verify_interval",
         default=300,
@@ -416,7 +416,11 @@ APPLIER_OPTS = [
              "machine. redis://[:PASSWORD@]HOST:PORT[?lock_timeout=SECONDS]: locks "
              "and records in Redis, for processes on several machines (nothing "
              "shared on disk); a lock held by a killed process expires after "
-             "lock_timeout (tooz's default: 30)."),
+             "lock_timeout (tooz's default: 30). "
+             "postgresql://USER:PASSWORD@HOST:PORT/DATABASE: advisory locks and "
+             "the records in table node_agent_applier_hosts (created when "
+             "missing), for processes on several machines; a killed process's "
+             "locks end with its connection."),
     cfg.StrOpt(
         "master_key_file",
         help="The master secret every host's signing key is derived from "
