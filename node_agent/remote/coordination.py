@@ -46,6 +46,11 @@ LOG = logging.getLogger(__name__)
 RECORD_PREFIX = "node-agent-applier/host/"
 LOCK_PREFIX = b"node-agent-applier-host-"
 SCHEMES = ("file", "redis", "postgresql")
+WHY_NOT = {
+    "etcd3": " (tooz gives its locks, but no store for the per-host records)",
+    "mysql": " (PyMySQL, which tooz's MySQL driver needs, is not installed, and "
+             "this backend is untested)",
+}
 
 
 class Busy(Exception):
@@ -163,8 +168,10 @@ def check_url(url: str) -> None:
     """Refuse a backend the records cannot live in; raises ConfigError."""
     scheme = urlsplit(url).scheme
     if scheme not in SCHEMES:
+        why = next((reason for prefix, reason in WHY_NOT.items()
+                    if scheme.startswith(prefix)), "")
         raise ConfigError(
-            f"[applier] coordination_url: {scheme or url!r} is not supported; use "
+            f"[applier] coordination_url: {scheme or url!r} is not supported{why}; use "
             "redis://HOST:PORT or postgresql://USER:PASSWORD@HOST:PORT/DATABASE "
             "(several machines) or leave it unset (one machine: files under "
             "[applier] state_path)")

@@ -160,6 +160,8 @@ def test_check_config_connects_to_postgres_and_names_it_without_its_password(
 
     mysql = check_config(tmp_path, "coordination_url = mysql://u:p@127.0.0.1/db\n")
     assert mysql.returncode == 78 and "is not supported" in mysql.stderr
+    etcd = check_config(tmp_path, "coordination_url = etcd3+http://127.0.0.1:2379\n")
+    assert etcd.returncode == 78 and "no store for the per-host records" in etcd.stderr
 
 
 def test_a_host_held_past_lock_timeout_on_postgres_is_answered_busy_then_applies(
