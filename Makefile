@@ -25,7 +25,7 @@ QEMU_armv7l  := qemu-system-arm
 QEMU_ppc64le := qemu-system-ppc
 QEMU_ppc64   := qemu-system-ppc
 QEMU_PACKAGE := $(or $(QEMU_$(shell uname -m)),qemu-system-misc)
-DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev rabbitmq-server redis-server \
+DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev rabbitmq-server redis-server postgresql \
 	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients $(QEMU_PACKAGE)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
