@@ -104,18 +104,17 @@ def test_per_host_order_holds_under_a_burst_across_two_appliers(bus, placement, 
     assert got["MEMORY_MB"]["reserved"] == wanted["inventories"]["MEMORY_MB"]["reserved"]
 
 
-def test_applier_killed_holding_a_hosts_lock_frees_it_at_the_lock_expiry(
-        bus, placement, placement_server, redis_url):
+def kill_the_lock_holder_then_resend(bus, placement, placement_server, applier: str,
+                                     prefix: str, wait: float):
     """The first applier reaches Placement through a proxy that SIGKILLs it
-    on the message's first request, inside the host's lock. The host's next
-    message, on the other applier, waits for the Redis lock to expire and
-    applies; the allocation on the host is kept."""
+    on the message's first request, inside the host's lock; the host's next
+    message goes to the other applier. Returns that applier and its reply,
+    after checking that the allocation on the host was kept."""
     proxy = FaultProxy(placement_server.url).start()
     try:
-        holder, = bus.start(1, applier=on_redis(redis_url, lock_timeout=30),
-                            placement_url=proxy.url)
-        other, = bus.start(1, applier=on_redis(redis_url, lock_timeout=30))
-        agent = make_agents(bus, 1, "killed")[0]
+        holder, = bus.start(1, applier=applier, placement_url=proxy.url)
+        other, = bus.start(1, applier=applier)
+        agent = make_agents(bus, 1, prefix)[0]
         assert send_to(other, agent)["status"] == wire.APPLIED
         consumer = str(uuid.uuid4())
         allocate(placement, consumer, {root_of(placement, agent.name)["uuid"]: {"MEMORY_MB": 256}})
@@ -133,17 +132,26 @@ def test_applier_killed_holding_a_hosts_lock_frees_it_at_the_lock_expiry(
 
         caller = threading.Thread(target=never_answered)
         caller.start()
-        assert holder.proc.wait(30) == -signal.SIGKILL
+        assert holder.proc.wait(wait) == -signal.SIGKILL
 
-        reply = send_to(other, agent, timeout=60)
-        caller.join(60)
+        reply = send_to(other, agent, timeout=2 * wait)
+        caller.join(2 * wait)
         assert lost, "the killed applier answered"
         assert reply["status"] == wire.APPLIED and reply["ok"], reply
-        assert "waited" in other.log() and "for the host's lock" in other.log()
         assert converged(placement, agent)
         assert allocations(placement, [consumer]) == before
+        return other, agent
     finally:
         proxy.stop()
+
+
+def test_applier_killed_holding_a_hosts_lock_frees_it_at_the_lock_expiry(
+        bus, placement, placement_server, redis_url):
+    """The host's next message, on the other applier, waits for the Redis
+    lock to expire and applies; the allocation on the host is kept."""
+    other, _agent = kill_the_lock_holder_then_resend(
+        bus, placement, placement_server, on_redis(redis_url, lock_timeout=30), "killed", 30)
+    assert "waited" in other.log() and "for the host's lock" in other.log()
 
 
 def check_config(tmp_path, applier: str, master_mode: int = 0o600):

@@ -6,11 +6,8 @@ real Placement."""
 
 from __future__ import annotations
 
-import os
-import signal
 import threading
 import time
-import uuid
 
 import pytest
 import sqlalchemy as sa
@@ -20,11 +17,11 @@ from node_agent.remote.coordination import sqlalchemy_url
 from node_agent.remote.sql_records import RECORDS
 from node_agent.state import decode
 from tests.integration.postgres_server import postgres_cluster, postgres_url  # noqa: F401
-from tests.integration.reshape_driver import allocate
 from tests.integration.test_applier import (AGENTS, allocations, bus, converged,  # noqa: F401
                                             in_threads, make_agents, root_of, send_to)
-from tests.integration.test_applier_coordination import check_config, nothing_on_disk
-from tests.reliability.proxy import FaultProxy
+from tests.integration.test_applier_coordination import (check_config,
+                                                          kill_the_lock_holder_then_resend,
+                                                          nothing_on_disk)
 
 pytestmark = pytest.mark.integration
 
@@ -104,44 +101,13 @@ def test_per_host_order_holds_under_a_burst_across_two_appliers_on_postgres(
 
 def test_applier_killed_holding_a_hosts_advisory_lock_frees_it_with_its_session(
         bus, placement, placement_server, postgres_url):
-    """The first applier reaches Placement through a proxy that SIGKILLs it on
-    the message's first request, inside the host's advisory lock. PostgreSQL
-    ends the dead process's session and its locks with it: the host's next
-    message, on the other applier, applies; the allocation is kept."""
-    proxy = FaultProxy(placement_server.url).start()
-    try:
-        holder, = bus.start(1, applier=on_postgres(postgres_url, lock_timeout=60),
-                            placement_url=proxy.url)
-        other, = bus.start(1, applier=on_postgres(postgres_url, lock_timeout=60))
-        agent = make_agents(bus, 1, "pgkilled")[0]
-        assert send_to(other, agent)["status"] == wire.APPLIED
-        consumer = str(uuid.uuid4())
-        allocate(placement, consumer, {root_of(placement, agent.name)["uuid"]: {"MEMORY_MB": 256}})
-        before = allocations(placement, [consumer])
-
-        proxy.before_forward = lambda n: os.kill(holder.proc.pid, signal.SIGKILL)
-        agent.reserve(768)
-        lost: list[BaseException] = []
-
-        def never_answered() -> None:
-            try:
-                send_to(holder, agent)
-            except Exception as exc:  # the call times out: its applier is dead
-                lost.append(exc)
-
-        caller = threading.Thread(target=never_answered)
-        caller.start()
-        assert holder.proc.wait(60) == -signal.SIGKILL
-
-        reply = send_to(other, agent, timeout=90)
-        caller.join(90)
-        assert lost, "the killed applier answered"
-        assert reply["status"] == wire.APPLIED and reply["ok"], reply
-        assert converged(placement, agent)
-        assert allocations(placement, [consumer]) == before
-        assert records(postgres_url)[agent.name]["by"].split(":")[1] == str(other.proc.pid)
-    finally:
-        proxy.stop()
+    """PostgreSQL ends the killed applier's session and its advisory locks
+    with it: the host's next message, on the other applier, applies; the
+    allocation is kept."""
+    other, agent = kill_the_lock_holder_then_resend(
+        bus, placement, placement_server, on_postgres(postgres_url, lock_timeout=60),
+        "pgkilled", 60)
+    assert records(postgres_url)[agent.name]["by"].split(":")[1] == str(other.proc.pid)
 
 
 def test_check_config_connects_to_postgres_and_names_it_without_its_password(
