@@ -4,17 +4,21 @@ The session's private libvirtd (conftest ``libvirtd``) is reached read-only
 over ``qemu+unix:///system?socket=...``, exactly as ``qemu:///system`` is in
 production; the host is this machine's real ``/sys``. Guests are QEMU under
 TCG with no disk: one pinned with ``vcpupin`` and ``numatune`` and nova's
-metadata, one floating, and one backed by huge pages where the host has them.
+metadata, one floating, and one backed by huge pages. As root the module
+reserves the few 2 MiB pages that guest needs when the host has none free
+(``vm.nr_hugepages``), and gives them back afterwards.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import platform
 import threading
 import time
 import uuid
 from pathlib import Path
+from typing import Optional
 
 import os_traits as ot
 import pytest
@@ -39,6 +43,26 @@ ONLINE = parse_cpulist(Path("/sys/devices/system/cpu/online").read_text())
 PINNED_CPU = max(ONLINE)
 NUMA_NODE0 = Path("/sys/devices/system/node/node0").exists()
 HUGE_KIB = 4096
+NR_HUGEPAGES = Path("/proc/sys/vm/nr_hugepages")
+
+
+def _reserve_hugepages(memory_kib: int) -> Optional[int]:
+    """As root, raise ``vm.nr_hugepages`` so that ``memory_kib`` of default-size
+    pages are free; return the value to restore, or None when nothing changed."""
+    if os.geteuid() != 0 or not NR_HUGEPAGES.exists():
+        return None
+    meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    free = int(meminfo.get("HugePages_Free", "0").split()[0])
+    size_kib = int(meminfo.get("Hugepagesize", "0 kB").split()[0]) or 2048
+    short = -(-memory_kib // size_kib) - free
+    if short <= 0:
+        return None
+    before = int(NR_HUGEPAGES.read_text())
+    try:
+        NR_HUGEPAGES.write_text(str(before + short))
+    except OSError:
+        return None
+    return before
 
 
 class Guests:
@@ -49,6 +73,7 @@ class Guests:
         self.pinned = str(uuid.uuid4())
         self.floating = str(uuid.uuid4())
         self.huge = str(uuid.uuid4())
+        self.restore_hugepages = _reserve_hugepages(HUGE_KIB)
         self.huge_skipped = daemon.hugepage_reason(HUGE_KIB)
         daemon.start_guest(guest_xml(
             "pinned", self.pinned, pins={0: str(PINNED_CPU)},
@@ -66,6 +91,8 @@ class Guests:
                 self.daemon.destroy_guest(guest)
             except Exception:  # never started (no huge pages) or already gone
                 pass
+        if self.restore_hugepages is not None:
+            NR_HUGEPAGES.write_text(str(self.restore_hugepages))
 
 
 @pytest.fixture(scope="module")
