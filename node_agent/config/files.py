@@ -154,12 +154,23 @@ def _is_novas(parser: configparser.RawConfigParser, known) -> bool:
             if _is_nova_section(section):
                 return True
             continue
-        keys = parser.defaults() if section == "DEFAULT" else parser[section]
-        names = known[section] or set()
-        if any(key.replace("-", "_") in NOVA_OPTIONS.get(section, ())
-               and key.replace("-", "_") not in names for key in keys):
+        names = known[section]
+        if names is None:
+            continue  # [placement] of an auth type that cannot load: not a sign
+        if _nova_only(parser, section, names):
             return True
     return False
+
+
+def _nova_only(parser: configparser.RawConfigParser, section: str, names: set[str]) -> bool:
+    """Whether ``section`` of the file holds an option nova has and the agent not."""
+    defaults = set(parser.defaults())
+    keys = defaults if section == "DEFAULT" else set(parser[section]) - defaults
+    novas = {key.replace("-", "_") for key in keys} & NOVA_OPTIONS.get(section, frozenset())
+    novas -= names
+    if novas and section == "DEFAULT":  # oslo.messaging's, imported only when needed
+        novas -= _names(conf_mod.messaging_default_opts())
+    return bool(novas)
 
 
 def novas_files(conf: cfg.ConfigOpts) -> list[str]:
@@ -198,7 +209,7 @@ def _classify_keys(conf: cfg.ConfigOpts) -> tuple[list[str], list[str]]:
                 set(keys.keys()) - set(parser.defaults().keys()))
             unknown = [key for key in own if key.replace("-", "_") not in names]
             if unknown and section == "DEFAULT":
-                names |= _names(conf_mod.messaging_default_opts())
+                names = names | _names(conf_mod.messaging_default_opts())
             for key in unknown:
                 name = key.replace("-", "_")
                 if name in names:

@@ -230,3 +230,14 @@ def test_an_empty_cpu_set_option_is_unset_as_in_nova(tmp_path):
     conf = load(tmp_path, nova_conf="[compute]\ncpu_shared_set =\ncpu_dedicated_set =\n")
     settings = load_settings(conf)
     assert settings.cpu_shared_set is None and settings.cpu_dedicated_set is None
+
+
+def test_the_agents_file_with_a_transport_url_and_no_agent_section_is_its_own(tmp_path):
+    # transport_url is nova's and the agent's (oslo.messaging): not a sign of
+    # nova's file, so a typo next to it is still refused.
+    agent = tmp_path / "node-agent.conf"
+    agent.write_text("[DEFAULT]\ntransport_url = rabbit://a:b@rabbit1:5672/\n"
+                     "debug = true\n[compute]\ncpu_dedicated_sets = 4-7\n")
+    with pytest.raises(ConfigError) as err:
+        load_conf(["--config-file", str(agent)])
+    assert any("unknown option [compute] cpu_dedicated_sets" in p for p in err.value.problems)
