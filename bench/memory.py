@@ -88,7 +88,7 @@ def _config(work: Path, sysfs_root: Path) -> Path:
     work.mkdir(parents=True, exist_ok=True)
     config = work / "dry-run.conf"
     config.write_text(
-        f"[DEFAULT]\nhost = bench-dry-run\nstate_path = {work / 'state'}\n"
+        f"[DEFAULT]\nhost = bench-dry-run\n[agent]\nstate_path = {work / 'state'}\n"
         f"[host]\nsysfs_root = {sysfs_root}\n[libvirt]\nconnection_uri =\n"
         f"[compute]\ninstances_path = {work}\n")
     return config

@@ -424,7 +424,7 @@ def cli_registration(work: Path, url: str, log: common.RequestLog) -> dict:
     for i in range(REPETITIONS):
         config = work / f"cli-{i}.conf"
         config.write_text(
-            f"[DEFAULT]\nhost = bench-cli-{i}\nstate_path = {work / 'cli-state' / str(i)}\n"
+            f"[DEFAULT]\nhost = bench-cli-{i}\n[agent]\nstate_path = {work / 'cli-state' / str(i)}\n"
             f"[host]\nsysfs_root = {root}\n[libvirt]\nconnection_uri =\n"
             f"[compute]\ninstances_path = {work}\n[pci]\n{specs}"
             f"[placement]\nauth_type = admin_token\ntoken = admin\n"

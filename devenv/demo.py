@@ -73,7 +73,7 @@ def write_config(url: str) -> Path:
     config = RUN / "node-agent.conf"
     config.write_text(
         "# Written by `make run`: the agent against the embedded Placement.\n"
-        f"[DEFAULT]\nhost = {socket.gethostname()}\nstate_path = {RUN / 'state'}\n"
+        f"[DEFAULT]\nhost = {socket.gethostname()}\n[agent]\nstate_path = {RUN / 'state'}\n"
         "[host]\nsysfs_root = /sys\n"
         f"[libvirt]\n# {found}\nconnection_uri = {uri}\n"
         f"[compute]\ninstances_path = {instances}\n"

@@ -69,6 +69,8 @@ def setup(conf, debug: bool = False) -> None:
         if handler.formatter is not None:
             _say_errors_once(handler.formatter)
     logging.captureWarnings(True)
+    from node_agent.config.files import log_ignored
+    log_ignored(conf)  # now, so the line reaches the configured log
 
 
 def _say_errors_once(formatter: logging.Formatter) -> None:

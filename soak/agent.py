@@ -97,8 +97,9 @@ def config_text(workdir: Path, host: str, placement_url: str, transport_url: str
     if broken:
         compute[broken[0]] = broken[1]
     lines = "".join(f"{k} = {v}\n" for k, v in compute.items())
-    return (f"[DEFAULT]\nhost = {host}\nstate_path = {workdir / 'state'}\n"
+    return (f"[DEFAULT]\nhost = {host}\n"
             f"transport_url = {transport_url}\n"
+            f"[agent]\nstate_path = {workdir / 'state'}\n"
             f"[host]\nsysfs_root = {sysroot}\n"
             f"[libvirt]\nconnection_uri = {libvirt_uri}\n"
             f"[compute]\ninstances_path = {workdir}\n{lines}"

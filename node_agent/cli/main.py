@@ -33,7 +33,7 @@ from typing import Optional, Sequence
 
 from node_agent.cli import render
 from node_agent.policy.capacity import check, host_limits, published
-from node_agent.config.files import oslo_args
+from node_agent.config.files import log_ignored, oslo_args
 from node_agent.policy import maintenance as maint
 from node_agent.cycle.desired import compute_desired, file_traits_to_remember, forget_applied_off
 from node_agent.state import APPLIED, MAINTENANCE, ROOT_UUID
@@ -590,6 +590,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         files = config_args(oslo_args(args))
         if args.check_config:
             valid = validate(files)
+            log_ignored(valid.conf)  # logging stays on stderr here
             code = _check_config(valid, args.output)
             return _connect(valid) if args.connect else code
         if args.command == "audit":

@@ -8,7 +8,10 @@ ConfigError.
 nova.conf is read as it is (``--config-file /etc/nova/nova.conf
 --config-file /etc/node-agent/node-agent.conf``): sections and options that
 are nova's (:mod:`node_agent.config.nova_options`) and not the agent's are ignored
-with one DEBUG line; a name that is neither is still refused.
+with one DEBUG line; a name that is neither is still refused, except in a file
+that is nova's (:func:`novas_files`), where nova ignores it too (an option an
+older nova had, ``use_neutron``). The logging options of a nova file are
+nova's: the agent's logging comes from its own files only.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from oslo_config import cfg
 
 from node_agent.config import options as conf_mod
 from node_agent.errors import ConfigError
-from node_agent.config.nova_options import NOVA_DYNAMIC_SECTION_PREFIXES, NOVA_OPTIONS
+from node_agent.config.nova_options import (NOVA_DYNAMIC_SECTION_PREFIXES,
+                                             NOVA_OPTIONS, NOVA_VERSION)
 
 LOG = logging.getLogger(__name__)
 
@@ -95,12 +99,18 @@ def _is_nova_section(section: str) -> bool:
 
 
 def unknown_options(conf: cfg.ConfigOpts) -> list[str]:
-    """Problems: sections and options neither the agent's nor nova's. The
-    names that are nova's only are ignored, with one DEBUG line."""
-    problems, ignored = _classify_keys(conf)
+    """Problems: sections and options neither the agent's nor nova's (in a
+    file of nova's: none). The names ignored are logged by
+    :func:`log_ignored`, once logging is set up."""
+    return _classify_keys(conf)[0]
+
+
+def log_ignored(conf: cfg.ConfigOpts) -> None:
+    """The one DEBUG line naming what the files hold that the agent ignores.
+    Called once the configured log exists, so the line reaches it."""
+    ignored = nova_only_keys(conf)
     if ignored:
         LOG.debug("nova options the agent does not use, ignored: %s", ", ".join(ignored))
-    return problems
 
 
 def nova_only_keys(conf: cfg.ConfigOpts) -> list[str]:
@@ -116,19 +126,76 @@ class _CaseKeepingParser(configparser.RawConfigParser):
         return optionstr
 
 
+def _parsed(path: str) -> Optional[configparser.RawConfigParser]:
+    parser = _CaseKeepingParser(strict=False, interpolation=None)
+    try:
+        parser.read(path)
+    except configparser.Error:
+        return None  # oslo.config already parsed it; its grammar is slightly wider
+    return parser
+
+
+def _agent_only_sections() -> set[str]:
+    """Sections only the agent has ([agent], [host], [node], [applier])."""
+    return {group for group, _opts in conf_mod.list_opts(with_messaging=False,
+                                                          with_placement=False)
+            if group not in NOVA_OPTIONS}
+
+
+def _is_novas(parser: configparser.RawConfigParser, known) -> bool:
+    """A file of nova's: no section only the agent has, and at least one
+    section or option only nova has (a real nova.conf always has some:
+    ``compute_driver``, ``my_ip``, ``[api_database]``...). Anything else is
+    the agent's own file, where every name must be known."""
+    if set(parser.sections()) & _agent_only_sections():
+        return False
+    for section in parser.sections() + ["DEFAULT"]:
+        if section not in known:
+            if _is_nova_section(section):
+                return True
+            continue
+        names = known[section]
+        if names is None:
+            continue  # [placement] of an auth type that cannot load: not a sign
+        if _nova_only(parser, section, names):
+            return True
+    return False
+
+
+def _nova_only(parser: configparser.RawConfigParser, section: str, names: set[str]) -> bool:
+    """Whether ``section`` of the file holds an option nova has and the agent not."""
+    defaults = set(parser.defaults())
+    keys = defaults if section == "DEFAULT" else set(parser[section]) - defaults
+    novas = {key.replace("-", "_") for key in keys} & NOVA_OPTIONS.get(section, frozenset())
+    novas -= names
+    if novas and section == "DEFAULT":  # oslo.messaging's, imported only when needed
+        novas -= _names(conf_mod.messaging_default_opts())
+    return bool(novas)
+
+
+def novas_files(conf: cfg.ConfigOpts) -> list[str]:
+    """The config files that are nova's (see :func:`_is_novas`), as read."""
+    known = _known_keys(conf)
+    out = []
+    for path in _files(conf):
+        parser = _parsed(path)
+        if parser is not None and _is_novas(parser, known):
+            out.append(path)
+    return out
+
+
 def _classify_keys(conf: cfg.ConfigOpts) -> tuple[list[str], list[str]]:
     known = _known_keys(conf)
     problems: list[str] = []
     ignored: list[str] = []
     for path in _files(conf):
-        parser = _CaseKeepingParser(strict=False, interpolation=None)
-        try:
-            parser.read(path)
-        except configparser.Error:
-            continue  # oslo.config already parsed it; its grammar is slightly wider
+        parser = _parsed(path)
+        if parser is None:
+            continue
+        novas = _is_novas(parser, known)
         for section in parser.sections() + ["DEFAULT"]:
             if section not in known:
-                if _is_nova_section(section):
+                if _is_nova_section(section) or novas:
                     ignored.append(f"[{section}]")
                 elif not section.startswith(_LIBRARY_SECTION_PREFIXES):
                     problems.append(f"{path}: unknown section [{section}]. Check the "
@@ -142,13 +209,17 @@ def _classify_keys(conf: cfg.ConfigOpts) -> tuple[list[str], list[str]]:
                 set(keys.keys()) - set(parser.defaults().keys()))
             unknown = [key for key in own if key.replace("-", "_") not in names]
             if unknown and section == "DEFAULT":
-                names |= _names(conf_mod.messaging_default_opts())
+                names = names | _names(conf_mod.messaging_default_opts())
             for key in unknown:
                 name = key.replace("-", "_")
                 if name in names:
                     continue
                 if name in NOVA_OPTIONS.get(section, ()):
                     ignored.append(f"[{section}] {key}")
+                elif novas:
+                    # nova ignores a name it does not know (one an older
+                    # nova had): so does the agent, in nova's file.
+                    ignored.append(f"[{section}] {key} (unknown to nova {NOVA_VERSION})")
                 else:
                     problems.append(f"{path}: unknown option [{section}] {key}. Check the "
                                     "spelling against etc/node-agent.conf.sample.")
@@ -257,4 +328,40 @@ def parse_conf(args: Sequence[str]) -> cfg.ConfigOpts:
         raise ConfigError(f"config file {exc.filename} cannot be read: "
                           f"{exc.strerror or exc}. Give the path of a readable "
                           "file.") from None
+    _logging_from_own_files(conf)
     return conf
+
+
+def _logging_from_own_files(conf: cfg.ConfigOpts) -> None:
+    """oslo.log's options (``debug``, ``log_dir``, ``log_file``...) set in a
+    file of nova's are nova's logging: the agent takes each from its own
+    files, or its default. (nova.conf's ``log_dir = /var/log/nova`` would
+    put the agent's log in nova's directory; its ``debug`` would turn on the
+    agent's.)"""
+    novas = novas_files(conf)
+    if not novas:
+        return
+    dest = {name: opt.dest for opt in conf_mod.log_opts()
+            for name in _opt_names(opt, "DEFAULT")}
+    taken = set()
+    for path in novas:
+        parser = _parsed(path)
+        if parser is not None:
+            taken |= {dest[key.replace("-", "_")] for key in parser.defaults()
+                      if key.replace("-", "_") in dest}
+    if not taken:
+        return
+    from node_agent import logs
+
+    own = cfg.ConfigOpts()
+    logs.register(own)
+    args: list[str] = []
+    for path in _files(conf):
+        if path not in novas:
+            args += ["--config-file", path]
+    own(args, project=PROJECT, default_config_files=None, use_env=False)
+    for name in sorted(taken):
+        try:
+            conf.set_override(name, own[name])
+        except cfg.NoSuchOptError:  # one oslo.log registers only when used
+            continue

@@ -28,10 +28,10 @@ DEFAULT_OPTS = [
              "change while instances run here."),
     cfg.StrOpt(
         "state_path",
-        help="Older name of [agent] state_path, read only when that is unset "
-             "and no nova.conf is among the config files: in nova.conf this "
-             "is nova's own directory (/var/lib/nova), where the agent never "
-             "writes."),
+        help="nova's option: nova's own directory (/var/lib/nova). The agent "
+             "reads it only as nova does, for the default instances_path "
+             "($state_path/instances), and never keeps its state there: that "
+             "is [agent] state_path."),
 ]
 
 # nova's legacy options live in [DEFAULT] (nova/conf/compute.py); the agent
@@ -79,6 +79,16 @@ LIBVIRT_OPTS = [
         choices=("kvm", "qemu"),
         help="nova's option: the domain type guests run with. Decides the "
              "VIF model traits and which domain capabilities are read."),
+    cfg.StrOpt(
+        "images_type",
+        default="default",
+        choices=("raw", "flat", "qcow2", "lvm", "rbd", "ploop", "default"),
+        help="nova's option: how nova stores guest disks. With lvm or rbd nova "
+             "reports the volume group's or the Ceph pool's size as DISK_GB; "
+             "the agent reads neither and reports the size of the filesystem "
+             "holding instances_path, with a warning each cycle. Set "
+             "[compute] reserved_host_disk_mb (or a provider file) to correct "
+             "it."),
     cfg.StrOpt(
         "cpu_mode",
         choices=CPU_MODES,
@@ -186,9 +196,11 @@ COMPUTE_OPTS = [
                  help="DISK_GB ratio used when disk_allocation_ratio is unset."),
     cfg.StrOpt(
         "instances_path",
-        default="/var/lib/nova/instances",
+        sample_default="$state_path/instances",
         help="Directory holding guest disks. DISK_GB is the size of the "
-             "filesystem that holds it."),
+             "filesystem that holds it. Unset: nova's [DEFAULT] "
+             "instances_path, else instances under nova's [DEFAULT] "
+             "state_path (nova's default), else /var/lib/nova/instances."),
     cfg.BoolOpt(
         "pcpu_transition_mode",
         default=False,
@@ -264,8 +276,8 @@ AGENT_OPTS = [
         help="Directory where the agent keeps its state: the root provider "
              "uuid and what it last applied. Must be writable by the service "
              "user. Losing it is safe: the agent adopts its provider by name. "
-             "Unset: [DEFAULT] state_path if given outside a nova.conf, else "
-             "/var/lib/node-agent."),
+             "Unset: /var/lib/node-agent. Never nova's [DEFAULT] "
+             "state_path."),
     cfg.IntOpt(
         "report_interval",
         default=60,
@@ -565,7 +577,7 @@ def messaging_default_opts() -> list:
             for opt in opts]
 
 
-def _log_opts() -> list:
+def log_opts() -> list:
     """oslo.log's ``[DEFAULT]`` options (debug, log_file, use_journal, use_json...)."""
     from oslo_log import _options
     return [opt for _group, opts in _options.list_opts() for opt in opts]
@@ -578,7 +590,7 @@ def list_opts(with_messaging: bool = True, with_placement: bool = True):
     costs a third of a second that ``--dry-run`` should not pay;
     ``with_placement=False`` skips keystoneauth's (``[placement]``)."""
     return [
-        ("DEFAULT", DEFAULT_OPTS + NOVA_DEFAULT_OPTS + _log_opts()
+        ("DEFAULT", DEFAULT_OPTS + NOVA_DEFAULT_OPTS + log_opts()
          + (messaging_default_opts() if with_messaging else [])),
         ("host", HOST_OPTS),
         ("libvirt", LIBVIRT_OPTS),

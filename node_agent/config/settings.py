@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import re
 from typing import Optional
 
@@ -24,6 +25,7 @@ from node_agent.model.device_spec import parse_device_specs
 from node_agent.errors import ConfigError
 from node_agent.model.settings import Settings
 from node_agent.model.hugepages import parse_reserved_huge_pages
+from node_agent.state import FILE_NAME as STATE_FILE_NAME
 
 LOG = logging.getLogger(__name__)
 
@@ -181,7 +183,8 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
         reserved_host_cpus=compute.reserved_host_cpus,
         reserved_host_memory_mb=compute.reserved_host_memory_mb,
         reserved_host_disk_mb=compute.reserved_host_disk_mb,
-        instances_path=compute.instances_path,
+        instances_path=_instances_path(compute, get),
+        images_type=get("libvirt", "images_type") or "default",
         pcpu_transition_mode=compute.pcpu_transition_mode,
         report_interval=agent.report_interval,
         full_verify_interval=agent.full_verify_interval,
@@ -193,7 +196,7 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
         upstream_timeout=float(agent.upstream_timeout or 60.0),
         upstream_topic=agent.upstream_topic or "node-agent-applier",
         upstream_key_file=agent.upstream_key_file or "",
-        state_path=_state_path(conf, get),
+        state_path=_state_path(get, problems),
         machine_id_path=agent.machine_id_path or "/etc/machine-id",
         take_over_provider=bool(agent.take_over_provider),
         sysfs_root=conf.host.sysfs_root,
@@ -245,24 +248,44 @@ def _guest_cpu(get: "_Reader", problems: list[str]) -> dict:
 
 
 DEFAULT_STATE_PATH = "/var/lib/node-agent"
+# nova's [DEFAULT] instances_path when neither it nor state_path is set in
+# the files (nova's own default, $pybasedir/instances, is a packaging detail).
+DEFAULT_INSTANCES_PATH = "/var/lib/nova/instances"
 
 
-def _state_path(conf, get: "_Reader") -> str:
-    """``[agent] state_path``; else ``[DEFAULT] state_path``, the older name,
-    unless a nova.conf is loaded, where it is nova's own directory."""
+def _state_path(get: "_Reader", problems: list[str]) -> str:
+    """``[agent] state_path``, else /var/lib/node-agent. ``[DEFAULT]
+    state_path`` is nova's directory, whatever file sets it: the agent never
+    keeps its state there."""
     own = get("agent", "state_path")
-    if own:
-        return own
-    legacy = get(None, "state_path")
-    if not legacy:
-        return DEFAULT_STATE_PATH
-    from node_agent.config.files import nova_only_keys
-    if nova_only_keys(conf):
-        LOG.info("[DEFAULT] state_path = %s is nova's directory (a nova.conf is "
-                 "loaded); the agent keeps its state in %s. Set [agent] "
-                 "state_path to choose.", legacy, DEFAULT_STATE_PATH)
-        return DEFAULT_STATE_PATH
-    return legacy
+    chosen = own or DEFAULT_STATE_PATH
+    novas = get(None, "state_path")
+    if not novas:
+        return chosen
+    if os.path.normpath(chosen) == os.path.normpath(novas):
+        problems.append(f"[agent] state_path = {chosen} is nova's [DEFAULT] state_path: "
+                        "the agent never keeps its state in nova's directory. Choose "
+                        f"another directory, for example {DEFAULT_STATE_PATH}.")
+    elif not own and os.path.exists(os.path.join(novas, STATE_FILE_NAME)):
+        # An older agent read its directory from [DEFAULT] state_path; its
+        # state (maintenance among it) is not silently left behind.
+        problems.append(f"[DEFAULT] state_path = {novas} holds node-agent's "
+                        f"{STATE_FILE_NAME}, written by an older agent that read its "
+                        "directory from that option. [DEFAULT] state_path is nova's "
+                        "option; the agent's is [agent] state_path. Rename the option "
+                        "to [agent] state_path to keep that state there, or move the "
+                        f"file to {DEFAULT_STATE_PATH}.")
+    return chosen
+
+
+def _instances_path(compute: "_Group", get: "_Reader") -> str:
+    """nova's rule: ``[DEFAULT] instances_path`` (or the agent's ``[compute]``
+    one), else ``$state_path/instances`` of nova's ``[DEFAULT] state_path``."""
+    chosen = compute.instances_path
+    if chosen:
+        return chosen
+    novas_state = get(None, "state_path")
+    return os.path.join(novas_state, "instances") if novas_state else DEFAULT_INSTANCES_PATH
 
 
 # Groups whose options are all ours (or keystoneauth's) to type-check.

@@ -35,10 +35,21 @@ def _existing_ancestor(path: str) -> Path:
     return candidate
 
 
-def disk_gb(instances_path: str) -> tuple[int, list[str]]:
+# nova's [libvirt] images_type values whose disks are not under instances_path.
+_POOL_SIZED = {"lvm": "the volume group's ([libvirt] images_volume_group)",
+               "rbd": "the Ceph pool's ([libvirt] images_rbd_pool)"}
+
+
+def disk_gb(instances_path: str, images_type: str = "default") -> tuple[int, list[str]]:
     """Size in whole GiB of the filesystem holding ``instances_path``."""
     where = _existing_ancestor(instances_path)
     warnings = []
+    if images_type in _POOL_SIZED:
+        warnings.append(f"[libvirt] images_type = {images_type}: nova reports "
+                        f"{_POOL_SIZED[images_type]} size as DISK_GB; the agent does not "
+                        "read it and reports the size of the filesystem holding "
+                        f"instances_path '{instances_path}'. Correct it with [compute] "
+                        "reserved_host_disk_mb or a provider file.")
     if str(where) != str(Path(instances_path).absolute()):
         warnings.append(f"instances_path '{instances_path}' does not exist; DISK_GB is the "
                         f"size of the filesystem holding '{where}'.")
@@ -379,7 +390,7 @@ def discover(settings: Settings, hypervisor=None) -> HostSnapshot:
     if not cpu_model.arch and real_host:
         cpu_model = HostCpuModel(platform.machine(), cpu_model.model,
                                  cpu_model.vendor, cpu_model.features)
-    size_gb, disk_warnings = disk_gb(settings.instances_path)
+    size_gb, disk_warnings = disk_gb(settings.instances_path, settings.images_type)
     total_mb, memory_warnings = memory_mb(topology, real_host)
     disk_warnings += memory_warnings
     _log_once(warnings + disk_warnings)

@@ -68,6 +68,8 @@ class Settings:
     domain_capabilities: bool = False
     # [libvirt] num_memory_encrypted_guests: caps each memory-encryption total.
     num_memory_encrypted_guests: Optional[int] = None
+    # [libvirt] images_type (nova's): lvm and rbd disks are not in instances_path.
+    images_type: str = "default"
     # Kinds ("cpu", "ram", "disk") whose *_allocation_ratio is set: those
     # ratios are asserted every cycle; the others are initial_* ratios that
     # apply only when the class is new in Placement (nova's rule).

@@ -28,7 +28,7 @@ def write_config(tmp_path: Path, system_dir: Path, host: str = "fixture-host",
     instances.mkdir(exist_ok=True)
     path = tmp_path / "node-agent.conf"
     path.write_text(
-        f"[DEFAULT]\nhost = {host}\nstate_path = {tmp_path / 'state'}\n"
+        f"[DEFAULT]\nhost = {host}\n[agent]\nstate_path = {tmp_path / 'state'}\n"
         f"[host]\nsysfs_root = {root}\n"
         "[libvirt]\nconnection_uri =\n"
         f"[compute]\ninstances_path = {instances}\n"

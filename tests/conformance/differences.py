@@ -70,3 +70,16 @@ def check(observed: Observed, record: bool = True) -> None:
                         "row from the README table")
     assert not problems, (f"{observed.area} ({observed.cases} cases) against nova:\n  "
                           + "\n  ".join(problems))
+
+
+def unchecked_areas(results: dict[str, Observed], table: dict[str, str]) -> list[str]:
+    """Areas the table lists that no test reported: their rows were never
+    checked (a test that stopped reporting, or an area renamed)."""
+    return sorted(set(table.values()) - set(results))
+
+
+def whole_suite(selected: set[str], every_file: set[str], deselected: int) -> bool:
+    """Whether a run holds every conformance test: every ``test_*.py`` file
+    of the directory has a selected test and none was deselected (``-k``).
+    Only such a run can say an area went unchecked."""
+    return bool(every_file) and every_file <= selected and not deselected

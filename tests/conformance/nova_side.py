@@ -389,6 +389,43 @@ def option_names():
     return {section: sorted(opts) for section, opts in sorted(names.items())}
 
 
+def local_disk(paths):
+    """Per nova.conf path: what ``LibvirtDriver._get_local_gb_info`` sizes
+    as DISK_GB with that file loaded by nova's ``CONF``: ``["fs", path]``
+    (the filesystem of ``instances_path``), ``["lvm", volume group]`` or
+    ``["rbd", pool]``. The three sizing calls are replaced by recorders: the
+    choice, and the paths resolved from the file, are nova's."""
+    from unittest import mock
+
+    def one(path):
+        CONF(["--config-file", path], project="nova", default_config_files=[])
+        seen = []
+
+        def fs_info(where):
+            seen.append(["fs", where])
+            return {"total": 0, "free": 0, "used": 0}
+
+        def vg_info(group):
+            seen.append(["lvm", group])
+            return {"total": 0, "free": 0, "used": 0}
+
+        def rbd_driver():
+            seen.append(["rbd", CONF.libvirt.images_rbd_pool])
+            return mock.Mock(get_pool_info=lambda: {"total": 0, "free": 0, "used": 0})
+
+        with mock.patch.object(libvirt_driver.libvirt_utils, "get_fs_info", fs_info), \
+                mock.patch.object(libvirt_driver.lvm, "get_volume_group_info", vg_info), \
+                mock.patch.object(libvirt_driver.rbd_utils, "RBDDriver", rbd_driver):
+            libvirt_driver.LibvirtDriver._get_local_gb_info()
+        [choice] = seen
+        return choice
+
+    try:
+        return _each(paths, one)
+    finally:
+        CONF([], project="nova", default_config_files=[])
+
+
 def version():
     import importlib.metadata
     return importlib.metadata.version("nova")
@@ -397,7 +434,7 @@ def version():
 OPS = {f.__name__: f for f in (parse_cpu_spec, cpu_sets, ratios, provider_configs,
                                merge_provider_configs, cpu_traits, static_traits,
                                cpu_mode_traits, mem_encryption_children, test_data_dir,
-                               option_names, version)}
+                               option_names, local_disk, version)}
 
 
 def main():

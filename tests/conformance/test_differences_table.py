@@ -24,3 +24,20 @@ def test_an_unlisted_difference_fails():
 def test_a_listed_difference_that_no_longer_occurs_fails():
     with pytest.raises(AssertionError, match="no longer occurs: remove its row"):
         check(Observed("cpu_spec", cases=1), record=False)
+
+
+def test_a_listed_area_no_test_reported_is_named():
+    results = {"cpu_spec": Observed("cpu_spec", cases=1)}
+    table = {"spec-empty-item": "cpu_spec", "disk-images-type-pool": "disk_gb"}
+    assert differences.unchecked_areas(results, table) == ["disk_gb"]
+    results["disk_gb"] = Observed("disk_gb", cases=1)
+    assert differences.unchecked_areas(results, table) == []
+
+
+@pytest.mark.parametrize("selected, deselected, whole", [
+    ({"test_a.py", "test_b.py"}, 0, True),
+    ({"test_a.py"}, 0, False),                  # one file given on the command line
+    ({"test_a.py", "test_b.py"}, 3, False),     # -k
+])
+def test_only_a_run_of_the_whole_suite_can_miss_an_area(selected, deselected, whole):
+    assert differences.whole_suite(selected, {"test_a.py", "test_b.py"}, deselected) is whole

@@ -97,8 +97,9 @@ class AgentProcess:
         self.proc: subprocess.Popen | None = None
 
     def config_text(self, reserved_memory_mb: int = 512) -> str:
-        return (f"[DEFAULT]\nhost = {self.host}\nstate_path = {self.dir / 'state'}\n"
+        return (f"[DEFAULT]\nhost = {self.host}\n"
                 f"{self.extra}"
+                f"[agent]\nstate_path = {self.dir / 'state'}\n"
                 f"[host]\nsysfs_root = {self.sysroot}\n"
                 "[libvirt]\nconnection_uri =\n"
                 f"[compute]\ninstances_path = {self.dir}\n"

@@ -176,7 +176,7 @@ def test_dry_run_shows_the_audit_section_and_writes_nothing(scene):
 
 def test_audit_without_placement_is_a_config_error(tmp_path):
     config = tmp_path / "node-agent.conf"
-    config.write_text(f"[DEFAULT]\nstate_path = {tmp_path}\n")
+    config.write_text(f"[agent]\nstate_path = {tmp_path}\n")
     result = run_agent("--config-file", str(config), "audit")
     assert result.code == 78
     assert "node-agent audit reads Placement" in result.stderr

@@ -218,7 +218,7 @@ class RunningService:
     def __init__(self, tmp_path, libvirtd, placement_url, host, interval=3600):
         config = tmp_path / "node-agent.conf"
         config.write_text(
-            f"[DEFAULT]\nhost = {host}\nstate_path = {tmp_path / 'state'}\n"
+            f"[DEFAULT]\nhost = {host}\n[agent]\nstate_path = {tmp_path / 'state'}\n"
             f"[libvirt]\nconnection_uri = {libvirtd.ro_uri}\n"
             f"[compute]\ninstances_path = {tmp_path}\n"
             f"[agent]\nreport_interval = {interval}\nstartup_splay = 0\n"

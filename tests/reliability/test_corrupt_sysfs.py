@@ -131,7 +131,7 @@ def config_for(root: Path, tmp_path: Path) -> Path:
     instances.mkdir(exist_ok=True)
     config = tmp_path / "node-agent.conf"
     config.write_text(
-        f"[DEFAULT]\nhost = damaged\nstate_path = {tmp_path / 'state'}\n"
+        f"[DEFAULT]\nhost = damaged\n[agent]\nstate_path = {tmp_path / 'state'}\n"
         f"[host]\nsysfs_root = {root}\n[libvirt]\nconnection_uri =\n"
         f"[compute]\ninstances_path = {instances}\nnuma_in_placement = true\n"
         f"provider_config_location = {tmp_path / 'provider_config'}\n")

@@ -204,3 +204,24 @@ def test_a_plan_that_already_keeps_placements_records_is_not_a_refusal():
     kept = {"r": {"VCPU": rec(16, 0, 4.0)}}
     result = enforce(kept, kept, {"r": "host"}, "r", [], limits)
     assert not result.refused and result.inventories == kept
+
+
+def test_offline_dedicated_cpus_under_cpu_power_management_count_once(tmp_path):
+    # linux-test6: CPUs 0-7 present, 5 and 7 offline (powered down by nova
+    # under [libvirt] cpu_power_management). They still back PCPU; the limit
+    # counts each configured CPU once, online or not, and the tree fits it.
+    host = snapshot("virhostcpudata/linux-test6", tmp_path)
+    conf = settings(cpu_dedicated_set=parse_cpu_spec("4-7"),
+                    cpu_shared_set=parse_cpu_spec("0-3"), cpu_power_management=True)
+    partition = partition_cpus(conf, host)
+    limits = host_limits(host, partition)
+    assert (limits.cpus, limits.online_cpus) == (8, 6)
+    tree = build_tree(conf, host, partition)
+    root = tree.providers[0].inventories
+    assert (root["PCPU"].total, root["VCPU"].total) == (4, 4)
+    assert check(published(tree), limits).ok
+    # Had the offline ones not counted, the same tree would be refused.
+    assert not check(published(tree), dataclasses.replace(limits, cpus=6)).ok
+    # The same CPUs in both sets would not make ten: a CPU counts once.
+    assert host_limits(host, dataclasses.replace(
+        partition, shared=partition.shared | parse_cpu_spec("4,6"))).cpus == 8

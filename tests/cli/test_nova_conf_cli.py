@@ -1,0 +1,43 @@
+"""The real CLI with an operator's nova.conf before the agent's own file."""
+
+from __future__ import annotations
+
+from tests.cli.runner import run_agent, write_config
+from tests.hostdata import HOSTDATA
+
+TEST6 = HOSTDATA / "virhostcpudata" / "linux-test6"
+
+
+def _nova_conf(tmp_path, log_dir) -> str:
+    path = tmp_path / "nova.conf"
+    path.write_text("[DEFAULT]\ndebug = true\nmy_ip = 10.0.0.7\nstate_path = /var/lib/nova\n"
+                    f"log_dir = {log_dir}\ncompute_driver = libvirt.LibvirtDriver\n"
+                    "use_neutron = true\n[libvirt]\nimages_type = rbd\n"
+                    "images_rbd_pool = vms\n")
+    return str(path)
+
+
+def test_novas_log_dir_is_not_the_agents_and_the_debug_line_reaches_the_agents_log(tmp_path):
+    # nova's log_dir does not exist here: an agent that took it as its own
+    # could not open its log (exit 78), or would write into nova's.
+    novas_log_dir = tmp_path / "var-log-nova"
+    log_file = tmp_path / "agent.log"
+    config = write_config(tmp_path, TEST6, extra=f"[DEFAULT]\nlog_file = {log_file}\n"
+                                                 "debug = true\n")
+    result = run_agent("--config-file", _nova_conf(tmp_path, novas_log_dir),
+                       "--config-file", str(config), "--once", "--dry-run")
+    assert result.code == 0, result.stderr
+    assert not novas_log_dir.exists()
+    logged = log_file.read_text()
+    assert "nova options the agent does not use, ignored: " in logged
+    assert "[DEFAULT] use_neutron (unknown to nova 34.0.0)" in logged
+
+
+def test_images_type_rbd_is_named_in_the_warnings_with_what_is_reported(tmp_path):
+    config = write_config(tmp_path, TEST6)
+    result = run_agent("--config-file", _nova_conf(tmp_path, tmp_path / "nova-log"),
+                       "--config-file", str(config), "--once", "--dry-run", "--output", "json")
+    assert result.code == 0, result.stderr
+    [warning] = [w for w in result.json()["warnings"] if "images_type" in w]
+    assert warning.startswith("[libvirt] images_type = rbd: nova reports the Ceph pool's")
+    assert f"filesystem holding instances_path '{tmp_path / 'instances'}'" in warning
