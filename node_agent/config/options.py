@@ -281,6 +281,16 @@ AGENT_OPTS = [
              "generation moved. Between them a cycle with no host change sends "
              "nothing. 0 verifies every cycle."),
     cfg.IntOpt(
+        "audit_in_flight_grace",
+        default=3600,
+        min=0,
+        help="Seconds the allocation audit lets an operation in flight (a "
+             "consumer of type MIGRATION, or allocations on this host and on "
+             "another host's compute providers) before it reports it as an "
+             "alarm: a migration still half-way after that long has failed and "
+             "left allocations on two hosts. Counted from the agent's own first "
+             "sighting (kept in the state file across restarts)."),
+    cfg.IntOpt(
         "startup_splay",
         default=30,
         min=0,
