@@ -74,7 +74,7 @@ unit: install
 # .venv-nova, built once like .venv. When it cannot be built (no package
 # index) the tests skip with a loud reason instead of failing the suite.
 test: install nova-venv lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -rs
 
 nova-venv:
 	@$(MAKE) --no-print-directory $(NOVA_VENV)/.installed || \

@@ -10,6 +10,7 @@ import pytest
 from node_agent.remote import wire
 from tests.integration.rabbit import SERVER, Broker, make_ca
 from tests.integration.test_applier import Bus, converged, make_agents
+from tests.real_parts import skip_or_fail
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +20,7 @@ def tls_broker(tmp_path_factory):
     import shutil
 
     if not SERVER.exists() or shutil.which("erl") is None:
-        pytest.skip("Debian's rabbitmq-server is not installed")
+        skip_or_fail("Debian's rabbitmq-server is not installed")
     base = tmp_path_factory.mktemp("rabbitmq-tls")
     ca = make_ca(base)
     broker = Broker(base, tls=ca).start()
