@@ -480,7 +480,7 @@ def check_config(conf) -> int:
     group = conf.applier
     try:
         coordination = Coordination(group.coordination_url, Path(group.state_path),
-                                    f"check-config-{os.getpid()}")
+                                    f"check-config-{os.getpid()}", group.lock_timeout)
     except ConfigError as exc:
         problems += exc.problems
     if problems:
@@ -489,7 +489,9 @@ def check_config(conf) -> int:
     coordination.stop()
     print(f"configuration is usable: {len(ring.masters)} master key(s)"
           + ("; unsigned messages (wire 2.0, 2.1) accepted" if ring.accept_unsigned else "")
-          + f"; coordination backend answers: {coordination.where()}")
+          + f"; coordination backend answers: {coordination.where()}"
+          + ("" if coordination.lock_expiry is None else
+             f" (a killed applier's host locks expire after {coordination.lock_expiry}s)"))
     return 0
 
 
@@ -520,7 +522,8 @@ def serve(conf) -> int:
     base = _placement_client(conf)
     base.check_version()
     token = f"{socket.gethostname()}:{os.getpid()}:{uuidlib.uuid4().hex[:8]}"
-    coordination = Coordination(group.coordination_url, Path(group.state_path), token).start()
+    coordination = Coordination(group.coordination_url, Path(group.state_path), token,
+                                group.lock_timeout).start()
     applier = Applier(lambda: PlacementClient(base.adapter), Path(group.state_path),
                       full_verify_interval=group.full_verify_interval,
                       lock_timeout=group.lock_timeout, token=token, keyring=keyring,
@@ -545,8 +548,10 @@ def serve(conf) -> int:
     notifier = systemd_notifier()
     notifier.notify("READY=1")
     notifier.notify(f"STATUS=listening on topic {group.topic}")
-    LOG.info("node-agent-applier listening on topic %s (coordination: %s)", group.topic,
-             coordination.where())
+    LOG.info("node-agent-applier listening on topic %s (coordination: %s%s)", group.topic,
+             coordination.where(),
+             "" if coordination.lock_expiry is None else
+             f"; a killed applier's host locks expire after {coordination.lock_expiry}s")
     while not stop.wait(5):
         notifier.notify("WATCHDOG=1")
     notifier.notify("STOPPING=1")
