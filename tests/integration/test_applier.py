@@ -803,7 +803,8 @@ def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placem
     whatever it sends in another host's name, or replays of that host's old
     messages, reach no Placement request (its request log stays empty) and
     leave the victim's inventory as it was. The applier's metrics count
-    each refusal by reason."""
+    each refusal by reason; a replay (refused) is told from an honest
+    message overtaken by a newer one (stale)."""
     port = free_port()
     applier, = bus.start(1, applier=f"metrics_port = {port}\n")
     victim, intruder = make_agents(bus, 2, "signed")
@@ -811,6 +812,8 @@ def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placem
     key = victim.upstream.key
 
     victim.reserve(1024)
+    overtaken = wire.full_message(victim.name, victim.upstream._next_seq(),
+                                  wire.body_of(victim.desired), key)   # never delivered
     old = wire.full_message(victim.name, victim.upstream._next_seq(),
                                 wire.body_of(victim.desired), key)
     assert client.call({}, "apply", message=old)["status"] == wire.APPLIED
@@ -833,7 +836,8 @@ def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placem
     attempts = {"forged host": (forged, wire.REFUSED, "does not verify"),
                 "bad signature": (tampered, wire.REFUSED, "does not verify"),
                 "unsigned": (unsigned, wire.REFUSED, "carries no signature"),
-                "replayed": (old, wire.STALE, None)}
+                "replayed": (old, wire.REFUSED, "was applied already"),
+                "out of order": (overtaken, wire.STALE, None)}
 
     log = RequestLog(placement_server)
     for what, (message, status, words) in attempts.items():
@@ -849,8 +853,9 @@ def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placem
     text = applier.log()
     assert f"refused a message from {victim.name} (forged; 2 refused so far)" in text
     assert f"refused a message from {victim.name} (unsigned; 3 refused so far)" in text
-    assert re.search(rf"{re.escape(victim.name)} seq {old['seq']} ignored: not above "
-                     r"\d+, the last applied \(a replayed", text)
+    assert f"refused a message from {victim.name} (replayed; 4 refused so far)" in text
+    assert re.search(rf"{re.escape(victim.name)} seq {overtaken['seq']} ignored: not above "
+                     r"\d+, the last applied \(an out-of-order message", text)
     assert not any(s in text for s in secrets)
     assert victim.cycle().ok   # the victim's own next message is applied
 
@@ -859,8 +864,9 @@ def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placem
     for line in ('node_agent_applier_refused_total{reason="forged"} 2.0',
                  'node_agent_applier_refused_total{reason="unsigned"} 1.0',
                  'node_agent_applier_refused_total{reason="expired_key"} 0.0',
+                 'node_agent_applier_refused_total{reason="replayed"} 1.0',
                  'node_agent_applier_messages_total{status="stale"} 1.0',
-                 'node_agent_applier_messages_total{status="refused"} 3.0'):
+                 'node_agent_applier_messages_total{status="refused"} 4.0'):
         assert line in metrics, metrics
     requests = re.search(r"^node_agent_applier_placement_requests_total (\S+)$", metrics, re.M)
     assert requests and float(requests[1]) > 0, metrics
