@@ -75,7 +75,7 @@ unit: install
 # index) the tests skip with a loud reason instead of failing the suite;
 # with NODE_AGENT_REQUIRE_REAL=1 (CI) both make and the tests fail instead.
 test: install nova-venv lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -rs
 
 nova-venv:
 	@$(MAKE) --no-print-directory $(NOVA_VENV)/.installed || { \

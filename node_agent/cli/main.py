@@ -312,7 +312,8 @@ def _companion(conf, settings, client=None):
     client = client or PlacementClient.from_conf(conf)
     client.check_version()
     return Companion(client, _state_store(settings),
-                     full_verify_interval=settings.full_verify_interval)
+                     full_verify_interval=settings.full_verify_interval,
+                     in_flight_grace=settings.audit_in_flight_grace)
 
 
 def _companion_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
@@ -357,7 +358,7 @@ def _audit_of(syncer, desired, settings, save: bool) -> dict:
     """The allocation audit against the tree the syncer has just read."""
     from node_agent.cycle.audit import Auditor
 
-    return Auditor(syncer).run(desired, settings.host, settings.numa_in_placement,
+    return Auditor(syncer, in_flight_grace=settings.audit_in_flight_grace).run(desired, settings.host, settings.numa_in_placement,
                                save=save).as_dict()
 
 

@@ -293,6 +293,16 @@ AGENT_OPTS = [
              "generation moved. Between them a cycle with no host change sends "
              "nothing. 0 verifies every cycle."),
     cfg.IntOpt(
+        "audit_in_flight_grace",
+        default=3600,
+        min=0,
+        help="Seconds the allocation audit lets an operation in flight (a "
+             "consumer of type MIGRATION, or allocations on this host and on "
+             "another host's compute providers) before it reports it as an "
+             "alarm: a migration still half-way after that long has failed and "
+             "left allocations on two hosts. Counted from the agent's own first "
+             "sighting (kept in the state file across restarts)."),
+    cfg.IntOpt(
         "startup_splay",
         default=30,
         min=0,
@@ -418,7 +428,8 @@ APPLIER_OPTS = [
         default=20,
         min=0,
         help="Seconds a message waits for another process applying the same "
-             "host before it is answered 'busy'."),
+             "host before it is answered 'busy'. With Redis, a killed "
+             "applier's locks expire after half of it (see coordination_url)."),
     cfg.StrOpt(
         "coordination_url",
         secret=True,
@@ -427,8 +438,9 @@ APPLIER_OPTS = [
              "tooz's file driver and files under state_path, for processes on one "
              "machine. redis://[:PASSWORD@]HOST:PORT[?lock_timeout=SECONDS]: locks "
              "and records in Redis, for processes on several machines (nothing "
-             "shared on disk); a lock held by a killed process expires after "
-             "lock_timeout (tooz's default: 30). "
+             "shared on disk); a lock held by a killed process expires after the "
+             "URL's lock_timeout, which must be below [applier] lock_timeout "
+             "(unset: half of it), so the host's next message applies. "
              "postgresql://USER:PASSWORD@HOST:PORT/DATABASE: advisory locks and "
              "the records in table node_agent_applier_hosts (created when "
              "missing), for processes on several machines; a killed process's "

@@ -47,7 +47,7 @@ _FALLBACKS = {"reserved_host_cpus": 0, "reserved_host_memory_mb": 0,
               "reserved_host_disk_mb": 0, "report_interval": 60,
               "full_verify_interval": 300, "pcpu_transition_mode": False,
               "startup_splay": 30, "interval_jitter": 0.1,
-              "retry_max_interval": 300}
+              "retry_max_interval": 300, "audit_in_flight_grace": 3600}
 
 
 def _cpu_spec(group: str, name: str, value: Optional[str], problems: list) -> Optional[CpuSet]:
@@ -191,6 +191,7 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
         startup_splay=agent.startup_splay,
         interval_jitter=agent.interval_jitter,
         retry_max_interval=agent.retry_max_interval,
+        audit_in_flight_grace=agent.audit_in_flight_grace,
         mode=agent.mode or "writer",
         upstream=agent.upstream or "placement",
         upstream_timeout=float(agent.upstream_timeout or 60.0),

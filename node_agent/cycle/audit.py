@@ -31,10 +31,11 @@ def holding_providers(states) -> list[str]:
 
 
 def valid_history(record) -> bool:
-    """``{"guests": {uuid: seconds}, "orphans": {uuid: seconds}, "notified": ...}``."""
+    """``{"guests": {uuid: seconds}, "orphans": {uuid: seconds},
+    "unallocated": {uuid: seconds}, "notified": ...}``."""
     if not isinstance(record, dict):
         return False
-    for key in ("guests", "orphans"):
+    for key in ("guests", "orphans", "unallocated"):
         seen = record.get(key, {})
         if not isinstance(seen, dict) or not all(
                 isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -47,9 +48,11 @@ def valid_history(record) -> bool:
 class Auditor:
     """Reads the allocations on the host's providers and audits them."""
 
-    def __init__(self, syncer, clock: Callable[[], float] = time.time):
+    def __init__(self, syncer, clock: Callable[[], float] = time.time,
+                 in_flight_grace: float = policy.IN_FLIGHT_GRACE):
         self.syncer = syncer
         self.clock = clock
+        self.in_flight_grace = in_flight_grace  # [agent] audit_in_flight_grace
         self.last: Optional[policy.AuditResult] = None
         self.requests = 0  # of the last audit
 
@@ -83,7 +86,7 @@ class Auditor:
             host_providers=[s.uuid for s in states],
             pcpu_offered=any("PCPU" in s.inventories for s in states),
             numa_nodes=policy.numa_provider_nodes(((s.uuid, s.name) for s in states), host)
-            if numa else None)
+            if numa else None, in_flight_grace=self.in_flight_grace)
         self.requests = client.stats.total - start
         if save:
             self.syncer.remember(STATE_KEY, {**result.history,

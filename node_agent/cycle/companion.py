@@ -40,6 +40,7 @@ from node_agent.placement.readonly import ReadOnlyPlacement
 from node_agent.placement.reshaper import host_reshape_inputs, plan_reshape
 from node_agent.placement.planner import ProviderState
 from node_agent.policy import drift as drift_policy
+from node_agent.policy.audit import IN_FLIGHT_GRACE
 
 LOG = logging.getLogger(__name__)
 
@@ -102,7 +103,8 @@ class Companion:
 
     def __init__(self, client, store, full_verify_interval: float = 300,
                  clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time):
+                 wall_clock: Callable[[], float] = time.time,
+                 in_flight_grace: float = IN_FLIGHT_GRACE):
         self.client = ReadOnlyPlacement(client)
         self.store = store
         self.full_verify_interval = full_verify_interval
@@ -112,7 +114,7 @@ class Companion:
         self._root_uuid: Optional[str] = None
         self._due_at: Optional[float] = None
         self._read_at: Optional[float] = None
-        self.auditor = Auditor(self, clock=wall_clock)
+        self.auditor = Auditor(self, clock=wall_clock, in_flight_grace=in_flight_grace)
         self._audit: Optional[dict] = None
         self._next_restart: Optional[dict] = None
         self.last: Optional[CompanionReport] = None

@@ -36,6 +36,7 @@ class Settings:
     startup_splay: int = 30
     interval_jitter: float = 0.1
     retry_max_interval: int = 300
+    audit_in_flight_grace: int = 3600
     # Nested providers (numa_tree, pci_tree, provider_config, whole-node mode).
     numa_in_placement: bool = False
     reserved_huge_pages: tuple[ReservedPages, ...] = ()

@@ -24,7 +24,13 @@ Each finding has a ``state``:
 * ``alarm``: to be acted on by an operator;
 * ``in_flight``: an operation in progress explains it, so it is no alarm:
   a consumer of type MIGRATION, or a consumer whose allocations also sit on
-  providers outside this host (a migration's other half, an evacuation);
+  another host's compute providers (a migration's other half, an
+  evacuation). Only providers holding VCPU, PCPU or MEMORY_MB count as
+  another host: DISK_GB on a sharing provider (shared storage) is held by
+  every instance of the aggregate, wherever it runs. An operation still in
+  flight after ``in_flight_grace`` seconds (by the agent's own
+  observations) has failed, e.g. a migration that left allocations on two
+  hosts: it becomes an alarm;
 * ``pending``: its subject (guest or consumer) was seen for the first time
   by this audit; a boot or a migration may be half-way, so it becomes an
   alarm only if the next audit sees it again.
@@ -54,6 +60,10 @@ MIGRATION = "MIGRATION"
 # Classes the audit sizes against the guest; others (DISK_GB on shared
 # storage, bandwidth, PCI devices) it cannot see from libvirt alone.
 CPU_CLASSES = ("VCPU", "PCPU")
+# What only a host's own compute providers hold: a consumer holding one of
+# them on a provider outside this tree is held by another host.
+COMPUTE_CLASSES = CPU_CLASSES + ("MEMORY_MB",)
+IN_FLIGHT_GRACE = 3600.0  # [agent] audit_in_flight_grace's default
 
 
 @dataclass(frozen=True)
@@ -164,8 +174,21 @@ def sizes_of(guest: Guest, totals: Mapping[str, int], pcpu_offered: bool
 
 def _elsewhere(details: Mapping[str, Mapping], consumer: str,
                host_providers: frozenset[str]) -> tuple[str, ...]:
+    """Providers of another host holding ``consumer``: outside this tree and
+    holding a compute class (not a sharing provider's DISK_GB)."""
     held = (details.get(consumer) or {}).get("allocations") or {}
-    return tuple(sorted(set(held) - host_providers))
+    return tuple(sorted(
+        provider for provider, record in held.items()
+        if provider not in host_providers
+        and any(rc in COMPUTE_CLASSES for rc in ((record or {}).get("resources") or {}))))
+
+
+def _overdue(since: float, now: float, grace: float) -> str:
+    """Why an in-flight case is an alarm after all ('' while within grace)."""
+    if now - since < grace:
+        return ""
+    return (f"; in flight for {now - since:.0f}s, longer than audit_in_flight_grace "
+            f"({grace:g}s): the operation failed and left this behind")
 
 
 def _consumer_type(details: Mapping[str, Mapping], consumer: str) -> Optional[str]:
@@ -177,7 +200,8 @@ def audit(guests: Iterable[Guest], allocations_by_provider: Mapping[str, Mapping
           history: Optional[Mapping] = None, now: float = 0.0,
           consumer_details: Optional[Mapping[str, Mapping]] = None,
           host_providers: Iterable[str] = (), pcpu_offered: bool = False,
-          numa_nodes: Optional[Mapping[str, int]] = None) -> AuditResult:
+          numa_nodes: Optional[Mapping[str, int]] = None,
+          in_flight_grace: float = IN_FLIGHT_GRACE) -> AuditResult:
     """Compare the local guests with the allocations on this host's providers.
 
     ``allocations_by_provider``: provider uuid -> body of ``GET
@@ -187,9 +211,11 @@ def audit(guests: Iterable[Guest], allocations_by_provider: Mapping[str, Mapping
     flight). ``host_providers``: every provider of this host's tree (the
     keys of ``allocations_by_provider`` are added). ``history``: what the
     previous audit returned as ``AuditResult.history`` (``{"guests":
-    {uuid: first seen}, "orphans": {consumer: first seen}}``, epoch
-    seconds). ``numa_nodes``: NUMA provider uuid -> node id, when NUMA
-    reporting is on.
+    {uuid: first seen}, "orphans": {consumer: first seen}, "unallocated":
+    {uuid: first seen with nothing here}}``, epoch seconds).
+    ``numa_nodes``: NUMA provider uuid -> node id, when NUMA reporting is
+    on. ``in_flight_grace``: seconds an in-flight case may last, from its
+    first sighting, before it is an alarm.
     """
     guests = list(guests)
     history = history or {}
@@ -199,8 +225,10 @@ def audit(guests: Iterable[Guest], allocations_by_provider: Mapping[str, Mapping
     here = consumers_here(allocations_by_provider)
     seen_guests = dict(history.get("guests") or {})
     seen_orphans = dict(history.get("orphans") or {})
+    seen_unallocated = dict(history.get("unallocated") or {})
     findings: list[Finding] = []
     orphans_now: dict[str, float] = {}
+    unallocated_now: dict[str, float] = {}
 
     for consumer, by_provider in sorted(here.items()):
         if any(g.uuid == consumer for g in guests):
@@ -209,11 +237,12 @@ def audit(guests: Iterable[Guest], allocations_by_provider: Mapping[str, Mapping
         elsewhere = _elsewhere(details, consumer, providers)
         since = float(seen_orphans.get(consumer, now))
         orphans_now[consumer] = since
-        if ctype == MIGRATION:
-            state, why = IN_FLIGHT, "a migration's allocation (consumer_type MIGRATION)"
-        elif elsewhere:
-            state, why = IN_FLIGHT, ("also allocated on providers of another host: "
-                                     "a migration or evacuation in progress")
+        if ctype == MIGRATION or elsewhere:
+            why = ("a migration's allocation (consumer_type MIGRATION)" if ctype == MIGRATION
+                   else "also allocated on providers of another host: a migration or "
+                        "evacuation in progress")
+            overdue = _overdue(since, now, in_flight_grace)
+            state, why = (ALARM, why + overdue) if overdue else (IN_FLIGHT, why)
         elif consumer not in seen_orphans:
             state, why = PENDING, "first seen by this audit; reported if seen again"
         else:
@@ -229,9 +258,12 @@ def audit(guests: Iterable[Guest], allocations_by_provider: Mapping[str, Mapping
         guest_held = here.get(guest.uuid)
         if guest_held is None:
             elsewhere = _elsewhere(details, guest.uuid, providers)
+            since = float(seen_unallocated.get(guest.uuid, now))
+            unallocated_now[guest.uuid] = since
+            overdue = _overdue(since, now, in_flight_grace)
             if elsewhere:
-                state, why = IN_FLIGHT, ("allocated on providers of another host only: "
-                                         "a migration in progress")
+                why = "allocated on providers of another host only: a migration in progress"
+                state, why = (ALARM, why + overdue) if overdue else (IN_FLIGHT, why)
             elif first_time:
                 state, why = PENDING, "first seen by this audit; reported if seen again"
             else:
@@ -257,6 +289,7 @@ def audit(guests: Iterable[Guest], allocations_by_provider: Mapping[str, Mapping
     next_history = {
         "guests": {g.uuid: float(seen_guests.get(g.uuid, now)) for g in guests},
         "orphans": orphans_now,
+        "unallocated": unallocated_now,
     }
     return AuditResult(tuple(findings), next_history, providers=len(allocations_by_provider),
                        consumers=len(here))

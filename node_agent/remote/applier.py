@@ -36,7 +36,7 @@ the apply is done: a process killed (or failing) mid-apply leaves none,
 and the next message reads the tree and checks the allocations again.
 
 Per-host order: a message whose ``seq`` is not above the record's is
-answered ``stale`` and ignored.
+answered ``stale`` and ignored, unless it is a replay (below).
 
 A host may only change its own subtree: the root must be named as the
 sending host, every child must hang under it and be named ``<host>_...``
@@ -48,8 +48,10 @@ The sending host is the ``host`` of the message, and the message's
 signature proves it (:mod:`node_agent.remote.signing`): before the host's
 lock or record is touched, a message that is unsigned, signed with another
 host's key or altered is refused, logged and counted (``refused`` by
-reason); a replayed one is not above the record's ``seq`` and answered
-``stale``. oslo.messaging does not authenticate senders, and every
+reason). A replay, a signed message identical to one the host's record
+says was applied, is refused as ``replayed`` (see :func:`replay_mark`); an
+older message never applied (out of order behind a newer one) is ``stale``.
+oslo.messaging does not authenticate senders, and every
 hypervisor holds the broker's credentials: the signature is what stops a
 hostile hypervisor from sending another host's tree.
 
@@ -92,6 +94,29 @@ LOG = logging.getLogger(__name__)
 RECORD_KEY = APPLIER
 # Keys of the record that hold only between completed applies.
 CACHE_KEY, SHAPE_KEY = "cache", "shape"
+# The marks of the host's last applied messages (replay_mark), newest last.
+APPLIED_KEY = "applied_marks"
+APPLIED_KEPT = 32
+REPLAYED = "replayed"   # refusal reason
+
+
+def replay_mark(raw) -> Optional[str]:
+    """A short name of a signed message (its signature, which covers host,
+    seq and digest), kept for the host's last APPLIED_KEPT applied messages.
+
+    An agent never sends one message twice (every send takes a new ``seq``),
+    so a signed message whose mark is in the host's record, at or below its
+    last sequence number, is a copy: replayed by whoever captured it off the
+    bus. One not in the record is ``stale``: an honest message overtaken by
+    a newer one (two appliers, a retry after a timeout). A replay of a
+    message older than the last APPLIED_KEPT applied ones cannot be told
+    from a stale one and is counted as stale: either way nothing is
+    applied. Heartbeats answered ``unchanged`` write no record, so they
+    leave no mark. None for an unsigned message."""
+    signature = raw.get("signature") if isinstance(raw, dict) else None
+    if not isinstance(signature, str):
+        return None
+    return hashlib.sha256(signature.encode("utf-8")).hexdigest()[:24]
 
 
 @dataclass
@@ -139,11 +164,12 @@ class Applier:
         # Messages refused since start, by cause: "format" (the wire
         # schema, the version or the digest), "tree" (a rule across
         # fields, or another host's providers), "owner" (a root another
-        # machine or nova-compute manages), and the signature's
-        # (signing.REASONS: unsigned, forged, expired_key).
+        # machine or nova-compute manages), the signature's
+        # (signing.REASONS: unsigned, forged, expired_key) and "replayed"
+        # (a copy of a message already applied).
         self.refused: Counter[str] = Counter()
         # Every message by the status of its reply (applied, unchanged,
-        # stale, busy, error, ...); stale counts replayed messages too.
+        # stale, refused, busy, error, ...).
         self.outcomes: Counter[str] = Counter()
         self.lock_waits = 0           # messages that found their host locked
         self.placement_requests = 0   # requests sent to Placement, all hosts
@@ -186,7 +212,7 @@ class Applier:
                              f"{type(exc).__name__}"}
         try:
             with lock:
-                return self._handle(message)
+                return self._handle(message, replay_mark(raw))
         except Busy:
             return {"status": wire.BUSY, "seq": message.seq,
                     "error": f"another applier has held {message.host} for "
@@ -217,13 +243,20 @@ class Applier:
 
     # -- one message, under the host's lock
 
-    def _handle(self, message: wire.Message) -> dict:
+    def _handle(self, message: wire.Message, mark: Optional[str] = None) -> dict:
         store = self.coordination.store(message.host)
         record = store.load_or_empty(LOG).get(RECORD_KEY, {})
         last = record.get("seq", -1)
+        marks = record.get(APPLIED_KEY)
+        marks = marks if isinstance(marks, list) else []
+        if message.seq <= last and mark is not None and mark in marks:
+            return self._refuse(REPLAYED, message.host, (
+                f"seq {message.seq} of {message.host} was applied already: this is a "
+                "copy of it (replayed)"))
         if message.seq <= last:
-            LOG.warning("%s seq %d ignored: not above %d, the last applied (a replayed "
-                        "or out-of-order message: stale)", message.host, message.seq, last)
+            LOG.warning("%s seq %d ignored: not above %d, the last applied (an "
+                        "out-of-order message, or a replay of one older than the last %d "
+                        "applied: stale)", message.host, message.seq, last, APPLIED_KEPT)
             return {"status": wire.STALE, "seq": message.seq, "last_seq": last}
         if record.get("signed") and not message.signed:
             # accept_unsigned is for agents not upgraded yet: one that signed
@@ -245,14 +278,16 @@ class Applier:
         local = self._local(message.host, record, desired)
         start = local.client.stats.total
         try:
-            return self._apply(message, store, record, body, desired, local)
+            return self._apply(message, store, record, body, desired, local, mark)
         finally:
             with self._counting:
                 self.placement_requests += local.client.stats.total - start
 
     def _apply(self, message: wire.Message, store: Store, record: dict, body: dict,
-               desired, local: _Local) -> dict:
+               desired, local: _Local, mark: Optional[str] = None) -> dict:
         start = local.client.stats.total
+        marks = record.get(APPLIED_KEY)
+        marks = marks if isinstance(marks, list) else []
         problems = self.foreign(local, desired.tree)
         if problems:
             with self._counting:
@@ -273,6 +308,7 @@ class Applier:
             "seq": message.seq, "digest": message.digest, "body": body,
             "ok": outcome.ok, "by": self.token, SHAPE_KEY: shape,
             "signed": message.signed or bool(record.get("signed")),
+            APPLIED_KEY: (marks + ([mark] if mark else []))[-APPLIED_KEPT:],
             CACHE_KEY: local.syncer.export_cache()})
         requests = local.client.stats.total - start
         log = LOG.warning if not outcome.ok else LOG.info if report.applied else LOG.debug
@@ -480,7 +516,7 @@ def check_config(conf) -> int:
     group = conf.applier
     try:
         coordination = Coordination(group.coordination_url, Path(group.state_path),
-                                    f"check-config-{os.getpid()}")
+                                    f"check-config-{os.getpid()}", group.lock_timeout)
     except ConfigError as exc:
         problems += exc.problems
     if problems:
@@ -489,7 +525,9 @@ def check_config(conf) -> int:
     coordination.stop()
     print(f"configuration is usable: {len(ring.masters)} master key(s)"
           + ("; unsigned messages (wire 2.0, 2.1) accepted" if ring.accept_unsigned else "")
-          + f"; coordination backend answers: {coordination.where()}")
+          + f"; coordination backend answers: {coordination.where()}"
+          + ("" if coordination.lock_expiry is None else
+             f" (a killed applier's host locks expire after {coordination.lock_expiry}s)"))
     return 0
 
 
@@ -520,7 +558,8 @@ def serve(conf) -> int:
     base = _placement_client(conf)
     base.check_version()
     token = f"{socket.gethostname()}:{os.getpid()}:{uuidlib.uuid4().hex[:8]}"
-    coordination = Coordination(group.coordination_url, Path(group.state_path), token).start()
+    coordination = Coordination(group.coordination_url, Path(group.state_path), token,
+                                group.lock_timeout).start()
     applier = Applier(lambda: PlacementClient(base.adapter), Path(group.state_path),
                       full_verify_interval=group.full_verify_interval,
                       lock_timeout=group.lock_timeout, token=token, keyring=keyring,
@@ -545,8 +584,10 @@ def serve(conf) -> int:
     notifier = systemd_notifier()
     notifier.notify("READY=1")
     notifier.notify(f"STATUS=listening on topic {group.topic}")
-    LOG.info("node-agent-applier listening on topic %s (coordination: %s)", group.topic,
-             coordination.where())
+    LOG.info("node-agent-applier listening on topic %s (coordination: %s%s)", group.topic,
+             coordination.where(),
+             "" if coordination.lock_expiry is None else
+             f"; a killed applier's host locks expire after {coordination.lock_expiry}s")
     while not stop.wait(5):
         notifier.notify("WATCHDOG=1")
     notifier.notify("STOPPING=1")

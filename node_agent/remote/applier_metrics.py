@@ -19,7 +19,7 @@ from node_agent.remote import signing
 LOG = logging.getLogger(__name__)
 PREFIX = "node_agent_applier"
 # Always exported, 0 until seen: an alert on "forged" needs the series.
-REFUSAL_REASONS = ("format", "tree", "owner", *signing.REASONS)
+REFUSAL_REASONS = ("format", "tree", "owner", *signing.REASONS, "replayed")
 
 
 class ApplierCollector:
@@ -34,8 +34,8 @@ class ApplierCollector:
             lock_waits, requests = applier.lock_waits, applier.placement_requests
         messages = CounterMetricFamily(
             f"{PREFIX}_messages", "Agent messages handled, by the status of the reply "
-            "(applied, unchanged, stale: not above the last applied sequence number, "
-            "i.e. replayed or out of order; refused, busy, error, unknown_digest).",
+            "(applied, unchanged, stale: not above the last applied sequence number "
+            "and never applied, i.e. out of order; refused, busy, error, unknown_digest).",
             labels=["status"])
         for status in ("applied", "unchanged", "stale", "refused", "busy", "error",
                        "unknown_digest"):
@@ -46,7 +46,8 @@ class ApplierCollector:
             "version, digest), tree (another host's providers), owner (a root another "
             "machine or nova-compute manages), unsigned, forged "
             "(signature does not verify for the named host), expired_key (previous "
-            "master after its overlap).", labels=["reason"])
+            "master after its overlap), replayed (a copy of a message already "
+            "applied).", labels=["reason"])
         for reason in sorted(set(REFUSAL_REASONS) | set(refused)):
             refusals.add_metric([reason], refused.get(reason, 0))
         yield refusals

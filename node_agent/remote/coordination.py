@@ -9,9 +9,9 @@ talks to the coordination backend.
   records as state files under ``state_path/<host>/`` (one machine:
   today's behaviour and cost; a killed process's locks go with it);
 * ``redis://host:port[?lock_timeout=N]``: tooz's Redis driver for the
-  locks (a lock expires ``lock_timeout`` seconds, 30 by default, after
-  its holder stops heartbeating: a process killed while holding a host
-  frees it then) and the records as Redis values under
+  locks (a lock expires ``lock_timeout`` seconds after its holder stops
+  heartbeating: a process killed while holding a host frees it then; see
+  :func:`redis_lock_expiry`) and the records as Redis values under
   ``node-agent-applier/host/<host>``, in the same checksummed envelope as
   the state file. Appliers on several machines then share nothing on
   disk. Redis is the store because it is the backend the locks already
@@ -34,7 +34,7 @@ import logging
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import tenacity
 
@@ -177,6 +177,42 @@ def check_url(url: str) -> None:
             "[applier] state_path)")
 
 
+def redis_lock_expiry(url: str, lock_timeout: float) -> tuple[int, bool]:
+    """Seconds after which tooz's Redis driver frees the lock of a killed
+    holder, and whether the URL sets it (else the applier passes it).
+
+    A message waits ``[applier] lock_timeout`` for its host's lock, then is
+    answered busy. For the next message after a kill -9 to apply, the lock
+    must expire sooner than that: tooz's own default (30 s, its ``timeout``)
+    is above the default lock_timeout (20 s). Unset in the URL, the expiry is
+    half of lock_timeout (whole seconds, tooz's unit; at least 1); set, it
+    must be below lock_timeout. Raises ConfigError otherwise."""
+    query = {k: v[-1] for k, v in parse_qs(urlsplit(url).query).items()}
+    given = query.get("lock_timeout", query.get("timeout"))
+    if given is None:
+        expiry = max(1, int(lock_timeout // 2))
+        if expiry >= lock_timeout:
+            raise ConfigError(
+                f"[applier] lock_timeout = {lock_timeout:g} is too short with Redis: a "
+                "killed applier's lock expires after 1 s at the least, and a message "
+                "must be able to wait longer than that; set it to 2 or more")
+        return expiry, False
+    try:
+        expiry = int(given)
+    except ValueError:
+        raise ConfigError(f"[applier] coordination_url: lock_timeout={given!r} is not a "
+                          "whole number of seconds") from None
+    if expiry >= lock_timeout:
+        raise ConfigError(
+            f"[applier] coordination_url: the Redis lock expires after {expiry} s "
+            f"(lock_timeout= or timeout= in the URL), not less than [applier] "
+            f"lock_timeout ({lock_timeout:g} s): after an applier is killed holding a "
+            "host, that host's next message would be answered busy instead of "
+            "applied. Leave lock_timeout out of the URL (it is then half of [applier] "
+            "lock_timeout) or make it smaller")
+    return expiry, True
+
+
 def sqlalchemy_url(url: str) -> str:
     """tooz's ``postgresql://`` URL as SQLAlchemy's, with psycopg2 (the
     driver tooz uses) and without tooz's query options."""
@@ -187,13 +223,24 @@ def sqlalchemy_url(url: str) -> str:
 class Coordination:
     """The tooz coordinator of this process and the per-host records."""
 
-    def __init__(self, url: Optional[str], state_path: Path, member: str):
+    def __init__(self, url: Optional[str], state_path: Path, member: str,
+                 lock_timeout: Optional[float] = None):
+        """``lock_timeout``: the applier's (how long a message waits for its
+        host's lock); with Redis it sets or checks the locks' expiry."""
         from tooz import coordination as tooz
 
         self.url = url_of(url, state_path)
         check_url(self.url)
         self.state_path = Path(state_path)
-        self._coordinator = tooz.get_coordinator(self.url, member.encode("utf-8"))
+        options: dict[str, str] = {}
+        # Seconds a killed holder keeps a host locked (None: until its
+        # connection or process is gone).
+        self.lock_expiry: Optional[int] = None
+        if urlsplit(self.url).scheme == "redis" and lock_timeout is not None:
+            self.lock_expiry, in_url = redis_lock_expiry(self.url, lock_timeout)
+            if not in_url:
+                options["lock_timeout"] = str(self.lock_expiry)
+        self._coordinator = tooz.get_coordinator(self.url, member.encode("utf-8"), **options)
         self._redis = None
         if urlsplit(self.url).scheme == "redis":
             import redis

@@ -156,7 +156,8 @@ class Agent:
             from node_agent.cycle.reconcile import Reconciler
             self._reconciler = Reconciler(loaded.client, self._syncer)
             from node_agent.cycle.audit import Auditor
-            self._auditor = Auditor(self._syncer)
+            self._auditor = Auditor(
+                self._syncer, in_flight_grace=loaded.settings.audit_in_flight_grace)
         if not self._version_checked:
             loaded.client.check_version()
             self._version_checked = True
@@ -246,7 +247,8 @@ class Agent:
             loaded.client.check_version()
             self._companion = Companion(loaded.client,
                                         StateStore(Path(settings.state_path)),
-                                        full_verify_interval=settings.full_verify_interval)
+                                        full_verify_interval=settings.full_verify_interval,
+                                        in_flight_grace=settings.audit_in_flight_grace)
             self._companion_for = loaded
         companion = self._companion
         was_found = (self.last_companion or {}).get("found", True)

@@ -15,6 +15,7 @@ from devenv.embedded_placement import start_subprocess
 from node_agent.placement.client import PlacementClient
 from tests.integration.libvirtd import Libvirtd, unavailable_reason
 from tests.integration.rabbit import rabbitmq  # noqa: F401 (fixture)
+from tests.real_parts import skip_or_fail
 
 
 @pytest.fixture(scope="session")
@@ -49,7 +50,7 @@ def libvirtd(tmp_path_factory):
     failures."""
     reason = unavailable_reason()
     if reason:
-        pytest.skip(reason)
+        skip_or_fail(reason)
     daemon = Libvirtd(tmp_path_factory.mktemp("libvirtd"))
     try:
         yield daemon.start()

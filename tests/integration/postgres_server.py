@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.rabbit import free_port
+from tests.real_parts import skip_or_fail
 
 DATABASE = "coordination"
 START_TIMEOUT = 120
@@ -78,7 +79,7 @@ class PostgresCluster:
 @pytest.fixture
 def postgres_cluster():
     if _pg_bin("initdb") is None or _pg_bin("pg_ctl") is None:
-        pytest.skip("PostgreSQL's server binaries are not installed "
+        skip_or_fail("PostgreSQL's server binaries are not installed "
                     "(apt-get install postgresql)")
     cluster = PostgresCluster()
     try:

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.real_parts import skip_or_fail
+
 SERVER = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
 CTL = Path("/usr/lib/rabbitmq/bin/rabbitmqctl")
 START_TIMEOUT = 60
@@ -147,7 +149,7 @@ class Broker:
 @pytest.fixture(scope="session")
 def rabbitmq(tmp_path_factory):
     if not SERVER.exists() or shutil.which("erl") is None:
-        pytest.skip("Debian's rabbitmq-server is not installed "
+        skip_or_fail("Debian's rabbitmq-server is not installed "
                     "(apt-get install rabbitmq-server)")
     broker = Broker(tmp_path_factory.mktemp("rabbitmq")).start()
     yield broker.url

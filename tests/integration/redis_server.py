@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.rabbit import free_port
+from tests.real_parts import skip_or_fail
 
 SERVER = Path("/usr/bin/redis-server")
 START_TIMEOUT = 30
@@ -67,7 +68,7 @@ class RedisServer:
 @pytest.fixture
 def redis_url(tmp_path):
     if not SERVER.exists() or shutil.which("redis-server") is None:
-        pytest.skip("Debian's redis-server is not installed (apt-get install redis-server)")
+        skip_or_fail("Debian's redis-server is not installed (apt-get install redis-server)")
     base = tmp_path / "redis"
     base.mkdir()
     server = RedisServer(base).start()

@@ -803,7 +803,8 @@ def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placem
     whatever it sends in another host's name, or replays of that host's old
     messages, reach no Placement request (its request log stays empty) and
     leave the victim's inventory as it was. The applier's metrics count
-    each refusal by reason."""
+    each refusal by reason; a replay (refused) is told from an honest
+    message overtaken by a newer one (stale)."""
     port = free_port()
     applier, = bus.start(1, applier=f"metrics_port = {port}\n")
     victim, intruder = make_agents(bus, 2, "signed")
@@ -811,6 +812,8 @@ def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placem
     key = victim.upstream.key
 
     victim.reserve(1024)
+    overtaken = wire.full_message(victim.name, victim.upstream._next_seq(),
+                                  wire.body_of(victim.desired), key)   # never delivered
     old = wire.full_message(victim.name, victim.upstream._next_seq(),
                                 wire.body_of(victim.desired), key)
     assert client.call({}, "apply", message=old)["status"] == wire.APPLIED
@@ -833,7 +836,8 @@ def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placem
     attempts = {"forged host": (forged, wire.REFUSED, "does not verify"),
                 "bad signature": (tampered, wire.REFUSED, "does not verify"),
                 "unsigned": (unsigned, wire.REFUSED, "carries no signature"),
-                "replayed": (old, wire.STALE, None)}
+                "replayed": (old, wire.REFUSED, "was applied already"),
+                "out of order": (overtaken, wire.STALE, None)}
 
     log = RequestLog(placement_server)
     for what, (message, status, words) in attempts.items():
@@ -849,8 +853,9 @@ def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placem
     text = applier.log()
     assert f"refused a message from {victim.name} (forged; 2 refused so far)" in text
     assert f"refused a message from {victim.name} (unsigned; 3 refused so far)" in text
-    assert re.search(rf"{re.escape(victim.name)} seq {old['seq']} ignored: not above "
-                     r"\d+, the last applied \(a replayed", text)
+    assert f"refused a message from {victim.name} (replayed; 4 refused so far)" in text
+    assert re.search(rf"{re.escape(victim.name)} seq {overtaken['seq']} ignored: not above "
+                     r"\d+, the last applied \(an out-of-order message", text)
     assert not any(s in text for s in secrets)
     assert victim.cycle().ok   # the victim's own next message is applied
 
@@ -859,11 +864,77 @@ def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placem
     for line in ('node_agent_applier_refused_total{reason="forged"} 2.0',
                  'node_agent_applier_refused_total{reason="unsigned"} 1.0',
                  'node_agent_applier_refused_total{reason="expired_key"} 0.0',
+                 'node_agent_applier_refused_total{reason="replayed"} 1.0',
                  'node_agent_applier_messages_total{status="stale"} 1.0',
-                 'node_agent_applier_messages_total{status="refused"} 3.0'):
+                 'node_agent_applier_messages_total{status="refused"} 4.0'):
         assert line in metrics, metrics
     requests = re.search(r"^node_agent_applier_placement_requests_total (\S+)$", metrics, re.M)
     assert requests and float(requests[1]) > 0, metrics
+
+
+def metrics_of(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+        return answer.read().decode()
+
+
+def test_master_rotation_in_the_config_accepts_old_keys_until_the_overlap_ends(bus, placement):
+    """The new master in master_key_file, the old one in
+    previous_master_key_file: a host still holding its key under the old
+    master is applied while the overlap lasts, refused (expired_key) after;
+    a host with its new key is applied by both."""
+    old_master = bus.master_file
+    new_master = bus.tmp / "new-master.key"
+    new_master.write_text(uuid.uuid4().hex + uuid.uuid4().hex + "\n")
+    new_master.chmod(0o600)
+    bus.master_file = new_master   # what the appliers' master_key_file names
+    rotation = f"previous_master_key_file = {old_master}\nprevious_master_key_until = {{}}\n"
+    port = free_port()
+    during, = bus.start(1, applier=rotation.format("2099-01-01T00:00:00Z"))
+    after, = bus.start(1, applier=rotation.format("2020-01-01T00:00:00Z")
+                       + f"metrics_port = {port}\n")
+    late, moved = make_agents(bus, 2, "rotate")   # keys under the new master
+    late.upstream.key = signing.host_key(old_master.read_text().strip().encode(), late.name)
+    assert late.upstream.key != bus.key(late.name)
+
+    assert send_to(during, late)["status"] == wire.APPLIED
+    assert send_to(during, moved)["status"] == wire.APPLIED
+    refused = send_to(after, late)
+    assert refused["status"] == wire.REFUSED and "previous master" in refused["error"], refused
+    assert send_to(after, moved)["status"] == wire.APPLIED
+    assert f"refused a message from {late.name} (expired_key;" in after.log()
+    assert 'node_agent_applier_refused_total{reason="expired_key"} 1.0' in metrics_of(port)
+    assert converged(placement, late) and converged(placement, moved)
+
+
+def test_a_message_that_waits_for_its_hosts_lock_is_counted_as_a_lock_wait(
+        bus, placement, tmp_path):
+    """Another holder of the host's lock (here the test, through the same
+    file locks): the message waits, applies once it is released, and the
+    wait shows in the log and in node_agent_applier_lock_waits_total."""
+    from node_agent.remote.coordination import Coordination
+
+    port = free_port()
+    applier, = bus.start(1, applier=f"metrics_port = {port}\nlock_timeout = 30\n")
+    agent = make_agents(bus, 1, "waits")[0]
+    assert 'node_agent_applier_lock_waits_total 0.0' in metrics_of(port)
+    holder = Coordination(None, bus.tmp / "applier-state-0", "the-test")
+    replies: list[dict] = []
+    try:
+        with holder.lock(agent.name, 5):
+            sender = threading.Thread(target=lambda: replies.append(
+                send_to(applier, agent, timeout=60)))
+            sender.start()
+            time.sleep(2)
+            assert not replies, replies   # still waiting for the lock
+        sender.join(60)
+    finally:
+        holder.stop()
+    assert replies and replies[0]["status"] == wire.APPLIED, replies
+    assert re.search(rf"{re.escape(agent.name)} seq \d+ waited [\d.]+s for the host's lock",
+                     applier.log())
+    metrics = metrics_of(port)
+    assert 'node_agent_applier_lock_waits_total 1.0' in metrics, metrics
+    assert converged(placement, agent)
 
 
 def test_a_broker_that_is_down_is_a_clear_error_within_seconds_not_a_hung_call(tmp_path):

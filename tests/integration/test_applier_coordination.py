@@ -24,8 +24,11 @@ from tests.reliability.proxy import FaultProxy
 from tests.integration.reshape_driver import allocate
 
 pytestmark = pytest.mark.integration
+APPLY_MARGIN = 10   # seconds for one apply on a loaded machine, beyond the lock's wait
 
-LOCK_EXPIRY = 4   # tooz's lock_timeout: a killed holder's lock is free after it
+# The URL sets no expiry: the applier makes it half of its lock_timeout
+# (8 s: a killed holder's lock is free after 4 s).
+LOCK_TIMEOUT = 8
 
 
 def record(url: str, host: str) -> dict:
@@ -33,9 +36,8 @@ def record(url: str, host: str) -> dict:
     return decode(text.decode("utf-8"))["applier"]
 
 
-def on_redis(url: str, lock_timeout: float = 3) -> str:
-    return (f"coordination_url = {url}?lock_timeout={LOCK_EXPIRY}\n"
-            f"lock_timeout = {lock_timeout}\n")
+def on_redis(url: str, lock_timeout: float = LOCK_TIMEOUT) -> str:
+    return f"coordination_url = {url}\nlock_timeout = {lock_timeout}\n"
 
 
 def nothing_on_disk(bus) -> bool:
@@ -105,11 +107,12 @@ def test_per_host_order_holds_under_a_burst_across_two_appliers(bus, placement, 
 
 
 def kill_the_lock_holder_then_resend(bus, placement, placement_server, applier: str,
-                                     prefix: str, wait: float):
+                                     prefix: str, wait: float, expiry: float):
     """The first applier reaches Placement through a proxy that SIGKILLs it
     on the message's first request, inside the host's lock; the host's next
-    message goes to the other applier. Returns that applier and its reply,
-    after checking that the allocation on the host was kept."""
+    message goes to the other applier and must be applied within the lock's
+    ``expiry`` (plus a margin for the apply itself). Returns that applier
+    and the agent, after checking that the allocation on the host was kept."""
     proxy = FaultProxy(placement_server.url).start()
     try:
         holder, = bus.start(1, applier=applier, placement_url=proxy.url)
@@ -134,10 +137,13 @@ def kill_the_lock_holder_then_resend(bus, placement, placement_server, applier: 
         caller.start()
         assert holder.proc.wait(wait) == -signal.SIGKILL
 
+        killed = time.monotonic()
         reply = send_to(other, agent, timeout=2 * wait)
+        took = time.monotonic() - killed
         caller.join(2 * wait)
         assert lost, "the killed applier answered"
         assert reply["status"] == wire.APPLIED and reply["ok"], reply
+        assert took < expiry + APPLY_MARGIN, (took, expiry)
         assert converged(placement, agent)
         assert allocations(placement, [consumer]) == before
         return other, agent
@@ -147,11 +153,14 @@ def kill_the_lock_holder_then_resend(bus, placement, placement_server, applier: 
 
 def test_applier_killed_holding_a_hosts_lock_frees_it_at_the_lock_expiry(
         bus, placement, placement_server, redis_url):
-    """The host's next message, on the other applier, waits for the Redis
-    lock to expire and applies; the allocation on the host is kept."""
+    """With the URL's defaults, the host's next message, on the other
+    applier, waits for the Redis lock to expire (half of lock_timeout, not
+    tooz's 30 s) and applies; the allocation on the host is kept."""
     other, _agent = kill_the_lock_holder_then_resend(
-        bus, placement, placement_server, on_redis(redis_url, lock_timeout=30), "killed", 30)
+        bus, placement, placement_server, on_redis(redis_url), "killed", 30,
+        expiry=LOCK_TIMEOUT / 2)
     assert "waited" in other.log() and "for the host's lock" in other.log()
+    assert f"host locks expire after {LOCK_TIMEOUT // 2}s" in other.log()
 
 
 def check_config(tmp_path, applier: str, master_mode: int = 0o600):
@@ -190,6 +199,14 @@ def test_check_config_connects_to_the_coordination_backend_and_checks_the_master
     assert "the coordination backend at redis://127.0.0.1:" in down.stderr
     assert "S3cret" not in down.stdout + down.stderr
     assert "Traceback" not in down.stderr
+
+    # A Redis lock that outlives the wait: a killed applier's host would be
+    # answered busy, never applied.
+    late = check_config(tmp_path, f"coordination_url = {redis_url}?lock_timeout=30\n")
+    assert late.returncode == 78, late.stderr
+    assert "not less than [applier] lock_timeout (20 s)" in late.stderr
+    assert "coordination backend answers" in good.stdout
+    assert "host locks expire after 10s" in good.stdout
 
     other = check_config(tmp_path, "coordination_url = etcd3+http://127.0.0.1:2379\n")
     assert other.returncode == 78 and "is not supported" in other.stderr

@@ -106,7 +106,7 @@ def test_applier_killed_holding_a_hosts_advisory_lock_frees_it_with_its_session(
     allocation is kept."""
     other, agent = kill_the_lock_holder_then_resend(
         bus, placement, placement_server, on_postgres(postgres_url, lock_timeout=60),
-        "pgkilled", 60)
+        "pgkilled", 60, expiry=0)
     assert records(postgres_url)[agent.name]["by"].split(":")[1] == str(other.proc.pid)
 
 

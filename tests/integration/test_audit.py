@@ -8,6 +8,7 @@ MIGRATION) as nova's do since Yoga.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from pathlib import Path
 
@@ -121,6 +122,7 @@ def test_audit_command_reports_each_kind_once_seen_twice_and_never_alarms_in_fli
     first = run_agent("--config-file", config, "audit", "--output", "json")
     assert first.code == 0, first.stderr   # all new: pending, or in flight
     found = by_consumer(first.json()["audit"])
+    first_since = {f["consumer"]: f["orphaned_since"] for f in first.json()["audit"]["findings"]}
     assert found[cases["orphan"]] == (A.ORPHAN, A.PENDING)
     assert found[cases["unclaimed"]] == (A.NO_ALLOCATION, A.PENDING)
     assert found[cases["resized"]] == (A.SIZE_MISMATCH, A.PENDING)
@@ -142,8 +144,11 @@ def test_audit_command_reports_each_kind_once_seen_twice_and_never_alarms_in_fli
     assert types[cases["migration"]] == "MIGRATION"
     resized = next(f for f in audit["findings"] if f["consumer"] == cases["resized"])
     assert resized["sizes"] == [{"resource": "VCPU", "guest": 2, "allocated": 4}]
+    # How long: from the first run's sighting, kept by the state file
+    # between the two processes.
     orphan = next(f for f in audit["findings"] if f["consumer"] == cases["orphan"])
-    assert orphan["orphaned_since"] <= orphan["orphaned_since"] + orphan["orphaned_for_s"]
+    assert orphan["orphaned_since"] == first_since[cases["orphan"]] is not None
+    assert orphan["orphaned_for_s"] > 0
     assert audit["alarms"] == 3
 
     text = run_agent("--config-file", config, "audit")
@@ -153,6 +158,50 @@ def test_audit_command_reports_each_kind_once_seen_twice_and_never_alarms_in_fli
 
     # The audit never changes an allocation.
     assert scene.every_allocation() == before
+
+
+def test_in_flight_past_the_grace_and_disk_on_shared_storage_are_alarms(scene):
+    """A migration that never finished leaves allocations on two hosts: in
+    flight at first, an alarm once [agent] audit_in_flight_grace has passed
+    since the agent first saw it. A consumer whose only allocation outside
+    this host is DISK_GB on shared storage is no migration: an orphan."""
+    s = scene
+    shared = str(uuid.uuid4())
+    s.scheduler.post("/resource_providers", {"name": f"{s.host.name}-nfs", "uuid": shared})
+    s.scheduler.put(f"/resource_providers/{shared}/inventories", {
+        "resource_provider_generation": 0, "inventories": {"DISK_GB": {"total": 1000}}})
+    s.scheduler.put(f"/resource_providers/{shared}/traits", {
+        "resource_provider_generation": 1, "traits": ["MISC_SHARES_VIA_AGGREGATE"]})
+    cases = {"spanning": str(uuid.uuid4()), "migration": str(uuid.uuid4()),
+             "shared_disk": str(uuid.uuid4())}
+    s.claim(cases["spanning"], {s.host.root: {"VCPU": 1, "MEMORY_MB": 256},
+                                s.other_host: {"VCPU": 1, "MEMORY_MB": 256}})
+    s.claim(cases["migration"], {s.host.root: {"VCPU": 2, "MEMORY_MB": 1024}}, "MIGRATION")
+    s.claim(cases["shared_disk"], {s.host.root: {"VCPU": 1, "MEMORY_MB": 512},
+                                   shared: {"DISK_GB": 20}})
+    before = s.every_allocation()
+
+    config = write_config(s.host)   # the default grace: an hour
+    runs = [run_agent("--config-file", config, "audit", "--output", "json") for _ in range(2)]
+    assert runs[0].code == 0 and runs[1].code == 1, runs[1].stderr
+    assert {c: f for c, f in by_consumer(runs[1].json()["audit"]).items()
+            if c in cases.values()} == {
+        cases["spanning"]: (A.ORPHAN, A.IN_FLIGHT),
+        cases["migration"]: (A.ORPHAN, A.IN_FLIGHT),
+        cases["shared_disk"]: (A.ORPHAN, A.ALARM)}
+
+    time.sleep(1.1)
+    late = run_agent("--config-file", write_config(s.host, "[agent]\naudit_in_flight_grace = 1\n"),
+                     "audit", "--output", "json")
+    assert late.code == 1, late.stderr
+    audit = late.json()["audit"]
+    assert {c: by_consumer(audit)[c] for c in cases.values()} == {
+        c: (A.ORPHAN, A.ALARM) for c in cases.values()}
+    spanning = next(f for f in audit["findings"] if f["consumer"] == cases["spanning"])
+    assert "longer than audit_in_flight_grace (1s)" in spanning["detail"]
+    first_seen = {f["consumer"]: f["orphaned_since"] for f in runs[0].json()["audit"]["findings"]}
+    assert spanning["orphaned_since"] == first_seen[cases["spanning"]]
+    assert s.every_allocation() == before
 
 
 def test_dry_run_shows_the_audit_section_and_writes_nothing(scene):

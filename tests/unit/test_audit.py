@@ -48,7 +48,8 @@ def kinds(result):
      [(A.ORPHAN, A.IN_FLIGHT, C9)]),
     # A consumer here and on another host's provider: in flight.
     ([], on(ROOT, consumer_9={"VCPU": 1}), SEEN,
-     {C9: {"allocations": {ROOT: {}, OTHER_HOST: {}}, "consumer_type": "INSTANCE"}},
+     {C9: {"allocations": {ROOT: {}, OTHER_HOST: {"resources": {"VCPU": 1}}},
+           "consumer_type": "INSTANCE"}},
      [(A.ORPHAN, A.IN_FLIGHT, C9)]),
     # An INSTANCE consumer wholly here with no guest: an alarm.
     ([], on(ROOT, consumer_9={"VCPU": 1}), SEEN,
@@ -60,7 +61,8 @@ def kinds(result):
     ([FLOATING], {ROOT: {"allocations": {}}}, {}, {}, [(A.NO_ALLOCATION, A.PENDING, G1)]),
     # ... held on another host only (migration source): in flight.
     ([FLOATING], {ROOT: {"allocations": {}}}, SEEN,
-     {G1: {"allocations": {OTHER_HOST: {}}}}, [(A.NO_ALLOCATION, A.IN_FLIGHT, G1)]),
+     {G1: {"allocations": {OTHER_HOST: {"resources": {"MEMORY_MB": 2048}}}}},
+     [(A.NO_ALLOCATION, A.IN_FLIGHT, G1)]),
     # Resize leftover: the old size still allocated.
     ([FLOATING], on(ROOT, guest_1={"VCPU": 4, "MEMORY_MB": 4096}), SEEN, {},
      [(A.SIZE_MISMATCH, A.ALARM, G1)]),
@@ -92,7 +94,65 @@ def test_history_keeps_first_seen_times_and_forgets_what_is_gone():
     result = A.audit([FLOATING], on(ROOT, guest_1={"VCPU": 2, "MEMORY_MB": 2048}),
                      {"guests": {G1: 50.0, "gone": 10.0}, "orphans": {"gone": 10.0}},
                      now=300.0)
-    assert result.history == {"guests": {G1: 50.0}, "orphans": {}}
+    assert result.history == {"guests": {G1: 50.0}, "orphans": {}, "unallocated": {}}
+
+
+SHARED = "rp-shared-storage"   # a sharing provider: MISC_SHARES_VIA_AGGREGATE
+
+
+def test_disk_on_shared_storage_does_not_make_an_orphan_look_in_flight():
+    """Every instance of the aggregate holds DISK_GB on the sharing
+    provider, wherever it runs: that is no other host."""
+    details = {C9: {"consumer_type": "INSTANCE", "allocations": {
+        ROOT: {"resources": {"VCPU": 1, "MEMORY_MB": 512}},
+        SHARED: {"resources": {"DISK_GB": 20}}}}}
+    result = A.audit([], on(ROOT, consumer_9={"VCPU": 1, "MEMORY_MB": 512}), SEEN,
+                     now=200.0, consumer_details=details, host_providers=[ROOT])
+    assert kinds(result) == [(A.ORPHAN, A.ALARM, C9)]
+    assert result.findings[0].elsewhere == ()
+
+    # The same guest with only its disk elsewhere: no allocation here, an alarm.
+    details = {G1: {"allocations": {SHARED: {"resources": {"DISK_GB": 20}}}}}
+    result = A.audit([FLOATING], {ROOT: {"allocations": {}}}, SEEN, now=200.0,
+                     consumer_details=details, host_providers=[ROOT])
+    assert kinds(result) == [(A.NO_ALLOCATION, A.ALARM, G1)]
+
+
+ON_TWO_HOSTS = {C9: {"consumer_type": "INSTANCE", "allocations": {
+    ROOT: {"resources": {"VCPU": 1}}, OTHER_HOST: {"resources": {"VCPU": 1}}}}}
+MIGRATING = {C9: {"consumer_type": "MIGRATION",
+                  "allocations": {ROOT: {"resources": {"VCPU": 1}}}}}
+
+
+@pytest.mark.parametrize("details", [ON_TWO_HOSTS, MIGRATING], ids=["two hosts", "migration"])
+def test_an_orphan_in_flight_past_the_grace_is_a_failed_operation_alarm(details):
+    here = on(ROOT, consumer_9={"VCPU": 1})
+    within = A.audit([], here, SEEN, now=100.0 + 3599, consumer_details=details,
+                     host_providers=[ROOT])
+    assert kinds(within) == [(A.ORPHAN, A.IN_FLIGHT, C9)]
+    past = A.audit([], here, within.history, now=100.0 + 3600, consumer_details=details,
+                   host_providers=[ROOT])
+    assert kinds(past) == [(A.ORPHAN, A.ALARM, C9)]
+    assert "longer than audit_in_flight_grace (3600s)" in past.findings[0].detail
+    assert past.findings[0].orphaned_since == 100.0
+    short = A.audit([], here, SEEN, now=160.0, consumer_details=details,
+                    host_providers=[ROOT], in_flight_grace=60)
+    assert kinds(short) == [(A.ORPHAN, A.ALARM, C9)]
+
+
+def test_a_guest_allocated_only_on_another_host_past_the_grace_is_an_alarm():
+    details = {G1: {"allocations": {OTHER_HOST: {"resources": {"VCPU": 2}}}}}
+    first = A.audit([FLOATING], {ROOT: {"allocations": {}}}, SEEN, now=1000.0,
+                    consumer_details=details, host_providers=[ROOT], in_flight_grace=600)
+    assert kinds(first) == [(A.NO_ALLOCATION, A.IN_FLIGHT, G1)]
+    assert first.history["unallocated"] == {G1: 1000.0}
+    later = A.audit([FLOATING], {ROOT: {"allocations": {}}}, first.history, now=1600.0,
+                    consumer_details=details, host_providers=[ROOT], in_flight_grace=600)
+    assert kinds(later) == [(A.NO_ALLOCATION, A.ALARM, G1)]
+    # Once it holds its allocation here, the sighting is forgotten.
+    done = A.audit([FLOATING], on(ROOT, guest_1={"VCPU": 2, "MEMORY_MB": 2048}),
+                   later.history, now=1700.0, host_providers=[ROOT])
+    assert kinds(done) == [] and done.history["unallocated"] == {}
 
 
 def test_pinned_guest_is_sized_against_pcpu_when_the_host_offers_it():
@@ -150,6 +210,8 @@ def test_numa_provider_nodes_by_name():
     ({"guests": {"g": "yesterday"}}, False),
     ({"orphans": {"c": True}}, False),
     ({"notified": "x"}, False),
+    ({"unallocated": {"g": 1.0}}, True),
+    ({"unallocated": []}, False),
 ])
 def test_history_from_the_state_file_is_checked_before_use(record, valid):
     from node_agent.cycle.audit import valid_history
