@@ -9,7 +9,7 @@ import pytest
 
 from tests.conformance.bridge import NOVA_VENV, NovaBridge, nova_python
 from tests.conformance.differences import RESULTS, listed, unchecked_areas, whole_suite
-from tests.conftest import skip_or_fail
+from tests.real_parts import skip_or_fail
 
 HERE = Path(__file__).parent
 # Why the suite did not run, or which listed areas no test reported.

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.conformance.bridge import REPO
-from tests.conftest import REQUIRE_REAL, skip_or_fail
+from tests.real_parts import REQUIRE_REAL, skip_or_fail
 
 
 def _env(tmp_path, strict: bool) -> dict:
