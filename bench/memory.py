@@ -71,7 +71,7 @@ def import_probes(nova_python: Path) -> dict:
     return result
 
 
-def _child(command: list[str]) -> tuple[float, float, float, int]:
+def _child(command: list[str], env: dict | None = None) -> tuple[float, float, float, int]:
     """Wall s, CPU s (user + system) and peak RSS (MiB) of one process.
 
     Through GNU time (Debian's ``time``): a child forked by this (large)
@@ -79,7 +79,7 @@ def _child(command: list[str]) -> tuple[float, float, float, int]:
     kernel keeps the high-water mark across exec."""
     with tempfile.NamedTemporaryFile("r", suffix=".time") as out:
         done = subprocess.run([GNU_TIME, "-f", "%e %U %S %M", "-o", out.name] + command,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
         wall, user, system, rss_kib = out.read().split()[-4:]
     return float(wall), float(user) + float(system), int(rss_kib) / 1024, done.returncode
 

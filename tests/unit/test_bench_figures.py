@@ -1,6 +1,7 @@
 """The benchmark's bookkeeping (bench/): repetitions kept, single runs shown
 as such, ratios taken per interleaved repetition."""
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -88,20 +89,50 @@ def test_a_single_run_is_not_shown_as_a_range():
     assert common.fmt_stat(common.summary([1.0, 3.0, 2.0]), str) == "2.0 (1.0–3.0)"
 
 
-def test_a_rerun_keeps_hand_measured_sections_after_the_generated_ones():
+def test_a_rerun_replaces_its_section_and_adds_a_missing_one_before_how_to_rerun():
     from bench import report
 
     existing = "\n".join([
-        "# Benchmarks", "", "## 6. Allocation audit (measured by hand; not in run.py)",
-        "| consumers | requests |", "| 100 | 1 |", "",
-        "## How to rerun", "", "This run took 1 minute.", ""])
+        "# Benchmarks", "", "## 6. Production-like Placement: uWSGI on PostgreSQL",
+        "old figures", "", "## How to rerun", "", "This run took 1 minute.", ""])
     results = {"machine": {"date": "today", "commit": "abc"},
-               "production": {"failed": "boom"}, "durations": {"production": 1.0}}
+               "production": {"failed": "boom"}, "audit": {"failed": "bang"},
+               "durations": {"production": 1.0, "audit": 2.0}}
 
-    merged = report.merge(existing, results, ["production"])
+    merged = report.merge(existing, results, ["production", "audit"])
 
     headings = [line for line in merged.splitlines() if line.startswith("## ")]
     assert headings == ["## 6. Production-like Placement: uWSGI on PostgreSQL",
-                        "## 8. Allocation audit (measured by hand; not in run.py)",
-                        "## How to rerun"]
-    assert "| 100 | 1 |" in merged
+                        "## 8. Allocation audit", "## How to rerun"]
+    assert "old figures" not in merged and "boom" in merged and "bang" in merged
+    assert "This run took 1 minute." in merged
+
+
+def test_the_machine_line_says_when_its_commit_is_not_in_the_history():
+    from bench import report
+
+    head = subprocess.run(["git", "-C", str(report.REPO), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    gone = "- measured 2026-11-23 19:00 UTC at commit `0123abc`"
+    kept = f"- measured 2026-11-23 19:00 UTC at commit `{head}`"
+
+    assert "not in this branch's history" in report._unknown_commit(gone)
+    assert report._unknown_commit(kept) == kept
+
+
+def _reshape_row(total: int, reshaper: int, audit: int) -> dict:
+    paths = ["GET /allocations/{uuid} 200"] * 100
+    return {"rows": {"reshape, 100 consumers (VCPU → PCPU), after a restart": {
+        "node-agent": {"first": {"total": total, "paths": paths, "reply": {
+            "reshaper_requests": reshaper, "audit_requests": audit}}}}}}
+
+
+def test_the_reshape_row_is_split_and_judged_on_the_reshape_itself():
+    from bench import report
+
+    met = " ".join(report._reshape_breakdown(_reshape_row(110, 102, 5)))
+    missed = " ".join(report._reshape_breakdown(_reshape_row(115, 104, 5)))
+
+    assert "the reshape itself 102" in met and "the allocation audit 5" in met
+    assert "the rest of the cycle 3" in met and "**met** (102)" in met
+    assert "**missed** (104)" in missed
