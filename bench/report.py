@@ -20,8 +20,8 @@ TARGETS = {
     "first registration": "≤ 18",
     "steady cycle, 0 instances": "≤ 1",
     "steady cycle, 20 instances": "≤ 1",
-    "reshape, 100 consumers (VCPU → PCPU), after a restart": "reshape part ≤ 103",
-    "reshape, 1000 consumers (VCPU → PCPU), after a restart": "reshape part ≤ 1003",
+    "reshape, 100 consumers (VCPU → PCPU), after a restart": "≤ 103 without the audit",
+    "reshape, 1000 consumers (VCPU → PCPU), after a restart": "≤ 1003 without the audit",
 }
 LABELS = ("Every figure is labelled: *measured* (counted or timed in this run), "
           "*computed* (arithmetic on figures measured in this run: ratios, rates, "
@@ -237,21 +237,22 @@ def _reshape_breakdown(p: dict) -> list[str]:
         rest = first["total"] - reshaper - audit
         shapes = Counter(first["paths"])
         looked_up = shapes.get("GET /allocations/{uuid} 200", 0)
-        verdict = "met" if reshaper <= consumers + 3 else "missed"
+        path = reshaper + rest
+        verdict = "met" if path <= consumers + 3 else "missed"
         lines.append(
             f"Where the node-agent reshape's {first['total']} requests go (first "
             f"repetition; measured, split by the reshaper's and the auditor's own "
             f"counts, the rest computed): the reshape itself {reshaper} ({looked_up} "
             f"consumer reads `GET /allocations/{{uuid}}`, the root's allocations, "
-            f"`POST /reshaper`); the allocation audit {audit} (one "
-            f"`GET /resource_providers/{{uuid}}/allocations` per provider: the restarted "
-            f"agent's first cycle is a full verify, and the audit runs after every full "
-            f"verify); the rest of the cycle {rest} (the sync's and the maintenance "
-            f"check's reads of the tree, which the reshape moved). Issue 19's target, "
-            f"consumers + 3 = {consumers + 3} requests for the reshape itself: "
-            f"**{verdict}** ({reshaper}). The whole cycle, {first['total']}, is "
-            f"consumers + {first['total'] - consumers}: the target does not cover the "
-            f"audit and the sync that follow the reshape in the same cycle.")
+            f"`POST /reshaper`); then the tree read of the same cycle {rest} (the sync "
+            f"and the maintenance check re-read what the reshape moved, instead of "
+            f"taking it from the reshape's reads); then the allocation audit {audit} "
+            f"(one `GET /resource_providers/{{uuid}}/allocations` per provider: the "
+            f"restarted agent's first cycle is a full verify, and the audit follows every "
+            f"full verify). Issue 19's target is consumers + 3 = {consumers + 3} for a "
+            f"reshape after a restart, the tree it needs coming from its own reads: the "
+            f"reshape with its tree read costs {path}, **{verdict}**; the reshape's own "
+            f"requests alone are {reshaper}. The audit is outside that target.")
         lines.append("")
     return lines
 
@@ -973,10 +974,15 @@ def merge(existing: str, results: dict, rerun: list[str], note: str | None = Non
         if not new:
             continue
         took = results.get("durations", {}).get(name, 0)
+        load = results.get("load", {})
+        conditions = (f", 1-minute load average {load['start']:.1f} at the start of the "
+                      f"rerun and {load['end']:.1f} at its end (on {os.cpu_count()} cores "
+                      "shared with other work: times are noisy, request counts exact)"
+                      if "start" in load and "end" in load else "")
         new = [line for line in new] + [(note or
             f"*This section was rerun alone (`--only {name}`) on {m['date']} at commit "
-            f"`{m['commit']}`, in {took:.0f} s; the machine and versions above are those "
-            "of the last full run.*").format(took=took), ""]
+            f"`{m['commit']}`, in {took:.0f} s{conditions}; the machine and versions "
+            "above are those of the last full run.*").format(took=took), ""]
         number = _number(new[0])
         at = next((i for i, b in enumerate(blocks) if b and _number(b[0]) == number), None)
         if at is None:
