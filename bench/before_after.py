@@ -26,6 +26,7 @@ Both checkouts are driven by bench/version_driver.py.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -196,9 +197,22 @@ def discovery(drivers: dict, synthetic_root: Path, work: Path) -> dict:
         for side in _order(i):
             runs[side].append(drivers[side].call("discover"))
     result = _by_side(runs, "seconds")
-    result["ratio"] = common.summary([a["seconds"] / b["seconds"]
-                                      for a, b in zip(runs["after"], runs["before"])])
+    ratios = [a["seconds"] / b["seconds"] for a, b in zip(runs["after"], runs["before"])]
+    result["ratio"] = common.summary(ratios)
+    result["slower"] = sum(1 for r in ratios if r > 1)
+    result["regression_at"] = sign_test_threshold(len(ratios))
     return result
+
+
+def sign_test_threshold(n: int, level: float = 0.05) -> int:
+    """The fewest of ``n`` paired repetitions in which *after* must be the
+    slower for a one-sided sign test to call it a regression at ``level``."""
+    tail = 0.0
+    for k in range(n, -1, -1):
+        tail += math.comb(n, k) / 2 ** n
+        if tail > level:
+            return k + 1
+    return 0
 
 
 def run(work: Path) -> dict:

@@ -137,3 +137,12 @@ def test_the_reshape_row_is_split_and_judged_with_its_tree_read_but_not_the_audi
     assert "the tree read of the same cycle 3" in missed
     assert "costs 105, **missed**" in missed
     assert "costs 102, **met**" in met
+
+
+def test_a_regression_needs_after_slower_in_enough_pairs_for_a_sign_test():
+    from bench.before_after import sign_test_threshold
+
+    # P(X >= 5 of 5) = 1/32 <= 5 %; P(X >= 4) = 6/32 > 5 %.
+    assert sign_test_threshold(5) == 5
+    # 41 pairs: P(X >= 27) is about 2.9 %, P(X >= 26) about 5.5 %.
+    assert sign_test_threshold(41) == 27
