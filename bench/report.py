@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import re
 import statistics
 import subprocess
 from collections import Counter
@@ -1008,14 +1009,33 @@ def merge(existing: str, results: dict, rerun: list[str], note: str | None = Non
             blocks.insert(at, new)
         else:
             blocks[at] = new
+    text = "\n".join(line for block in blocks for line in block)
     for i, block in enumerate(blocks):
         if block and block[0] == HOW_TO_RERUN:
             took = next((line for line in block if line.startswith(TOOK)), "")
-            blocks[i] = _how_to_rerun(took)
+            took = took.split(ESTIMATE, 1)[0]
+            blocks[i] = _how_to_rerun(took + _estimate(took, text))
     for block in blocks:
         if block and block[0] == MACHINE:
             block[:] = [_unknown_commit(line) for line in block]
     return "\n".join(line for block in blocks for line in block).rstrip("\n") + "\n"
+
+
+ESTIMATE = " A full run now"
+_FULL_RUN = re.compile(r"(\w+) (\d+) s")
+_ALONE = re.compile(r"rerun alone \(`--only (\w+)`\).*? in (\d+) s")
+
+
+def _estimate(took: str, text: str) -> str:
+    """A full run's time now: each section's latest time, alone or in the
+    last full run (computed)."""
+    seconds = {name: int(n) for name, n in _FULL_RUN.findall(took.split("(", 1)[-1])}
+    seconds.update({name: int(n) for name, n in _ALONE.findall(text)})
+    if not seconds:
+        return ""
+    listed = ", ".join(f"{name} {n} s" for name, n in seconds.items())
+    return (f"{ESTIMATE} takes about {sum(seconds.values()) / 60:.0f} minutes "
+            f"(computed: each section's latest time, alone or in that run: {listed}).")
 
 
 MACHINE = "## Machine and versions"

@@ -144,5 +144,25 @@ def test_a_regression_needs_after_slower_in_enough_pairs_for_a_sign_test():
 
     # P(X >= 5 of 5) = 1/32 <= 5 %; P(X >= 4) = 6/32 > 5 %.
     assert sign_test_threshold(5) == 5
-    # 41 pairs: P(X >= 27) is about 2.9 %, P(X >= 26) about 5.5 %.
+    # 41 pairs: P(X >= 27) is about 3.0 %, P(X >= 26) about 5.9 %.
     assert sign_test_threshold(41) == 27
+
+
+def test_how_to_rerun_says_what_a_full_run_takes_now_from_each_sections_latest_time():
+    from bench import report
+
+    existing = "\n".join([
+        "# Benchmarks", "", "## 8. Allocation audit", "",
+        "*This section was rerun alone (`--only audit`) on today at commit `abc`, in 60 s, "
+        "load; the machine ...*", "",
+        "## How to rerun", "", "This run took 2.0 minutes (phases 100 s, memory 20 s).", ""])
+    results = {"machine": {"date": "today", "commit": "abc"},
+               "memory": {"failed": "boom"}, "durations": {"memory": 40.0}}
+
+    once = report.merge(existing, results, ["memory"])
+    twice = report.merge(once, results, ["memory"])
+
+    line = next(line for line in twice.splitlines() if line.startswith("This run took"))
+    assert line.count("A full run now") == 1
+    assert "about 3 minutes" in line  # phases 100 + memory 40 (alone) + audit 60
+    assert "phases 100 s, memory 40 s, audit 60 s" in line
