@@ -96,22 +96,31 @@ class ApplierProcess:
 
 
 class Appliers:
-    """``count`` applier processes on one topic, sharing one state path."""
+    """``count`` applier processes on one topic, sharing one state path; with
+    ``coordination`` (more ``[applier]`` lines: a ``coordination_url``), each
+    process has its own config and empty state directory instead, as on
+    separate machines."""
 
     def __init__(self, work: Path, transport_url: str, placement_url: str, topic: str,
-                 full_verify: int, count: int = APPLIERS):
+                 full_verify: int, count: int = APPLIERS, coordination: str = ""):
         work.mkdir(parents=True, exist_ok=True)
-        config = work / f"applier-{full_verify}.conf"
         master = work / "master.key"
         master.write_bytes(MASTER)
         master.chmod(0o600)
-        config.write_text(
-            f"[DEFAULT]\ntransport_url = {transport_url}\n"
-            f"[applier]\ntopic = {topic}\nstate_path = {work / 'state'}\n"
-            f"full_verify_interval = {full_verify}\nmaster_key_file = {master}\n"
-            "[placement]\nauth_type = admin_token\ntoken = admin\n"
-            f"endpoint_override = {placement_url}\n")
-        self.processes = [ApplierProcess(config, work / f"applier-{full_verify}-{n}.log")
+
+        def config(n: int) -> Path:
+            own = f"-{n}" if coordination else ""
+            path = work / f"applier-{full_verify}{own}.conf"
+            path.write_text(
+                f"[DEFAULT]\ntransport_url = {transport_url}\n"
+                f"[applier]\ntopic = {topic}\nstate_path = {work / ('state' + own)}\n"
+                f"full_verify_interval = {full_verify}\nmaster_key_file = {master}\n"
+                f"{coordination}"
+                "[placement]\nauth_type = admin_token\ntoken = admin\n"
+                f"endpoint_override = {placement_url}\n")
+            return path
+
+        self.processes = [ApplierProcess(config(n), work / f"applier-{full_verify}-{n}.log")
                           for n in range(count)]
 
     def __enter__(self) -> "Appliers":
@@ -381,14 +390,14 @@ def available() -> str | None:
     return None
 
 
-def _database() -> tuple[str | None, str]:
+def _database(name: str = DATABASE) -> tuple[str | None, str]:
     """(SQLAlchemy URL, description): PostgreSQL on 127.0.0.1 as in section 4
     when it answers; SQLite otherwise, whose single writer turns a burst of
     registrations into 500s and retries."""
     try:
-        fleet.admin(f"DROP DATABASE IF EXISTS {DATABASE}")
-        fleet.admin(f"CREATE DATABASE {DATABASE}")
-        return (f"postgresql+psycopg2://postgres@127.0.0.1:5432/{DATABASE}",
+        fleet.admin(f"DROP DATABASE IF EXISTS {name}")
+        fleet.admin(f"CREATE DATABASE {name}")
+        return (f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}",
                 f"PostgreSQL {fleet.postgres_version()}")
     except Exception:  # noqa: BLE001 - no server, no driver: fall back
         return None, "SQLite (no PostgreSQL on 127.0.0.1:5432)"

@@ -121,9 +121,14 @@ class Agent:
         desired = self.reconciler.maintained(desired)
         outcome = self.reconciler.apply(desired)
         provider_cache.keep(self.syncer)
+        audited = 0
         if self.syncer.verified_at != verified_at:
             self.auditor.run(desired, desired.tree.root.name, numa=False)
-        result = {"reshaper_requests": getattr(outcome.reshape, "requests", 0)}
+            audited = self.auditor.requests
+        # The cycle's requests, split for the report: the reshape's, the
+        # audit's, and the rest (the sync's and the checks').
+        result = {"reshaper_requests": getattr(outcome.reshape, "requests", 0),
+                  "audit_requests": audited}
         if not outcome.ok:
             result["error"] = "; ".join(outcome.errors)
         return result

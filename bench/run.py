@@ -6,8 +6,8 @@
 Benchmarks report; they never fail the build: a section that breaks is
 reported as such in the file and the others still run. ``--only`` runs the
 named sections (discovery, phases, memory, fleet, messaging, production,
-outage) and replaces
-just their part of an existing output file.
+outage, audit, companion, appliers, before_after) and replaces just their part
+of an existing output file.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import time
 import traceback
 from pathlib import Path
 
-from bench import (discovery, fleet, memory, messaging, outage, phases, production,
-                   report, synthetic_host)
+from bench import (appliers, audit, before_after, companion, discovery, fleet, memory,
+                   messaging, outage, phases, production, report, synthetic_host)
 from devenv.embedded_placement import start_subprocess
 from tests.hostdata import HOSTDATA, sysfs_root_for
 
@@ -31,8 +31,9 @@ REPO = Path(__file__).resolve().parents[1]
 # Seconds for the whole fleet section: a size that the previous one projects
 # past it is skipped (and the file says so).
 FLEET_BUDGET = 150
-SECTIONS = ("discovery", "phases", "memory", "fleet", "messaging", "production", "outage")
-RUN_ORDER = ("phases", "production", "outage", "discovery", "memory", "fleet", "messaging")
+SECTIONS = report.SECTION_ORDER
+RUN_ORDER = ("phases", "production", "outage", "before_after", "discovery", "memory",
+             "fleet", "messaging", "appliers", "audit", "companion")
 
 
 def _section(results: dict, name: str, fn) -> None:
@@ -109,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         "messaging": lambda: messaging.run(work / "messaging"),
         "production": lambda: production.run(work / "production", args.nova_python),
         "outage": lambda: outage.run(work / "outage"),
+        "audit": lambda: audit.run(work / "audit"),
+        "companion": lambda: companion.run(work / "companion"),
+        "appliers": lambda: appliers.run(work / "appliers"),
+        "before_after": lambda: before_after.run(work / "before-after"),
     }
     try:
         # The sections issue 19 asked for first, so an interrupted run still

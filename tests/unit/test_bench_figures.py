@@ -1,6 +1,7 @@
 """The benchmark's bookkeeping (bench/): repetitions kept, single runs shown
 as such, ratios taken per interleaved repetition."""
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -88,20 +89,80 @@ def test_a_single_run_is_not_shown_as_a_range():
     assert common.fmt_stat(common.summary([1.0, 3.0, 2.0]), str) == "2.0 (1.0–3.0)"
 
 
-def test_a_rerun_keeps_hand_measured_sections_after_the_generated_ones():
+def test_a_rerun_replaces_its_section_and_adds_a_missing_one_before_how_to_rerun():
     from bench import report
 
     existing = "\n".join([
-        "# Benchmarks", "", "## 6. Allocation audit (measured by hand; not in run.py)",
-        "| consumers | requests |", "| 100 | 1 |", "",
-        "## How to rerun", "", "This run took 1 minute.", ""])
+        "# Benchmarks", "", "## 6. Production-like Placement: uWSGI on PostgreSQL",
+        "old figures", "", "## How to rerun", "", "This run took 1 minute.", ""])
     results = {"machine": {"date": "today", "commit": "abc"},
-               "production": {"failed": "boom"}, "durations": {"production": 1.0}}
+               "production": {"failed": "boom"}, "audit": {"failed": "bang"},
+               "durations": {"production": 1.0, "audit": 2.0}}
 
-    merged = report.merge(existing, results, ["production"])
+    merged = report.merge(existing, results, ["production", "audit"])
 
     headings = [line for line in merged.splitlines() if line.startswith("## ")]
     assert headings == ["## 6. Production-like Placement: uWSGI on PostgreSQL",
-                        "## 8. Allocation audit (measured by hand; not in run.py)",
-                        "## How to rerun"]
-    assert "| 100 | 1 |" in merged
+                        "## 8. Allocation audit", "## How to rerun"]
+    assert "old figures" not in merged and "boom" in merged and "bang" in merged
+    assert "This run took 1 minute." in merged
+
+
+def test_the_machine_line_says_when_its_commit_is_not_in_the_history():
+    from bench import report
+
+    head = subprocess.run(["git", "-C", str(report.REPO), "rev-parse", "--short", "HEAD"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    gone = "- measured 2026-11-23 19:00 UTC at commit `0123abc`"
+    kept = f"- measured 2026-11-23 19:00 UTC at commit `{head}`"
+
+    assert "not in this branch's history" in report._unknown_commit(gone)
+    assert report._unknown_commit(kept) == kept
+
+
+def _reshape_row(total: int, reshaper: int, audit: int) -> dict:
+    paths = ["GET /allocations/{uuid} 200"] * 100
+    return {"rows": {"reshape, 100 consumers (VCPU → PCPU), after a restart": {
+        "node-agent": {"first": {"total": total, "paths": paths, "reply": {
+            "reshaper_requests": reshaper, "audit_requests": audit}}}}}}
+
+
+def test_the_reshape_row_is_split_and_judged_with_its_tree_read_but_not_the_audit():
+    from bench import report
+
+    missed = " ".join(report._reshape_breakdown(_reshape_row(110, 102, 5)))
+    met = " ".join(report._reshape_breakdown(_reshape_row(107, 102, 5)))
+
+    assert "the reshape itself 102" in missed and "the allocation audit 5" in missed
+    assert "the tree read of the same cycle 3" in missed
+    assert "costs 105, **missed**" in missed
+    assert "costs 102, **met**" in met
+
+
+def test_a_regression_needs_after_slower_in_enough_pairs_for_a_sign_test():
+    from bench.before_after import sign_test_threshold
+
+    # P(X >= 5 of 5) = 1/32 <= 5 %; P(X >= 4) = 6/32 > 5 %.
+    assert sign_test_threshold(5) == 5
+    # 41 pairs: P(X >= 27) is about 3.0 %, P(X >= 26) about 5.9 %.
+    assert sign_test_threshold(41) == 27
+
+
+def test_how_to_rerun_says_what_a_full_run_takes_now_from_each_sections_latest_time():
+    from bench import report
+
+    existing = "\n".join([
+        "# Benchmarks", "", "## 8. Allocation audit", "",
+        "*This section was rerun alone (`--only audit`) on today at commit `abc`, in 60 s, "
+        "load; the machine ...*", "",
+        "## How to rerun", "", "This run took 2.0 minutes (phases 100 s, memory 20 s).", ""])
+    results = {"machine": {"date": "today", "commit": "abc"},
+               "memory": {"failed": "boom"}, "durations": {"memory": 40.0}}
+
+    once = report.merge(existing, results, ["memory"])
+    twice = report.merge(once, results, ["memory"])
+
+    line = next(line for line in twice.splitlines() if line.startswith("This run took"))
+    assert line.count("A full run now") == 1
+    assert "about 3 minutes" in line  # phases 100 + memory 40 (alone) + audit 60
+    assert "phases 100 s, memory 40 s, audit 60 s" in line
