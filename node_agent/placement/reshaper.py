@@ -14,6 +14,14 @@ with consumer generation, several at a time: :mod:`node_agent.placement.read_pac
 one ``POST /reshaper``. VCPU -> PCPU on a host without NUMA children: N + 2,
 whatever other children the host has. After a 409, a retry reads the S + T
 views again and only the consumers they show changed.
+
+On a busy host one POST of many consumers may never get through: Placement
+checks the providers' generations again after processing the whole body
+(0.5-1.8 s for 150 consumers measured on the embedded Placement on two
+busy cores), and any write meanwhile refuses it. After such a refusal the
+plan goes in stages (:func:`node_agent.placement.reshape_engine.stage`),
+each atomic for its consumers, sized from the time the last POST took.
+Every stage costs one more view read and one POST.
 Children that allocations move to but Placement does not have yet are
 created first (one POST each, and the plan is computed again).
 
