@@ -67,9 +67,10 @@ LOG = logging.getLogger(__name__)
 # and then only the consumers it shows changed, so its window is a few
 # round trips whatever the number of consumers. Placement's own window is
 # the time it takes to process the body (measured on the embedded one:
-# 0.5-1 s for 150 consumers), so a refusal there halves the next POST. A
-# host that refused this many POSTs of one reshape is busier than a reshape
-# can get through (HostBusy); those that went through stay.
+# 0.5-1.8 s for 150 consumers), so a refusal there makes the next POST
+# smaller (_Stages.size). A host that refused this many POSTs of one
+# reshape, and two in three of all, is busier than a reshape can get
+# through (HostBusy); the POSTs that went through stay.
 ATTEMPTS = 16
 # Rounds of "view, changed consumers, view again" before a retry's POST.
 SETTLE_ROUNDS = 3
@@ -341,11 +342,11 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
     read again, then the consumers it shows changed, and the plan is
     recomputed: a stale plan is never sent. When Placement itself refused
     the POST because another write landed while it processed the body, the
-    next POST carries half the consumers (:func:`~node_agent.placement.
-    reshape_engine.stage`): each POST moves its consumers whole, and until
-    the last one the classes being moved are published closed at what is
-    allocated; a stage that goes through lets the next one grow by a
-    quarter. ``before_post`` is called with each body just before it is
+    rest goes in stages (:func:`~node_agent.placement.reshape_engine.stage`)
+    of as many consumers as Placement processes in about half the time
+    between other writes: each POST moves its consumers whole, and until the
+    last one the classes being moved are published closed at what is
+    allocated. ``before_post`` is called with each body just before it is
     sent (tests use it to race; the reconciler checks the capacity
     invariant with it). ``absent``: uuids given to providers of ``tree``
     Placement does not have yet; those that allocations move to are created
@@ -354,8 +355,10 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
     Raises ReshapeError (before any write) when the rule refuses (a pinned
     guest outside cpu_dedicated_set, fewer PCPU than pinned vCPUs in use, a
     guest that cannot be attributed to a GPU or NUMA node); HostBusy when
-    ``attempts`` POSTs were refused: the consumers moved by the stages that
-    went through stay moved, the rest keep what they hold.
+    ``attempts`` POSTs were refused, and two in three of all: the consumers
+    moved by the stages that went through stay moved, the rest keep what
+    they hold. So a reshape makes at most ``attempts`` + 3 x (its
+    consumers) POSTs.
     Placement being unreachable raises the client's ``Unavailable``.
     """
     uuid_of_root(tree)
@@ -420,7 +423,7 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
         LOG.info("reshape: moved %d consumers (%s) in %d POST /reshaper (%d refused), "
                  "last request id %s, %d requests",
                  outcome.consumers_moved, _totals_text(outcome.reshape),
-                 run.posts - run.refusals, run.refusals, outcome.request_id,
+                 run.through, run.refusals, outcome.request_id,
                  outcome.requests)
     else:
         LOG.debug("reshape: nothing to move (%d requests)", outcome.requests)
@@ -491,8 +494,9 @@ class _Stages:
     def size(self) -> None:
         """Consumers for the next POST: as many as Placement processes in
         half the time between other writes, from the last POST's time per
-        consumer (an over-estimate: part of it is the same for any size); half the refused one at most, twice the one that went
-        through at most (and so, before any staged POST was refused)."""
+        consumer (an over-estimate: part of it is the same for any size).
+        Half the refused one at most, twice the one that went through at
+        most (and so before any staged POST was refused)."""
         if self.timed is None:
             return
         consumers, seconds, refused = self.timed
