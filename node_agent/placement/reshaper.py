@@ -451,23 +451,36 @@ class _Stages:
     _read_at: float = 0.0
     windows: float = 0.0
     staged_refusals: int = 0
+    fastest: float = float("inf")  # the shortest window of a POST that went through
 
     def seen(self) -> None:
         self._read_at = time.monotonic()
 
     def busy(self, attempts: int) -> bool:
-        """Too busy: ``attempts`` POSTs refused, and two in three of all."""
-        return self.refusals >= max(1, attempts) and self.refusals > 2 * self.through
+        """Too busy: ``attempts`` POSTs refused, and either two in three of
+        all, or other writes so frequent that even the quickest staged POST
+        that went through would be refused one time in three (its window
+        over the interval)."""
+        if self.refusals < max(1, attempts):
+            return False
+        interval = self.interval
+        return (self.refusals > 2 * self.through
+                or (interval is not None and self.fastest * 3 > interval))
 
     @property
     def interval(self) -> Optional[float]:
-        """Seconds between other writes, as the staged POSTs found them (an
-        under-estimate: a refused POST had one in its window)."""
+        """Seconds between other writes, as the staged POSTs found them: the
+        time from their reads to their answers over how many were refused
+        (for writes that come at a steady pace, a window that long is hit
+        once)."""
         return self.windows / self.staged_refusals if self.staged_refusals else None
 
-    def _answered(self) -> None:
+    def _answered(self, processed: bool = False) -> None:
         if self.limit is not None:
-            self.windows += time.monotonic() - self._read_at
+            window = time.monotonic() - self._read_at
+            self.windows += window
+            if processed:  # not refused on arrival, before Placement read the body
+                self.fastest = min(self.fastest, window)
 
     def refused(self, sent: Reshape, exc: Exception, seconds: float) -> None:
         self._answered()
@@ -481,7 +494,7 @@ class _Stages:
             self.timed = (len(sent.moved_consumers), seconds, True)
 
     def went_through(self, sent: Reshape, seconds: float = 0.0) -> None:
-        self._answered()
+        self._answered(processed=True)
         self.through += 1
         self.moves += sent.moves
         self.last, self.refused_last = sent, None
@@ -540,6 +553,10 @@ def _busy_text(run: _Stages, plan: Reshape, seconds: float, exc: Exception) -> s
     moved = len({m.consumer for m in run.moves})
     left = len(plan.moved_consumers)
     consumers, took = run.last_post
+    interval = run.interval
+    pace = (f"; other writes came about every {interval:.2f} s and the quickest POST "
+            f"that went through took {run.fastest:.2f} s from its read to its answer"
+            if interval is not None and run.fastest < float("inf") else "")
     done = (f"{moved} consumers were moved, each whole, by the {run.through} that went "
             "through; until the rest are, the classes being moved are published closed "
             "at what is allocated"
@@ -548,7 +565,7 @@ def _busy_text(run: _Stages, plan: Reshape, seconds: float, exc: Exception) -> s
     return (f"reshape not done, this host is too busy: {run.refusals} POST /reshaper "
             f"refused in {seconds:.1f} s because allocations on the host changed "
             f"while they were read or processed (the last one carried {consumers} "
-            f"consumers and was answered in {took:.2f} s; last: {exc}). "
+            f"consumers and was answered in {took:.2f} s{pace}; last: {exc}). "
             f"{done}; {left} consumers still to move. The next cycle tries again. To "
             "let it through now, stop scheduling to this host for a moment (openstack "
             "compute service set --disable, or node-agent maintenance on) and run "

@@ -501,3 +501,35 @@ def test_moves_to_another_provider_are_not_staged():
     moves = tuple(dataclasses.replace(m, to_provider=child) for m in plan.moves)
 
     assert stage(dataclasses.replace(plan, moves=moves), view, current, [PINNED_2]) is None
+
+
+def _stages(**figures):
+    from node_agent.placement.reshaper import _Stages
+    return _Stages(limit=4, **figures)
+
+
+def test_a_host_whose_writes_come_faster_than_three_quick_posts_is_too_busy():
+    # 16 refused, 20 through: fewer than two in three refused, but writes
+    # every 0.12 s against a 0.05 s POST: one in three or more refused.
+    busy = _stages(refusals=16, through=20, windows=16 * 0.12, staged_refusals=16,
+                   fastest=0.05)
+    calm = _stages(refusals=16, through=20, windows=16 * 0.35, staged_refusals=16,
+                   fastest=0.05)
+
+    assert busy.busy(16) and not calm.busy(16)
+    assert not _stages(refusals=15, through=0).busy(16)   # not yet the attempts asked
+    assert _stages(refusals=16, through=7).busy(16)        # two in three refused
+
+
+def test_the_next_stage_is_what_placement_processes_in_half_the_interval():
+    stages = _stages(windows=4 * 0.4, staged_refusals=4, timed=(20, 0.2, False))
+    stages.size()
+    assert stages.limit == 20    # 20 consumers in 0.2 s: 20 fit in 0.2 s
+
+    stages = _stages(windows=4 * 0.4, staged_refusals=4, timed=(20, 0.05, False))
+    stages.size()
+    assert stages.limit == 40    # 80 would fit, twice the last at most
+
+    stages = _stages(windows=4 * 0.4, staged_refusals=4, timed=(20, 0.2, True))
+    stages.size()
+    assert stages.limit == 10    # refused: half at most
