@@ -69,8 +69,9 @@ LOG = logging.getLogger(__name__)
 # the time it takes to process the body (measured on the embedded one:
 # 0.5-1.8 s for 150 consumers), so a refusal there makes the next POST
 # smaller (_Stages.size). A host that refused this many POSTs of one
-# reshape, and two in three of all, is busier than a reshape can get
-# through (HostBusy); the POSTs that went through stay.
+# reshape, and most of them or writes faster than its POSTs (_Stages.busy),
+# is busier than a reshape can get through (HostBusy); the POSTs that went
+# through stay.
 ATTEMPTS = 16
 # Rounds of "view, changed consumers, view again" before a retry's POST.
 SETTLE_ROUNDS = 3
@@ -355,7 +356,8 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
     Raises ReshapeError (before any write) when the rule refuses (a pinned
     guest outside cpu_dedicated_set, fewer PCPU than pinned vCPUs in use, a
     guest that cannot be attributed to a GPU or NUMA node); HostBusy when
-    ``attempts`` POSTs were refused, and two in three of all: the consumers
+    ``attempts`` POSTs were refused, and two in three of all or other
+    writes come faster than three of its quickest POSTs: the consumers
     moved by the stages that went through stay moved, the rest keep what
     they hold. So a reshape makes at most ``attempts`` + 3 x (its
     consumers) POSTs.
