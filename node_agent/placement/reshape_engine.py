@@ -29,12 +29,20 @@ Only allocations on the rule's providers go through the rule; the rest of
 a moved consumer (other providers, other classes) is carried over as is,
 so the body replaces each consumer's allocations whole.
 
+A plan too large for Placement to take in one go on a busy host (each
+``POST /reshaper`` is refused when another write lands while Placement
+processes it, and that takes a few milliseconds per consumer) can be sent in
+stages (:func:`stage`): each moves some consumers whole, in one atomic
+body, with inventories in between that hold what is allocated and offer
+nothing more.
+
 Why one module over 400 lines: the records, the engine and the body it
 builds are one computation; the rules are already apart.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping, Optional, Sequence
@@ -445,3 +453,96 @@ def hold_inventories(tree: ProviderTree, current: Mapping[str, Mapping[str, dict
             inventories[rc] = Inventory.from_placement(rec)
         out.append(replace(provider, inventories=inventories))
     return ProviderTree(tuple(out))
+
+
+# ---------------------------------------------------------------- stages
+
+def _closed_at(record: Mapping, used: int) -> dict:
+    """``record`` with reserved raised so that its capacity is ``used``:
+    what consumers hold stays allocated, nothing more can be scheduled."""
+    ratio = float(record.get("allocation_ratio", 1.0))
+    units = math.ceil(used / ratio) if used > 0 else 0
+    while int(units * ratio) < used:  # float rounding
+        units += 1
+    return {**record, "reserved": record["total"] - units}
+
+
+def _usage_with(providers: Mapping[str, ProviderAllocations], body: Mapping,
+                batch: Iterable[str]) -> dict[str, dict[str, int]]:
+    """rp -> rc -> amount held once the ``batch`` consumers of ``body`` moved."""
+    usage: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for rp, state in providers.items():
+        for consumer, res in state.consumers.items():
+            for rc, amount in res.items():
+                usage[rp][rc] += amount
+    for consumer in batch:
+        for rp, state in providers.items():
+            for rc, amount in state.consumers.get(consumer, {}).items():
+                usage[rp][rc] -= amount
+        for rp, entry in body["allocations"][consumer]["allocations"].items():
+            if rp in providers:
+                for rc, amount in entry["resources"].items():
+                    usage[rp][rc] += amount
+    return usage
+
+
+def stage(plan: Reshape, providers: Mapping[str, ProviderAllocations],
+          current: Mapping[str, Mapping[str, Mapping]], batch: Iterable[str]
+          ) -> Optional[Reshape]:
+    """The part of ``plan`` that moves only the ``batch`` consumers, as a
+    body of its own; ``plan`` itself when the batch is all of them.
+
+    Each consumer in the batch moves whole and the others keep what they
+    hold, so a stage is as atomic per consumer as the plan. In between, the
+    classes the plan moves allocations from and to are published closed at
+    what is allocated once the stage is in (reserved = total - used, from
+    the new record, or the current one when the new one cannot hold that):
+    the scheduler can place nothing new on them until the last stage sets
+    the plan's inventories. Every other class keeps its record as
+    ``current`` (provider uuid -> Placement's inventories) has it; a
+    provider whose records do not change is left out of the body, so its
+    generation is not checked. ``providers``: the view ``plan`` was computed
+    from.
+
+    None when the plan cannot be staged: a move that changes provider (the
+    class would be offered on two levels in between), a provider not in
+    ``current``, or a class neither record can hold.
+    """
+    batch = set(batch) & set(plan.moved_consumers)
+    if plan.body is None or not batch:
+        return None
+    if batch == set(plan.moved_consumers):
+        return plan
+    if any(m.from_provider != m.to_provider for m in plan.moves):
+        return None
+    touched: dict[str, set[str]] = defaultdict(set)
+    for m in plan.moves:
+        touched[m.from_provider] |= {m.from_class, m.to_class}
+    usage = _usage_with(providers, plan.body, batch)
+    inventories = {}
+    for uuid, entry in sorted(plan.body["inventories"].items()):
+        held = current.get(uuid)
+        if held is None:
+            return None
+        final = entry["inventories"]
+        records = {rc: dict(record) for rc, record in held.items()}
+        for rc in sorted(touched.get(uuid, ())):
+            used = usage[uuid][rc]
+            if used <= 0 and rc not in held:
+                continue  # not offered yet, nothing to hold
+            base = next((r for r in (final.get(rc), held.get(rc))
+                         if r is not None and _capacity(r) >= used), None)
+            if base is None:
+                return None
+            records[rc] = _closed_at(base, used)
+        if records != held:
+            inventories[uuid] = {"resource_provider_generation":
+                                 entry["resource_provider_generation"],
+                                 "inventories": records}
+    if not inventories:  # Placement wants at least one provider in a reshape
+        uuid, entry = min(plan.body["inventories"].items())
+        inventories[uuid] = {**entry, "inventories": dict(current[uuid])}
+    body = {"inventories": inventories,
+            "allocations": {c: plan.body["allocations"][c] for c in sorted(batch)}}
+    return Reshape(body, tuple(m for m in plan.moves if m.consumer in batch),
+                   provider_names=plan.provider_names, consumer_names=plan.consumer_names)

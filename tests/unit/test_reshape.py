@@ -13,7 +13,7 @@ from node_agent.policy.partition import partition_cpus
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.placement.reshape_engine import (Consumer, ProviderAllocations, affected_consumers,
                                                  compute_reshape, hold_inventories, move_targets,
-                                                 rule_sources)
+                                                 rule_sources, stage)
 from node_agent.placement.reshape_rules import (chain, guest_names, host_rule, pcpu_to_numa_children,
                                                 pinned_to_pcpu, rule_provider_names,
                                                 vgpu_to_gpu_children)
@@ -435,3 +435,101 @@ def test_after_a_conflict_only_consumers_the_view_shows_changed_are_read_again()
     assert stale_consumers(view, read, [PINNED, PINNED_2, ORPHAN]) == {PINNED_2, ORPHAN}
     # A consumer the plan does not need is never read, changed or not.
     assert stale_consumers(view, read, [PINNED]) == set()
+
+
+# ---------------------------------------------------------------- stages
+
+def _staging_inputs():
+    """PINNED (4 VCPU) and PINNED_2 (2 VCPU) move to PCPU; UNPINNED stays.
+    Placement holds the legacy shape: 16 VCPU at ratio 4, no PCPU."""
+    consumers = {c.uuid: c for c in (consumer(PINNED, VCPU=4, MEMORY_MB=1024),
+                                     consumer(PINNED_2, VCPU=2, MEMORY_MB=512),
+                                     consumer(UNPINNED, VCPU=2, MEMORY_MB=512))}
+    view = provider_view(*consumers.values())
+    rule = pinned_to_pcpu(GUESTS, ROOT, parse_cpu_spec("2-7,10-15"))
+    plan = compute_reshape(view, consumers, tree(), rule)
+    current = {ROOT: {"VCPU": Inventory(16, allocation_ratio=4.0).as_placement(),
+                      "MEMORY_MB": Inventory(65536, reserved=512).as_placement(),
+                      "DISK_GB": Inventory(500).as_placement()}}
+    return view, plan, current
+
+
+def test_a_stage_moves_only_its_consumers_and_closes_the_moved_classes_at_their_usage():
+    view, plan, current = _staging_inputs()
+
+    staged = stage(plan, view, current, [PINNED_2])
+
+    assert sorted(staged.body["allocations"]) == [PINNED_2]
+    assert staged.body["allocations"][PINNED_2] == plan.body["allocations"][PINNED_2]
+    assert {m.consumer for m in staged.moves} == {PINNED_2}
+    root = staged.body["inventories"][ROOT]
+    assert root["resource_provider_generation"] == 7
+    # PCPU: the new record, 2 held by PINNED_2, nothing free.
+    assert root["inventories"]["PCPU"] == {**plan.body["inventories"][ROOT]["inventories"]
+                                           ["PCPU"], "reserved": 6}
+    # VCPU: 6 still held (PINNED 4 + UNPINNED 2): 2 units of the new record
+    # at ratio 4 (8 >= 6), the rest reserved.
+    assert root["inventories"]["VCPU"]["total"] == 8
+    assert root["inventories"]["VCPU"]["reserved"] == 6
+    # Classes nothing moves keep what Placement holds; the plan's new
+    # records wait for the last stage.
+    assert root["inventories"]["MEMORY_MB"] == current[ROOT]["MEMORY_MB"]
+    assert root["inventories"]["DISK_GB"] == current[ROOT]["DISK_GB"]
+
+
+def test_a_stage_of_every_consumer_is_the_plan_itself():
+    view, plan, current = _staging_inputs()
+
+    assert stage(plan, view, current, [PINNED, PINNED_2]) is plan
+
+
+def test_a_class_neither_record_can_hold_is_not_staged():
+    view, plan, current = _staging_inputs()
+    small = {ROOT: {**current[ROOT], "VCPU": Inventory(1).as_placement()}}
+    final = plan.body["inventories"][ROOT]["inventories"]
+    tight = dataclasses.replace(plan, body={**plan.body, "inventories": {ROOT: {
+        "resource_provider_generation": 7,
+        "inventories": {**final, "VCPU": Inventory(1).as_placement()}}}})
+
+    # 6 VCPU stay held after PINNED_2 moves: neither 1 VCPU record holds them.
+    assert stage(tight, view, small, [PINNED_2]) is None
+
+
+def test_moves_to_another_provider_are_not_staged():
+    view, plan, current = _staging_inputs()
+    child = "cccccccc-0000-4000-8000-000000000000"
+    moves = tuple(dataclasses.replace(m, to_provider=child) for m in plan.moves)
+
+    assert stage(dataclasses.replace(plan, moves=moves), view, current, [PINNED_2]) is None
+
+
+def _stages(**figures):
+    from node_agent.placement.reshaper import _Stages
+    return _Stages(limit=4, **figures)
+
+
+def test_a_host_whose_writes_come_faster_than_three_quick_posts_is_too_busy():
+    # 16 refused, 20 through: fewer than two in three refused, but writes
+    # every 0.12 s against a 0.05 s POST: one in three or more refused.
+    busy = _stages(refusals=16, through=20, windows=16 * 0.12, staged_refusals=16,
+                   fastest=0.05)
+    calm = _stages(refusals=16, through=20, windows=16 * 0.35, staged_refusals=16,
+                   fastest=0.05)
+
+    assert busy.busy(16) and not calm.busy(16)
+    assert not _stages(refusals=15, through=0).busy(16)   # not yet the attempts asked
+    assert _stages(refusals=16, through=7).busy(16)        # two in three refused
+
+
+def test_the_next_stage_is_what_placement_processes_in_half_the_interval():
+    stages = _stages(windows=4 * 0.4, staged_refusals=4, timed=(20, 0.2, False))
+    stages.size()
+    assert stages.limit == 20    # 20 consumers in 0.2 s: 20 fit in 0.2 s
+
+    stages = _stages(windows=4 * 0.4, staged_refusals=4, timed=(20, 0.05, False))
+    stages.size()
+    assert stages.limit == 40    # 80 would fit, twice the last at most
+
+    stages = _stages(windows=4 * 0.4, staged_refusals=4, timed=(20, 0.2, True))
+    stages.size()
+    assert stages.limit == 10    # refused: half at most
