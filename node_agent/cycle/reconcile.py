@@ -79,8 +79,11 @@ def guests_refused(desired: Desired) -> Optional[GuestsDoNotFit]:
 
 @dataclass(frozen=True)
 class ReshapeRefused:
-    """Why this cycle's reshape was not sent: nothing moved, and the classes
-    it would have moved keep the inventory Placement holds."""
+    """Why this cycle's reshape was not sent, or not sent whole: the classes
+    it would have moved keep the inventory Placement holds. A refused reshape
+    moved nothing; a busy one (``busy``) that went in stages may have moved
+    some consumers, each whole, and left the moved classes closed at what is
+    allocated (its reason says how many): the next cycle moves the rest."""
 
     reason: str
     # Allocations kept changing under it (HostBusy): temporary, the next
