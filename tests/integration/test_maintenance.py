@@ -3,6 +3,7 @@ Placement, on a host whose pinned (PCPU) and floating (VCPU) guests hold
 allocations written as the scheduler writes them."""
 
 import json
+import uuid
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ import pytest
 from node_agent.policy.maintenance import TRAIT
 from node_agent.state import FILE_NAME
 from tests.cli.runner import run_agent
-from tests.integration.reshape_driver import Host, boot_legacy_guests
+from tests.integration.reshape_driver import Host, allocate, boot_legacy_guests
 from tests.integration.test_cli_reshape import write_config
 from tests.integration.test_messaging import agent, ctl  # noqa: F401 (fixture)
 from tests.integration.test_service_process import root_inventory
@@ -81,6 +82,36 @@ def test_maintenance_on_reserves_every_class_in_use_and_sets_the_disabled_trait(
     assert any("maintenance is on (disk swap)" in w for w in result.json()["warnings"])
     again = once(busy.config, "--output", "json")
     assert again.code == 0 and again.json()["changes"] == []
+
+
+def test_maintenance_closes_a_class_whose_ratio_change_usage_blocks(placement_server,
+                                                                      host_name, tmp_path):
+    """20 VCPU in use (16 x 4.0 = 64), then maintenance on and
+    cpu_allocation_ratio = 1.0: the ratio change is held back (capacity 16
+    < 20 in use), but the held record is closed all the same."""
+    host = Host(tmp_path, placement_server.url, host_name)
+    assert once(write_config(host)).code == 0
+    host.boot(host.not_a_guest, vcpu=10, memory=1024)
+    other = str(uuid.uuid4())                  # max_unit is 16: two consumers
+    allocate(host.scheduler, other, {host.root: {"VCPU": 10}})
+    before = host.allocations()
+    config = write_config(host, "cpu_allocation_ratio = 1.0\n")
+    assert maintenance(config, "on", "--reason", "disk swap").code == 0
+
+    first = once(config, "--output", "json")
+
+    # The ratio change is refused and said so; the record it keeps is closed.
+    assert first.code == 1, first.stderr
+    assert "cannot lower VCPU" in first.stderr
+    inventories = host.inventories()
+    assert inventories["VCPU"] == {**inventories["VCPU"], "total": 16, "reserved": 16}
+    assert_closed(host)
+    # Closed, the record has no capacity left to starve: the next cycle
+    # applies the ratio and the class stays closed.
+    second = once(config, "--output", "json")
+    assert second.code == 0, second.stderr
+    assert_closed(host)
+    assert host.allocations() == before
 
 
 def test_lost_state_file_does_not_end_maintenance(closed):
