@@ -262,6 +262,9 @@ class Applier:
             return {"status": wire.REFUSED, "seq": message.seq,
                     "error": "; ".join(problems)}
         self._take(store, record)
+        # A lost state file on the host cannot end maintenance (as in the
+        # direct mode): the root's disabled trait in Placement keeps it on.
+        desired = local.reconciler.maintained(desired)
         outcome = local.reconciler.apply(desired)
         report = outcome.report
         # What the reconciler keeps: the shape once applied cleanly, else

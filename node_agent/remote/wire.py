@@ -65,6 +65,7 @@ from typing import Any, Mapping, Optional
 from node_agent.model.cpuset import CpuSet, CpuSetSyntaxError, parse_cpulist
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.model.snapshot import Guest, GuestMdev, HostSnapshot, NumaNode, PciGpu
+from node_agent.policy import maintenance as maint
 from node_agent.policy.capacity import HostLimits, limits_of
 from node_agent.remote import schema, signing
 from node_agent.tree.numa import numa_provider_name
@@ -217,6 +218,10 @@ class RemoteDesired:
     applied: Mapping = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     limits: Optional[HostLimits] = None
+    # What the agent's maintenance record asked for, as its tree says it
+    # (:func:`maintenance_of`); None: no record, Placement's root decides.
+    maintenance: Optional[Mapping] = None
+    notes: tuple[str, ...] = ()
 
 
 def _need(cond: bool, where: str, what: str) -> None:
@@ -366,6 +371,18 @@ def limits_from_wire(data: Optional[dict]) -> Optional[HostLimits]:
                       vgpus=data["vgpus"], vfs=data["vfs"], online_cpus=data["online_cpus"])
 
 
+def maintenance_of(tree: ProviderTree) -> Optional[dict]:
+    """The agent's maintenance record as its tree shows it: the root's
+    ``COMPUTE_STATUS_DISABLED`` wanted (on), unwanted (an ``off`` to apply),
+    or absent: the agent has no record (say its state file was lost), and,
+    as in the direct mode, the trait on the root in Placement keeps
+    maintenance on (:func:`node_agent.policy.maintenance.from_placement`)."""
+    wanted = tree.root.traits.get(maint.TRAIT)
+    if wanted is None:
+        return None
+    return maint.record(bool(wanted), None, "")
+
+
 def desired_from_body(body: dict, host: str) -> RemoteDesired:
     """Rebuild the tree and the reshape inputs from a body that
     :func:`parse_message` accepted (or the applier's record of one); raises
@@ -380,7 +397,8 @@ def desired_from_body(body: dict, host: str) -> RemoteDesired:
     _check_children_described(tree, remote)
     return RemoteDesired(tree, remote,
                          RemotePartition(_cpus(reshape["dedicated"], "body.reshape.dedicated")),
-                         limits=limits_from_wire(body.get("limits")))
+                         limits=limits_from_wire(body.get("limits")),
+                         maintenance=maintenance_of(tree))
 
 
 def _version(version) -> Optional[tuple[int, int]]:

@@ -8,12 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from node_agent.cycle.desired import compute_desired
+from node_agent.policy import maintenance as maint
 from node_agent.policy.maintenance import TRAIT
-from node_agent.state import FILE_NAME
+from node_agent.state import FILE_NAME, MAINTENANCE
 from tests.cli.runner import run_agent
 from tests.integration.reshape_driver import Host, allocate, boot_legacy_guests
 from tests.integration.test_cli_reshape import write_config
+from tests.integration.test_applier import bus  # noqa: F401 (fixture)
 from tests.integration.test_messaging import agent, ctl  # noqa: F401 (fixture)
+from tests.integration.test_nested_reshape import NestedHost
 from tests.integration.test_service_process import root_inventory
 
 pytestmark = pytest.mark.integration
@@ -241,3 +245,33 @@ def test_maintenance_command_writes_the_file_when_no_service_answers(
     from node_agent.state import StateStore
     assert is_on(StateStore(tmp_path / "state").load()[MAINTENANCE_KEY])
     idle.notify.close()
+
+
+def test_lost_state_file_does_not_end_maintenance_through_the_applier(
+        bus, tmp_path, placement_server, host_name):  # noqa: F811 (fixture)
+    """``[agent] upstream = messaging``: the agent's state file is lost, so its
+    tree carries no maintenance; the applier keeps it on from the root's
+    disabled trait in Placement, as the direct mode does."""
+    bus.start(1)
+    host = NestedHost(tmp_path, placement_server.url, host_name, [])
+    sender = bus.sender(host_name, timeout=30)
+    settings = host.settings()
+    on = {MAINTENANCE: maint.record(True, "disk swap", "2026-01-01T00:00:00+00:00")}
+    assert sender.send(compute_desired(settings, state=on)).ok
+
+    def closed() -> dict:
+        found = host.scheduler.get(f"/resource_providers/{host.root}/inventories")
+        return {rc: inv["reserved"] == inv["total"]
+                for rc, inv in found["inventories"].items()}
+
+    assert all(closed().values()) and TRAIT in host.root_traits()
+
+    report = sender.send(compute_desired(settings, state={}))   # the file is gone
+
+    assert report.ok, report.errors
+    assert all(closed().values()), closed()
+    assert TRAIT in host.root_traits()
+    # `maintenance off` (an off record) still ends it through the applier.
+    off = {MAINTENANCE: maint.record(False, None, "2026-01-02T00:00:00+00:00")}
+    assert sender.send(compute_desired(settings, state=off)).ok
+    assert not any(closed().values()) and TRAIT not in host.root_traits()
