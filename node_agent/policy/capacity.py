@@ -49,6 +49,7 @@ from typing import Iterable, Mapping, Optional
 import os_resource_classes as orc
 
 from node_agent.model.hugepages import PAGE_CLASS_PREFIX, page_class
+from node_agent.model.provider_tree import ProviderTree
 from node_agent.model.snapshot import HostSnapshot
 
 # Classes whose ratio is the operator's overcommit policy.
@@ -269,6 +270,20 @@ def as_published(inventories: Mapping[str, Mapping[str, Mapping]], names: Mappin
 
 def _close(record: Mapping) -> dict:
     return {**record, "reserved": record["total"]}
+
+
+def closed_unchecked(tree: ProviderTree) -> ProviderTree:
+    """``tree`` with every class the invariant checks closed (``reserved =
+    total``) on every provider: what the applier publishes for a host whose
+    limits it does not have (a wire 2.0 message). When in doubt, publish
+    less: nothing new lands there until the host sends its limits, and no
+    allocation is touched. Other classes (an operator's ``CUSTOM_``) are
+    left as they are."""
+    return ProviderTree(tuple(
+        replace(p, inventories={rc: (replace(inv, reserved=inv.total)
+                                     if checked_classes((rc,)) else inv)
+                                for rc, inv in p.inventories.items()})
+        for p in tree.providers))
 
 
 def enforce(planned: Mapping[str, Mapping[str, Mapping]],

@@ -204,3 +204,27 @@ def test_a_plan_that_already_keeps_placements_records_is_not_a_refusal():
     kept = {"r": {"VCPU": rec(16, 0, 4.0)}}
     result = enforce(kept, kept, {"r": "host"}, "r", [], limits)
     assert not result.refused and result.inventories == kept
+
+
+def test_a_tree_whose_limits_are_unknown_is_published_with_every_checked_class_closed():
+    """Wire 2.0 (no limits): the applier cannot check, so it publishes less."""
+    from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
+    from node_agent.policy.capacity import closed_unchecked
+
+    tree = ProviderTree((
+        Provider("host", inventories={"VCPU": Inventory(16, allocation_ratio=4.0),
+                                      "DISK_GB": Inventory(500),
+                                      "CUSTOM_WIDGET": Inventory(3)}),
+        Provider("host_NUMA_0", parent="host",
+                 inventories={"MEMORY_MB": Inventory(32000, reserved=512),
+                              "CUSTOM_MEMORY_PAGE_2048": Inventory(1024)})))
+
+    closed = closed_unchecked(tree)
+
+    assert {(p.name, rc): (inv.reserved, inv.total) for p in closed.providers
+            for rc, inv in p.inventories.items()} == {
+        ("host", "VCPU"): (16, 16), ("host", "DISK_GB"): (500, 500),
+        ("host", "CUSTOM_WIDGET"): (0, 3),          # not the invariant's: left alone
+        ("host_NUMA_0", "MEMORY_MB"): (32000, 32000),
+        ("host_NUMA_0", "CUSTOM_MEMORY_PAGE_2048"): (1024, 1024)}
+    assert check(published(closed), HostLimits(cpus=0, memory_mb=0, disk_gb=0)).ok
