@@ -275,3 +275,35 @@ def test_lost_state_file_does_not_end_maintenance_through_the_applier(
     off = {MAINTENANCE: maint.record(False, None, "2026-01-02T00:00:00+00:00")}
     assert sender.send(compute_desired(settings, state=off)).ok
     assert not any(closed().values()) and TRAIT not in host.root_traits()
+
+
+def test_status_reads_the_numa_children_and_names_a_reopened_one(
+        placement_server, host_name, tmp_path):
+    """The root alone would say "closed" while a NUMA child, reopened by
+    hand, still offers its CPUs and memory."""
+    host = Host(tmp_path, placement_server.url, host_name)
+    config = write_config(host, "numa_in_placement = true\n")
+    assert maintenance(config, "on", "--reason", "disk swap").code == 0
+    assert once(config).code == 0
+    closed = maintenance(config, "status", "--output", "json").json()
+    children = closed["placement"]["children"]
+    assert {c["name"] for c in children} == {f"{host_name}_NUMA_0", f"{host_name}_NUMA_1"}
+    assert all(c["agent"] and c["fully_reserved"] and not c["open"] for c in children)
+    assert closed["agree"] is True
+
+    child = next(c for c in children if c["name"].endswith("_NUMA_1"))
+    held = host.scheduler.get(f"/resource_providers/{child['uuid']}/inventories")
+    host.scheduler.put(f"/resource_providers/{child['uuid']}/inventories", {
+        "resource_provider_generation": held["resource_provider_generation"],
+        "inventories": {rc: {**inv, "reserved": 0}
+                        for rc, inv in held["inventories"].items()}})
+
+    report = maintenance(config, "status", "--output", "json").json()
+    assert report["agree"] is False
+    assert report["placement"]["open_by_provider"] == {
+        child["name"]: sorted(held["inventories"])}
+    text = maintenance(config, "status").stdout
+    assert f"child {child['name']}: fully reserved: none; open: " in text
+    assert "agree: NO" in text
+    assert once(config).code == 0          # the next cycle closes it again
+    assert maintenance(config, "status", "--output", "json").json()["agree"] is True
