@@ -366,7 +366,7 @@ def compute_reshape(providers: Mapping[str, ProviderAllocations],
                 if unplaced & set(holders):
                     continue  # their real problem is already stated
                 refusals.append(_overfill(provider.name, rc, used, cap, holders,
-                                          new_host, names))
+                                          new_host, names, wanted[rc] if rc in wanted else None))
                 continue
             current = (current_inventories or {}).get(provider.uuid)
             if current is None:
@@ -385,9 +385,20 @@ def compute_reshape(providers: Mapping[str, ProviderAllocations],
 
 
 def _overfill(provider: str, rc: str, used: int, cap: int, holders: Mapping[str, int],
-              new_host: Mapping[str, Resources], names: Mapping[str, str]) -> str:
+              new_host: Mapping[str, Resources], names: Mapping[str, str],
+              record: Optional[Mapping] = None) -> str:
     moved = sorted(c for c in holders if c in new_host)
     who = ", ".join(f"{consumer_label(c, names)} {holders[c]}" for c in moved)
+    if (record is not None and record["reserved"] >= record["total"]
+            and used <= _capacity({**record, "reserved": 0})):
+        # Closed, not short: Placement moves no allocation onto a fully
+        # reserved inventory, and opening it for the move would let the
+        # scheduler in.
+        return (f"{rc} on {provider} is fully reserved (reserved = total = "
+                f"{record['total']}, as maintenance publishes it): Placement moves no "
+                f"allocation onto a closed inventory, and the moved guests hold {used} "
+                f"({who}). The layout change waits until `node-agent maintenance off` "
+                f"(or the provider file that reserves it all is changed).")
     return (f"{rc} on {provider} would need {used} but the new inventory holds "
             f"{cap}: moved guests {who}. Give the host more {rc} (for PCPU: more "
             f"CPUs in cpu_dedicated_set) or move those guests away first.")

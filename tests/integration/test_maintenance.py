@@ -307,3 +307,29 @@ def test_status_reads_the_numa_children_and_names_a_reopened_one(
     assert "agree: NO" in text
     assert once(config).code == 0          # the next cycle closes it again
     assert maintenance(config, "status", "--output", "json").json()["agree"] is True
+
+
+def test_numa_off_during_maintenance_is_refused_naming_maintenance(
+        tmp_path, placement_server, host_name):
+    """The reshape back to the root cannot move allocations onto a closed
+    root; the refusal says maintenance is why, not "give the host more"."""
+    from node_agent.cycle.reconcile import ReshapeRefused
+    from node_agent.state import StateStore
+    from tests.integration.test_reverse_reshape import numa_host_with_guests
+
+    host = numa_host_with_guests(tmp_path, placement_server.url, host_name)
+    StateStore(Path(host.state_dir)).put(
+        MAINTENANCE, maint.record(True, "disk swap", "2026-01-01T00:00:00+00:00"))
+    _outcome, report, _ = host.cycle(numa_in_placement=True)   # closes the NUMA tree
+    assert report.ok, report.errors
+    before = host.allocations()
+
+    outcome, _report, _ = host.cycle()                           # NUMA off
+
+    assert isinstance(outcome, ReshapeRefused)
+    text = str(outcome)
+    assert "Give the host more" not in text
+    for rc in ("MEMORY_MB", "PCPU", "VCPU"):
+        assert f"{rc} on {host_name} is fully reserved (reserved = total" in text, text
+    assert "`node-agent maintenance off`" in text
+    assert host.allocations() == before
