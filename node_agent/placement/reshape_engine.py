@@ -441,9 +441,15 @@ def hold_inventories(tree: ProviderTree, current: Mapping[str, Mapping[str, dict
     would have moved must not change while the guests' allocations could
     not follow. Only ``providers`` (default: all) are held; one of them that
     is not in ``current`` (not created yet) gets none of ``classes``, so a
-    new child does not offer again what the root still offers."""
+    new child does not offer again what the root still offers. When every
+    inventory of ``tree`` is closed (maintenance), the held ones are closed
+    too (``reserved = total``)."""
     classes = set(classes)
     held_uuids = None if providers is None else set(providers)
+    # A tree with every inventory closed (maintenance) closes what it holds
+    # too: maintenance holds whatever a refused reshape keeps.
+    records = [inv for p in tree.providers for inv in p.inventories.values()]
+    closing = bool(records) and all(inv.reserved >= inv.total for inv in records)
     out = []
     for provider in tree.providers:
         if held_uuids is not None and provider.uuid not in held_uuids:
@@ -453,6 +459,7 @@ def hold_inventories(tree: ProviderTree, current: Mapping[str, Mapping[str, dict
         held = {rc: rec for rc, rec in now.items() if rc in classes}
         inventories = {rc: inv for rc, inv in provider.inventories.items() if rc not in classes}
         for rc, rec in held.items():
-            inventories[rc] = Inventory.from_placement(rec)
+            inventories[rc] = Inventory.from_placement(
+                {**rec, "reserved": rec["total"]} if closing else rec)
         out.append(replace(provider, inventories=inventories))
     return ProviderTree(tuple(out))

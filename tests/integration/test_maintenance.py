@@ -354,3 +354,29 @@ def test_maintenance_holds_when_guests_refuse_the_new_configuration(
     assert_closed(host)
     assert set(host.inventories()) == {"VCPU", "MEMORY_MB", "DISK_GB"}   # the old layout
     assert host.allocations() == before
+
+
+def test_maintenance_and_numa_on_in_one_cycle_leave_nothing_open(
+        placement_server, host_name, tmp_path):
+    """Maintenance on and numa_in_placement = true reach the same cycle. The
+    reshape cannot move the guests onto closed children and is refused; the
+    classes it keeps on the root as Placement holds them are closed too."""
+    host = Host(tmp_path, placement_server.url, host_name)
+    assert once(write_config(host)).code == 0
+    boot_legacy_guests(host)
+    before = host.allocations()
+    config = write_config(host, "numa_in_placement = true\n")
+    assert maintenance(config, "on", "--reason", "disk swap").code == 0
+
+    result = once(config, "--output", "json")
+
+    assert result.code == 1, result.stderr
+    assert "fully reserved (reserved = total" in result.stderr
+    listing = host.scheduler.get(
+        f"/resource_providers?in_tree={host.root}")["resource_providers"]
+    for rp in listing:
+        held = host.scheduler.get(f"/resource_providers/{rp['uuid']}/inventories")
+        assert all(inv["reserved"] == inv["total"] for inv in held["inventories"].values()), \
+            (rp["name"], held["inventories"])
+    assert TRAIT in root_traits(host)
+    assert host.allocations() == before

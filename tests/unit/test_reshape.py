@@ -435,3 +435,30 @@ def test_after_a_conflict_only_consumers_the_view_shows_changed_are_read_again()
     assert stale_consumers(view, read, [PINNED, PINNED_2, ORPHAN]) == {PINNED_2, ORPHAN}
     # A consumer the plan does not need is never read, changed or not.
     assert stale_consumers(view, read, [PINNED]) == set()
+
+
+def test_a_refused_reshape_in_maintenance_holds_its_classes_closed():
+    """Every inventory of the tree closed (maintenance): the classes a
+    refused reshape keeps as Placement holds them are closed too."""
+    from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
+    from node_agent.placement.reshape_engine import hold_inventories
+
+    tree = ProviderTree((
+        Provider("h", uuid="r", inventories={"DISK_GB": Inventory(100, reserved=100)}),
+        Provider("h_NUMA_0", parent="h", uuid="n0",
+                 inventories={"VCPU": Inventory(8, reserved=8)})))
+    current = {"r": {"VCPU": {"total": 16, "reserved": 0, "allocation_ratio": 4.0}}}
+
+    held = hold_inventories(tree, current, {"VCPU"})
+
+    assert held.by_name("h").inventories["VCPU"] == Inventory(16, 16, allocation_ratio=4.0)
+    assert "VCPU" not in held.by_name("h_NUMA_0").inventories   # not created yet: none
+    opened = ProviderTree((replace_inventories(tree.root, DISK_GB=Inventory(100)),)
+                          + tree.providers[1:])
+    assert hold_inventories(opened, current, {"VCPU"}).by_name("h").inventories["VCPU"] \
+        == Inventory(16, 0, allocation_ratio=4.0)
+
+
+def replace_inventories(provider, **inventories):
+    import dataclasses
+    return dataclasses.replace(provider, inventories=inventories)
