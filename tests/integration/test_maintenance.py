@@ -11,7 +11,7 @@ import pytest
 from node_agent.cycle.desired import compute_desired
 from node_agent.policy import maintenance as maint
 from node_agent.policy.maintenance import TRAIT
-from node_agent.state import FILE_NAME, MAINTENANCE
+from node_agent.state import FILE_NAME, MAINTENANCE, StateStore
 from tests.cli.runner import run_agent
 from tests.integration.reshape_driver import Host, allocate, boot_legacy_guests
 from tests.integration.test_cli_reshape import write_config
@@ -314,7 +314,6 @@ def test_numa_off_during_maintenance_is_refused_naming_maintenance(
     """The reshape back to the root cannot move allocations onto a closed
     root; the refusal says maintenance is why, not "give the host more"."""
     from node_agent.cycle.reconcile import ReshapeRefused
-    from node_agent.state import StateStore
     from tests.integration.test_reverse_reshape import numa_host_with_guests
 
     host = numa_host_with_guests(tmp_path, placement_server.url, host_name)
@@ -380,3 +379,27 @@ def test_maintenance_and_numa_on_in_one_cycle_leave_nothing_open(
             (rp["name"], held["inventories"])
     assert TRAIT in root_traits(host)
     assert host.allocations() == before
+
+
+def test_maintenance_closes_a_class_the_new_sets_remove_but_usage_keeps(
+        placement_server, host_name, tmp_path):
+    """No local guest; a migration record holds 3 VCPU. Maintenance on and
+    cpu_dedicated_set = 0-15 (no VCPU any more) in one cycle: VCPU cannot be
+    removed while in use, and the record it keeps is closed."""
+    host = NestedHost(tmp_path, placement_server.url, host_name, [])
+    _outcome, report, _ = host.cycle(dedicated=None, shared=None)
+    assert report.ok, report.errors
+    stranger = str(uuid.uuid4())
+    allocate(host.scheduler, stranger, {host.root: {"VCPU": 3, "MEMORY_MB": 512}})
+    StateStore(Path(host.state_dir)).put(
+        MAINTENANCE, maint.record(True, "disk swap", "2026-01-01T00:00:00+00:00"))
+
+    _outcome, report, _ = host.cycle(dedicated="0-15", shared=None)
+
+    assert not report.ok and "cannot lower VCPU" in report.errors[0]
+    held = host.scheduler.get(f"/resource_providers/{host.root}/inventories")["inventories"]
+    assert {rc: inv["reserved"] for rc, inv in held.items()} == {
+        rc: inv["total"] for rc, inv in held.items()}
+    assert set(held) == {"VCPU", "PCPU", "MEMORY_MB", "DISK_GB"}
+    assert host.scheduler.get(f"/allocations/{stranger}")["allocations"][host.root][
+        "resources"] == {"VCPU": 3, "MEMORY_MB": 512}
