@@ -36,7 +36,7 @@ from node_agent.policy.capacity import check, host_limits, published
 from node_agent.config.files import log_ignored, oslo_args
 from node_agent.policy import maintenance as maint
 from node_agent.cycle.desired import compute_desired, file_traits_to_remember, forget_applied_off
-from node_agent.state import APPLIED, MAINTENANCE, ROOT_UUID
+from node_agent.state import APPLIED, MAINTENANCE, PROVIDERS, ROOT_UUID
 from node_agent.errors import ConfigError, HostBusy, NodeAgentError, StateError
 from node_agent.policy.partition import node_split
 from node_agent.config.validation import config_args, placement_configured, validate
@@ -533,9 +533,12 @@ def _maintenance_status(conf, settings, output: str) -> int:
 
 def _root_in_placement(conf, settings, state) -> dict:
     """The root's traits and inventories, found by the state file's uuid or
-    else by the host's name (the state file may be gone)."""
+    else by the host's name (the state file may be gone), and every other
+    provider of its tree: its inventories and whether it is the agent's
+    (it carries the agent's child mark, or the state file lists it)."""
     from node_agent.placement.errors import NotFound
     from node_agent.placement.client import PlacementClient
+    from node_agent.tree.ownership import AGENT_CHILD_TRAIT
 
     client = PlacementClient.from_conf(conf)
     client.check_version()
@@ -546,10 +549,25 @@ def _root_in_placement(conf, settings, state) -> dict:
         try:
             traits = client.traits(uuid)["traits"]
             inventories = client.inventories(uuid)["inventories"]
+            listed = client.providers_in_tree(uuid)
         except NotFound:
             continue
-        return {"root_uuid": uuid, "traits": traits, "inventories": inventories}
-    return {"root_uuid": None, "traits": [], "inventories": {}}
+        reported = set((state.get(PROVIDERS) or {}).values())
+        children = []
+        for rp in sorted(listed, key=lambda rp: rp["name"]):
+            if rp["uuid"] == uuid:
+                continue
+            try:
+                marked = AGENT_CHILD_TRAIT in client.traits(rp["uuid"])["traits"]
+                held = client.inventories(rp["uuid"])["inventories"]
+            except NotFound:
+                continue  # deleted since the listing
+            children.append({"name": rp["name"], "uuid": rp["uuid"],
+                             "agent": marked or rp["uuid"] in reported,
+                             "inventories": held})
+        return {"root_uuid": uuid, "traits": traits, "inventories": inventories,
+                "children": children}
+    return {"root_uuid": None, "traits": [], "inventories": {}, "children": []}
 
 
 def _error_text(exc: NodeAgentError) -> str:

@@ -36,9 +36,10 @@ from node_agent.cycle.desired import Desired, with_placement_maintenance
 from node_agent.state import PROVIDERS
 from node_agent.errors import GuestsDoNotFit, HostBusy, ReshapeError
 from node_agent.policy.guest_fit import misfits
-from node_agent.model.provider_tree import ProviderTree
+from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
+from node_agent.policy import maintenance as maint
 from node_agent.tree.mem_encryption import keep_as_held, undecided
-from node_agent.tree.ownership import ListedChild
+from node_agent.tree.ownership import AGENT_CHILD_TRAIT, ListedChild
 from node_agent.placement.reshape_engine import Reshape, hold_inventories
 from node_agent.placement.reshape_rules import guest_names
 from node_agent.placement.reshaper import (HostReshape, ReshapeOutcome, ensure_reshaped,
@@ -241,7 +242,10 @@ class Reconciler:
         refused = guests_refused(desired)
         if refused is not None:
             LOG.error("%s", refused)
-            return CycleOutcome(SyncReport(), refused=ReshapeRefused(str(refused)))
+            report = SyncReport()
+            if maint.is_on(desired.maintenance):
+                report = self._close_as_held(desired)
+            return CycleOutcome(report, refused=ReshapeRefused(str(refused)))
         shape = shape_of(desired)
         tree, outcome, refusal = desired.tree, None, None
         if shape != self._applied_shape:
@@ -251,6 +255,28 @@ class Reconciler:
         if result.ok:
             self._applied_shape = shape
         return result
+
+    def _close_as_held(self, desired: Desired) -> SyncReport:
+        """Guests refuse the new configuration, so its tree is not written;
+        but maintenance is on, which must hold whatever the configuration:
+        the tree Placement holds (the root and the agent's own children,
+        nothing created or deleted) is written back with every inventory
+        closed (``reserved = total``) and the root's disabled trait."""
+        root_uuid, children = self.syncer.held_children(desired.tree)
+        root = (self.syncer.cached() or {}).get(root_uuid) if root_uuid else None
+        if root is None:
+            return SyncReport()  # nothing published yet: nothing to close
+
+        def closed(records: Mapping[str, dict]) -> dict:
+            return {rc: replace(Inventory.from_placement(rec), reserved=rec["total"])
+                    for rc, rec in records.items()}
+
+        name = desired.tree.root.name
+        tree = ProviderTree((replace(desired.tree.root, inventories=closed(root.inventories)),)
+                            + tuple(Provider(c.name, parent=name, uuid=c.uuid,
+                                             inventories=closed(c.inventories))
+                                    for c in children if AGENT_CHILD_TRAIT in c.traits))
+        return self.syncer.sync(tree, limits_of(desired), guest_names(desired.host.guests))
 
     def plan(self, desired: Desired) -> tuple[ProviderTree, list[Change], Optional[dict]]:
         """For ``--dry-run``: the tree with uuids, the sync's requests, the reshape plan.

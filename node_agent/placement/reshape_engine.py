@@ -374,7 +374,7 @@ def compute_reshape(providers: Mapping[str, ProviderAllocations],
                 if unplaced & set(holders):
                     continue  # their real problem is already stated
                 refusals.append(_overfill(provider.name, rc, used, cap, holders,
-                                          new_host, names))
+                                          new_host, names, wanted[rc] if rc in wanted else None))
                 continue
             current = (current_inventories or {}).get(provider.uuid)
             if current is None:
@@ -393,9 +393,20 @@ def compute_reshape(providers: Mapping[str, ProviderAllocations],
 
 
 def _overfill(provider: str, rc: str, used: int, cap: int, holders: Mapping[str, int],
-              new_host: Mapping[str, Resources], names: Mapping[str, str]) -> str:
+              new_host: Mapping[str, Resources], names: Mapping[str, str],
+              record: Optional[Mapping] = None) -> str:
     moved = sorted(c for c in holders if c in new_host)
     who = ", ".join(f"{consumer_label(c, names)} {holders[c]}" for c in moved)
+    if (record is not None and record["reserved"] >= record["total"]
+            and used <= _capacity({**record, "reserved": 0})):
+        # Closed, not short: Placement moves no allocation onto a fully
+        # reserved inventory, and opening it for the move would let the
+        # scheduler in.
+        return (f"{rc} on {provider} is fully reserved (reserved = total = "
+                f"{record['total']}, as maintenance publishes it): Placement moves no "
+                f"allocation onto a closed inventory, and the moved guests hold {used} "
+                f"({who}). The layout change waits until `node-agent maintenance off` "
+                f"(or the provider file that reserves it all is changed).")
     return (f"{rc} on {provider} would need {used} but the new inventory holds "
             f"{cap}: moved guests {who}. Give the host more {rc} (for PCPU: more "
             f"CPUs in cpu_dedicated_set) or move those guests away first.")
@@ -438,9 +449,15 @@ def hold_inventories(tree: ProviderTree, current: Mapping[str, Mapping[str, dict
     would have moved must not change while the guests' allocations could
     not follow. Only ``providers`` (default: all) are held; one of them that
     is not in ``current`` (not created yet) gets none of ``classes``, so a
-    new child does not offer again what the root still offers."""
+    new child does not offer again what the root still offers. When every
+    inventory of ``tree`` is closed (maintenance), the held ones are closed
+    too (``reserved = total``)."""
     classes = set(classes)
     held_uuids = None if providers is None else set(providers)
+    # A tree with every inventory closed (maintenance) closes what it holds
+    # too: maintenance holds whatever a refused reshape keeps.
+    records = [inv for p in tree.providers for inv in p.inventories.values()]
+    closing = bool(records) and all(inv.reserved >= inv.total for inv in records)
     out = []
     for provider in tree.providers:
         if held_uuids is not None and provider.uuid not in held_uuids:
@@ -450,7 +467,8 @@ def hold_inventories(tree: ProviderTree, current: Mapping[str, Mapping[str, dict
         held = {rc: rec for rc, rec in now.items() if rc in classes}
         inventories = {rc: inv for rc, inv in provider.inventories.items() if rc not in classes}
         for rc, rec in held.items():
-            inventories[rc] = Inventory.from_placement(rec)
+            inventories[rc] = Inventory.from_placement(
+                {**rec, "reserved": rec["total"]} if closing else rec)
         out.append(replace(provider, inventories=inventories))
     return ProviderTree(tuple(out))
 

@@ -880,7 +880,8 @@ class TreeSyncer:
         the usages first; that read also gives a fresh generation, so an
         allocation made since the last cycle costs no 409. Classes in
         ``closed`` are fully reserved on purpose (capacity invariant) and
-        not held back."""
+        not held back. A held class whose wanted record is closed
+        (maintenance) is held closed: see :func:`_held_record`."""
         if not self._shrinks(state.inventories, wanted_all):
             return wanted_all, [], state.generation
         usages, generation = self._usages(state.uuid)
@@ -890,9 +891,12 @@ class TreeSyncer:
                                                    state.inventories).items()
                 if rc not in closed}
         wanted = dict(wanted_all)
+        # Every wanted record closed (maintenance): a class the change would
+        # remove but usage keeps is closed too.
+        closing = bool(wanted_all) and all(_is_closed(r) for r in wanted_all.values())
         for rc in over:
             if rc in state.inventories:
-                wanted[rc] = state.inventories[rc]
+                wanted[rc] = _held_record(state.inventories[rc], wanted_all.get(rc), closing)
         return wanted, [_in_use_message(rc, change.provider, used, cap)
                         for rc, (used, cap) in sorted(over.items())], generation
 
@@ -932,3 +936,19 @@ class TreeSyncer:
             state, generation=result["resource_provider_generation"],
             traits=frozenset(result["traits"]))
         return True, []
+
+
+def _is_closed(record: Mapping) -> bool:
+    return record["reserved"] >= record["total"]
+
+
+def _held_record(current: Mapping, wanted: Optional[Mapping], closing: bool = False) -> Mapping:
+    """The record a class keeps when usage blocks its change: Placement's
+    current one, closed (``reserved = total``) when the wanted record is
+    closed, or when the class would be removed from a provider whose every
+    wanted record is closed (``closing``). Maintenance closes every class
+    whatever the usage, and raising ``reserved`` never touches an
+    allocation."""
+    if closing or (wanted is not None and _is_closed(wanted)):
+        return {**current, "reserved": current["total"]}
+    return current

@@ -25,7 +25,15 @@ The rules, over the root and ALL its children:
    sets (``cpu_dedicated_set`` | ``cpu_shared_set``, or ``vcpu_pin_set``, or
    every online CPU in legacy mode), each CPU counted once;
 2. MEMORY_MB <= the host's memory (the larger of psutil's total and the sum
-   of the NUMA nodes' MemTotal: the flat and the NUMA trees use one each);
+   of the NUMA nodes' MemTotal: the flat and the NUMA trees use one each;
+   see :func:`host_limits` for why not the smaller);
+   2b. MEMORY_MB + each ``CUSTOM_MEMORY_PAGE_<KiB>``'s units x its page size
+   <= the host's memory: huge page pools are part of MemTotal, so a
+   provider that publishes pages and all of its memory offers the pool
+   twice (a 4K guest could take memory a pool holds). The tree builder
+   publishes less to keep it: a NUMA child's MEMORY_MB keeps the node's
+   memory as ``total`` and adds its pools to ``reserved``
+   (:mod:`node_agent.tree.numa`), so the operator sees where it went;
 3. DISK_GB <= the size of the instances filesystem;
 4. each ``CUSTOM_MEMORY_PAGE_<KiB>`` <= the pages of that size on the host;
 5. VGPU <= per GPU, the most instances any of its mdev types offers, summed;
@@ -49,6 +57,7 @@ from typing import Iterable, Mapping, Optional
 import os_resource_classes as orc
 
 from node_agent.model.hugepages import PAGE_CLASS_PREFIX, page_class
+from node_agent.model.provider_tree import ProviderTree
 from node_agent.model.snapshot import HostSnapshot
 
 # Classes whose ratio is the operator's overcommit policy.
@@ -131,7 +140,17 @@ class Verdict:
 def host_limits(host: HostSnapshot, partition) -> HostLimits:
     """The host's limits. ``partition`` is the :class:`CpuPartition` of the
     configuration being applied: its dedicated and shared pools are the
-    configured sets."""
+    configured sets.
+
+    Memory is the larger of psutil's total (/proc/meminfo MemTotal, what the
+    flat root publishes) and the sum of the nodes' MemTotal (what NUMA
+    children publish), not the smaller: the kernel counts the same pages
+    in both, and they differ by rounding (each node's kB floored to MiB,
+    so the sum is up to a MiB per node smaller) or by memory hot-plugged
+    between the two reads. The smaller would refuse a flat tree for those
+    few MiB on every host; the larger lets a tree publish at most that
+    difference more than its own source, and every tree is built from one
+    source only, never from the larger of the two."""
     # The partition has already refused offline CPUs, except dedicated ones
     # under [libvirt] cpu_power_management (nova powers idle ones down):
     # those still back PCPU, each counted once.
@@ -216,6 +235,33 @@ def checked_classes(classes: Iterable[str]) -> set[str]:
             or rc.startswith(PAGE_CLASS_PREFIX)}
 
 
+def _page_kb(rc: str) -> int:
+    return int(rc[len(PAGE_CLASS_PREFIX):])
+
+
+def _memory_with_pages(providers: list[Published], limits: HostLimits
+                       ) -> Optional[Violation]:
+    """Rule 2b: MEMORY_MB + the huge pages' memory <= the host's memory
+    (the pools are part of it). Counted in KiB, reported in MiB rounded up."""
+    pages = sorted({rc for p in providers for rc in p.inventories
+                    if rc.startswith(PAGE_CLASS_PREFIX)})
+    if not pages:
+        return None  # rule 2 alone
+    where, kb = [], 0
+    for p in providers:
+        n = sum(units(rc, p.inventories[rc]) * (1024 if rc == orc.MEMORY_MB else _page_kb(rc))
+                for rc in (orc.MEMORY_MB, *pages) if rc in p.inventories)
+        if n:
+            where.append(p.name)
+            kb += n
+    if kb <= limits.memory_mb * 1024:
+        return None
+    present = tuple(rc for rc in (orc.MEMORY_MB, *pages)
+                    if any(rc in p.inventories for p in providers))
+    return Violation("memory (MEMORY_MB and huge pages, in MiB)", present, tuple(where),
+                     -(-kb // 1024), limits.memory_mb, "never more than the host has")
+
+
 def check(providers: Iterable[Published], limits: HostLimits) -> Verdict:
     """The verdict on a whole tree as Placement will hold it."""
     providers = list(providers)
@@ -232,6 +278,9 @@ def check(providers: Iterable[Published], limits: HostLimits) -> Verdict:
             present = tuple(rc for rc in classes if rc in seen)
             violations.append(Violation(resource, present, tuple(where), total, host_has,
                                         "never more than the host has"))
+    memory = _memory_with_pages(providers, limits)
+    if memory is not None:
+        violations.append(memory)
     for rc in sorted(checked_classes(seen)):
         on_root = [p.name for p in providers
                    if p.root and rc in p.inventories and units(rc, p.inventories[rc])]
@@ -269,6 +318,20 @@ def as_published(inventories: Mapping[str, Mapping[str, Mapping]], names: Mappin
 
 def _close(record: Mapping) -> dict:
     return {**record, "reserved": record["total"]}
+
+
+def closed_unchecked(tree: ProviderTree) -> ProviderTree:
+    """``tree`` with every class the invariant checks closed (``reserved =
+    total``) on every provider: what the applier publishes for a host whose
+    limits it does not have (a wire 2.0 message). When in doubt, publish
+    less: nothing new lands there until the host sends its limits, and no
+    allocation is touched. Other classes (an operator's ``CUSTOM_``) are
+    left as they are."""
+    return ProviderTree(tuple(
+        replace(p, inventories={rc: (replace(inv, reserved=inv.total)
+                                     if checked_classes((rc,)) else inv)
+                                for rc, inv in p.inventories.items()})
+        for p in tree.providers))
 
 
 def enforce(planned: Mapping[str, Mapping[str, Mapping]],

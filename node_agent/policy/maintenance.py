@@ -114,7 +114,13 @@ def status(host: str, state_path: str, record: Optional[Mapping],
     """``node-agent maintenance status`` as data.
 
     ``placement`` is None when Placement is not configured, else
-    ``{"root_uuid": uuid or None, "traits": [...], "inventories": {rc: record}}``.
+    ``{"root_uuid": uuid or None, "traits": [...], "inventories": {rc: record},
+    "children": [{"name", "uuid", "agent": bool, "inventories"}]}``: every
+    other provider of the root's tree, ``agent`` telling whether it is one
+    the agent reports (:mod:`node_agent.tree.ownership`). Maintenance holds
+    only when every class of the root and of the agent's children is
+    closed; a foreign child's open classes are listed, not held against it
+    (the agent does not report them, so no cycle would close them).
     """
     wanted = requested(record)
     state = {"path": state_path,
@@ -126,25 +132,37 @@ def status(host: str, state_path: str, record: Optional[Mapping],
              "error": state_error}
     seen = None
     if placement is not None:
-        inventories = placement.get("inventories") or {}
-        closed = sorted(rc for rc, inv in inventories.items()
-                        if inv["reserved"] >= inv["total"])
-        open_ = sorted(set(inventories) - set(closed))
+        closed, open_ = _closed_and_open(placement.get("inventories") or {})
+        children = [{"name": c["name"], "uuid": c["uuid"], "agent": bool(c["agent"]),
+                     **dict(zip(("fully_reserved", "open"),
+                                _closed_and_open(c["inventories"])))}
+                    for c in placement.get("children") or ()]
         trait = TRAIT in (placement.get("traits") or ())
         seen = {"root_uuid": placement.get("root_uuid"),
                 "maintenance": "on" if trait else "off",
-                "trait": trait, "fully_reserved": closed, "open": open_}
+                "trait": trait, "fully_reserved": closed, "open": open_,
+                "children": children,
+                # provider name -> its open classes, the root and the agent's children
+                "open_by_provider": {
+                    name: classes for name, classes in
+                    [(host, open_)] + [(c["name"], c["open"]) for c in children if c["agent"]]
+                    if classes}}
     effective = from_placement(record, [TRAIT] if seen and seen["trait"] else None)
     on = is_on(effective)
     # On: the trait and every class closed. Off (or an off not yet applied):
     # no trait.
     agree = None if seen is None else (
-        (seen["trait"] and not seen["open"]) if on else not seen["trait"])
+        (seen["trait"] and not seen["open_by_provider"]) if on else not seen["trait"])
     reason = (effective or {}).get("reason") or (
         UNKNOWN_REASON if (effective or {}).get("source") == "placement" else None)
     return {"host": host, "maintenance": "on" if on else "off",
             "reason": reason if on else None,
             "state_file": state, "placement": seen, "agree": agree}
+
+
+def _closed_and_open(inventories: Mapping[str, Mapping]) -> tuple[list[str], list[str]]:
+    closed = sorted(rc for rc, inv in inventories.items() if inv["reserved"] >= inv["total"])
+    return closed, sorted(set(inventories) - set(closed))
 
 
 def status_text(report: Mapping) -> str:
@@ -173,6 +191,11 @@ def status_text(report: Mapping) -> str:
         lines.append(f"  Placement root {seen['root_uuid']}: {TRAIT} "
                      f"{'set' if seen['trait'] else 'not set'}; fully reserved: {closed}; "
                      f"open: {open_}")
+        for child in seen.get("children", ()):
+            whose = "" if child["agent"] else " (not the agent's: maintenance leaves it)"
+            lines.append(f"  child {child['name']}{whose}: fully reserved: "
+                         f"{', '.join(child['fully_reserved']) or 'none'}; "
+                         f"open: {', '.join(child['open']) or 'none'}")
     if report["agree"] is None:
         lines.append("  agree: unknown (Placement not consulted)")
     elif report["agree"]:

@@ -77,7 +77,7 @@ import threading
 import time
 import uuid as uuidlib
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
@@ -85,6 +85,7 @@ from node_agent.remote import signing, wire
 from node_agent.remote.coordination import Busy, Coordination, Store
 from node_agent.errors import (ConfigError, NodeAgentError, PlacementError, ProviderOwned,
                                ReshapeError)
+from node_agent.policy import capacity
 from node_agent.policy.root_owner import identity_of_tree
 from node_agent.cycle.reconcile import Reconciler, shape_of
 from node_agent.state import APPLIER, PROVIDERS, ROOT_UUID
@@ -174,8 +175,9 @@ class Applier:
         self.lock_waits = 0           # messages that found their host locked
         self.placement_requests = 0   # requests sent to Placement, all hosts
         self._counting = threading.Lock()
-        # Messages applied without the capacity invariant, by host: a 2.0
-        # agent sends no limits (wire 2.1's body.limits). Logged once per host.
+        # Messages applied closed, by host: a 2.0 agent sends no limits
+        # (wire 2.1's body.limits), so the invariant cannot be checked.
+        # Logged once per host.
         self.unchecked: Counter[str] = Counter()
 
     def handle(self, raw) -> dict:
@@ -274,7 +276,7 @@ class Applier:
             body = record["body"]  # again: its full verify is due, or it failed
         desired = wire.desired_from_body(body, message.host)
         if desired.limits is None:
-            self._unchecked(message.host)
+            desired = self._unchecked(message.host, desired)
         local = self._local(message.host, record, desired)
         start = local.client.stats.total
         try:
@@ -297,6 +299,9 @@ class Applier:
             return {"status": wire.REFUSED, "seq": message.seq,
                     "error": "; ".join(problems)}
         self._take(store, record)
+        # A lost state file on the host cannot end maintenance (as in the
+        # direct mode): the root's disabled trait in Placement keeps it on.
+        desired = local.reconciler.maintained(desired)
         outcome = local.reconciler.apply(desired)
         report = outcome.report
         # What the reconciler keeps: the shape once applied cleanly, else
@@ -320,15 +325,20 @@ class Applier:
                 "uuids": {p.name: p.uuid for p in report.tree.providers}
                 if report.tree else {}}
 
-    def _unchecked(self, host: str) -> None:
-        """A body without the host's limits (a 2.0 agent): applied as before
-        2.1, without the capacity invariant, which needs the host's facts."""
+    def _unchecked(self, host: str, desired):
+        """A body without the host's limits (a 2.0 agent): the invariant
+        cannot be checked, so the tree is applied with every class it checks
+        closed (``reserved = total``, :func:`capacity.closed_unchecked`):
+        when in doubt, publish less. Nothing new is scheduled on the host
+        until it sends 2.1 or later; no allocation is touched."""
         self.unchecked[host] += 1
         if self.unchecked[host] == 1:
             LOG.warning("%s sends wire format 2.0, without the host's limits: the "
-                        "capacity invariant is not checked for this host until it sends "
-                        "2.1 (upgrade node-agent on it); %d host(s) unchecked so far",
+                        "capacity invariant cannot be checked, so its inventories are "
+                        "published closed (reserved = total) until it sends 2.1 or later "
+                        "(upgrade node-agent on it); %d host(s) closed so far",
                         host, len(self.unchecked))
+        return replace(desired, tree=capacity.closed_unchecked(desired.tree))
 
     def _verify_due(self, record: dict) -> bool:
         """The test the syncer makes, on the record's copy of its cache."""

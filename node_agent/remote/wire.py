@@ -29,8 +29,10 @@ name, parent, uuid, inventories and the trait -> wanted map) and
 ``body.limits`` (since 2.1, optional): the host's
 :class:`~node_agent.policy.capacity.HostLimits` (``cpus``, ``memory_mb``,
 ``disk_gb``, ``hugepages`` as class -> pages, ``vgpus``, ``vfs``,
-``online_cpus``), from the facts discovery found. The applier checks the
-capacity invariant against them exactly as the direct mode does (the same
+``online_cpus``; since 2.3 ``mem_encryption``, the AMD SEV guests the
+firmware has keys for, null when not known), from the facts discovery
+found. The applier checks the capacity invariant against them exactly as
+the direct mode does (the same
 :func:`node_agent.policy.capacity.limits_of`). They are part of the body,
 so a change of the host's facts changes the digest. A 2.0 message has no
 limits: the applier applies it unchecked, as before 2.1, and says so once
@@ -65,12 +67,13 @@ from typing import Any, Mapping, Optional
 from node_agent.model.cpuset import CpuSet, CpuSetSyntaxError, parse_cpulist
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.model.snapshot import Guest, GuestMdev, HostSnapshot, NumaNode, PciGpu
+from node_agent.policy import maintenance as maint
 from node_agent.policy.capacity import HostLimits, limits_of
 from node_agent.remote import schema, signing
 from node_agent.tree.numa import numa_provider_name
 from node_agent.tree.pci import gpu_provider_name
 
-WIRE_VERSION = "2.2"   # bump the minor for an added optional key, the major otherwise
+WIRE_VERSION = "2.3"   # bump the minor for an added optional key, the major otherwise
 RPC_VERSION = "1.0"
 METHOD = "apply"
 DEFAULT_TOPIC = "node-agent-applier"
@@ -134,7 +137,8 @@ def gpus_to_wire(host: str, gpus) -> list[dict]:
 def limits_to_wire(limits: HostLimits) -> dict:
     return {"cpus": limits.cpus, "memory_mb": limits.memory_mb, "disk_gb": limits.disk_gb,
             "hugepages": dict(sorted(limits.hugepages.items())), "vgpus": limits.vgpus,
-            "vfs": limits.vfs, "online_cpus": limits.online_cpus}
+            "vfs": limits.vfs, "online_cpus": limits.online_cpus,
+            "mem_encryption": limits.mem_encryption}
 
 
 def body_of(desired) -> dict:
@@ -217,6 +221,10 @@ class RemoteDesired:
     applied: Mapping = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     limits: Optional[HostLimits] = None
+    # What the agent's maintenance record asked for, as its tree says it
+    # (:func:`maintenance_of`); None: no record, Placement's root decides.
+    maintenance: Optional[Mapping] = None
+    notes: tuple[str, ...] = ()
 
 
 def _need(cond: bool, where: str, what: str) -> None:
@@ -363,7 +371,20 @@ def limits_from_wire(data: Optional[dict]) -> Optional[HostLimits]:
         return None
     return HostLimits(cpus=data["cpus"], memory_mb=data["memory_mb"],
                       disk_gb=data["disk_gb"], hugepages=dict(data["hugepages"]),
-                      vgpus=data["vgpus"], vfs=data["vfs"], online_cpus=data["online_cpus"])
+                      vgpus=data["vgpus"], vfs=data["vfs"], online_cpus=data["online_cpus"],
+                      mem_encryption=data.get("mem_encryption"))
+
+
+def maintenance_of(tree: ProviderTree) -> Optional[dict]:
+    """The agent's maintenance record as its tree shows it: the root's
+    ``COMPUTE_STATUS_DISABLED`` wanted (on), unwanted (an ``off`` to apply),
+    or absent: the agent has no record (say its state file was lost), and,
+    as in the direct mode, the trait on the root in Placement keeps
+    maintenance on (:func:`node_agent.policy.maintenance.from_placement`)."""
+    wanted = tree.root.traits.get(maint.TRAIT)
+    if wanted is None:
+        return None
+    return maint.record(bool(wanted), None, "")
 
 
 def desired_from_body(body: dict, host: str) -> RemoteDesired:
@@ -380,7 +401,8 @@ def desired_from_body(body: dict, host: str) -> RemoteDesired:
     _check_children_described(tree, remote)
     return RemoteDesired(tree, remote,
                          RemotePartition(_cpus(reshape["dedicated"], "body.reshape.dedicated")),
-                         limits=limits_from_wire(body.get("limits")))
+                         limits=limits_from_wire(body.get("limits")),
+                         maintenance=maintenance_of(tree))
 
 
 def _version(version) -> Optional[tuple[int, int]]:

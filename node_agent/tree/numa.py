@@ -6,15 +6,18 @@ with traits HW_NUMA_ROOT and the agent's mark
 
 * PCPU and VCPU: the node's CPUs in each pool (the same sets the flat root
   would report, split by node);
-* MEMORY_MB: the node's MemTotal. As in flat mode (and nova), huge page
-  pools are part of MemTotal and are not subtracted: reserve them with
-  ``reserved_host_memory_mb`` if 4K guests must not use that memory;
+* MEMORY_MB: the node's MemTotal, with the node's huge page pools added to
+  ``reserved``: the pools are part of MemTotal, and published as page
+  classes too they would be offered twice (a 4K guest could take memory
+  that sits in a pool). ``total`` stays the node's memory, so the operator
+  sees where it went;
 * ``CUSTOM_MEMORY_PAGE_<KiB>``: each huge page pool with pages, ``reserved``
   from ``[compute] reserved_huge_pages`` for that node and size.
 
 The root keeps DISK_GB, and anything that cannot be attributed to a node:
 CPUs in no node's cpulist, and all of MEMORY_MB when any node's memory is
-unreadable (reporting a partial split would shrink the host's memory).
+unreadable (reporting a partial split would shrink the host's memory; the
+pools' memory is then reserved there).
 
 Host-wide reservations are charged to the lowest node id first; when a
 node cannot hold the rest (reserved may not exceed total), the remainder
@@ -24,7 +27,7 @@ node 0, which is where the kernel and early boot allocations live.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import os_resource_classes as orc
 import os_traits
@@ -94,6 +97,12 @@ def check_reserved_pages(settings: Settings, host: HostSnapshot) -> None:
         raise ConfigError(problems)
 
 
+def pool_mb(node: NumaNode) -> int:
+    """The memory of the node's published huge page pools, in MiB, rounded up."""
+    kb = sum(pool.total * pool.size_kb for pool in node.hugepages if pool.total > 0)
+    return -(-kb // 1024)
+
+
 def _page_inventories(node: NumaNode, reservations: tuple[ReservedPages, ...]
                       ) -> dict[str, Inventory]:
     reserved = {r.size_kb: r.count for r in reservations if r.node == node.id}
@@ -115,7 +124,12 @@ def split_by_numa(settings: Settings, host: HostSnapshot, partition: CpuPartitio
     leftover_vcpus = len(partition.shared - in_nodes)
     vcpu_reserved = spread(partition.vcpu_reserved, node_vcpus + [leftover_vcpus])
     node_mb = [(n.memory_kb or 0) // 1024 if memory_known else 0 for n in nodes]
-    mem_reserved = spread(settings.reserved_host_memory_mb, node_mb)
+    pools = [min(pool_mb(n), mb) for n, mb in zip(nodes, node_mb)]
+    # reserved_host_memory_mb is 4K memory for the host: charged to what
+    # the pools leave of each node, the pools reserved on top.
+    mem_reserved = [share + pool for share, pool in zip(
+        spread(settings.reserved_host_memory_mb,
+               [mb - pool for mb, pool in zip(node_mb, pools)]), pools)]
 
     children = []
     for i, node in enumerate(nodes):
@@ -146,5 +160,7 @@ def split_by_numa(settings: Settings, host: HostSnapshot, partition: CpuPartitio
     }
     root.update({rc: inv for rc, inv in leftover.items() if inv.total > 0})
     if not memory_known and orc.MEMORY_MB in flat:
-        root[orc.MEMORY_MB] = flat[orc.MEMORY_MB]
+        memory = flat[orc.MEMORY_MB]
+        root[orc.MEMORY_MB] = replace(memory, reserved=min(
+            memory.total, memory.reserved + sum(pool_mb(n) for n in nodes)))
     return NumaSplit(root_inventories=root, children=tuple(children))

@@ -747,12 +747,13 @@ def test_dedicated_set_beside_a_stranger_on_vcpu_never_publishes_pcpu_beside_vcp
     assert "not checked" not in applier.log()
 
 
-def test_a_2_0_agent_is_applied_unchecked_and_the_applier_says_so_once_per_host(
+def test_a_2_0_agent_is_applied_closed_and_the_applier_says_so_once_per_host(
         bus, placement):
-    """A 2.0 message carries no limits: the applier applies it as before
-    2.1 (it cannot check the invariant) and logs that once for the host.
-    A 2.0 agent does not sign either: applied during an upgrade only
-    (``accept_unsigned``)."""
+    """A 2.0 message carries no limits: the applier cannot check the
+    invariant, so it publishes the tree with every class it checks closed
+    (reserved = total) and logs that once for the host. When in doubt,
+    publish less. A 2.0 agent does not sign either: applied during an
+    upgrade only (``accept_unsigned``)."""
     bus.write_config("accept_unsigned = true\n")
     applier, = bus.start(1)
     agent = make_agents(bus, 1, "old-agent")[0]
@@ -764,11 +765,16 @@ def test_a_2_0_agent_is_applied_unchecked_and_the_applier_says_so_once_per_host(
         del old["signature"]
         reply = agent.upstream._client.call({}, "apply", message=old)
         assert reply["status"] == wire.APPLIED and reply["ok"], reply
-    assert converged(placement, agent)
-    warned = re.findall(rf"{re.escape(agent.name)} sends wire format 2\.0.*not checked",
-                        applier.log())
+        root = root_of(placement, agent.name)
+        got = placement.get(f"/resource_providers/{root['uuid']}/inventories")["inventories"]
+        assert {rc: inv["reserved"] for rc, inv in got.items()} == {
+            rc: inv["total"] for rc, inv in got.items()}
+        assert set(got) == set(agent.desired.tree.root.inventories)
+    warned = re.findall(rf"{re.escape(agent.name)} sends wire format 2\.0.*published "
+                        r"closed \(reserved = total\)", applier.log())
     assert len(warned) == 1, applier.log()
-    assert agent.cycle().ok   # a 2.2 message from the same host: checked again
+    assert agent.cycle().ok   # a 2.3 message from the same host: checked and open again
+    assert converged(placement, agent)
 
 
 def test_tree_for_a_root_another_machine_marked_is_refused_by_the_applier(bus, placement):
@@ -831,7 +837,9 @@ def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placem
     tampered = {**wire.full_message(victim.name, seq, wire.body_of(victim.desired),
                                         key),
                 "body": hostile, "digest": wire.digest_of(hostile)}
-    unsigned = {**wire.full_message(victim.name, seq, hostile, key), "version": "2.1"}
+    older = {**hostile, "limits": {k: v for k, v in hostile["limits"].items()
+                                   if k != "mem_encryption"}}     # 2.3's
+    unsigned = {**wire.full_message(victim.name, seq, older, key), "version": "2.1"}
     del unsigned["signature"]
     attempts = {"forged host": (forged, wire.REFUSED, "does not verify"),
                 "bad signature": (tampered, wire.REFUSED, "does not verify"),

@@ -90,9 +90,13 @@ def test_numa_on_with_a_root_allocation_of_no_local_guest_never_doubles_cpus_or_
         assert len(levels) <= 1, (rc, tree)
     assert placement_units(tree, "VCPU") <= CPUS
     assert host.allocations() == before
-    if result.code != 0:
-        assert host.not_a_guest in result.stderr, result.stderr
-        assert "already matches" not in result.stdout
+    # Refused: the children cannot get the CPUs and memory the stranger
+    # keeps on the root. Exit 1, the consumer named, nothing said to match.
+    assert result.code == 1, result.stderr
+    assert host.not_a_guest in result.stderr, result.stderr
+    assert "Kept as Placement holds them: MEMORY_MB, VCPU" in result.stdout, result.stdout
+    assert "already matches" not in result.stdout
+    assert "Traceback" not in result.stderr
 
 
 def test_refused_run_reports_what_was_applied_and_what_was_kept(host):
@@ -192,3 +196,29 @@ def test_numa_reshape_that_would_keep_memory_on_the_root_for_a_stranger_is_not_s
     assert host.allocations() == before
     assert host.scheduler.get(f"/allocations/{stranger}")["allocations"][root]["resources"] \
         == {"VCPU": 2, "MEMORY_MB": 512}
+
+
+def test_huge_pages_and_memory_together_never_exceed_the_hosts_memory(host, tmp_path):
+    """linux-resctrl: node 1 holds 4 pages of 1 GiB, published as
+    CUSTOM_MEMORY_PAGE_1048576; its nodes' memory is unknown, so the root
+    keeps MEMORY_MB. The pool's 4096 MiB must not also be schedulable as
+    MEMORY_MB: a 4K guest would take memory the pool holds."""
+    import psutil
+
+    from tests.hostdata import HOSTDATA, sysfs_root_for
+
+    resctrl = tmp_path / "resctrl"
+    resctrl.mkdir()
+    host.sysfs = str(sysfs_root_for(HOSTDATA / "vircaps2xmldata" / "linux-resctrl" / "system",
+                                    resctrl))
+    result = once(write_config(host, "numa_in_placement = true\n"))
+    assert result.code == 0, result.stderr
+
+    tree = placement_tree(host)
+    page_mb = placement_units(tree, "CUSTOM_MEMORY_PAGE_1048576") * 1024
+    assert page_mb == 4096
+    memory_mb = psutil.virtual_memory().total // (1024 * 1024)
+    assert placement_units(tree, "MEMORY_MB") + page_mb <= memory_mb
+    limits = HostLimits(cpus=CPUS, memory_mb=memory_mb, disk_gb=10 ** 9, online_cpus=CPUS,
+                        hugepages={"CUSTOM_MEMORY_PAGE_1048576": 4})
+    assert check(tree, limits).ok, check(tree, limits).lines()

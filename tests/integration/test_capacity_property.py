@@ -21,8 +21,14 @@ reads Placement back with the scheduler's client and asserts:
 1. the invariant on what Placement holds, twice: with
    :mod:`node_agent.policy.capacity` and with :func:`simple_verdict`, a
    deliberately simple re-statement here, so a bug in the module cannot
-   hide itself;
-2. no allocation was lost or changed, except by a reshape that moved a
+   hide itself. CPUs are bounded by the online CPUs of the configured sets
+   (:func:`configured_cpus`) after a cycle that applied cleanly; after a
+   refused or failed one Placement may still hold the records of an
+   earlier configuration, bounded by every online CPU;
+2. maintenance: once a cycle has run with maintenance on (and until it is
+   turned off), every class on every provider of the tree is closed
+   (``reserved = total``), whatever the usage;
+3. no allocation was lost or changed, except by a reshape that moved a
    consumer whole: the same amounts per class, on providers of the host's
    tree, or -- for a guest pinned in libvirt -- VCPU and PCPU exchanged.
 
@@ -32,8 +38,9 @@ overstatement and lost allocations are not.
 Steps: ``NODE_AGENT_PROPERTY_EXAMPLES`` x ``NODE_AGENT_PROPERTY_STEPS``
 (default 8 x 30 = at most 240 steps; ``make property`` runs more). The seed is
 ``--hypothesis-seed`` or ``NODE_AGENT_PROPERTY_SEED``; hypothesis prints the
-shrunk step sequence on failure, this test prints the seed (a random one
-when none is given).
+shrunk step sequence on failure. The seed (a random one when none is given)
+is in the failure's message and in pytest's terminal summary, with or
+without ``-s``.
 
 Host: the 16-CPU fixture linux-test4 (NUMA node 0 = CPUs 0-7, node 1 =
 8-15), memory from its node meminfo, disk from the filesystem of tmp_path.
@@ -122,6 +129,21 @@ def schedulable(rc: str, record: dict) -> int:
     return int(free * record["allocation_ratio"]) if rc == "PCPU" else free
 
 
+def configured_cpus(dedicated, shared) -> frozenset:
+    """The CPUs the configured sets name (all online here), as nova reads
+    them: ``cpu_dedicated_set`` | ``cpu_shared_set``; neither set (legacy):
+    every online CPU. A dedicated set alone leaves no CPU to VCPU."""
+    if dedicated is None and shared is None:
+        return ONLINE
+    return frozenset(dedicated or ()) | frozenset(shared or ())
+
+
+def open_classes(tree: list[Published]) -> list[str]:
+    """``provider: class`` for each inventory not fully reserved."""
+    return [f"{p.name}: {rc}" for p in tree for rc, record in sorted(p.inventories.items())
+            if record["reserved"] < record["total"]]
+
+
 def simple_verdict(tree: list[Published], cpus: int, memory_mb: int) -> list[str]:
     """The invariant, re-stated without node_agent's code."""
     problems = []
@@ -194,6 +216,9 @@ class CapacityMachine(RuleBasedStateMachine):
                                  disk_gb=psutil.disk_usage(str(self.tmp)).total // 2 ** 30,
                                  online_cpus=len(ONLINE))
         self.trace: list[str] = []
+        self.clean = False          # the last cycle applied without refusal or error
+        self.maintenance_on = False
+        self.closed = False         # a cycle ran with maintenance on: it must hold
         self.uri = host_xml(self.tmp / "host.xml", [])
         self.restart()
 
@@ -215,14 +240,17 @@ class CapacityMachine(RuleBasedStateMachine):
         """One cycle as the service runs it (node_agent.service.daemon.Agent)."""
         settings = self.settings()
         store = StateStore(Path(settings.state_path))
+        self.clean = False
         try:
             desired = compute_desired(settings, state=store.load_or_empty(LOG))
             desired = self.reconciler.maintained(desired)
             outcome = self.reconciler.apply(desired)
+            self.closed = self.closed or self.maintenance_on
             if outcome.ok:
                 self.syncer.remember(APPLIED_KEY, desired.applied)
                 forget_applied_off(store, desired.maintenance)
             self.trace.append("ok" if outcome.ok else f"refused: {outcome.errors[:1]}")
+            self.clean = outcome.ok
             return outcome.ok
         except NodeAgentError as exc:       # refusals are allowed
             self.trace.append(f"error: {type(exc).__name__}: {str(exc)[:160]}")
@@ -289,10 +317,15 @@ class CapacityMachine(RuleBasedStateMachine):
         self.trace.append(step)
         tree, names = self.last_tree = self.tree()
         named = [dataclasses.replace(p, name=names[p.name]) for p in tree]
-        verdict = check(named, self.limits)
+        cpus = len(configured_cpus(self.config["dedicated"], self.config["shared"])
+                   if self.clean else ONLINE)
+        verdict = check(named, dataclasses.replace(self.limits, cpus=cpus))
         assert verdict.ok, (step, verdict.lines(), self.trace[-6:])
-        problems = simple_verdict(named, len(ONLINE), self.limits.memory_mb)
+        problems = simple_verdict(named, cpus, self.limits.memory_mb)
         assert not problems, (step, problems, self.trace[-6:])
+        if self.closed:
+            assert not open_classes(named), (step, "maintenance is on but these are open",
+                                             open_classes(named), self.trace[-6:])
         held = self.held_allocations(names)
         self.providers |= set(names)   # a deleted child still counts as the host's
         for consumer, before in list(self.consumers.items()):
@@ -405,6 +438,8 @@ class CapacityMachine(RuleBasedStateMachine):
         # What ``node-agent maintenance on|off`` writes (node_agent.cli.main).
         StateStore(Path(self.state_dir)).put(
             MAINTENANCE_KEY, maint.record(on, "property test", "2026-01-01T00:00:00+00:00"))
+        self.maintenance_on = on
+        self.closed = self.closed and on
         self.step(f"maintenance {'on' if on else 'off'}")
 
     def teardown(self):
@@ -425,6 +460,18 @@ def cpu_set(cpus):
     return parse_cpu_spec(spec_text(cpus)) if cpus else None
 
 
+class SeedSummary:
+    """Writes the seed in pytest's terminal summary (seen without ``-s``)."""
+
+    NAME = "node-agent-capacity-property-seed"
+
+    def __init__(self, line: str):
+        self.line = line
+
+    def pytest_terminal_summary(self, terminalreporter):
+        terminalreporter.write_line(self.line)
+
+
 def test_placement_never_overstates_the_host_and_no_allocation_is_lost(
         placement_server, tmp_path, request):
     CapacityMachine.url = placement_server.url
@@ -434,12 +481,19 @@ def test_placement_never_overstates_the_host_and_no_allocation_is_lost(
         raise pytest.UsageError(f"seed {chosen!r}: give a whole number")
     chosen = int(chosen) if chosen is not None else random.getrandbits(32)
     machine = hypothesis_seed(chosen)(type("CapacityMachine", (CapacityMachine,), {}))
-    # Printed first, so a failure's captured output names the seed to rerun
-    # with (NODE_AGENT_PROPERTY_SEED=... or --hypothesis-seed=...).
-    print(f"property test: {EXAMPLES} examples x {STEPS} steps, seed {chosen}")
-    run_state_machine_as_test(machine, settings=settings(
-        max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=False,
-        suppress_health_check=list(HealthCheck), database=None, print_blob=True))
+    rerun = (f"capacity property test: {EXAMPLES} examples x {STEPS} steps, seed {chosen} "
+             f"(rerun: NODE_AGENT_PROPERTY_SEED={chosen})")
+    print(rerun)
+    if not request.config.pluginmanager.has_plugin(SeedSummary.NAME):
+        request.config.pluginmanager.register(SeedSummary(rerun), SeedSummary.NAME)
+    try:
+        run_state_machine_as_test(machine, settings=settings(
+            max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
+            derandomize=False, suppress_health_check=list(HealthCheck), database=None,
+            print_blob=True))
+    except BaseException as exc:
+        exc.add_note(rerun)
+        raise
     outcomes = CapacityMachine.outcomes
     print(f"property test: {CapacityMachine.steps_run} steps checked; cycles: "
           + ", ".join(f"{outcomes.count(k)} {k}" for k in ("ok", "refused", "error"))
@@ -490,3 +544,16 @@ def test_moved_whole_allows_a_reshape_and_refuses_a_change_of_amounts():
     assert moved_whole(before, as_pcpu, {"root", "child"}, pinned=True)
     assert not moved_whole(before, as_pcpu, {"root", "child"}, pinned=False)
     assert not moved_whole(before, {"root": {"VCPU": 1, "MEMORY_MB": 512}}, {"root"}, True)
+
+
+def test_configured_cpus_are_the_sets_or_every_online_cpu_in_legacy_mode():
+    assert configured_cpus(None, None) == ONLINE
+    assert configured_cpus(frozenset({2, 3}), None) == {2, 3}     # no VCPU left
+    assert configured_cpus(frozenset({2, 3}), frozenset({0, 1})) == {0, 1, 2, 3}
+    assert configured_cpus(None, frozenset({8})) == {8}
+
+
+def test_open_classes_names_each_inventory_not_fully_reserved():
+    tree = [Published("root", True, {"VCPU": inv(16, 16), "MEMORY_MB": inv(1000, 512)}),
+            Published("root_NUMA_0", False, {"PCPU": inv(8, 8)})]
+    assert open_classes(tree) == ["root: MEMORY_MB"]

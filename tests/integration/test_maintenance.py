@@ -3,16 +3,21 @@ Placement, on a host whose pinned (PCPU) and floating (VCPU) guests hold
 allocations written as the scheduler writes them."""
 
 import json
+import uuid
 from pathlib import Path
 
 import pytest
 
+from node_agent.cycle.desired import compute_desired
+from node_agent.policy import maintenance as maint
 from node_agent.policy.maintenance import TRAIT
-from node_agent.state import FILE_NAME
+from node_agent.state import FILE_NAME, MAINTENANCE, StateStore
 from tests.cli.runner import run_agent
-from tests.integration.reshape_driver import Host, boot_legacy_guests
+from tests.integration.reshape_driver import Host, allocate, boot_legacy_guests
 from tests.integration.test_cli_reshape import write_config
+from tests.integration.test_applier import bus  # noqa: F401 (fixture)
 from tests.integration.test_messaging import agent, ctl  # noqa: F401 (fixture)
+from tests.integration.test_nested_reshape import NestedHost
 from tests.integration.test_service_process import root_inventory
 
 pytestmark = pytest.mark.integration
@@ -81,6 +86,36 @@ def test_maintenance_on_reserves_every_class_in_use_and_sets_the_disabled_trait(
     assert any("maintenance is on (disk swap)" in w for w in result.json()["warnings"])
     again = once(busy.config, "--output", "json")
     assert again.code == 0 and again.json()["changes"] == []
+
+
+def test_maintenance_closes_a_class_whose_ratio_change_usage_blocks(placement_server,
+                                                                      host_name, tmp_path):
+    """20 VCPU in use (16 x 4.0 = 64), then maintenance on and
+    cpu_allocation_ratio = 1.0: the ratio change is held back (capacity 16
+    < 20 in use), but the held record is closed all the same."""
+    host = Host(tmp_path, placement_server.url, host_name)
+    assert once(write_config(host)).code == 0
+    host.boot(host.not_a_guest, vcpu=10, memory=1024)
+    other = str(uuid.uuid4())                  # max_unit is 16: two consumers
+    allocate(host.scheduler, other, {host.root: {"VCPU": 10}})
+    before = host.allocations()
+    config = write_config(host, "cpu_allocation_ratio = 1.0\n")
+    assert maintenance(config, "on", "--reason", "disk swap").code == 0
+
+    first = once(config, "--output", "json")
+
+    # The ratio change is refused and said so; the record it keeps is closed.
+    assert first.code == 1, first.stderr
+    assert "cannot lower VCPU" in first.stderr
+    inventories = host.inventories()
+    assert inventories["VCPU"] == {**inventories["VCPU"], "total": 16, "reserved": 16}
+    assert_closed(host)
+    # Closed, the record has no capacity left to starve: the next cycle
+    # applies the ratio and the class stays closed.
+    second = once(config, "--output", "json")
+    assert second.code == 0, second.stderr
+    assert_closed(host)
+    assert host.allocations() == before
 
 
 def test_lost_state_file_does_not_end_maintenance(closed):
@@ -210,3 +245,161 @@ def test_maintenance_command_writes_the_file_when_no_service_answers(
     from node_agent.state import StateStore
     assert is_on(StateStore(tmp_path / "state").load()[MAINTENANCE_KEY])
     idle.notify.close()
+
+
+def test_lost_state_file_does_not_end_maintenance_through_the_applier(
+        bus, tmp_path, placement_server, host_name):  # noqa: F811 (fixture)
+    """``[agent] upstream = messaging``: the agent's state file is lost, so its
+    tree carries no maintenance; the applier keeps it on from the root's
+    disabled trait in Placement, as the direct mode does."""
+    bus.start(1)
+    host = NestedHost(tmp_path, placement_server.url, host_name, [])
+    sender = bus.sender(host_name, timeout=30)
+    settings = host.settings()
+    on = {MAINTENANCE: maint.record(True, "disk swap", "2026-01-01T00:00:00+00:00")}
+    assert sender.send(compute_desired(settings, state=on)).ok
+
+    def closed() -> dict:
+        found = host.scheduler.get(f"/resource_providers/{host.root}/inventories")
+        return {rc: inv["reserved"] == inv["total"]
+                for rc, inv in found["inventories"].items()}
+
+    assert all(closed().values()) and TRAIT in host.root_traits()
+
+    report = sender.send(compute_desired(settings, state={}))   # the file is gone
+
+    assert report.ok, report.errors
+    assert all(closed().values()), closed()
+    assert TRAIT in host.root_traits()
+    # `maintenance off` (an off record) still ends it through the applier.
+    off = {MAINTENANCE: maint.record(False, None, "2026-01-02T00:00:00+00:00")}
+    assert sender.send(compute_desired(settings, state=off)).ok
+    assert not any(closed().values()) and TRAIT not in host.root_traits()
+
+
+def test_status_reads_the_numa_children_and_names_a_reopened_one(
+        placement_server, host_name, tmp_path):
+    """The root alone would say "closed" while a NUMA child, reopened by
+    hand, still offers its CPUs and memory."""
+    host = Host(tmp_path, placement_server.url, host_name)
+    config = write_config(host, "numa_in_placement = true\n")
+    assert maintenance(config, "on", "--reason", "disk swap").code == 0
+    assert once(config).code == 0
+    closed = maintenance(config, "status", "--output", "json").json()
+    children = closed["placement"]["children"]
+    assert {c["name"] for c in children} == {f"{host_name}_NUMA_0", f"{host_name}_NUMA_1"}
+    assert all(c["agent"] and c["fully_reserved"] and not c["open"] for c in children)
+    assert closed["agree"] is True
+
+    child = next(c for c in children if c["name"].endswith("_NUMA_1"))
+    held = host.scheduler.get(f"/resource_providers/{child['uuid']}/inventories")
+    host.scheduler.put(f"/resource_providers/{child['uuid']}/inventories", {
+        "resource_provider_generation": held["resource_provider_generation"],
+        "inventories": {rc: {**inv, "reserved": 0}
+                        for rc, inv in held["inventories"].items()}})
+
+    report = maintenance(config, "status", "--output", "json").json()
+    assert report["agree"] is False
+    assert report["placement"]["open_by_provider"] == {
+        child["name"]: sorted(held["inventories"])}
+    text = maintenance(config, "status").stdout
+    assert f"child {child['name']}: fully reserved: none; open: " in text
+    assert "agree: NO" in text
+    assert once(config).code == 0          # the next cycle closes it again
+    assert maintenance(config, "status", "--output", "json").json()["agree"] is True
+
+
+def test_numa_off_during_maintenance_is_refused_naming_maintenance(
+        tmp_path, placement_server, host_name):
+    """The reshape back to the root cannot move allocations onto a closed
+    root; the refusal says maintenance is why, not "give the host more"."""
+    from node_agent.cycle.reconcile import ReshapeRefused
+    from tests.integration.test_reverse_reshape import numa_host_with_guests
+
+    host = numa_host_with_guests(tmp_path, placement_server.url, host_name)
+    StateStore(Path(host.state_dir)).put(
+        MAINTENANCE, maint.record(True, "disk swap", "2026-01-01T00:00:00+00:00"))
+    _outcome, report, _ = host.cycle(numa_in_placement=True)   # closes the NUMA tree
+    assert report.ok, report.errors
+    before = host.allocations()
+
+    outcome, _report, _ = host.cycle()                           # NUMA off
+
+    assert isinstance(outcome, ReshapeRefused)
+    text = str(outcome)
+    assert "Give the host more" not in text
+    for rc in ("MEMORY_MB", "PCPU", "VCPU"):
+        assert f"{rc} on {host_name} is fully reserved (reserved = total" in text, text
+    assert "`node-agent maintenance off`" in text
+    assert host.allocations() == before
+
+
+def test_maintenance_holds_when_guests_refuse_the_new_configuration(
+        placement_server, host_name, tmp_path):
+    """The new CPU sets are refused by name (a pinned guest's CPUs are in
+    the shared set), so that tree is not written; maintenance closes the
+    tree Placement holds all the same."""
+    host = Host(tmp_path, placement_server.url, host_name)
+    assert once(write_config(host)).code == 0
+    host.boot(host.pinned, vcpu=4, memory=4096)       # pins 2,10,3,11 in host.xml
+    before = host.allocations()
+    config = write_config(host, "cpu_dedicated_set = 4-7\ncpu_shared_set = 0-3,8-15\n")
+    assert maintenance(config, "on", "--reason", "disk swap").code == 0
+
+    result = once(config, "--output", "json")
+
+    assert result.code == 1
+    assert "instance-00000001" in result.stderr and "cpu_shared_set" in result.stderr
+    assert_closed(host)
+    assert set(host.inventories()) == {"VCPU", "MEMORY_MB", "DISK_GB"}   # the old layout
+    assert host.allocations() == before
+
+
+def test_maintenance_and_numa_on_in_one_cycle_leave_nothing_open(
+        placement_server, host_name, tmp_path):
+    """Maintenance on and numa_in_placement = true reach the same cycle. The
+    reshape cannot move the guests onto closed children and is refused; the
+    classes it keeps on the root as Placement holds them are closed too."""
+    host = Host(tmp_path, placement_server.url, host_name)
+    assert once(write_config(host)).code == 0
+    boot_legacy_guests(host)
+    before = host.allocations()
+    config = write_config(host, "numa_in_placement = true\n")
+    assert maintenance(config, "on", "--reason", "disk swap").code == 0
+
+    result = once(config, "--output", "json")
+
+    assert result.code == 1, result.stderr
+    assert "fully reserved (reserved = total" in result.stderr
+    listing = host.scheduler.get(
+        f"/resource_providers?in_tree={host.root}")["resource_providers"]
+    for rp in listing:
+        held = host.scheduler.get(f"/resource_providers/{rp['uuid']}/inventories")
+        assert all(inv["reserved"] == inv["total"] for inv in held["inventories"].values()), \
+            (rp["name"], held["inventories"])
+    assert TRAIT in root_traits(host)
+    assert host.allocations() == before
+
+
+def test_maintenance_closes_a_class_the_new_sets_remove_but_usage_keeps(
+        placement_server, host_name, tmp_path):
+    """No local guest; a migration record holds 3 VCPU. Maintenance on and
+    cpu_dedicated_set = 0-15 (no VCPU any more) in one cycle: VCPU cannot be
+    removed while in use, and the record it keeps is closed."""
+    host = NestedHost(tmp_path, placement_server.url, host_name, [])
+    _outcome, report, _ = host.cycle(dedicated=None, shared=None)
+    assert report.ok, report.errors
+    stranger = str(uuid.uuid4())
+    allocate(host.scheduler, stranger, {host.root: {"VCPU": 3, "MEMORY_MB": 512}})
+    StateStore(Path(host.state_dir)).put(
+        MAINTENANCE, maint.record(True, "disk swap", "2026-01-01T00:00:00+00:00"))
+
+    _outcome, report, _ = host.cycle(dedicated="0-15", shared=None)
+
+    assert not report.ok and "cannot lower VCPU" in report.errors[0]
+    held = host.scheduler.get(f"/resource_providers/{host.root}/inventories")["inventories"]
+    assert {rc: inv["reserved"] for rc, inv in held.items()} == {
+        rc: inv["total"] for rc, inv in held.items()}
+    assert set(held) == {"VCPU", "PCPU", "MEMORY_MB", "DISK_GB"}
+    assert host.scheduler.get(f"/allocations/{stranger}")["allocations"][host.root][
+        "resources"] == {"VCPU": 3, "MEMORY_MB": 512}

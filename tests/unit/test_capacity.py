@@ -54,12 +54,16 @@ def test_units_of_a_record(rc, record, expected):
     [root(VCPU=rec(16, 0, 4.0))],
     # PCPU added but fully reserved: nothing the scheduler can take
     [root(VCPU=rec(16, 0, 4.0), PCPU=rec(16, 16))],
-    # NUMA: root keeps disk, children split CPUs and memory
+    # NUMA: root keeps disk, children split CPUs and memory; each pool's
+    # memory (512 x 2 MiB) is reserved in its node's MEMORY_MB
     [root(DISK_GB=rec(500)),
-     child("host_NUMA_0", VCPU=rec(8, 0, 4.0), MEMORY_MB=rec(32000, 512),
+     child("host_NUMA_0", VCPU=rec(8, 0, 4.0), MEMORY_MB=rec(32000, 512 + 1024),
            CUSTOM_MEMORY_PAGE_2048=rec(512)),
-     child("host_NUMA_1", PCPU=rec(8), MEMORY_MB=rec(32000),
+     child("host_NUMA_1", PCPU=rec(8), MEMORY_MB=rec(32000, 1024),
            CUSTOM_MEMORY_PAGE_2048=rec(512))],
+    # pages and memory within the host together, even with nothing reserved
+    [child("host_NUMA_0", MEMORY_MB=rec(30000), CUSTOM_MEMORY_PAGE_2048=rec(512)),
+     child("host_NUMA_1", MEMORY_MB=rec(30000), CUSTOM_MEMORY_PAGE_2048=rec(512))],
     # an emptied child left behind (cannot be deleted yet) is harmless
     [root(VCPU=rec(16, 0, 4.0), MEMORY_MB=rec(64000)),
      child("host_NUMA_0", VCPU=rec(8, 8), MEMORY_MB=rec(32000, 32000))],
@@ -87,6 +91,15 @@ def test_trees_within_the_host_pass(tree):
     # a page size the host does not have at all
     ([child("n0", CUSTOM_MEMORY_PAGE_1048576=rec(1))],
      "CUSTOM_MEMORY_PAGE_1048576", ("CUSTOM_MEMORY_PAGE_1048576",), 1),
+    # huge pages counted twice: all of each node's memory and its 2 MiB pool
+    ([child("host_NUMA_0", MEMORY_MB=rec(32000), CUSTOM_MEMORY_PAGE_2048=rec(512)),
+      child("host_NUMA_1", MEMORY_MB=rec(32000), CUSTOM_MEMORY_PAGE_2048=rec(512))],
+     "memory (MEMORY_MB and huge pages, in MiB)",
+     ("MEMORY_MB", "CUSTOM_MEMORY_PAGE_2048"), 64000 + 2 * 1024),
+    # pages reserved for the host (reserved_huge_pages) are not offered
+    ([child("n0", MEMORY_MB=rec(63000), CUSTOM_MEMORY_PAGE_2048=rec(1024, 512))],
+     "memory (MEMORY_MB and huge pages, in MiB)",
+     ("MEMORY_MB", "CUSTOM_MEMORY_PAGE_2048"), 63000 + 1024),
     ([root(VGPU=rec(8)), child("gpu", VGPU=rec(8))], "VGPU", ("VGPU",), 16),
     ([child("pf", SRIOV_NET_VF=rec(16, 0, 2.0))], "SRIOV_NET_VF", ("SRIOV_NET_VF",), 32),
 ])
@@ -225,3 +238,27 @@ def test_offline_dedicated_cpus_under_cpu_power_management_count_once(tmp_path):
     # The same CPUs in both sets would not make ten: a CPU counts once.
     assert host_limits(host, dataclasses.replace(
         partition, shared=partition.shared | parse_cpu_spec("4,6"))).cpus == 8
+
+
+def test_a_tree_whose_limits_are_unknown_is_published_with_every_checked_class_closed():
+    """Wire 2.0 (no limits): the applier cannot check, so it publishes less."""
+    from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
+    from node_agent.policy.capacity import closed_unchecked
+
+    tree = ProviderTree((
+        Provider("host", inventories={"VCPU": Inventory(16, allocation_ratio=4.0),
+                                      "DISK_GB": Inventory(500),
+                                      "CUSTOM_WIDGET": Inventory(3)}),
+        Provider("host_NUMA_0", parent="host",
+                 inventories={"MEMORY_MB": Inventory(32000, reserved=512),
+                              "CUSTOM_MEMORY_PAGE_2048": Inventory(1024)})))
+
+    closed = closed_unchecked(tree)
+
+    assert {(p.name, rc): (inv.reserved, inv.total) for p in closed.providers
+            for rc, inv in p.inventories.items()} == {
+        ("host", "VCPU"): (16, 16), ("host", "DISK_GB"): (500, 500),
+        ("host", "CUSTOM_WIDGET"): (0, 3),          # not the invariant's: left alone
+        ("host_NUMA_0", "MEMORY_MB"): (32000, 32000),
+        ("host_NUMA_0", "CUSTOM_MEMORY_PAGE_2048"): (1024, 1024)}
+    assert check(published(closed), HostLimits(cpus=0, memory_mb=0, disk_gb=0)).ok

@@ -129,3 +129,26 @@ def test_an_applied_off_is_forgotten_but_a_newer_record_is_kept(tmp_path):
     assert store.load() == {MAINTENANCE_KEY: ON}
     forget_applied_off(store, ON)      # an on record is never dropped
     assert store.load() == {MAINTENANCE_KEY: ON}
+
+
+def _child(name, agent, **inventories):
+    return {"name": name, "uuid": f"u-{name}", "agent": agent, "inventories": inventories}
+
+
+def test_status_reads_the_agents_children_and_lists_open_classes_per_provider():
+    placement = {**_root([TRAIT], DISK_GB=_inv(9, 9)), "children": [
+        _child("h_NUMA_0", True, VCPU=_inv(8, 8), MEMORY_MB=_inv(4096, 4096)),
+        _child("h_NUMA_1", True, VCPU=_inv(8, 0), MEMORY_MB=_inv(4096, 4096)),
+        _child("h-widget", False, CUSTOM_WIDGET=_inv(2, 0))]}
+
+    report = _status(ON, placement)
+
+    assert report["agree"] is False     # the root is closed, a NUMA child is not
+    assert report["placement"]["open_by_provider"] == {"h_NUMA_1": ["VCPU"]}
+    text = maint.status_text(report)
+    assert "child h_NUMA_1: fully reserved: MEMORY_MB; open: VCPU" in text
+    assert "child h-widget (not the agent's: maintenance leaves it)" in text
+    # A foreign child's open class is listed, not held against maintenance.
+    placement["children"][1] = _child("h_NUMA_1", True, VCPU=_inv(8, 8),
+                                      MEMORY_MB=_inv(4096, 4096))
+    assert _status(ON, placement)["agree"] is True

@@ -172,3 +172,31 @@ def test_option_off_keeps_the_flat_root(tmp_path):
 def test_non_numa_host_has_no_children(tmp_path):
     tree = tree_of("virhostcpudata/linux-test5", tmp_path)
     assert tree.names() == ["fixture"]
+
+
+def test_huge_page_pools_are_reserved_in_their_nodes_memory_not_offered_twice(tmp_path):
+    """linux-resctrl: node 1 holds 4 pages of 1 GiB. Published as
+    CUSTOM_MEMORY_PAGE_1048576, the 4096 MiB are reserved in that node's
+    MEMORY_MB, whose total stays the node's memory."""
+    from node_agent.policy.capacity import check, host_limits, published
+
+    host = snapshot("vircaps2xmldata/linux-resctrl/system", tmp_path)
+    # The fixture has no node meminfo: give each node 32 GiB.
+    host = dataclasses.replace(host, nodes=tuple(
+        dataclasses.replace(n, memory_kb=32 * 1024 * 1024) for n in host.nodes))
+    conf = settings(numa_in_placement=True, reserved_host_memory_mb=512)
+    tree = build_tree(conf, host, partition_cpus(conf, host))
+    node1 = inventory(tree, "fixture_NUMA_1")
+    assert node1["CUSTOM_MEMORY_PAGE_1048576"]["total"] == 4
+    assert node1[orc.MEMORY_MB]["total"] == 32 * 1024
+    assert node1[orc.MEMORY_MB]["reserved"] == 4096          # the pool, no more
+    assert inventory(tree, "fixture_NUMA_0")[orc.MEMORY_MB]["reserved"] == 512
+    assert check(published(tree), host_limits(host, partition_cpus(conf, host))).ok
+
+
+def test_pools_are_reserved_on_the_root_when_node_memory_is_unknown(tmp_path):
+    # linux-resctrl has no node meminfo: the root keeps MEMORY_MB.
+    tree = tree_of("vircaps2xmldata/linux-resctrl/system", tmp_path,
+                   reserved_host_memory_mb=512)
+    assert inventory(tree, "fixture")[orc.MEMORY_MB]["reserved"] == 512 + 4096
+    assert inventory(tree, "fixture_NUMA_1")["CUSTOM_MEMORY_PAGE_1048576"]["total"] == 4

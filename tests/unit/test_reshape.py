@@ -533,3 +533,30 @@ def test_the_next_stage_is_what_placement_processes_in_half_the_interval():
     stages = _stages(windows=4 * 0.4, staged_refusals=4, timed=(20, 0.2, True))
     stages.size()
     assert stages.limit == 10    # refused: half at most
+
+
+def test_a_refused_reshape_in_maintenance_holds_its_classes_closed():
+    """Every inventory of the tree closed (maintenance): the classes a
+    refused reshape keeps as Placement holds them are closed too."""
+    from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
+    from node_agent.placement.reshape_engine import hold_inventories
+
+    tree = ProviderTree((
+        Provider("h", uuid="r", inventories={"DISK_GB": Inventory(100, reserved=100)}),
+        Provider("h_NUMA_0", parent="h", uuid="n0",
+                 inventories={"VCPU": Inventory(8, reserved=8)})))
+    current = {"r": {"VCPU": {"total": 16, "reserved": 0, "allocation_ratio": 4.0}}}
+
+    held = hold_inventories(tree, current, {"VCPU"})
+
+    assert held.by_name("h").inventories["VCPU"] == Inventory(16, 16, allocation_ratio=4.0)
+    assert "VCPU" not in held.by_name("h_NUMA_0").inventories   # not created yet: none
+    opened = ProviderTree((replace_inventories(tree.root, DISK_GB=Inventory(100)),)
+                          + tree.providers[1:])
+    assert hold_inventories(opened, current, {"VCPU"}).by_name("h").inventories["VCPU"] \
+        == Inventory(16, 0, allocation_ratio=4.0)
+
+
+def replace_inventories(provider, **inventories):
+    import dataclasses
+    return dataclasses.replace(provider, inventories=inventories)

@@ -33,7 +33,10 @@ def body(tmp_path):
     host = snapshot("virhostcpudata/linux-test4", tmp_path)
     desired = desired_from(settings(host="victim", cpu_dedicated_set=parse_cpu_spec("2-5"),
                                     cpu_shared_set=parse_cpu_spec("0-1,6-15")), host)
-    return wire.body_of(desired)
+    body = wire.body_of(desired)
+    # What an unsigned 2.1 message may carry too (mem_encryption came with 2.3).
+    del body["limits"]["mem_encryption"]
+    return body
 
 
 def ring(*masters, accept_unsigned=False):
@@ -63,7 +66,7 @@ def test_another_hosts_key_cannot_sign_for_the_victim(body):
     assert "does not verify with the key of victim" in refusal.text
 
 
-@pytest.mark.parametrize("change", [{"seq": 2}, {"host": "victim2"}, {"version": "2.3"},
+@pytest.mark.parametrize("change", [{"seq": 2}, {"host": "victim2"}, {"version": "2.2"},
                                     {"digest": "0" * 64}])
 def test_any_signed_field_changed_breaks_the_signature(body, change):
     message = wire.full_message("victim", 1, body, signing.host_key(MASTER, "victim"))

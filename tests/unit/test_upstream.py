@@ -487,7 +487,7 @@ def test_agent_bug_is_caught_before_sending_and_nothing_is_sent(tmp_path):
 
     assert report.status == wire.REFUSED and report.messages == 0
     assert sender.messages_sent == 0 and sender.acked is None
-    assert report.errors == ["wire format 2.2: body.reshape.guests[1].name: "
+    assert report.errors == ["wire format 2.3: body.reshape.guests[1].name: "
                              "must be a non-empty string"]
     assert "nothing sent" in report.summary()
 
@@ -508,8 +508,8 @@ def test_saved_messages_can_be_checked_from_the_command_line(tmp_path, nested, c
     assert main([str(tmp_path / "good.json"), str(tmp_path / "bad.json")]) == 1
     assert main([str(tmp_path / "bad.json"), str(tmp_path / "torn.json")]) == 2
     out = capsys.readouterr()
-    assert "good.json: valid wire format 2.2 full message" in out.out
-    assert "beat.json: valid wire format 2.2 heartbeat" in out.out
+    assert "good.json: valid wire format 2.3 full message" in out.out
+    assert "beat.json: valid wire format 2.3 heartbeat" in out.out
     assert "bad.json: refused: body.reshape.numa[0].cpus: must be a string" in out.out
     assert "torn.json: cannot read a JSON message" in out.err
 
@@ -521,7 +521,7 @@ def test_limits_travel_in_the_body_and_come_back_as_the_agent_computed_them(nest
     from node_agent.policy.capacity import limits_of
 
     message = _full(nested)
-    assert message["version"] == "2.2"
+    assert message["version"] == "2.3"
     assert message["body"]["limits"]["cpus"] == 16
     parsed = wire.parse_message(message)
     remote = wire.desired_from_body(parsed.body, parsed.host)
@@ -597,3 +597,64 @@ def test_limits_missing_a_key_are_refused(nested, key):
     _redigest(message)
     with pytest.raises(wire.Malformed, match=re.escape(f"body.limits: {key!r} is required")):
         wire.parse_message(message)
+
+
+# ---------------------------------------------------------------- 2.3: SEV keys in the limits
+
+def _sev_desired(nested, max_guests=59, max_es_guests=450):
+    """``nested`` on a host whose firmware has SEV keys for that many guests."""
+    import dataclasses
+
+    from node_agent.model.snapshot import DomainCaps, HypervisorInfo
+
+    caps = DomainCaps(arch="x86_64", sev_supported=True, sev_max_guests=max_guests,
+                              sev_max_es_guests=max_es_guests)
+    return dataclasses.replace(nested, host=dataclasses.replace(
+        nested.host, hypervisor=HypervisorInfo((10, 0, 0), (10, 0, 0), (caps,))))
+
+
+def test_sev_keys_travel_in_the_limits_and_the_applier_checks_them(nested):
+    """Wire 2.3: without mem_encryption the applier could not hold
+    MEM_ENCRYPTION_CONTEXT to the firmware's keys (59 + 450 here)."""
+    from node_agent.policy import capacity as cap
+
+    sev = _sev_desired(nested)
+    message = _full(sev)
+    assert message["version"] == "2.3"
+    assert message["body"]["limits"]["mem_encryption"] == 509
+    parsed = wire.parse_message(message)
+    limits = cap.limits_of(wire.desired_from_body(parsed.body, parsed.host))
+    assert limits.mem_encryption == 509 == cap.limits_of(sev).mem_encryption
+    over = [cap.Published("node1_amd_sev_es", False, {"MEM_ENCRYPTION_CONTEXT": {
+        "total": 510, "reserved": 0, "allocation_ratio": 1.0}})]
+    assert not cap.check(over, limits).ok
+
+
+def test_unknown_sev_keys_travel_as_null_and_are_not_checked(nested):
+    from node_agent.policy import capacity as cap
+
+    message = _full(_sev_desired(nested, None, None))   # libvirt before 8.0
+    assert message["body"]["limits"]["mem_encryption"] is None
+    parsed = wire.parse_message(message)
+    assert cap.limits_of(wire.desired_from_body(parsed.body, parsed.host)).mem_encryption \
+        is None
+
+
+def test_a_2_2_message_without_sev_keys_is_accepted_and_one_with_them_refused(nested):
+    message = _full(_sev_desired(nested))
+    message["version"] = "2.2"
+    with pytest.raises(wire.Malformed, match=re.escape(
+            "body.limits: unknown key 'mem_encryption' (not in this wire version)")):
+        wire.parse_message(_redigest(message))
+    del message["body"]["limits"]["mem_encryption"]
+    parsed = wire.parse_message(_redigest(message))
+    assert wire.desired_from_body(parsed.body, parsed.host).limits.mem_encryption is None
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "59", True])
+def test_malformed_sev_keys_are_refused_naming_their_path(nested, value):
+    message = _full(nested)
+    message["body"]["limits"]["mem_encryption"] = value
+    with pytest.raises(wire.Malformed, match=re.escape(
+            "body.limits.mem_encryption: must be")):
+        wire.parse_message(_redigest(message))
