@@ -84,7 +84,7 @@ from node_agent.remote.coordination import Busy, Coordination, Store
 from node_agent.errors import (ConfigError, NodeAgentError, PlacementError, ProviderOwned,
                                ReshapeError)
 from node_agent.policy.root_owner import identity_of_tree
-from node_agent.cycle.reconcile import Reconciler, shape_of
+from node_agent.cycle.reconcile import Reconciler, Shape, shape_of
 from node_agent.state import APPLIER, PROVIDERS, ROOT_UUID
 
 LOG = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def _changes(changes) -> list[dict]:
              "provider": c.provider} for c in changes]
 
 
-def shape_digest(shape: tuple) -> str:
+def shape_digest(shape: Shape) -> str:
     """A short, stable name for :func:`node_agent.cycle.reconcile.shape_of`."""
     return hashlib.sha256(wire.canonical(shape).encode("utf-8")).hexdigest()
 
@@ -325,12 +325,10 @@ class Applier:
                             full_verify_interval=self.full_verify_interval, clock=self.clock,
                             owner=identity_of_tree(desired.tree))
         syncer.import_cache(record.get(CACHE_KEY))
-        reconciler = Reconciler(client, syncer)
         shape = shape_of(desired)
-        if record.get(SHAPE_KEY) == shape_digest(shape):
-            # Reconciler keeps this between cycles and has no setter: the
-            # allocations were checked for this shape when it was applied.
-            reconciler._applied_shape = shape
+        # The allocations were checked for this shape when it was applied.
+        applied = shape if record.get(SHAPE_KEY) == shape_digest(shape) else None
+        reconciler = Reconciler(client, syncer, applied_shape=applied)
         return _Local(client, syncer, reconciler)
 
     # -- the ownership check
