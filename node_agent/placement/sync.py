@@ -34,7 +34,7 @@ from node_agent.model.provider_tree import Inventory, PlacedTree, ProviderTree
 from node_agent.placement.planner import (Change, ProviderState, capacity, guarded_capacity,
                                           inventories_equal, inventory_change, merged_traits,
                                           plan_changes, verify_phase)
-from node_agent.state import OWNED_CHILDREN, PROVIDERS, ROOT_UUID, StateStore
+from node_agent.state import OWNED_CHILDREN, PROVIDERS, ROOT_UUID, Store
 
 LOG = logging.getLogger(__name__)
 
@@ -170,7 +170,7 @@ class TreeSyncer:
     of the tree is still synced.
     """
 
-    def __init__(self, client, store: StateStore,
+    def __init__(self, client, store: Store,
                  full_verify_interval: float = 300,
                  clock: Callable[[], float] = time.monotonic,
                  spread: bool = False, owner: Optional[root_owner.Identity] = None):

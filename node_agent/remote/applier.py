@@ -80,12 +80,12 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from node_agent.remote import signing, wire
-from node_agent.remote.coordination import Busy, Coordination, Store
+from node_agent.remote.coordination import Busy, Coordination
 from node_agent.errors import (ConfigError, NodeAgentError, PlacementError, ProviderOwned,
                                ReshapeError)
 from node_agent.policy.root_owner import identity_of_tree
 from node_agent.cycle.reconcile import Reconciler, Shape, shape_of
-from node_agent.state import APPLIER, PROVIDERS, ROOT_UUID
+from node_agent.state import APPLIER, PROVIDERS, ROOT_UUID, Store
 
 LOG = logging.getLogger(__name__)
 
