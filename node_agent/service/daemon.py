@@ -12,20 +12,19 @@ reloads everything else.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
-from node_agent.policy import maintenance as maint
 from node_agent.cycle import provider_cache
 from node_agent.cycle.desired import (Desired, compute_desired, file_traits_to_remember,
                                       forget_applied_off)
 from node_agent.errors import NodeAgentError, PlacementError
 from node_agent.model.settings import Settings
-from node_agent.state import APPLIED, MAINTENANCE, StateStore
+from node_agent.state import APPLIED, StateStore
+from node_agent.service.control import Control, Maintenance, utc_now
 from node_agent.service.loop import CycleResult, Service, systemd_notifier
 
 LOG = logging.getLogger(__name__)
@@ -57,38 +56,6 @@ def load(args: Sequence[str]) -> Loaded:
 def _same_tree(old: Settings, new: Settings) -> bool:
     """A reload that keeps the host and its state file keeps the syncer's cache."""
     return old.host == new.host and old.state_path == new.state_path
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-class Maintenance:
-    """The operator's maintenance flag: the ``maintenance`` key of the state
-    file, as ``node-agent maintenance`` writes it. :mod:`node_agent.cycle.desired`
-    turns it into a fully reserved tree on the next cycle."""
-
-    def __init__(self, state_path: str):
-        self._store = StateStore(Path(state_path))
-
-    def get(self, last: Optional[Desired] = None) -> dict:
-        """The state file's say; ``last`` (the last cycle's desired) adds
-        maintenance kept on by Placement's disabled trait alone."""
-        saved = self._store.load_or_empty(LOG).get(MAINTENANCE)
-        if not saved and last is not None and maint.is_on(last.maintenance):
-            return {"on": True, "reason": maint.UNKNOWN_REASON, "since": None,
-                    "source": "placement"}
-        if not maint.is_on(saved):
-            return {"on": False, "reason": None, "since": None,
-                    "off_pending": maint.requested(saved) is False}
-        return {"on": True, "reason": saved.get("reason") or None,
-                "since": saved.get("since"), "source": "state file"}
-
-    def set(self, on: bool, reason: Optional[str] = None) -> dict:
-        # The syncer owns the other keys of the file.
-        self._store.put(MAINTENANCE, maint.record(on, reason, _now()))
-        LOG.info("maintenance %s%s", "on" if on else "off", f": {reason}" if reason else "")
-        return self.get()
 
 
 def _marked(desired: Desired, settings: Settings) -> Desired:
@@ -163,7 +130,7 @@ class Agent:
         return self._syncer
 
     def __call__(self, loaded: Loaded) -> CycleResult:
-        started = _now()
+        started = utc_now()
         settings = loaded.settings
         try:
             state = StateStore(Path(settings.state_path)).load_or_empty(LOG)
@@ -350,30 +317,6 @@ class Agent:
                 "tree": tree_summary(desired),
                 "warnings": list(desired.warnings) if desired else [],
             }
-
-
-class Control:
-    """What the RPC endpoints act on (kept apart from oslo.messaging)."""
-
-    SYNC_WAIT = 120.0
-
-    def __init__(self, agent: Agent, service: Service):
-        self.agent = agent
-        self.service = service
-
-    def sync_now(self) -> dict:
-        number = self.service.trigger(wait=self.SYNC_WAIT)
-        status = self.status()
-        status["triggered_cycle"] = number
-        return status
-
-    def status(self) -> dict:
-        return self.agent.status(self.service)
-
-    def set_maintenance(self, on: bool, reason: Optional[str] = None) -> dict:
-        result = Maintenance(self.service.config.settings.state_path).set(on, reason)
-        self.service.trigger(wait=self.SYNC_WAIT)  # reserve (or release) it now
-        return result
 
 
 def run(args: Sequence[str], loaded: Optional[Loaded] = None) -> int:
