@@ -294,9 +294,9 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
     report = render.with_audit(report, audit)
     print(render.as_json(report) if output == "json" else render.as_text(report), end="")
     if desired.refused_files:
-        error = ConfigError(list(desired.refused_files))
-        print(_error_text(error), file=sys.stderr)
-        return error.exit_code
+        refused = ConfigError(list(desired.refused_files))
+        print(_error_text(refused), file=sys.stderr)
+        return refused.exit_code
     return code
 
 
@@ -341,9 +341,9 @@ def _companion_once(conf, settings, dry_run: bool, output: str, client=None) -> 
     report = render.with_companion(report, found)
     print(render.as_json(report) if output == "json" else render.as_text(report), end="")
     if desired.refused_files:
-        error = ConfigError(list(desired.refused_files))
-        print(_error_text(error), file=sys.stderr)
-        return error.exit_code
+        refused = ConfigError(list(desired.refused_files))
+        print(_error_text(refused), file=sys.stderr)
+        return refused.exit_code
     if not found.found:
         print(f"node-agent: {not_found_message(settings.host, companion.client.endpoint)}",
               file=sys.stderr)

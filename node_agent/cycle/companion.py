@@ -190,7 +190,7 @@ class Companion:
                 self._next_restart = self._preview(desired, by_name)
             report = replace(
                 report, root_uuid=self._root_uuid,
-                owner=drift_policy.owner_of(self._held[self._root_uuid].traits),
+                owner=drift_policy.owner_of((self._held or {})[self._root_uuid].traits),
                 differences=drift_policy.drift(tree, by_name, settings),
                 audit=self._audit, next_restart=self._next_restart)
         report = replace(report, requests=self.client.stats.total - start)

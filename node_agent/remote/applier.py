@@ -77,7 +77,7 @@ import uuid as uuidlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from node_agent.remote import signing, wire
 from node_agent.remote.coordination import Busy, Coordination
@@ -86,6 +86,10 @@ from node_agent.errors import (ConfigError, NodeAgentError, PlacementError, Prov
 from node_agent.policy.root_owner import identity_of_tree
 from node_agent.cycle.reconcile import Reconciler, Shape, shape_of
 from node_agent.state import APPLIER, PROVIDERS, ROOT_UUID, Store
+
+if TYPE_CHECKING:
+    from node_agent.placement.client import PlacementClient
+    from node_agent.placement.sync import TreeSyncer
 
 LOG = logging.getLogger(__name__)
 
@@ -98,9 +102,9 @@ CACHE_KEY, SHAPE_KEY = "cache", "shape"
 class _Local:
     """One message's objects for its host, built from the host's record."""
 
-    client: object
-    syncer: object
-    reconciler: object
+    client: PlacementClient
+    syncer: TreeSyncer
+    reconciler: Reconciler
 
 
 def _changes(changes) -> list[dict]:
@@ -120,7 +124,7 @@ class Applier:
     each message gets its own, so request counts stay per host.
     """
 
-    def __init__(self, client_factory: Callable[[], object], state_path: Path,
+    def __init__(self, client_factory: Callable[[], "PlacementClient"], state_path: Path,
                  full_verify_interval: float = 300, lock_timeout: float = 20,
                  clock: Callable[[], float] = time.time, token: Optional[str] = None,
                  *, keyring: signing.Keyring, coordination: Optional[Coordination] = None):
@@ -266,7 +270,7 @@ class Applier:
         report = outcome.report
         # What the reconciler keeps: the shape once applied cleanly, else
         # the one it started with.
-        shape = shape_digest(shape_of(desired))
+        shape: Optional[str] = shape_digest(shape_of(desired))
         if not (outcome.ok or record.get(SHAPE_KEY) == shape):
             shape = None
         self._save(store, {

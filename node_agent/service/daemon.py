@@ -16,7 +16,7 @@ import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence, cast
 
 from node_agent.cycle import provider_cache
 from node_agent.cycle.desired import (Desired, compute_desired, file_traits_to_remember,
@@ -27,6 +27,9 @@ from node_agent.state import APPLIED, StateStore
 from node_agent.service.control import Control, Maintenance, utc_now
 from node_agent.service.loop import CycleResult, Service, systemd_notifier
 
+if TYPE_CHECKING:
+    from node_agent.placement.client import PlacementClient
+
 LOG = logging.getLogger(__name__)
 
 
@@ -36,7 +39,9 @@ class Loaded:
 
     conf: object
     settings: Settings
-    client: object  # PlacementClient, not yet contacted
+    # Not yet contacted. None with upstream = messaging (the applier holds
+    # Placement); validation refuses the other modes without one.
+    client: Optional[PlacementClient]
 
     def __getattr__(self, name):
         # The loop reads its timing (report_interval...) from the settings.
@@ -50,7 +55,9 @@ def load(args: Sequence[str]) -> Loaded:
 
     valid = validate(args, lenient_files=True)
     # With upstream = messaging the client is None: node-agent-applier holds Placement.
-    return Loaded(valid.conf, valid.settings, valid.client)
+    # Validated.client is typed object; it is validate()'s PlacementClient or None.
+    return Loaded(valid.conf, valid.settings,
+                  cast("Optional[PlacementClient]", valid.client))
 
 
 def _same_tree(old: Settings, new: Settings) -> bool:
@@ -125,6 +132,7 @@ class Agent:
             from node_agent.cycle.audit import Auditor
             self._auditor = Auditor(self._syncer)
         if not self._version_checked:
+            assert loaded.client is not None, "direct mode has a Placement client"
             loaded.client.check_version()
             self._version_checked = True
         return self._syncer
@@ -210,6 +218,7 @@ class Agent:
 
         settings = loaded.settings
         if self._companion_for is not loaded:  # first cycle, or a reload
+            assert loaded.client is not None, "companion mode has a Placement client"
             loaded.client.check_version()
             self._companion = Companion(loaded.client,
                                         StateStore(Path(settings.state_path)),

@@ -340,7 +340,7 @@ class Service:
 
     def _failed(self, exc: BaseException) -> None:
         changed = self.health.failed(exc, self.clock())
-        kind = self.health.kind
+        kind = problem_kind(exc)  # what failed() has just recorded
         if changed:
             log = LOG.exception if kind == "internal" else LOG.error
             log("%s: %s; retrying with backoff, logging again when this "

@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from prometheus_client import (CollectorRegistry, Histogram, start_http_server,
                                write_to_textfile)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from node_agent.errors import ResourceError
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 from node_agent.policy.maintenance import is_on
 
 LOG = logging.getLogger(__name__)
@@ -133,7 +136,7 @@ class Metrics:
         self.host = host
         self.textfile = textfile
         self.registry = CollectorRegistry()
-        self._server = None
+        self._server: Optional[WSGIServer] = None
         self.durations = Histogram(f"{PREFIX}_cycle_duration_seconds",
                                    "Duration of each cycle.", buckets=DURATION_BUCKETS,
                                    registry=self.registry)
