@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from node_agent.cycle.audit import Auditor
+from node_agent.cycle.reconcile import guests_refused
 from node_agent.errors import ReshapeError
 from node_agent.placement.readonly import ReadOnlyPlacement
 from node_agent.placement.reshaper import host_reshape_inputs, plan_reshape
@@ -202,7 +203,6 @@ class Companion:
         """What nova-compute does at its next restart with these CPU sets:
         the reshape it sends, and the guests that stop it (nova-compute then
         refuses to start). Reads only, through the read-only client."""
-        from node_agent.cycle.reconcile import guests_refused
 
         blocking: list[str] = []
         reshape = None

@@ -15,7 +15,11 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Optional
 
+import psutil
+
 from node_agent.errors import ConfigError, DiscoveryError
+from node_agent.host.capabilities import parse_capabilities, parse_cpu_model_xml
+from node_agent.host.domain import parse_domain
 from node_agent.host.hypervisor_info import hypervisor_info
 from node_agent.host.sysfs_pci import read_pci, with_mdev_parents
 from node_agent.model.settings import Settings
@@ -42,7 +46,6 @@ def disk_gb(instances_path: str) -> tuple[int, list[str]]:
     if str(where) != str(Path(instances_path).absolute()):
         warnings.append(f"instances_path '{instances_path}' does not exist; DISK_GB is the "
                         f"size of the filesystem holding '{where}'.")
-    import psutil
 
     try:
         return psutil.disk_usage(str(where)).total // GIB, warnings
@@ -61,7 +64,6 @@ def memory_mb(topology: SysfsTopology, real_host: bool) -> tuple[int, list[str]]
     nodes_mb = topology.memory_kb // 1024 if topology.memory_kb else None
     if nodes_mb is not None and not real_host:
         return nodes_mb, []
-    import psutil
 
     total_mb = psutil.virtual_memory().total // (1024 * 1024)
     if nodes_mb is not None and abs(nodes_mb - total_mb) > total_mb // 10:
@@ -85,9 +87,6 @@ class LibvirtFacts:
 
 
 def read_libvirt(hypervisor, settings: Optional[Settings] = None) -> LibvirtFacts:
-    from node_agent.host.capabilities import parse_capabilities
-    from node_agent.host.domain import parse_domain
-
     caps = parse_capabilities(hypervisor.capabilities_xml())
     guests = [parse_domain(xml, running) for xml, running in hypervisor.domain_xmls()]
     cpu_model = expanded_cpu_model(hypervisor, caps)
@@ -181,8 +180,6 @@ _MODEL_FEATURES: dict[tuple, frozenset[str]] = {}
 
 
 def _model_features(hypervisor, host: HostCpuModel, model: str) -> frozenset[str]:
-    from node_agent.host.capabilities import parse_cpu_model_xml
-
     key = (hypervisor.uri, host.arch, host.vendor, model)
     if key not in _MODEL_FEATURES:
         cpu_xml = cpu_model_xml(host.arch, model, host.vendor)
@@ -210,7 +207,6 @@ def expanded_cpu_model(hypervisor, caps) -> HostCpuModel:
     The host CPU does not change while the agent runs, so libvirt is asked
     once per distinct CPU description, not every cycle.
     """
-    from node_agent.host.capabilities import parse_cpu_model_xml
 
     model = caps.cpu_model
     if not (caps.cpu_xml and model.model):
@@ -266,6 +262,7 @@ def discover(settings: Settings, hypervisor=None) -> HostSnapshot:
     if settings.libvirt_uri:
         own = hypervisor is None
         if own:
+            # libvirt is loaded only when discovery opens its own connection.
             from node_agent.host.hypervisor import Hypervisor
             hypervisor = Hypervisor(settings.libvirt_uri, settings.domain_capabilities)
         try:

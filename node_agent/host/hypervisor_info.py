@@ -11,6 +11,7 @@ from typing import Optional
 
 from node_agent.errors import DomainCapsRefused
 from node_agent.host.sysfs import SysFS
+from node_agent.host.domain_capabilities import parse_domain_capabilities
 from node_agent.host.warn_once import log_once
 from node_agent.model.settings import Settings
 from node_agent.model.snapshot import DomainCaps, HypervisorInfo
@@ -80,7 +81,6 @@ def _read_domain_caps(hypervisor, caps, virt_type: str) -> tuple[DomainCaps, ...
     """Asked once per (emulator, arch, machine, virt type) while the agent
     runs, as nova caches them for its lifetime: they change only when
     libvirt or QEMU is upgraded, after which the agent is restarted too."""
-    from node_agent.host.domain_capabilities import parse_domain_capabilities
 
     found: list[DomainCaps] = []
     for guest in caps.guests:

@@ -80,6 +80,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 from node_agent.remote import signing, wire
+from node_agent import logs
+from node_agent.config.files import load_conf, oslo_args
+from node_agent.config.validation import placement_configured
+from node_agent.placement.client import PlacementClient
+from node_agent.placement.errors import NotFound
+from node_agent.placement.sync import TreeSyncer
+from node_agent.remote import applier_metrics, keys, messaging, schema
+from node_agent.service.loop import systemd_notifier
 from node_agent.remote.coordination import Busy, Coordination
 from node_agent.errors import (ConfigError, NodeAgentError, PlacementError, ProviderOwned,
                                ReshapeError)
@@ -320,7 +328,6 @@ class Applier:
     def _local(self, host: str, record: dict, desired) -> _Local:
         """A syncer and a reconciler holding what the record holds: the
         direct mode's, as its previous cycle left them."""
-        from node_agent.placement.sync import TreeSyncer
 
         client = self.client_factory()
         # The agent's machine is the one whose mark it sent: a tree for a
@@ -401,8 +408,6 @@ class Applier:
 
     @staticmethod
     def _by_uuid(client, uuid: str) -> Optional[dict]:
-        from node_agent.placement.client import NotFound
-
         try:
             return client.provider(uuid)
         except NotFound:
@@ -413,8 +418,6 @@ class Endpoint:
     """The RPC method agents call."""
 
     def __init__(self, applier: Applier):
-        from node_agent.remote import messaging
-
         self.applier = applier
         self.target = messaging.oslo_messaging().Target(version=wire.RPC_VERSION)
 
@@ -447,7 +450,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def derive_key(conf, host: str, output: Optional[str]) -> int:
     """``derive-key HOST``: the key under the current master."""
-    from node_agent.remote import keys, schema
 
     if schema.first_error(host, 2, at="host") is not None:
         raise ConfigError(f"derive-key: {host!r} is not a host name (letters, digits, "
@@ -464,7 +466,6 @@ def derive_key(conf, host: str, output: Optional[str]) -> int:
 
 def check_config(conf) -> int:
     """``--check-config``: every problem in one run; nothing is started."""
-    from node_agent.remote import keys, messaging
 
     problems: list[str] = []
     rpc_url, _ = messaging.urls(conf)
@@ -496,9 +497,6 @@ def check_config(conf) -> int:
 
 
 def _placement_client(conf):
-    from node_agent.config.validation import placement_configured
-    from node_agent.placement.client import PlacementClient
-
     if not placement_configured(conf):
         raise ConfigError("node-agent-applier needs Placement: set [placement] auth_type "
                           "(and its credentials) or endpoint_override")
@@ -507,15 +505,11 @@ def _placement_client(conf):
 
 def serve(conf) -> int:
     """Listen until SIGTERM/SIGINT; returns the exit code."""
-    from node_agent.remote import messaging
-    from node_agent.placement.client import PlacementClient
-    from node_agent.service.loop import systemd_notifier
 
     rpc_url, _ = messaging.urls(conf)
     if not rpc_url:
         raise ConfigError("node-agent-applier needs [DEFAULT] transport_url (the bus the "
                           "agents send to)")
-    from node_agent.remote import keys
 
     group = conf.applier
     keyring = keys.keyring(group)
@@ -531,7 +525,6 @@ def serve(conf) -> int:
         LOG.warning("[applier] accept_unsigned is on: messages of wire format 2.0 and "
                     "2.1 carry no signature and can name any host; turn it off once "
                     "every agent signs")
-    from node_agent.remote import applier_metrics
 
     metrics = applier_metrics.serve(applier, group.metrics_port, group.metrics_host)
     om = messaging.oslo_messaging()
@@ -563,11 +556,6 @@ def serve(conf) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from node_agent.remote import messaging
-    from node_agent.config.files import load_conf, oslo_args
-
-    from node_agent import logs
-
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         conf = load_conf(oslo_args(args))

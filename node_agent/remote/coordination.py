@@ -157,6 +157,8 @@ class Coordination:
     """The tooz coordinator of this process and the per-host records."""
 
     def __init__(self, url: Optional[str], state_path: Path, member: str):
+        # Each backend's library is imported when it is the configured one:
+        # tooz here, redis-py and SQLAlchemy (sql_records) below.
         from tooz import coordination as tooz
 
         self.url = url_of(url, state_path)

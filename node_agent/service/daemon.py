@@ -19,8 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence, cast
 
 from node_agent.cycle import provider_cache
+from node_agent.config.validation import validate
+from node_agent.cycle.audit import Auditor
+from node_agent.cycle.reconcile import CycleOutcome, Reconciler
+from node_agent.host.machine_id import identity
+from node_agent.placement.sync import TreeSyncer
+from node_agent.remote import keys, messaging
 from node_agent.cycle.desired import (Desired, compute_desired, file_traits_to_remember,
-                                      forget_applied_off)
+                                      forget_applied_off, with_owner_mark)
 from node_agent.errors import NodeAgentError, PlacementError
 from node_agent.model.settings import Settings
 from node_agent.state import APPLIED, StateStore
@@ -30,6 +36,11 @@ from node_agent.service.loop import CycleResult, Service, systemd_notifier
 if TYPE_CHECKING:
     from node_agent.placement.client import PlacementClient
 
+# Imported inside the functions that use them, and only there: the ones a
+# mode or an option needs (node_agent.cycle.companion loads the HTTP gateway,
+# node_agent.remote.upstream jsonschema, node_agent.host.hypervisor libvirt),
+# and node_agent.service.metrics (prometheus_client), which the CLI, importing
+# this module, never uses.
 LOG = logging.getLogger(__name__)
 
 
@@ -51,7 +62,6 @@ class Loaded:
 def load(args: Sequence[str]) -> Loaded:
     """Parse and validate the config files (:func:`node_agent.config.validation.validate`,
     the same checks as ``--check-config``); raises ConfigError."""
-    from node_agent.config.validation import validate
 
     valid = validate(args, lenient_files=True)
     # With upstream = messaging the client is None: node-agent-applier holds Placement.
@@ -63,16 +73,6 @@ def load(args: Sequence[str]) -> Loaded:
 def _same_tree(old: Settings, new: Settings) -> bool:
     """A reload that keeps the host and its state file keeps the syncer's cache."""
     return old.host == new.host and old.state_path == new.state_path
-
-
-def _marked(desired: Desired, settings: Settings) -> Desired:
-    """``desired`` with this machine's owner mark on the root: the central
-    applier judges the root's owner by it (node_agent.policy.root_owner)."""
-    from dataclasses import replace
-
-    from node_agent.host.machine_id import identity
-    from node_agent.policy.root_owner import marked
-    return replace(desired, tree=marked(desired.tree, identity(settings)))
 
 
 def tree_summary(desired: Optional[Desired]) -> list[dict]:
@@ -112,10 +112,7 @@ class Agent:
         self._lock = threading.Lock()
 
     def _syncer_of(self, loaded: Loaded):
-        from node_agent.placement.sync import TreeSyncer
-
         if self._syncer_for is not loaded:  # first cycle, or a reload
-            from node_agent.host.machine_id import identity
             # spread: a fleet started together does not verify together.
             syncer = TreeSyncer(loaded.client, StateStore(Path(loaded.settings.state_path)),
                                 full_verify_interval=loaded.settings.full_verify_interval,
@@ -127,9 +124,7 @@ class Agent:
                 provider_cache.restore(syncer)
             self._syncer, self._syncer_for = syncer, loaded
             self._version_checked = False
-            from node_agent.cycle.reconcile import Reconciler
             self._reconciler = Reconciler(loaded.client, self._syncer)
-            from node_agent.cycle.audit import Auditor
             self._auditor = Auditor(self._syncer)
         if not self._version_checked:
             assert loaded.client is not None, "direct mode has a Placement client"
@@ -248,15 +243,13 @@ class Agent:
     def _via_applier(self, loaded: Loaded, desired: Desired):
         """``[agent] upstream = messaging``: node-agent-applier applies it."""
         from node_agent.remote import upstream
-        from node_agent.cycle.reconcile import CycleOutcome
 
         settings = loaded.settings
         if self._upstream is None:  # messaging options are read at start only
-            from node_agent.remote import keys
             self._upstream = upstream.MessagingUpstream(
                 loaded.conf, settings.host, settings.upstream_topic,
                 settings.upstream_timeout, key=keys.read_host_key(settings.upstream_key_file))
-        report = self._upstream.send(_marked(desired, settings),
+        report = self._upstream.send(with_owner_mark(desired, settings),
                                      timeout=settings.upstream_timeout)
         upstream.remember(StateStore(Path(settings.state_path)), report, desired)
         return CycleOutcome(report)
@@ -334,7 +327,6 @@ def run(args: Sequence[str], loaded: Optional[Loaded] = None) -> int:
     Raises ConfigError (exit 78) when the configuration cannot start.
     """
     loaded = loaded or load(args)
-    from node_agent.remote import messaging
     from node_agent.service import metrics
 
     messenger = messaging.from_conf(loaded.conf, loaded.settings.host)

@@ -12,7 +12,9 @@ restart from zero when a SIGHUP builds a new client.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Optional
 
 from prometheus_client import (CollectorRegistry, Histogram, start_http_server,
@@ -188,8 +190,6 @@ def write_once(conf, desired, client, duration: float, errors: list,
     ``[agent] metrics_textfile`` when it is set, so node_exporter's textfile
     collector shows hosts synced by a timer too. ``companion`` and ``audit``:
     companion mode's check, for the drift and audit gauges."""
-    import time
-    from types import SimpleNamespace
 
     if not conf.agent.metrics_textfile:
         return
