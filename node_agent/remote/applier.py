@@ -77,7 +77,7 @@ import uuid as uuidlib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 from node_agent.remote import signing, wire
 from node_agent import logs
@@ -94,10 +94,6 @@ from node_agent.errors import (ConfigError, NodeAgentError, PlacementError, Prov
 from node_agent.policy.root_owner import identity_of_tree
 from node_agent.cycle.reconcile import Reconciler, Shape, shape_of
 from node_agent.state import APPLIER, PROVIDERS, ROOT_UUID, Store
-
-if TYPE_CHECKING:
-    from node_agent.placement.client import PlacementClient
-    from node_agent.placement.sync import TreeSyncer
 
 LOG = logging.getLogger(__name__)
 
@@ -132,7 +128,7 @@ class Applier:
     each message gets its own, so request counts stay per host.
     """
 
-    def __init__(self, client_factory: Callable[[], "PlacementClient"], state_path: Path,
+    def __init__(self, client_factory: Callable[[], PlacementClient], state_path: Path,
                  full_verify_interval: float = 300, lock_timeout: float = 20,
                  clock: Callable[[], float] = time.time, token: Optional[str] = None,
                  *, keyring: signing.Keyring, coordination: Optional[Coordination] = None):

@@ -39,6 +39,8 @@ PURE_MODULES = ("node_agent.placement.planner", "node_agent.placement.reshape_en
                 "node_agent.placement.reshape_rules",
                 "node_agent.placement.errors", "node_agent.placement.microversions",
                 "node_agent.placement.routes",
+                # The syncer's cache bookkeeping and its per-sync working set.
+                "node_agent.placement.tree_cache", "node_agent.placement.sync_context",
                 # The wire format and the JSON Schema it ships (read as package data).
                 "node_agent.remote.wire", "node_agent.remote.schema",
                 # The HMACs of signed messages (hmac, hashlib, json).
