@@ -14,6 +14,11 @@ its own keys, listed here, through :meth:`StateStore.update`, which reads,
 changes and writes the file under an exclusive ``flock`` of its directory,
 so no writer ever loses another's update. Readers need no lock: the rename
 makes every read see a whole file.
+
+:class:`Store` is what the syncer and the applier need of a store: this file,
+or the applier's per-host record in Redis or SQL
+(:mod:`node_agent.remote.coordination`, :mod:`node_agent.remote.sql_records`),
+which keep the same envelope (:func:`encode`, :func:`decode`).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Optional, Protocol
 
 from node_agent.errors import NodeAgentError, StateError
 
@@ -104,7 +109,61 @@ def decode(text: str, where: str = FILE_NAME) -> dict:
     return payload
 
 
-class StateStore:
+def decode_or_empty(text: Optional[str], where: str, log: logging.Logger = LOG) -> dict:
+    """The dict stored in ``text``; ``{}`` when there is none, and when it
+    cannot be trusted (logged): a store's copy is rebuilt from Placement."""
+    if text is None:
+        return {}
+    try:
+        return decode(text, where)
+    except StateCorrupt as exc:
+        log.warning("%s", exc)
+        return {}
+
+
+def edited(state: dict, change: Callable[[dict], None]) -> dict:
+    """A copy of ``state`` that ``change`` edited in place; ``state`` is left
+    as it was, so the caller writes only when the two differ."""
+    new = copy.deepcopy(state)
+    change(new)
+    return new
+
+
+class Store(Protocol):
+    """A host's state: the state file, or the applier's record elsewhere.
+
+    A store implements :meth:`load`, :meth:`save` and :meth:`update`
+    (read, edit, write back only when changed, atomically against other
+    writers); subclassing this class gives it :meth:`load_or_empty` and
+    :meth:`put`."""
+
+    def load(self) -> dict:
+        """The stored dict; ``{}`` when there is none. Raises
+        :class:`StateCorrupt` for one that cannot be trusted."""
+        ...
+
+    def save(self, data: dict) -> None: ...
+
+    def update(self, change: Callable[[dict], None]) -> dict:
+        """Let ``change`` edit the stored dict; returns the new content."""
+        ...
+
+    def load_or_empty(self, log: logging.Logger) -> dict:
+        """:meth:`load`, but a corrupt copy is logged and treated as absent."""
+        try:
+            return self.load()
+        except StateCorrupt as exc:
+            log.warning("%s", exc)
+            return {}
+
+    def put(self, key: str, value: Any) -> dict:
+        """:meth:`update` that sets one key."""
+        def set_key(state: dict) -> None:
+            state[key] = value
+        return self.update(set_key)
+
+
+class StateStore(Store):
     """``state.json`` in ``directory``; the directory is created on save."""
 
     def __init__(self, directory: Path):
@@ -131,14 +190,6 @@ class StateStore:
                 "service user).") from None
         return decode(text, str(self.path))
 
-    def load_or_empty(self, log: logging.Logger) -> dict:
-        """:meth:`load`, but a corrupt file is logged and treated as absent."""
-        try:
-            return self.load()
-        except StateCorrupt as exc:
-            log.warning("%s", exc)
-            return {}
-
     def update(self, change: Callable[[dict], None]) -> dict:
         """Read the file, let ``change`` edit the dict in place, write it back
         (only when it changed), all under an exclusive lock: two processes
@@ -147,17 +198,10 @@ class StateStore:
         for the other writer (a write takes milliseconds)."""
         with self._locked():
             state = self.load_or_empty(LOG)
-            new = copy.deepcopy(state)
-            change(new)
+            new = edited(state, change)
             if new != state:
                 self.save(new)
             return new
-
-    def put(self, key: str, value: Any) -> dict:
-        """:meth:`update` that sets one key."""
-        def set_key(state: dict) -> None:
-            state[key] = value
-        return self.update(set_key)
 
     @contextmanager
     def _locked(self) -> Iterator[None]:

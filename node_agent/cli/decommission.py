@@ -71,6 +71,7 @@ def _listed(client, root_uuid: str) -> tuple[list[ListedChild], dict]:
 
 
 def _decommission(conf, settings, dry_run: bool, output: str) -> int:
+    # keystoneauth1 and requests: `node-agent` imports this module on every run.
     from node_agent.placement.client import PlacementClient
 
     if settings.companion:

@@ -26,21 +26,39 @@ errors to exit codes; read together they are the agent's table of contents.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import logging
 import sys
+import time
+from pathlib import Path
 from typing import Optional, Sequence
 
-from node_agent.cli import render
+from node_agent import logs
+from node_agent.cli import ctl, decommission, render
+from node_agent.cycle import provider_cache
+from node_agent.cycle.audit import Auditor
+from node_agent.cycle.reconcile import Reconciler
+from node_agent.host.machine_id import identity
+from node_agent.placement.errors import NotFound
+from node_agent.placement.sync import TreeSyncer
+from node_agent.remote import keys, messaging
+from node_agent.service import daemon
 from node_agent.policy.capacity import check, host_limits, published
 from node_agent.config.files import log_ignored, oslo_args
 from node_agent.policy import maintenance as maint
-from node_agent.cycle.desired import compute_desired, file_traits_to_remember, forget_applied_off
-from node_agent.state import APPLIED, MAINTENANCE, PROVIDERS, ROOT_UUID
+from node_agent.cycle.desired import (compute_desired, file_traits_to_remember,
+                                      forget_applied_off, with_owner_mark)
+from node_agent.state import APPLIED, MAINTENANCE, PROVIDERS, ROOT_UUID, StateCorrupt, StateStore
 from node_agent.errors import ConfigError, HostBusy, NodeAgentError, StateError
 from node_agent.policy.partition import node_split
 from node_agent.config.validation import config_args, placement_configured, validate
 
+# Imported inside the functions that use them, and only there:
+# node_agent.placement.client and node_agent.cycle.companion (keystoneauth1,
+# requests), node_agent.service.metrics (prometheus_client) and
+# node_agent.remote.upstream (jsonschema, the wire schema). A dry-run without
+# Placement loads none of them (tests/cli/test_start_cost.py).
 LOG = logging.getLogger("node_agent")
 EX_NOT_IN_SYNC = 1
 EX_DRIFT = 3  # companion mode: Placement differs from the host (drift or audit alarms)
@@ -145,7 +163,6 @@ def _setup_logging(debug: bool, reporting: bool) -> None:
         level=logging.DEBUG if debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr)
-    from node_agent import logs
 
     logs.quiet_libraries()
     if not debug:
@@ -157,7 +174,6 @@ def _setup_logging(debug: bool, reporting: bool) -> None:
 
 def _setup_logging_from(conf, debug: bool, reporting: bool) -> None:
     """Logging as the config file says (oslo.log), once it is known valid."""
-    from node_agent import logs
 
     logs.setup(conf, debug)
     if reporting and not conf.debug:
@@ -187,8 +203,7 @@ def _connect(valid) -> int:
     at a microversion the agent can use (direct mode), or the broker accepts
     a connection (messaging mode). Raises PlacementError (75) otherwise."""
     if valid.settings.upstream == "messaging":
-        from node_agent.remote.messaging import check_broker
-        where = check_broker(valid.conf)
+        where = messaging.check_broker(valid.conf)
         print(f"Broker answers: {where}")
         return 0
     client = valid.client
@@ -203,13 +218,8 @@ def _connect(valid) -> int:
 def _syncer(conf, settings, client=None, writes: bool = True):
     """The syncer of this host; ``writes``: it judges the root's owner
     (this machine's identity is read), as every path that may write must."""
-    from pathlib import Path
 
-    from node_agent.host.machine_id import identity
     from node_agent.placement.client import PlacementClient
-    from node_agent.state import StateStore
-    from node_agent.placement.sync import TreeSyncer
-    from node_agent.cycle import provider_cache
 
     owner = identity(settings) if writes else None
     client = client or PlacementClient.from_conf(conf)
@@ -221,15 +231,10 @@ def _syncer(conf, settings, client=None, writes: bool = True):
 
 
 def _state_store(settings):
-    from pathlib import Path
-
-    from node_agent.state import StateStore
     return StateStore(Path(settings.state_path))
 
 
 def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
-    import time
-
     if settings.companion:
         return _companion_once(conf, settings, dry_run, output, client)
     started = time.monotonic()
@@ -247,9 +252,6 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
         if not dry_run:
             tree, changes, reshape, code, errors = _send_once(conf, settings, desired)
     elif placement_configured(conf):
-        # Imported here: a dry-run without Placement never needs them.
-        from node_agent.cycle import provider_cache
-        from node_agent.cycle.reconcile import Reconciler
         from node_agent.service import metrics
 
         syncer = _syncer(conf, settings, client)
@@ -294,9 +296,9 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
     report = render.with_audit(report, audit)
     print(render.as_json(report) if output == "json" else render.as_text(report), end="")
     if desired.refused_files:
-        error = ConfigError(list(desired.refused_files))
-        print(_error_text(error), file=sys.stderr)
-        return error.exit_code
+        refused = ConfigError(list(desired.refused_files))
+        print(_error_text(refused), file=sys.stderr)
+        return refused.exit_code
     return code
 
 
@@ -322,7 +324,6 @@ def _companion_once(conf, settings, dry_run: bool, output: str, client=None) -> 
     to Placement; ``--once`` keeps the audit's observations in the state
     file. Exit 0 in sync, 3 drift or audit alarms, 1 no provider of the
     host's name; ``--dry-run`` exits 0 whatever it found."""
-    import time
 
     from node_agent.cycle.companion import not_found_message
     from node_agent.service import metrics
@@ -342,9 +343,9 @@ def _companion_once(conf, settings, dry_run: bool, output: str, client=None) -> 
     report = render.with_companion(report, found)
     print(render.as_json(report) if output == "json" else render.as_text(report), end="")
     if desired.refused_files:
-        error = ConfigError(list(desired.refused_files))
-        print(_error_text(error), file=sys.stderr)
-        return error.exit_code
+        refused = ConfigError(list(desired.refused_files))
+        print(_error_text(refused), file=sys.stderr)
+        return refused.exit_code
     if not found.found:
         print(f"node-agent: {not_found_message(settings.host, companion.client.endpoint)}",
               file=sys.stderr)
@@ -356,10 +357,9 @@ def _companion_once(conf, settings, dry_run: bool, output: str, client=None) -> 
 
 def _audit_of(syncer, desired, settings, save: bool) -> dict:
     """The allocation audit against the tree the syncer has just read."""
-    from node_agent.cycle.audit import Auditor
 
-    return Auditor(syncer, in_flight_grace=settings.audit_in_flight_grace).run(desired, settings.host, settings.numa_in_placement,
-                               save=save).as_dict()
+    return Auditor(syncer, in_flight_grace=settings.audit_in_flight_grace).run(
+        desired, settings.host, settings.numa_in_placement, save=save).as_dict()
 
 
 def _audit(conf, settings, output: str) -> int:
@@ -419,14 +419,13 @@ def _written(client) -> str:
 def _send_once(conf, settings, desired):
     """``--once`` with ``[agent] upstream = messaging``: one call to
     node-agent-applier. Returns (tree, changes, reshape, exit code, errors)."""
-    from node_agent.remote import keys, upstream
+    from node_agent.remote import upstream
 
     sender = upstream.MessagingUpstream(conf, settings.host, settings.upstream_topic,
                                         settings.upstream_timeout,
                                         key=keys.read_host_key(settings.upstream_key_file))
-    from node_agent.service.daemon import _marked
     try:
-        report = sender.send(_marked(desired, settings))
+        report = sender.send(with_owner_mark(desired, settings))
     finally:
         sender.close()
     upstream.remember(_state_store(settings), report, desired)
@@ -445,7 +444,6 @@ def _maintenance(argv: list[str]) -> int:
     record it in the state file and the next cycle (the service's, or
     ``--once``) applies it to Placement, so the agent stays the one writer of
     its tree. ``status`` compares the state file with Placement."""
-    import datetime
 
     parser = argparse.ArgumentParser(prog="node-agent maintenance")
     parser.add_argument("switch", choices=["on", "off", "status"])
@@ -498,7 +496,6 @@ def _maintenance_via_service(conf, settings, on: bool, reason: str) -> Optional[
     own state file, as its own user. None when no service answers (no
     transport, no broker, or no agent of this host on it): the caller then
     writes the file."""
-    from node_agent.remote import messaging
 
     if not messaging.urls(conf)[0]:
         return None
@@ -516,8 +513,6 @@ def _maintenance_via_service(conf, settings, on: bool, reason: str) -> Optional[
 
 
 def _maintenance_status(conf, settings, output: str) -> int:
-    from node_agent.state import StateCorrupt
-
     store = _state_store(settings)
     state, error = {}, None
     try:
@@ -536,7 +531,6 @@ def _root_in_placement(conf, settings, state) -> dict:
     else by the host's name (the state file may be gone), and every other
     provider of its tree: its inventories and whether it is the agent's
     (it carries the agent's child mark, or the state file lists it)."""
-    from node_agent.placement.errors import NotFound
     from node_agent.placement.client import PlacementClient
     from node_agent.tree.ownership import AGENT_CHILD_TRAIT
 
@@ -591,10 +585,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   file=sys.stderr)
             return 2
         if command == "ctl":
-            from node_agent.cli import ctl
             return ctl.main(rest + _config_options(before))
         if command == "decommission":
-            from node_agent.cli import decommission
             return decommission.main(rest + _config_options(before))
         return _maintenance(rest + _config_options(before))
     elif command == "check-config":
@@ -621,7 +613,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             _setup_logging_from(valid.conf, args.debug, reporting=True)
             return _run_once(valid.conf, valid.settings, args.dry_run, args.output,
                              valid.client)
-        from node_agent.service import daemon
         loaded = daemon.load(files)
         _setup_logging_from(loaded.conf, args.debug, reporting=False)
         return daemon.run(files, loaded)

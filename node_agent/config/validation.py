@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from oslo_config import cfg
+
 from node_agent.config.files import parse_conf, unknown_options
 from node_agent.errors import ConfigError, DiscoveryError
 from node_agent.model.settings import Settings
@@ -24,7 +26,7 @@ DEFAULT_CONFIG_FILE = "/etc/node-agent/node-agent.conf"
 
 @dataclass(frozen=True)
 class Validated:
-    conf: object
+    conf: cfg.ConfigOpts
     settings: Settings
     desired: object = None  # cycle.Desired, when the host was read
     client: object = None   # PlacementClient (direct mode), not yet contacted

@@ -35,6 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from node_agent.cycle.audit import Auditor
+from node_agent.cycle.reconcile import guests_refused
 from node_agent.errors import ReshapeError
 from node_agent.placement.readonly import ReadOnlyPlacement
 from node_agent.placement.reshaper import host_reshape_inputs, plan_reshape
@@ -192,7 +193,7 @@ class Companion:
                 self._next_restart = self._preview(desired, by_name)
             report = replace(
                 report, root_uuid=self._root_uuid,
-                owner=drift_policy.owner_of(self._held[self._root_uuid].traits),
+                owner=drift_policy.owner_of((self._held or {})[self._root_uuid].traits),
                 differences=drift_policy.drift(tree, by_name, settings),
                 audit=self._audit, next_restart=self._next_restart)
         report = replace(report, requests=self.client.stats.total - start)
@@ -204,7 +205,6 @@ class Companion:
         """What nova-compute does at its next restart with these CPU sets:
         the reshape it sends, and the guests that stop it (nova-compute then
         refuses to start). Reads only, through the read-only client."""
-        from node_agent.cycle.reconcile import guests_refused
 
         blocking: list[str] = []
         reshape = None

@@ -13,7 +13,9 @@ from typing import Mapping, Optional, Sequence
 
 from node_agent.tree.build import build_tree, mem_encryption
 from node_agent.host.discover import discover
+from node_agent.host.machine_id import identity
 from node_agent.policy import maintenance as maint
+from node_agent.policy.root_owner import marked
 from node_agent.policy.partition import CpuPartition, partition_cpus
 from node_agent.tree.pci import unmatched_device_options
 from node_agent.policy.provider_config import (ProviderConfig, applied_traits,
@@ -140,3 +142,10 @@ def compute_desired(settings: Settings, hypervisor=None,
     return desired_from(settings, discover(settings, hypervisor), configs,
                         state.get(APPLIED), state.get(MAINTENANCE),
                         state.get(PROVIDERS), refused)
+
+
+def with_owner_mark(desired: Desired, settings: Settings) -> Desired:
+    """``desired`` with this machine's owner mark on the root: what the agent
+    sends to the central applier, which judges the root's owner by it
+    (:mod:`node_agent.policy.root_owner`)."""
+    return replace(desired, tree=marked(desired.tree, identity(settings)))

@@ -60,7 +60,11 @@ def _chain(*hooks):
     return call
 
 
-def shape_of(desired: Desired) -> tuple:
+# Per provider (name, parent name, its classes), then the dedicated CPU set.
+Shape = tuple[tuple[tuple[str, Optional[str], tuple[str, ...]], ...], str]
+
+
+def shape_of(desired: Desired) -> Shape:
     """What decides whether allocations may have to move."""
     return (tuple((p.name, p.parent, tuple(sorted(p.inventories)))
                   for p in desired.tree.providers),
@@ -138,10 +142,14 @@ class CycleOutcome:
 class Reconciler:
     """Keeps one host's tree in Placement, reshaping first when needed."""
 
-    def __init__(self, client, syncer: TreeSyncer):
+    def __init__(self, client, syncer: TreeSyncer, applied_shape: Optional[Shape] = None):
+        """``applied_shape``: the shape (:func:`shape_of`) a previous process
+        applied and checked the allocations for, when the caller kept it (the
+        applier, in its per-host record); its reshape check is then skipped
+        while the shape stays. None (the default): the first cycle checks."""
         self.client = client
         self.syncer = syncer
-        self._applied_shape: Optional[tuple] = None
+        self._applied_shape = applied_shape
 
     def _known_uuids(self) -> Mapping[str, str]:
         return self.syncer.state.get(PROVIDERS, {})

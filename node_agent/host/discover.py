@@ -15,16 +15,20 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Optional
 
-from node_agent.errors import ConfigError, DiscoveryError, DomainCapsRefused
+import psutil
+
+from node_agent.errors import ConfigError, DiscoveryError
+from node_agent.host.capabilities import parse_capabilities, parse_cpu_model_xml
+from node_agent.host.domain import parse_domain
+from node_agent.host.hypervisor_info import hypervisor_info
 from node_agent.host.sysfs_pci import read_pci, with_mdev_parents
 from node_agent.model.settings import Settings
 from node_agent.host.sysfs import SysFS
 from node_agent.host.sysfs_topology import SysfsTopology, read_topology
-from node_agent.model.snapshot import DomainCaps, HostCpuModel, HostSnapshot, HypervisorInfo
+from node_agent.host.warn_once import log_once
+from node_agent.model.snapshot import HostCpuModel, HostSnapshot
 from node_agent.tree.cpu_traits import X86_ARCHES, split_extra_flags
-from node_agent.tree.hypervisor_traits import NEEDS_DOMAIN_CAPS
 
-LOG = logging.getLogger(__name__)
 GIB = 1024 ** 3
 
 
@@ -53,7 +57,6 @@ def disk_gb(instances_path: str, images_type: str = "default") -> tuple[int, lis
     if str(where) != str(Path(instances_path).absolute()):
         warnings.append(f"instances_path '{instances_path}' does not exist; DISK_GB is the "
                         f"size of the filesystem holding '{where}'.")
-    import psutil
 
     try:
         return psutil.disk_usage(str(where)).total // GIB, warnings
@@ -72,24 +75,12 @@ def memory_mb(topology: SysfsTopology, real_host: bool) -> tuple[int, list[str]]
     nodes_mb = topology.memory_kb // 1024 if topology.memory_kb else None
     if nodes_mb is not None and not real_host:
         return nodes_mb, []
-    import psutil
 
     total_mb = psutil.virtual_memory().total // (1024 * 1024)
     if nodes_mb is not None and abs(nodes_mb - total_mb) > total_mb // 10:
         return total_mb, [f"NUMA node meminfo sums to {nodes_mb} MiB but the kernel's "
                           f"MemTotal is {total_mb} MiB; reporting MemTotal."]
     return total_mb, []
-
-
-_LOGGED: set[str] = set()
-
-
-def _log_once(warnings: list[str], level: int = logging.WARNING) -> None:
-    """A service runs for months: say each host warning once, not each cycle."""
-    for warning in warnings:
-        if warning not in _LOGGED:
-            _LOGGED.add(warning)
-            LOG.log(level, "%s", warning)
 
 
 class LibvirtFacts:
@@ -107,9 +98,6 @@ class LibvirtFacts:
 
 
 def read_libvirt(hypervisor, settings: Optional[Settings] = None) -> LibvirtFacts:
-    from node_agent.host.capabilities import parse_capabilities
-    from node_agent.host.domain import parse_domain
-
     caps = parse_capabilities(hypervisor.capabilities_xml())
     guests = [parse_domain(xml, running) for xml, running in hypervisor.domain_xmls()]
     cpu_model = expanded_cpu_model(hypervisor, caps)
@@ -119,89 +107,6 @@ def read_libvirt(hypervisor, settings: Optional[Settings] = None) -> LibvirtFact
         models = guest_cpu_models(hypervisor, cpu_model, settings)
     return LibvirtFacts(cpu_model, caps.page_sizes_kb, guests, caps.cells,
                         info, models or ())
-
-
-def _version(number: int) -> tuple[int, int, int]:
-    """libvirt's ``major * 1,000,000 + minor * 1,000 + micro``."""
-    return number // 1_000_000, number // 1000 % 1000, number % 1000
-
-
-# nova's default machine type per architecture
-# (nova/virt/libvirt/utils.py get_default_machine_type); None: libvirt's.
-_DEFAULT_MACHINE = {"armv7l": "virt", "aarch64": "virt", "ppc64le": "pseries",
-                    "s390": "s390-ccw-virtio", "s390x": "s390-ccw-virtio",
-                    "i686": "pc", "x86_64": "pc"}
-
-
-def hypervisor_info(hypervisor, caps, settings: Settings) -> HypervisorInfo:
-    """Versions, and the domain capabilities when ``[libvirt]
-    domain_capabilities`` allows the read-write connection they need.
-
-    As nova (``Host.get_domain_capabilities``): for every guest architecture
-    of the capabilities, its default machine type and every machine alias,
-    with ``[libvirt] virt_type``; an architecture libvirt cannot run that way
-    is left out.
-    """
-    libvirt_version, qemu_version = hypervisor.versions()
-    domain_caps = None
-    if settings.domain_capabilities:
-        try:
-            domain_caps = _read_domain_caps(hypervisor, caps, settings.virt_type)
-        except DomainCapsRefused as exc:
-            # Refused (polkit, a driver without them): report the rest of the
-            # host, and leave these traits as Placement has them.
-            _log_once([f"[libvirt] domain_capabilities is on but {exc}; not reporting "
-                       f"{', '.join(NEEDS_DOMAIN_CAPS)}. Check the polkit rule "
-                       f"(README) or turn the option off."])
-    else:
-        _log_once([f"[libvirt] domain_capabilities is off, so the agent keeps its "
-                   f"read-only libvirt connection and does not report "
-                   f"{', '.join(NEEDS_DOMAIN_CAPS)}: libvirt refuses domain "
-                   f"capabilities on a read-only connection."], logging.INFO)
-    return HypervisorInfo(_version(libvirt_version), _version(qemu_version), domain_caps,
-                          kvm_amd_parameters(SysFS(settings.sysfs_root)))
-
-
-# oslo's strutils.bool_from_string true words, which nova reads these with.
-_TRUE = frozenset({"1", "t", "true", "on", "y", "yes"})
-
-
-def kvm_amd_parameters(sysfs: SysFS) -> frozenset[str]:
-    """Which of kvm_amd's ``sev``, ``sev_es``, ``sev_snp`` are on; none
-    when the module is not loaded (an Intel host)."""
-    found = set()
-    for name in ("sev", "sev_es", "sev_snp"):
-        text = sysfs.read(f"module/kvm_amd/parameters/{name}")
-        if text is not None and text.strip().lower() in _TRUE:
-            found.add(name)
-    return frozenset(found)
-
-
-_DOMAIN_CAPS: dict[tuple, Optional[str]] = {}
-
-
-def _read_domain_caps(hypervisor, caps, virt_type: str) -> tuple[DomainCaps, ...]:
-    """Asked once per (emulator, arch, machine, virt type) while the agent
-    runs, as nova caches them for its lifetime: they change only when
-    libvirt or QEMU is upgraded, after which the agent is restarted too."""
-    from node_agent.host.domain_capabilities import parse_domain_capabilities
-
-    found: list[DomainCaps] = []
-    for guest in caps.guests:
-        domain = guest.domain(virt_type)
-        machines = sorted({_DEFAULT_MACHINE.get(guest.arch)} | set(domain.aliases),
-                          key=lambda m: m or "")
-        answers = []
-        for machine in machines:
-            key = (hypervisor.uri, domain.emulator, guest.arch, machine, virt_type)
-            if key not in _DOMAIN_CAPS:
-                _DOMAIN_CAPS[key] = hypervisor.domain_capabilities_xml(
-                    domain.emulator, guest.arch, machine, virt_type)
-            answers.append(_DOMAIN_CAPS[key])
-        if any(answer is None for answer in answers):
-            continue  # nova drops the whole architecture on one failure
-        found.extend(parse_domain_capabilities(answer) for answer in answers if answer)
-    return tuple(found)
 
 
 # nova's default guest CPU model per architecture for cpu_mode = none
@@ -269,7 +174,7 @@ def check_cpu_models_run_here(hypervisor, host: HostCpuModel, models, flags) -> 
             _COMPARED[key] = hypervisor.compare_cpu(ET.tostring(cpu, encoding="unicode"))
         result = _COMPARED[key]
         if result is None and not getattr(hypervisor, "read_write", True):
-            _log_once([f"[libvirt] cpu_models = {','.join(models)} not checked against "
+            log_once([f"[libvirt] cpu_models = {','.join(models)} not checked against "
                        f"this host's CPU: libvirt refuses compareHypervisorCPU on a "
                        f"read-only connection ([libvirt] domain_capabilities = true "
                        f"opens a read-write one)."], logging.INFO)
@@ -286,8 +191,6 @@ _MODEL_FEATURES: dict[tuple, frozenset[str]] = {}
 
 
 def _model_features(hypervisor, host: HostCpuModel, model: str) -> frozenset[str]:
-    from node_agent.host.capabilities import parse_cpu_model_xml
-
     key = (hypervisor.uri, host.arch, host.vendor, model)
     if key not in _MODEL_FEATURES:
         cpu_xml = cpu_model_xml(host.arch, model, host.vendor)
@@ -315,7 +218,6 @@ def expanded_cpu_model(hypervisor, caps) -> HostCpuModel:
     The host CPU does not change while the agent runs, so libvirt is asked
     once per distinct CPU description, not every cycle.
     """
-    from node_agent.host.capabilities import parse_cpu_model_xml
 
     model = caps.cpu_model
     if not (caps.cpu_xml and model.model):
@@ -324,7 +226,7 @@ def expanded_cpu_model(hypervisor, caps) -> HostCpuModel:
         try:
             expanded = parse_cpu_model_xml(hypervisor.expand_cpu_features(caps.cpu_xml))
         except DiscoveryError as exc:
-            _log_once([f"CPU feature traits limited to the features listed on top of "
+            log_once([f"CPU feature traits limited to the features listed on top of "
                        f"model {model.model}: {exc}"])
             return model
         _EXPANDED[caps.cpu_xml] = expanded.features
@@ -371,6 +273,7 @@ def discover(settings: Settings, hypervisor=None) -> HostSnapshot:
     if settings.libvirt_uri:
         own = hypervisor is None
         if own:
+            # libvirt is loaded only when discovery opens its own connection.
             from node_agent.host.hypervisor import Hypervisor
             hypervisor = Hypervisor(settings.libvirt_uri, settings.domain_capabilities)
         try:
@@ -393,7 +296,7 @@ def discover(settings: Settings, hypervisor=None) -> HostSnapshot:
     size_gb, disk_warnings = disk_gb(settings.instances_path, settings.images_type)
     total_mb, memory_warnings = memory_mb(topology, real_host)
     disk_warnings += memory_warnings
-    _log_once(warnings + disk_warnings)
+    log_once(warnings + disk_warnings)
     return HostSnapshot(
         hostname=settings.host,
         present=topology.present,

@@ -31,8 +31,11 @@ from keystoneauth1 import token_endpoint
 
 from node_agent import errors
 from node_agent.placement import microversions, routes
-from node_agent.placement.errors import (AuthError, DuplicateName, GenerationConflict,
-                                        InventoryInUse, NotFound, PlacementError, Unavailable)
+# The gateway raises these; callers catch them from here.
+from node_agent.placement.errors import (AuthError, DuplicateName,  # noqa: F401
+                                         GenerationConflict, InventoryInUse, NotFound,
+                                         PlacementError, Unavailable, error_for)
+from node_agent.placement.microversions import version_refusal
 from node_agent.config.options import PLACEMENT_GROUP
 
 if TYPE_CHECKING:
@@ -42,13 +45,6 @@ LOG = logging.getLogger(__name__)
 
 SERVICE_TYPE = "placement"
 NO_RESPONSE = 0  # status recorded in RequestStats when nothing came back
-
-
-_CONFLICTS: dict[str, type[PlacementError]] = {
-    "placement.concurrent_update": GenerationConflict,
-    "placement.inventory.inuse": InventoryInUse,
-    "placement.duplicate_name": DuplicateName,
-}
 
 
 @dataclass
@@ -114,46 +110,6 @@ def _connection_reason(exc: Exception) -> str:
         if reason in text:
             return reason.lower()
     return text
-
-
-def error_for(status: int, code: str | None, detail: str, method: str,
-              path: str, request_id: str | None) -> PlacementError:
-    """The typed error for a refused request (pure, so it is unit-testable)."""
-    cls: type[PlacementError]
-    if status in (401, 403):
-        cls = AuthError
-    elif status == 404:
-        cls = NotFound
-    elif status == 409:
-        cls = _CONFLICTS.get(code, PlacementError) if code else PlacementError
-    elif status >= 500:
-        cls = Unavailable
-    else:
-        cls = PlacementError
-    message = f"{method} {path} -> {status}"
-    if code and code != "placement.undefined_code":
-        message += f" {code}"
-    if detail:
-        message += f": {detail}"
-    return cls(message, status=status, code=code, detail=detail,
-               method=method, path=path, request_id=request_id)
-
-
-def version_refusal(url: str, server_min: str, server_max: str,
-                    required: str = microversions.REQUIRED) -> str | None:
-    """Why a server offering ``server_min``..``server_max`` cannot serve the
-    agent, or None if it can."""
-    if not microversions.at_least(server_max, required):
-        lacking = "; ".join(f"{v} {why}" for v, why
-                            in microversions.missing_features(server_max))
-        return (f"Placement at {url} supports up to {server_max}; node-agent "
-                f"needs {required}. Missing: {lacking}. Upgrade Placement "
-                f"(Xena or newer).")
-    if not microversions.at_least(required, server_min):
-        return (f"Placement at {url} supports {server_min} to {server_max}; "
-                f"node-agent speaks {required}, which it no longer accepts. "
-                f"Upgrade node-agent.")
-    return None
 
 
 class PlacementReads:

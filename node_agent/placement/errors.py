@@ -47,3 +47,34 @@ class AuthError(PlacementError):
 
 class Unavailable(PlacementError):
     """No usable answer after the bounded retries."""
+
+
+_CONFLICTS: dict[str, type[PlacementError]] = {
+    "placement.concurrent_update": GenerationConflict,
+    "placement.inventory.inuse": InventoryInUse,
+    "placement.duplicate_name": DuplicateName,
+}
+
+
+def error_for(status: int, code: str | None, detail: str, method: str,
+              path: str, request_id: str | None) -> PlacementError:
+    """The typed error for a refused request: by status, and for a 409 by
+    Placement's error code."""
+    cls: type[PlacementError]
+    if status in (401, 403):
+        cls = AuthError
+    elif status == 404:
+        cls = NotFound
+    elif status == 409:
+        cls = _CONFLICTS.get(code, PlacementError) if code else PlacementError
+    elif status >= 500:
+        cls = Unavailable
+    else:
+        cls = PlacementError
+    message = f"{method} {path} -> {status}"
+    if code and code != "placement.undefined_code":
+        message += f" {code}"
+    if detail:
+        message += f": {detail}"
+    return cls(message, status=status, code=code, detail=detail,
+               method=method, path=path, request_id=request_id)

@@ -61,3 +61,20 @@ REQUIRED: str = max((v for v, _ in FEATURES), key=parse)
 # does not apply to a read. GET /resource_providers/{uuid}/allocations
 # never shows consumer_type, at any version.
 CONSUMER_TYPE_READ: str = "1.38"
+
+
+def version_refusal(url: str, server_min: str, server_max: str,
+                    required: str = REQUIRED) -> str | None:
+    """Why a server offering ``server_min``..``server_max`` cannot serve the
+    agent, or None if it can."""
+    if not at_least(server_max, required):
+        lacking = "; ".join(f"{v} {why}" for v, why
+                            in missing_features(server_max))
+        return (f"Placement at {url} supports up to {server_max}; node-agent "
+                f"needs {required}. Missing: {lacking}. Upgrade Placement "
+                f"(Xena or newer).")
+    if not at_least(required, server_min):
+        return (f"Placement at {url} supports {server_min} to {server_max}; "
+                f"node-agent speaks {required}, which it no longer accepts. "
+                f"Upgrade node-agent.")
+    return None

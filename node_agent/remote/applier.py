@@ -82,13 +82,21 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from node_agent.remote import signing, wire
-from node_agent.remote.coordination import Busy, Coordination, Store
+from node_agent import logs
+from node_agent.config.files import load_conf, oslo_args
+from node_agent.config.validation import placement_configured
+from node_agent.placement.client import PlacementClient
+from node_agent.placement.errors import NotFound
+from node_agent.placement.sync import TreeSyncer
+from node_agent.remote import applier_metrics, keys, messaging, schema
+from node_agent.service.loop import systemd_notifier
+from node_agent.remote.coordination import Busy, Coordination
 from node_agent.errors import (ConfigError, NodeAgentError, PlacementError, ProviderOwned,
                                ReshapeError)
 from node_agent.policy import capacity
 from node_agent.policy.root_owner import identity_of_tree
-from node_agent.cycle.reconcile import Reconciler, shape_of
-from node_agent.state import APPLIER, PROVIDERS, ROOT_UUID
+from node_agent.cycle.reconcile import Reconciler, Shape, shape_of
+from node_agent.state import APPLIER, PROVIDERS, ROOT_UUID, Store
 
 LOG = logging.getLogger(__name__)
 
@@ -124,9 +132,9 @@ def replay_mark(raw) -> Optional[str]:
 class _Local:
     """One message's objects for its host, built from the host's record."""
 
-    client: object
-    syncer: object
-    reconciler: object
+    client: PlacementClient
+    syncer: TreeSyncer
+    reconciler: Reconciler
 
 
 def _changes(changes) -> list[dict]:
@@ -134,7 +142,7 @@ def _changes(changes) -> list[dict]:
              "provider": c.provider} for c in changes]
 
 
-def shape_digest(shape: tuple) -> str:
+def shape_digest(shape: Shape) -> str:
     """A short, stable name for :func:`node_agent.cycle.reconcile.shape_of`."""
     return hashlib.sha256(wire.canonical(shape).encode("utf-8")).hexdigest()
 
@@ -146,7 +154,7 @@ class Applier:
     each message gets its own, so request counts stay per host.
     """
 
-    def __init__(self, client_factory: Callable[[], object], state_path: Path,
+    def __init__(self, client_factory: Callable[[], PlacementClient], state_path: Path,
                  full_verify_interval: float = 300, lock_timeout: float = 20,
                  clock: Callable[[], float] = time.time, token: Optional[str] = None,
                  *, keyring: signing.Keyring, coordination: Optional[Coordination] = None):
@@ -306,7 +314,7 @@ class Applier:
         report = outcome.report
         # What the reconciler keeps: the shape once applied cleanly, else
         # the one it started with.
-        shape = shape_digest(shape_of(desired))
+        shape: Optional[str] = shape_digest(shape_of(desired))
         if not (outcome.ok or record.get(SHAPE_KEY) == shape):
             shape = None
         self._save(store, {
@@ -362,7 +370,6 @@ class Applier:
     def _local(self, host: str, record: dict, desired) -> _Local:
         """A syncer and a reconciler holding what the record holds: the
         direct mode's, as its previous cycle left them."""
-        from node_agent.placement.sync import TreeSyncer
 
         client = self.client_factory()
         # The agent's machine is the one whose mark it sent: a tree for a
@@ -371,12 +378,10 @@ class Applier:
                             full_verify_interval=self.full_verify_interval, clock=self.clock,
                             owner=identity_of_tree(desired.tree))
         syncer.import_cache(record.get(CACHE_KEY))
-        reconciler = Reconciler(client, syncer)
         shape = shape_of(desired)
-        if record.get(SHAPE_KEY) == shape_digest(shape):
-            # Reconciler keeps this between cycles and has no setter: the
-            # allocations were checked for this shape when it was applied.
-            reconciler._applied_shape = shape
+        # The allocations were checked for this shape when it was applied.
+        applied = shape if record.get(SHAPE_KEY) == shape_digest(shape) else None
+        reconciler = Reconciler(client, syncer, applied_shape=applied)
         return _Local(client, syncer, reconciler)
 
     # -- the ownership check
@@ -445,8 +450,6 @@ class Applier:
 
     @staticmethod
     def _by_uuid(client, uuid: str) -> Optional[dict]:
-        from node_agent.placement.client import NotFound
-
         try:
             return client.provider(uuid)
         except NotFound:
@@ -457,8 +460,6 @@ class Endpoint:
     """The RPC method agents call."""
 
     def __init__(self, applier: Applier):
-        from node_agent.remote import messaging
-
         self.applier = applier
         self.target = messaging.oslo_messaging().Target(version=wire.RPC_VERSION)
 
@@ -491,7 +492,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def derive_key(conf, host: str, output: Optional[str]) -> int:
     """``derive-key HOST``: the key under the current master."""
-    from node_agent.remote import keys, schema
 
     if schema.first_error(host, 2, at="host") is not None:
         raise ConfigError(f"derive-key: {host!r} is not a host name (letters, digits, "
@@ -508,7 +508,6 @@ def derive_key(conf, host: str, output: Optional[str]) -> int:
 
 def check_config(conf) -> int:
     """``--check-config``: every problem in one run; nothing is started."""
-    from node_agent.remote import keys, messaging
 
     problems: list[str] = []
     rpc_url, _ = messaging.urls(conf)
@@ -542,9 +541,6 @@ def check_config(conf) -> int:
 
 
 def _placement_client(conf):
-    from node_agent.config.validation import placement_configured
-    from node_agent.placement.client import PlacementClient
-
     if not placement_configured(conf):
         raise ConfigError("node-agent-applier needs Placement: set [placement] auth_type "
                           "(and its credentials) or endpoint_override")
@@ -553,15 +549,11 @@ def _placement_client(conf):
 
 def serve(conf) -> int:
     """Listen until SIGTERM/SIGINT; returns the exit code."""
-    from node_agent.remote import messaging
-    from node_agent.placement.client import PlacementClient
-    from node_agent.service.loop import systemd_notifier
 
     rpc_url, _ = messaging.urls(conf)
     if not rpc_url:
         raise ConfigError("node-agent-applier needs [DEFAULT] transport_url (the bus the "
                           "agents send to)")
-    from node_agent.remote import keys
 
     group = conf.applier
     keyring = keys.keyring(group)
@@ -578,7 +570,6 @@ def serve(conf) -> int:
         LOG.warning("[applier] accept_unsigned is on: messages of wire format 2.0 and "
                     "2.1 carry no signature and can name any host; turn it off once "
                     "every agent signs")
-    from node_agent.remote import applier_metrics
 
     metrics = applier_metrics.serve(applier, group.metrics_port, group.metrics_host)
     om = messaging.oslo_messaging()
@@ -612,11 +603,6 @@ def serve(conf) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    from node_agent.remote import messaging
-    from node_agent.config.files import load_conf, oslo_args
-
-    from node_agent import logs
-
     args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         conf = load_conf(oslo_args(args))

@@ -8,13 +8,16 @@ Counts are per process since its start: sum them over the processes.
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily
 
 from node_agent.errors import ResourceError
 from node_agent.remote import signing
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 
 LOG = logging.getLogger(__name__)
 PREFIX = "node_agent_applier"
@@ -62,7 +65,7 @@ class ApplierCollector:
         yield sent
 
 
-def serve(applier, port: int, host: str) -> Optional[object]:
+def serve(applier, port: int, host: str) -> Optional[WSGIServer]:
     """Start the HTTP endpoint (None when ``port`` is 0); raises
     ResourceError (exit 69) when the port is taken."""
     if not port:

@@ -29,17 +29,16 @@ both are refused.
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol
+from typing import Callable, Optional
 from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 import tenacity
 
 from node_agent.errors import ConfigError, NodeAgentError
-from node_agent.state import StateCorrupt, StateStore, decode, encode
+from node_agent.state import Store, StateStore, decode, decode_or_empty, edited, encode
 
 LOG = logging.getLogger(__name__)
 
@@ -63,38 +62,18 @@ class CoordinationError(NodeAgentError):
     exit_code = 75
 
 
-class Store(Protocol):
-    """What the syncer and the applier read and write: a host's state."""
-
-    def load(self) -> dict: ...
-
-    def load_or_empty(self, log: logging.Logger) -> dict: ...
-
-    def save(self, data: dict) -> None: ...
-
-    def update(self, change: Callable[[dict], None]) -> dict: ...
-
-    def put(self, key: str, value: Any) -> dict: ...
-
-
-class RedisStore:
+class RedisStore(Store):
     """A host's state as one Redis value (the state file's envelope)."""
 
     def __init__(self, client, key: str):
         self.client, self.key = client, key
+        self.where = f"redis key {key}"
 
     def load(self) -> dict:
         text = self.client.get(self.key)
         if text is None:
             return {}
-        return decode(text.decode("utf-8"), f"redis key {self.key}")
-
-    def load_or_empty(self, log: logging.Logger) -> dict:
-        try:
-            return self.load()
-        except StateCorrupt as exc:
-            log.warning("%s", exc)
-            return {}
+        return decode(text.decode("utf-8"), self.where)
 
     def save(self, data: dict) -> None:
         self.client.set(self.key, encode(data))
@@ -107,14 +86,9 @@ class RedisStore:
 
         def attempt(pipe) -> None:
             text = pipe.get(self.key)
-            try:
-                state = {} if text is None else decode(text.decode("utf-8"),
-                                                       f"redis key {self.key}")
-            except StateCorrupt as exc:
-                LOG.warning("%s", exc)
-                state = {}
-            new = copy.deepcopy(state)
-            change(new)
+            state = decode_or_empty(None if text is None else text.decode("utf-8"),
+                                    self.where, LOG)
+            new = edited(state, change)
             pipe.multi()
             if new != state:
                 pipe.set(self.key, encode(new))
@@ -122,11 +96,6 @@ class RedisStore:
 
         self.client.transaction(attempt, self.key)
         return done["state"]
-
-    def put(self, key: str, value: Any) -> dict:
-        def set_key(state: dict) -> None:
-            state[key] = value
-        return self.update(set_key)
 
 
 class HostLock:
@@ -227,6 +196,8 @@ class Coordination:
                  lock_timeout: Optional[float] = None):
         """``lock_timeout``: the applier's (how long a message waits for its
         host's lock); with Redis it sets or checks the locks' expiry."""
+        # Each backend's library is imported when it is the configured one:
+        # tooz here, redis-py and SQLAlchemy (sql_records) below.
         from tooz import coordination as tooz
 
         self.url = url_of(url, state_path)
@@ -240,7 +211,8 @@ class Coordination:
             self.lock_expiry, in_url = redis_lock_expiry(self.url, lock_timeout)
             if not in_url:
                 options["lock_timeout"] = str(self.lock_expiry)
-        self._coordinator = tooz.get_coordinator(self.url, member.encode("utf-8"), **options)
+        self._coordinator = tooz.get_coordinator(self.url, member.encode("utf-8"), None,
+                                                 **options)
         self._redis = None
         if urlsplit(self.url).scheme == "redis":
             import redis

@@ -34,13 +34,17 @@ dropped with a warning (they describe state that the next one repeats).
 
 from __future__ import annotations
 
+import importlib
 import logging
 import queue
 import threading
 import warnings
 from typing import Iterable, Optional
 
-from node_agent.errors import NodeAgentError
+from oslo_config import cfg
+
+from node_agent.config.settings import _masked_url
+from node_agent.errors import ConfigError, NodeAgentError
 
 LOG = logging.getLogger(__name__)
 
@@ -64,6 +68,9 @@ EVENT_PAYLOADS = {
 }
 
 
+# oslo.messaging and kombu are imported when a bus is used, here and in
+# remote/upstream.py: the CLI imports this module on every run, and a
+# dry-run never pays for them (tests/cli/test_start_cost.py).
 def oslo_messaging():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # oslo.service's eventlet notice
@@ -89,7 +96,6 @@ def register(conf) -> None:
             conf.register_opts(opts, group=group)
     # oslo.messaging 18 registers its metrics and tracing options on the
     # global CONF only, then reads them from the conf it is given.
-    import importlib
     for group in ("oslo_messaging_metrics", "oslo_messaging_tracing"):
         module = f"oslo_messaging._{group.rsplit('_', 1)[1]}.client"
         try:
@@ -113,7 +119,6 @@ def check_broker(conf, timeout: float = 10.0) -> str:
     MessagingUnavailable naming the broker (``--check-config --connect``)."""
     import kombu
 
-    from node_agent.config.settings import _masked_url
 
     rpc_url, _ = urls(conf)
     parsed = oslo_messaging().TransportURL.parse(conf, rpc_url)
@@ -147,7 +152,6 @@ class MessagingUnavailable(NodeAgentError):
 def _configured(conf, name: str, group: Optional[str]) -> Optional[str]:
     """The option's value if someone set it; oslo.messaging's own default
     (``rabbit://``, a broker on localhost) does not count as a choice."""
-    from oslo_config import cfg
 
     where = conf.get_location(name, group)
     if where is None or where.location == cfg.Locations.opt_default:
@@ -290,7 +294,6 @@ def client(conf, host: str, timeout: float = 30):
     """An RPC client for the agent on ``host``."""
     rpc_url, _ = urls(conf)
     if not rpc_url:
-        from node_agent.errors import ConfigError
         raise ConfigError("[DEFAULT] transport_url is not set; the agent's control "
                           "RPC needs it (or pass --transport-url)")
     om = oslo_messaging()

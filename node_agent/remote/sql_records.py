@@ -10,14 +10,13 @@ the syncer's cache hints) both keep their change.
 
 from __future__ import annotations
 
-import copy
 import logging
-from typing import Any, Callable
+from typing import Callable
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
-from node_agent.state import StateCorrupt, decode, encode
+from node_agent.state import Store, decode, decode_or_empty, edited, encode
 
 LOG = logging.getLogger(__name__)
 
@@ -46,7 +45,7 @@ def create_table(engine: Engine) -> None:
             raise
 
 
-class SqlStore:
+class SqlStore(Store):
     """A host's state as one row (the state file's envelope)."""
 
     def __init__(self, engine: Engine, host: str):
@@ -63,13 +62,6 @@ class SqlStore:
         with self.engine.connect() as conn:
             text = self._read(conn)
         return {} if text is None else decode(text, self.where)
-
-    def load_or_empty(self, log: logging.Logger) -> dict:
-        try:
-            return self.load()
-        except StateCorrupt as exc:
-            log.warning("%s", exc)
-            return {}
 
     def save(self, data: dict) -> None:
         text = encode(data)
@@ -98,18 +90,8 @@ class SqlStore:
     def _update_once(self, change: Callable[[dict], None]) -> dict:
         with self.engine.begin() as conn:
             text = self._read(conn, for_update=True)
-            try:
-                state = {} if text is None else decode(text, self.where)
-            except StateCorrupt as exc:
-                LOG.warning("%s", exc)
-                state = {}
-            new = copy.deepcopy(state)
-            change(new)
+            state = decode_or_empty(text, self.where, LOG)
+            new = edited(state, change)
             if new != state:
                 self._write(conn, encode(new), exists=text is not None)
             return new
-
-    def put(self, key: str, value: Any) -> dict:
-        def set_key(state: dict) -> None:
-            state[key] = value
-        return self.update(set_key)

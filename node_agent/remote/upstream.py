@@ -30,7 +30,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
+from node_agent.config.settings import _masked_url
+from node_agent.cycle.reconcile import guests_refused
 from node_agent.errors import ConfigError
+from node_agent.remote import messaging
 from node_agent.placement.errors import Unavailable
 from node_agent.state import APPLIED, PROVIDERS
 from node_agent.remote.wire import (BUSY, DEFAULT_TOPIC, ERROR, METHOD, REFUSED,
@@ -117,7 +120,6 @@ def _guests_refused_here(desired) -> Optional[UpstreamReport]:
     """Guests that do not fit the CPU sets are refused on the host, where the
     whole partition is known (the applier gets only the dedicated set):
     nothing is sent, the report carries the refusal."""
-    from node_agent.cycle.reconcile import guests_refused
 
     refused = guests_refused(desired)
     if refused is None:
@@ -137,7 +139,6 @@ class MessagingUpstream:
 
     def __init__(self, conf, host: str, topic: str = DEFAULT_TOPIC,
                  timeout: float = 60.0, clock=time.time, *, key: bytes):
-        from node_agent.remote import messaging
 
         rpc_url, _ = messaging.urls(conf)
         if not rpc_url:
@@ -170,7 +171,6 @@ class MessagingUpstream:
         fails in a few seconds instead, and is reused by the call."""
         from oslo_messaging._drivers import common as rpc_common
 
-        from node_agent.config.settings import _masked_url
 
         get_connection = getattr(getattr(self._transport, "_driver", None),
                                  "_get_connection", None)

@@ -12,22 +12,35 @@ reloads everything else.
 
 from __future__ import annotations
 
-import datetime
 import logging
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence, cast
 
-from node_agent.policy import maintenance as maint
 from node_agent.cycle import provider_cache
+from node_agent.config.validation import validate
+from node_agent.cycle.audit import Auditor
+from node_agent.cycle.reconcile import CycleOutcome, Reconciler
+from node_agent.host.machine_id import identity
+from node_agent.placement.sync import TreeSyncer
+from node_agent.remote import keys, messaging
 from node_agent.cycle.desired import (Desired, compute_desired, file_traits_to_remember,
-                                      forget_applied_off)
+                                      forget_applied_off, with_owner_mark)
 from node_agent.errors import NodeAgentError, PlacementError
 from node_agent.model.settings import Settings
-from node_agent.state import APPLIED, MAINTENANCE, StateStore
+from node_agent.state import APPLIED, StateStore
+from node_agent.service.control import Control, Maintenance, utc_now
 from node_agent.service.loop import CycleResult, Service, systemd_notifier
 
+if TYPE_CHECKING:
+    from node_agent.placement.client import PlacementClient
+
+# Imported inside the functions that use them, and only there: the ones a
+# mode or an option needs (node_agent.cycle.companion loads the HTTP gateway,
+# node_agent.remote.upstream jsonschema, node_agent.host.hypervisor libvirt),
+# and node_agent.service.metrics (prometheus_client), which the CLI, importing
+# this module, never uses.
 LOG = logging.getLogger(__name__)
 
 
@@ -37,7 +50,9 @@ class Loaded:
 
     conf: object
     settings: Settings
-    client: object  # PlacementClient, not yet contacted
+    # Not yet contacted. None with upstream = messaging (the applier holds
+    # Placement); validation refuses the other modes without one.
+    client: Optional[PlacementClient]
 
     def __getattr__(self, name):
         # The loop reads its timing (report_interval...) from the settings.
@@ -47,58 +62,17 @@ class Loaded:
 def load(args: Sequence[str]) -> Loaded:
     """Parse and validate the config files (:func:`node_agent.config.validation.validate`,
     the same checks as ``--check-config``); raises ConfigError."""
-    from node_agent.config.validation import validate
 
     valid = validate(args, lenient_files=True)
     # With upstream = messaging the client is None: node-agent-applier holds Placement.
-    return Loaded(valid.conf, valid.settings, valid.client)
+    # Validated.client is typed object; it is validate()'s PlacementClient or None.
+    return Loaded(valid.conf, valid.settings,
+                  cast("Optional[PlacementClient]", valid.client))
 
 
 def _same_tree(old: Settings, new: Settings) -> bool:
     """A reload that keeps the host and its state file keeps the syncer's cache."""
     return old.host == new.host and old.state_path == new.state_path
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-class Maintenance:
-    """The operator's maintenance flag: the ``maintenance`` key of the state
-    file, as ``node-agent maintenance`` writes it. :mod:`node_agent.cycle.desired`
-    turns it into a fully reserved tree on the next cycle."""
-
-    def __init__(self, state_path: str):
-        self._store = StateStore(Path(state_path))
-
-    def get(self, last: Optional[Desired] = None) -> dict:
-        """The state file's say; ``last`` (the last cycle's desired) adds
-        maintenance kept on by Placement's disabled trait alone."""
-        saved = self._store.load_or_empty(LOG).get(MAINTENANCE)
-        if not saved and last is not None and maint.is_on(last.maintenance):
-            return {"on": True, "reason": maint.UNKNOWN_REASON, "since": None,
-                    "source": "placement"}
-        if not maint.is_on(saved):
-            return {"on": False, "reason": None, "since": None,
-                    "off_pending": maint.requested(saved) is False}
-        return {"on": True, "reason": saved.get("reason") or None,
-                "since": saved.get("since"), "source": "state file"}
-
-    def set(self, on: bool, reason: Optional[str] = None) -> dict:
-        # The syncer owns the other keys of the file.
-        self._store.put(MAINTENANCE, maint.record(on, reason, _now()))
-        LOG.info("maintenance %s%s", "on" if on else "off", f": {reason}" if reason else "")
-        return self.get()
-
-
-def _marked(desired: Desired, settings: Settings) -> Desired:
-    """``desired`` with this machine's owner mark on the root: the central
-    applier judges the root's owner by it (node_agent.policy.root_owner)."""
-    from dataclasses import replace
-
-    from node_agent.host.machine_id import identity
-    from node_agent.policy.root_owner import marked
-    return replace(desired, tree=marked(desired.tree, identity(settings)))
 
 
 def tree_summary(desired: Optional[Desired]) -> list[dict]:
@@ -138,10 +112,7 @@ class Agent:
         self._lock = threading.Lock()
 
     def _syncer_of(self, loaded: Loaded):
-        from node_agent.placement.sync import TreeSyncer
-
         if self._syncer_for is not loaded:  # first cycle, or a reload
-            from node_agent.host.machine_id import identity
             # spread: a fleet started together does not verify together.
             syncer = TreeSyncer(loaded.client, StateStore(Path(loaded.settings.state_path)),
                                 full_verify_interval=loaded.settings.full_verify_interval,
@@ -153,18 +124,17 @@ class Agent:
                 provider_cache.restore(syncer)
             self._syncer, self._syncer_for = syncer, loaded
             self._version_checked = False
-            from node_agent.cycle.reconcile import Reconciler
             self._reconciler = Reconciler(loaded.client, self._syncer)
-            from node_agent.cycle.audit import Auditor
             self._auditor = Auditor(
                 self._syncer, in_flight_grace=loaded.settings.audit_in_flight_grace)
         if not self._version_checked:
+            assert loaded.client is not None, "direct mode has a Placement client"
             loaded.client.check_version()
             self._version_checked = True
         return self._syncer
 
     def __call__(self, loaded: Loaded) -> CycleResult:
-        started = _now()
+        started = utc_now()
         settings = loaded.settings
         try:
             state = StateStore(Path(settings.state_path)).load_or_empty(LOG)
@@ -244,6 +214,7 @@ class Agent:
 
         settings = loaded.settings
         if self._companion_for is not loaded:  # first cycle, or a reload
+            assert loaded.client is not None, "companion mode has a Placement client"
             loaded.client.check_version()
             self._companion = Companion(loaded.client,
                                         StateStore(Path(settings.state_path)),
@@ -274,15 +245,13 @@ class Agent:
     def _via_applier(self, loaded: Loaded, desired: Desired):
         """``[agent] upstream = messaging``: node-agent-applier applies it."""
         from node_agent.remote import upstream
-        from node_agent.cycle.reconcile import CycleOutcome
 
         settings = loaded.settings
         if self._upstream is None:  # messaging options are read at start only
-            from node_agent.remote import keys
             self._upstream = upstream.MessagingUpstream(
                 loaded.conf, settings.host, settings.upstream_topic,
                 settings.upstream_timeout, key=keys.read_host_key(settings.upstream_key_file))
-        report = self._upstream.send(_marked(desired, settings),
+        report = self._upstream.send(with_owner_mark(desired, settings),
                                      timeout=settings.upstream_timeout)
         upstream.remember(StateStore(Path(settings.state_path)), report, desired)
         return CycleOutcome(report)
@@ -354,37 +323,12 @@ class Agent:
             }
 
 
-class Control:
-    """What the RPC endpoints act on (kept apart from oslo.messaging)."""
-
-    SYNC_WAIT = 120.0
-
-    def __init__(self, agent: Agent, service: Service):
-        self.agent = agent
-        self.service = service
-
-    def sync_now(self) -> dict:
-        number = self.service.trigger(wait=self.SYNC_WAIT)
-        status = self.status()
-        status["triggered_cycle"] = number
-        return status
-
-    def status(self) -> dict:
-        return self.agent.status(self.service)
-
-    def set_maintenance(self, on: bool, reason: Optional[str] = None) -> dict:
-        result = Maintenance(self.service.config.settings.state_path).set(on, reason)
-        self.service.trigger(wait=self.SYNC_WAIT)  # reserve (or release) it now
-        return result
-
-
 def run(args: Sequence[str], loaded: Optional[Loaded] = None) -> int:
     """Run as a service until SIGTERM/SIGINT; returns the exit code.
 
     Raises ConfigError (exit 78) when the configuration cannot start.
     """
     loaded = loaded or load(args)
-    from node_agent.remote import messaging
     from node_agent.service import metrics
 
     messenger = messaging.from_conf(loaded.conf, loaded.settings.host)

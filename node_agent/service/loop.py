@@ -34,6 +34,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+import sdnotify
+
 from node_agent.errors import (ConfigError, DiscoveryError, NodeAgentError, PlacementError,
                                StateError)
 
@@ -137,8 +139,6 @@ class NullNotifier:
 
 def systemd_notifier():
     """sd_notify through the sdnotify package; silent without NOTIFY_SOCKET."""
-    import sdnotify
-
     return sdnotify.SystemdNotifier()
 
 
@@ -340,7 +340,7 @@ class Service:
 
     def _failed(self, exc: BaseException) -> None:
         changed = self.health.failed(exc, self.clock())
-        kind = self.health.kind
+        kind = problem_kind(exc)  # what failed() has just recorded
         if changed:
             log = LOG.exception if kind == "internal" else LOG.error
             log("%s: %s; retrying with backoff, logging again when this "

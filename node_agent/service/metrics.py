@@ -12,14 +12,19 @@ restart from zero when a SIGHUP builds a new client.
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter
-from typing import Optional
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Optional
 
 from prometheus_client import (CollectorRegistry, Histogram, start_http_server,
                                write_to_textfile)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from node_agent.errors import ResourceError
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
 from node_agent.policy.maintenance import is_on
 
 LOG = logging.getLogger(__name__)
@@ -133,7 +138,7 @@ class Metrics:
         self.host = host
         self.textfile = textfile
         self.registry = CollectorRegistry()
-        self._server = None
+        self._server: Optional[WSGIServer] = None
         self.durations = Histogram(f"{PREFIX}_cycle_duration_seconds",
                                    "Duration of each cycle.", buckets=DURATION_BUCKETS,
                                    registry=self.registry)
@@ -185,8 +190,6 @@ def write_once(conf, desired, client, duration: float, errors: list,
     ``[agent] metrics_textfile`` when it is set, so node_exporter's textfile
     collector shows hosts synced by a timer too. ``companion`` and ``audit``:
     companion mode's check, for the drift and audit gauges."""
-    import time
-    from types import SimpleNamespace
 
     if not conf.agent.metrics_textfile:
         return

@@ -191,9 +191,9 @@ def test_refused_domain_capabilities_leave_their_traits_alone_and_the_cycle_succ
 def test_read_only_says_once_which_traits_it_does_not_report(tmp_path, caplog, monkeypatch):
     import logging
 
-    from node_agent.host import discover as discover_mod
+    from node_agent.host import discover as discover_mod, warn_once
 
-    monkeypatch.setattr(discover_mod, "_LOGGED", set())
+    monkeypatch.setattr(warn_once, "_LOGGED", set())
     settings = _settings_for(tmp_path, URI)
     with caplog.at_level(logging.INFO, logger="node_agent.host.discover"):
         for _cycle in range(3):

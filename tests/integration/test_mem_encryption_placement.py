@@ -103,12 +103,12 @@ def test_sev_and_sev_snp_children_appear_with_libvirts_guest_counts(
 
 def test_read_only_reports_no_sev_child_and_says_mem_encryption_context_once(
         libvirtd, client, host_name, tmp_path):
-    from node_agent.host import discover as discover_mod
+    from node_agent.host import warn_once
 
     settings = _settings(libvirtd, tmp_path, host_name)  # domain_capabilities off
     assert _cycle(client, settings).ok
     assert set(_tree(client, host_name)) == {host_name}
-    said = [line for line in discover_mod._LOGGED if "domain_capabilities is off" in line]
+    said = [line for line in warn_once._LOGGED if "domain_capabilities is off" in line]
     assert said and "MEM_ENCRYPTION_CONTEXT" in said[0]
 
 

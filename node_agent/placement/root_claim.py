@@ -1,0 +1,46 @@
+"""Whose root this is: the syncer's owner check before any write.
+
+The verdict is :func:`node_agent.policy.root_owner.judge`'s, on the root's
+traits as Placement holds them; this module refuses a root that nova-compute
+or another machine manages, says once when the agent takes a root over or
+adopts an unmarked one, and returns the desired tree with the owner mark.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from node_agent.errors import ProviderOwned
+from node_agent.model.provider_tree import ProviderTree
+from node_agent.placement.planner import ProviderState
+from node_agent.policy import root_owner
+
+# Under the syncer's name, as before the split: operators filter on it.
+LOG = logging.getLogger("node_agent.placement.sync")
+
+
+class RootClaim:
+    """This machine's claim on its root (``owner``: its identity)."""
+
+    def __init__(self, owner: root_owner.Identity):
+        self.owner = owner
+        self._judged: Optional[str] = None  # the last verdict's owner, logged on change
+
+    def claimed(self, desired: ProviderTree, root: Optional[ProviderState]) -> ProviderTree:
+        """``desired`` with this machine's mark, judged against ``root``
+        (None: Placement does not hold it yet). Raises ProviderOwned when
+        the root is not this machine's to write."""
+        verdict = root_owner.judge(None if root is None else root.traits, self.owner)
+        # judge() lets the agent write a root that Placement does not hold yet.
+        if root is not None and not verdict.may_write:
+            raise ProviderOwned(root_owner.refusal(verdict, desired.root.name, root.uuid))
+        if verdict.owner != self._judged and root is not None:
+            if verdict.owner in (root_owner.OWNED_BY_NOVA, root_owner.OTHER_MACHINE):
+                LOG.warning("taking over provider %s (%s) from %s ([agent] "
+                            "take_over_provider)", desired.root.name, root.uuid, verdict.owner)
+            elif verdict.owner == root_owner.UNMARKED:
+                LOG.info("adopting provider %s (%s), which no machine has marked",
+                         desired.root.name, root.uuid)
+        self._judged = verdict.owner
+        return root_owner.claimed(desired, verdict)

@@ -1,0 +1,79 @@
+"""What the control RPC and ``node-agent maintenance`` act on: a cycle now,
+the status, the maintenance flag. Kept apart from oslo.messaging
+(:mod:`node_agent.remote.messaging` calls :class:`Control`) and from the
+cycle (:class:`node_agent.service.daemon.Agent`)."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+from node_agent.policy import maintenance as maint
+from node_agent.state import MAINTENANCE, StateStore
+
+if TYPE_CHECKING:
+    from node_agent.cycle.desired import Desired
+    from node_agent.service.daemon import Agent
+    from node_agent.service.loop import Service
+
+LOG = logging.getLogger(__name__)
+
+
+def utc_now() -> str:
+    """Now, as the status and the state file show it."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+class Maintenance:
+    """The operator's maintenance flag: the ``maintenance`` key of the state
+    file, as ``node-agent maintenance`` writes it. :mod:`node_agent.cycle.desired`
+    turns it into a fully reserved tree on the next cycle."""
+
+    def __init__(self, state_path: str):
+        self._store = StateStore(Path(state_path))
+
+    def get(self, last: Optional[Desired] = None) -> dict:
+        """The state file's say; ``last`` (the last cycle's desired) adds
+        maintenance kept on by Placement's disabled trait alone."""
+        saved = self._store.load_or_empty(LOG).get(MAINTENANCE)
+        if not saved and last is not None and maint.is_on(last.maintenance):
+            return {"on": True, "reason": maint.UNKNOWN_REASON, "since": None,
+                    "source": "placement"}
+        if saved is None or not maint.is_on(saved):
+            return {"on": False, "reason": None, "since": None,
+                    "off_pending": maint.requested(saved) is False}
+        return {"on": True, "reason": saved.get("reason") or None,
+                "since": saved.get("since"), "source": "state file"}
+
+    def set(self, on: bool, reason: Optional[str] = None) -> dict:
+        # The syncer owns the other keys of the file.
+        self._store.put(MAINTENANCE, maint.record(on, reason, utc_now()))
+        LOG.info("maintenance %s%s", "on" if on else "off", f": {reason}" if reason else "")
+        return self.get()
+
+
+
+class Control:
+    """What the RPC endpoints act on (kept apart from oslo.messaging)."""
+
+    SYNC_WAIT = 120.0
+
+    def __init__(self, agent: Agent, service: Service):
+        self.agent = agent
+        self.service = service
+
+    def sync_now(self) -> dict:
+        number = self.service.trigger(wait=self.SYNC_WAIT)
+        status = self.status()
+        status["triggered_cycle"] = number
+        return status
+
+    def status(self) -> dict:
+        return self.agent.status(self.service)
+
+    def set_maintenance(self, on: bool, reason: Optional[str] = None) -> dict:
+        result = Maintenance(self.service.config.settings.state_path).set(on, reason)
+        self.service.trigger(wait=self.SYNC_WAIT)  # reserve (or release) it now
+        return result
