@@ -35,15 +35,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from node_agent import logs
-from node_agent.cli import ctl, decommission, render
-from node_agent.cycle import provider_cache
-from node_agent.cycle.audit import Auditor
-from node_agent.cycle.reconcile import Reconciler
-from node_agent.host.machine_id import identity
+from node_agent.cli import render
 from node_agent.placement.errors import NotFound
-from node_agent.placement.sync import TreeSyncer
-from node_agent.remote import keys, messaging
-from node_agent.service import daemon
 from node_agent.policy.capacity import check, host_limits, published
 from node_agent.config.files import log_ignored, oslo_args
 from node_agent.policy import maintenance as maint
@@ -56,9 +49,13 @@ from node_agent.config.validation import config_args, placement_configured, vali
 
 # Imported inside the functions that use them, and only there:
 # node_agent.placement.client and node_agent.cycle.companion (keystoneauth1,
-# requests), node_agent.service.metrics (prometheus_client) and
-# node_agent.remote.upstream (jsonschema, the wire schema). A dry-run without
-# Placement loads none of them (tests/cli/test_start_cost.py).
+# requests), node_agent.service.metrics (prometheus_client),
+# node_agent.remote.upstream (jsonschema, the wire schema); and the engine a
+# dry-run without Placement never runs: the syncer, reconciler and audit, the
+# bus (remote.messaging, remote.keys), the service (service.daemon) and the
+# other subcommands (cli.ctl, cli.decommission). Loading them all costs a
+# dry-run about a third more CPU and 3 MiB (BENCHMARKS.md, start-up; checked
+# by tests/cli/test_start_cost.py).
 LOG = logging.getLogger("node_agent")
 EX_NOT_IN_SYNC = 1
 EX_DRIFT = 3  # companion mode: Placement differs from the host (drift or audit alarms)
@@ -203,6 +200,8 @@ def _connect(valid) -> int:
     at a microversion the agent can use (direct mode), or the broker accepts
     a connection (messaging mode). Raises PlacementError (75) otherwise."""
     if valid.settings.upstream == "messaging":
+        from node_agent.remote import messaging
+
         where = messaging.check_broker(valid.conf)
         print(f"Broker answers: {where}")
         return 0
@@ -219,7 +218,10 @@ def _syncer(conf, settings, client=None, writes: bool = True):
     """The syncer of this host; ``writes``: it judges the root's owner
     (this machine's identity is read), as every path that may write must."""
 
+    from node_agent.cycle import provider_cache
+    from node_agent.host.machine_id import identity
     from node_agent.placement.client import PlacementClient
+    from node_agent.placement.sync import TreeSyncer
 
     owner = identity(settings) if writes else None
     client = client or PlacementClient.from_conf(conf)
@@ -252,6 +254,8 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
         if not dry_run:
             tree, changes, reshape, code, errors = _send_once(conf, settings, desired)
     elif placement_configured(conf):
+        from node_agent.cycle import provider_cache
+        from node_agent.cycle.reconcile import Reconciler
         from node_agent.service import metrics
 
         syncer = _syncer(conf, settings, client)
@@ -357,6 +361,7 @@ def _companion_once(conf, settings, dry_run: bool, output: str, client=None) -> 
 
 def _audit_of(syncer, desired, settings, save: bool) -> dict:
     """The allocation audit against the tree the syncer has just read."""
+    from node_agent.cycle.audit import Auditor
 
     return Auditor(syncer, in_flight_grace=settings.audit_in_flight_grace).run(
         desired, settings.host, settings.numa_in_placement, save=save).as_dict()
@@ -419,7 +424,7 @@ def _written(client) -> str:
 def _send_once(conf, settings, desired):
     """``--once`` with ``[agent] upstream = messaging``: one call to
     node-agent-applier. Returns (tree, changes, reshape, exit code, errors)."""
-    from node_agent.remote import upstream
+    from node_agent.remote import keys, upstream
 
     sender = upstream.MessagingUpstream(conf, settings.host, settings.upstream_topic,
                                         settings.upstream_timeout,
@@ -496,6 +501,7 @@ def _maintenance_via_service(conf, settings, on: bool, reason: str) -> Optional[
     own state file, as its own user. None when no service answers (no
     transport, no broker, or no agent of this host on it): the caller then
     writes the file."""
+    from node_agent.remote import messaging
 
     if not messaging.urls(conf)[0]:
         return None
@@ -585,8 +591,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   file=sys.stderr)
             return 2
         if command == "ctl":
+            from node_agent.cli import ctl
+
             return ctl.main(rest + _config_options(before))
         if command == "decommission":
+            from node_agent.cli import decommission
+
             return decommission.main(rest + _config_options(before))
         return _maintenance(rest + _config_options(before))
     elif command == "check-config":
@@ -613,6 +623,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             _setup_logging_from(valid.conf, args.debug, reporting=True)
             return _run_once(valid.conf, valid.settings, args.dry_run, args.output,
                              valid.client)
+        from node_agent.service import daemon
+
         loaded = daemon.load(files)
         _setup_logging_from(loaded.conf, args.debug, reporting=False)
         return daemon.run(files, loaded)

@@ -13,9 +13,7 @@ from typing import Mapping, Optional, Sequence
 
 from node_agent.tree.build import build_tree, mem_encryption
 from node_agent.host.discover import discover
-from node_agent.host.machine_id import identity
 from node_agent.policy import maintenance as maint
-from node_agent.policy.root_owner import marked
 from node_agent.policy.partition import CpuPartition, partition_cpus
 from node_agent.tree.pci import unmatched_device_options
 from node_agent.policy.provider_config import (ProviderConfig, applied_traits,
@@ -148,4 +146,9 @@ def with_owner_mark(desired: Desired, settings: Settings) -> Desired:
     """``desired`` with this machine's owner mark on the root: what the agent
     sends to the central applier, which judges the root's owner by it
     (:mod:`node_agent.policy.root_owner`)."""
+    # Here, not at the top: the owner mark's HMAC loads OpenSSL (about 1 MiB),
+    # which a dry-run without Placement never needs.
+    from node_agent.host.machine_id import identity
+    from node_agent.policy.root_owner import marked
+
     return replace(desired, tree=marked(desired.tree, identity(settings)))
