@@ -40,6 +40,7 @@ from node_agent.state import APPLIED, MAINTENANCE, ROOT_UUID
 from node_agent.errors import ConfigError, HostBusy, NodeAgentError, StateError
 from node_agent.policy.partition import node_split
 from node_agent.config.validation import config_args, placement_configured, validate
+from node_agent.version import VersionAction
 
 LOG = logging.getLogger("node_agent")
 EX_NOT_IN_SYNC = 1
@@ -61,24 +62,6 @@ SUBCOMMANDS = ("check-config", "maintenance", "ctl", "decommission")
 # Global options that take a value, so the value is not read as a subcommand.
 _VALUE_OPTIONS = ("--config-file", "--config-dir", "--output")
 _CONFIG_OPTIONS = ("--config-file", "--config-dir")
-
-
-def _version() -> str:
-    import importlib.metadata
-    try:
-        return importlib.metadata.version("node-agent")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
-
-
-class _VersionAction(argparse.Action):
-    """``--version``, read from the package metadata only when asked:
-    importlib.metadata costs every other run a noticeable part of its
-    start-up."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(f"node-agent {_version()}")
-        parser.exit()
 
 
 def split_subcommand(argv: Sequence[str]) -> tuple[list[str], Optional[str], list[str]]:
@@ -115,8 +98,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="node-agent",
         description="Report this compute node's resources to OpenStack Placement.",
         epilog=SUBCOMMANDS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action=_VersionAction, nargs=0,
-                        help="show the program's version number and exit")
+    parser.add_argument("--version", action=VersionAction)
     parser.add_argument("--config-file", action="append", default=[], metavar="FILE",
                         help="config file; repeat to layer several (later ones win)")
     parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",

@@ -11,6 +11,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -383,10 +384,14 @@ def test_help_lists_the_subcommands_and_version_exists():
     assert result.code == 0
     for command in ("check-config", "maintenance", "ctl"):
         assert command in result.stdout, result.stdout
+    from importlib.metadata import version as installed
     version = run_agent("--version")
     assert version.code == 0
-    from importlib.metadata import version as installed
     assert version.stdout.strip() == f"node-agent {installed('node-agent')}"
+    applier = subprocess.run([sys.executable, "-m", "node_agent.remote.applier", "--version"],
+                             capture_output=True, text=True, timeout=60)
+    assert applier.returncode == 0, applier.stderr
+    assert applier.stdout.strip() == f"node-agent-applier {installed('node-agent')}"
 
 
 # ------------------------------------------------------------ logging, metrics
