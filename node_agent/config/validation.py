@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+from node_agent import logs
 from node_agent.config.files import parse_conf, unknown_options
 from node_agent.errors import ConfigError, DiscoveryError
 from node_agent.model.settings import Settings
@@ -113,6 +114,7 @@ def validate(args: Sequence[str], *, read_host: bool = True, need_upstream: bool
     problems = unknown_options(conf)
     settings, more = check_settings(conf)
     problems += more
+    problems += logs.option_problems(conf)
     client = None
     if need_upstream:
         more, client = mode_problems(conf, settings)

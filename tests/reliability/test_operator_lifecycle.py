@@ -58,7 +58,9 @@ OVERLAP = "[compute]\ncpu_dedicated_set = 0-3\ncpu_shared_set = 3-4\n"
 @pytest.mark.parametrize("new_config, fragment", [
     (lambda text: text.encode() + b"# \xff\n", "is not UTF-8 text"),
     (lambda text: text.replace("[compute]\n", OVERLAP).encode(), "overlap on CPUs 3"),
-], ids=["non-utf8-byte", "overlapping-cpu-sets"])
+    (lambda text: text.replace("[DEFAULT]\n", "[DEFAULT]\ndebug = maybe\n").encode(),
+     "[DEFAULT] debug = 'maybe' in "),
+], ids=["non-utf8-byte", "overlapping-cpu-sets", "bad-logging-value"])
 def test_sighup_with_a_bad_config_keeps_the_running_config(service, new_config, fragment):
     service.start()
     service.status_after(lambda s: s.startswith("ok:"))
@@ -265,6 +267,21 @@ def test_check_config_lists_every_problem_in_one_pass(tmp_path):
                           "names CPUs 8-99 that this host does not have",
                           "no Placement is configured")
     assert result.stdout == ""
+
+
+@pytest.mark.parametrize("args", [("--check-config",), ("--once", "--dry-run"), ()],
+                         ids=["check-config", "dry-run", "service"])
+def test_a_bad_logging_value_is_a_config_error_named_with_the_other_problems(tmp_path, args):
+    """oslo.config exits 1 on a bad value of an option it could take on its
+    command line (oslo.log's), hiding the rest; it is one problem among the others."""
+    config = write_config(tmp_path, TEST6, extra="reserved_host_memory_mb = -4\n")
+    config.write_text(config.read_text().replace(
+        "[DEFAULT]\n", "[DEFAULT]\ndebug = maybe\nuse_json = perhaps\n"))
+    result = run_agent("--config-file", str(config), *args)
+    assert_one_clear_line(result, 78, f"[DEFAULT] debug = 'maybe' in {config} is not valid",
+                          f"[DEFAULT] use_json = 'perhaps' in {config} is not valid",
+                          "reserved_host_memory_mb has an invalid value '-4'")
+    assert "argument --debug" not in result.stderr
 
 
 def test_check_config_refuses_messaging_mode_without_transport_url(tmp_path):
