@@ -396,11 +396,36 @@ def test_global_options_work_before_and_after_a_subcommand(tmp_path):
     assert check_before.stderr == check_after.stderr
 
 
+def error_lines(result) -> list[str]:
+    return [line for line in result.stderr.splitlines() if " error: " in line]
+
+
+@pytest.mark.parametrize("command", [
+    ("ctl", "--host", "h1", "--timeout", "5", "status"),
+    ("decommission", "--dry-run"),
+    ("audit",),
+    ("maintenance", "status", "--output", "json"),
+], ids=["ctl", "decommission", "audit", "maintenance"])
+def test_global_options_work_before_and_after_every_subcommand(tmp_path, command):
+    config = write_config(tmp_path, TEST6)
+    global_options = ("--config-file", str(config), "--debug")
+    before = run_agent(*global_options, *command)
+    after = run_agent(*command, *global_options)
+    # The config was read either way (no [placement], no transport_url: 78;
+    # maintenance status needs neither): the same verdict, no usage error.
+    assert before.code == after.code == (0 if command[0] == "maintenance" else 78), (
+        before.stderr, after.stderr)
+    assert error_lines(before) == error_lines(after)
+    assert before.stdout == after.stdout
+
+
 def test_help_lists_the_subcommands_and_version_exists():
     result = run_agent("--help")
     assert result.code == 0
-    for command in ("check-config", "maintenance", "ctl"):
-        assert command in result.stdout, result.stdout
+    listed = [line.split()[0] for line in result.stdout.split("subcommands", 1)[-1]
+              .splitlines() if line.startswith("  ") and not line.startswith("   ")]
+    for command in ("check-config", "maintenance", "ctl", "decommission", "audit"):
+        assert command in listed, result.stdout
     from importlib.metadata import version as installed
     version = run_agent("--version")
     assert version.code == 0
