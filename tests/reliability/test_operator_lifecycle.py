@@ -139,6 +139,19 @@ def test_unwritable_state_path_after_placement_write_names_the_path_and_what_was
                           "Placement was already written", "POST /resource_providers")
 
 
+@pytest.mark.parametrize("args", [("--once", "--dry-run"), ("maintenance", "on")])
+def test_state_path_that_is_a_file_is_named_as_such_not_as_a_permission_problem(
+        tmp_path, args):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    config = write_config(tmp_path, TEST6)
+    config.write_text(config.read_text().replace(f"state_path = {tmp_path / 'state'}",
+                                                 f"state_path = {blocker}"))
+    result = run_agent("--config-file", str(config), *args)
+    assert_one_clear_line(result, 69, f"state_path {blocker}: {blocker} is not a directory")
+    assert "sudo" not in result.stderr and "chown" not in result.stderr
+
+
 @pytest.fixture
 def full_filesystem(tmp_path):
     """A 16 KiB tmpfs filled to the last byte (root only)."""
