@@ -100,9 +100,13 @@ config: install
 # versions, no test packages; from a copy of the sources, so nothing is built
 # in (or owned by root in) this checkout, and nothing links back to it.
 # (bin/pip, not python -m pip: that would put the checkout on sys.path.)
+# The `journal` extra (systemd-python, built against libsystemd-dev) makes
+# `use_journal = true` work: Debian's python3-systemd cannot reach this venv
+# (a --system-site-packages venv would also let Debian's other packages shadow
+# the pinned ones, and fails `pip check` on them).
 SERVICE_PREFIX ?= /opt/node-agent
 SERVICE_PYTHON ?= /usr/bin/python3
-SERVICE_DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev python3-venv
+SERVICE_DEB_PACKAGES := libvirt-dev libsystemd-dev pkg-config gcc python3-dev python3-venv
 
 install-service:
 	$(MAKE) system-packages DEB_PACKAGES="$(SERVICE_DEB_PACKAGES)"
@@ -113,7 +117,7 @@ install-service:
 	$(SUDO) $(SERVICE_PREFIX)/bin/pip install -q --upgrade pip
 	src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
 	  cp -r pyproject.toml node_agent "$$src/" && chmod -R a+rX "$$src" && \
-	  $(SUDO) $(SERVICE_PREFIX)/bin/pip install -q -c requirements.txt "$$src"
+	  $(SUDO) $(SERVICE_PREFIX)/bin/pip install -q -c requirements.txt "$$src[journal]"
 	$(SUDO) $(SERVICE_PREFIX)/bin/pip check
 	$(SUDO) ln -sfn $(SERVICE_PREFIX)/bin/node-agent /usr/local/bin/node-agent
 	$(SUDO) ln -sfn $(SERVICE_PREFIX)/bin/node-agent-applier /usr/local/bin/node-agent-applier

@@ -12,6 +12,7 @@ change them.
 from __future__ import annotations
 
 import logging
+import sys
 
 from oslo_log import log as oslo_log
 
@@ -82,10 +83,13 @@ def setup(conf, debug: bool = False) -> None:
         try:
             import systemd.journal  # noqa: F401 (oslo.log's journal handler needs it)
         except ImportError:
-            raise ConfigError("[DEFAULT] use_journal = true needs the systemd Python "
-                              "bindings (Debian: python3-systemd, PyPI: systemd-python). "
-                              "Install them, or remove use_journal: under systemd, "
-                              "stderr already goes to the journal.") from None
+            raise ConfigError(
+                "[DEFAULT] use_journal = true needs the systemd Python bindings in "
+                f"node-agent's environment, {sys.prefix}: `make install-service` "
+                "installs them there (the `journal` extra), else "
+                f"`{sys.prefix}/bin/pip install systemd-python` (needs libsystemd-dev; "
+                "Debian's python3-systemd does not reach a virtualenv). Or remove "
+                "use_journal: under systemd, stderr already goes to the journal.") from None
     if not (conf.log_file or conf.log_dir or conf.use_journal or conf.use_syslog):
         # oslo.log would fall back to stdout, where --dry-run prints its report.
         conf.set_override("use_stderr", True)

@@ -475,6 +475,20 @@ def test_log_options_come_from_the_config_file(tmp_path):
                for r in records)
 
 
+def test_use_journal_without_the_bindings_names_the_environment_to_install_them_in(tmp_path):
+    try:
+        import systemd.journal  # noqa: F401
+        pytest.skip("this environment has the systemd Python bindings")
+    except ImportError:
+        pass
+    config = write_config(tmp_path, TEST6)
+    config.write_text(config.read_text().replace("[DEFAULT]\n",
+                                                 "[DEFAULT]\nuse_journal = true\n"))
+    result = run_agent("--config-file", str(config), "--once", "--dry-run")
+    assert_one_clear_line(result, 78, f"node-agent's environment, {sys.prefix}",
+                          f"{sys.prefix}/bin/pip install systemd-python")
+
+
 def scrape(port: int) -> dict:
     from prometheus_client.parser import text_string_to_metric_families
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
