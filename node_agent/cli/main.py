@@ -186,6 +186,25 @@ def _setup_logging_from(conf, debug: bool, reporting: bool) -> None:
         logging.getLogger("node_agent.host.discover").setLevel(logging.ERROR)
 
 
+def _setup_logging_before_the_host_is_read(files: Sequence[str], debug: bool) -> bool:
+    """The service's logging as the files say, before its validation reads
+    the host, so the host's warnings come in the configured format and
+    place. False when the files or a log option are bad, or the logging
+    cannot be set up: validation, then :func:`_setup_logging_from`, report
+    that with the other problems."""
+    from node_agent import logs
+    from node_agent.config.files import parse_conf
+
+    try:
+        conf = parse_conf(files)
+        if logs.option_problems(conf):
+            return False
+        _setup_logging_from(conf, debug, reporting=False)
+    except ConfigError:
+        return False
+    return True
+
+
 def _check_config(valid, output: str) -> int:
     desired = valid.desired or compute_desired(valid.settings)  # raises what the host read hit
     split = node_split(desired.partition, desired.host)
@@ -626,8 +645,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _run_once(valid.conf, valid.settings, args.dry_run, args.output,
                              valid.client)
         from node_agent.service import daemon
+        early = _setup_logging_before_the_host_is_read(files, args.debug)
         loaded = daemon.load(files)
-        _setup_logging_from(loaded.conf, args.debug, reporting=False)
+        if not early:
+            _setup_logging_from(loaded.conf, args.debug, reporting=False)
         return daemon.run(files, loaded)
     except NodeAgentError as exc:
         print(_error_text(exc), file=sys.stderr)

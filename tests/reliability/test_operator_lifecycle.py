@@ -475,6 +475,25 @@ def test_log_options_come_from_the_config_file(tmp_path):
                for r in records)
 
 
+def test_the_services_start_up_warnings_use_the_configured_log_format_and_file(
+        tmp_path, placement_server, host_name):
+    """The host is read (and warned about) while the config is validated,
+    before the service starts: oslo.log is set up first."""
+    log_file = tmp_path / "service.log"
+    agent = AgentProcess(tmp_path, placement_server.url, host_name,
+                         extra=f"use_json = true\nlog_file = {log_file}\n")
+    try:
+        agent.start()
+        agent.status_after(lambda s: s.startswith("ok:"))
+    finally:
+        agent.stop()
+        agent.notify.close()
+    assert agent.log() == ""  # nothing on stderr: everything went to log_file
+    records = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert any(r["name"] == "node_agent.host.discover" and r["levelname"] == "WARNING"
+               and "connection_uri is empty" in r["message"] for r in records), records[:5]
+
+
 def test_use_journal_without_the_bindings_names_the_environment_to_install_them_in(tmp_path):
     try:
         import systemd.journal  # noqa: F401
