@@ -17,6 +17,7 @@ import atexit
 import errno
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -55,6 +56,37 @@ def stage_tree(tree: Path, base: Path) -> Path:
     return staged
 
 
+def _others_can_run(path: str) -> bool:
+    """By the mode bits alone: every directory above ``path`` lets others
+    through, and others may execute it. (Some sandboxes let ``nobody``
+    through a 0700 /root anyway; that must not be relied on.)"""
+    real = Path(os.path.realpath(path))
+    return all(os.stat(p).st_mode & stat.S_IXOTH for p in [real, *real.parents])
+
+
+def _use_a_system_interpreter(venv: Path) -> None:
+    """Point the staged virtualenv at the system's Python of the same
+    version (the same ABI, so the venv's compiled packages load) when its
+    own base interpreter is out of ``nobody``'s reach (a pyenv under /root)."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    if _others_can_run(sys._base_executable):
+        return
+    system = Path("/usr/bin") / version
+    if not (system.exists() and _others_can_run(str(system))):
+        return  # run_as_nobody's probe skips, saying why
+    for name in ("python", "python3", version):
+        link = venv / "bin" / name
+        if link.is_symlink():
+            link.unlink()
+            link.symlink_to(system)
+    cfg = venv / "pyvenv.cfg"
+    lines = [line for line in cfg.read_text().splitlines()
+             if not line.startswith(("home", "executable", "command"))]
+    cfg.unlink()  # a hard link to the real venv's file: write a new one
+    cfg.write_text("\n".join([f"home = {system.parent}", f"executable = {system}", *lines])
+                   + "\n")
+
+
 def _link_or_copy(src: str, dst: str) -> None:
     try:
         os.link(src, dst)
@@ -73,6 +105,7 @@ def _staged_runtime() -> tuple[str, str]:
     if sys.prefix != sys.base_prefix:  # a virtualenv: stage it whole
         venv = base / "venv"
         shutil.copytree(sys.prefix, venv, symlinks=True, copy_function=_link_or_copy)
+        _use_a_system_interpreter(venv)
         python = str(venv / Path(sys.executable).relative_to(sys.prefix))
     src = base / "src"
     shutil.copytree(REPO / "node_agent", src / "node_agent",
