@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from tests.hostdata import HOSTDATA
+from tests.machine_id import machine_id_config
 
 SMALL_HOST = HOSTDATA / "vircaps2xmldata/linux-basic/system"      # 16 CPUs
 OTHER_HOST = HOSTDATA / "virhostcpudata/linux-test1"               # another shape
@@ -97,7 +98,8 @@ class AgentProcess:
         self.proc: subprocess.Popen | None = None
 
     def config_text(self, reserved_memory_mb: int = 512) -> str:
-        return (f"[DEFAULT]\nhost = {self.host}\nstate_path = {self.dir / 'state'}\n"
+        return (machine_id_config(self.dir) +
+                f"[DEFAULT]\nhost = {self.host}\nstate_path = {self.dir / 'state'}\n"
                 f"{self.extra}"
                 f"[host]\nsysfs_root = {self.sysroot}\n"
                 "[libvirt]\nconnection_uri =\n"
