@@ -23,6 +23,7 @@ import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -73,7 +74,7 @@ def _use_a_system_interpreter(venv: Path) -> None:
         return
     system = Path("/usr/bin") / version
     if not (system.exists() and _others_can_run(str(system))):
-        return  # run_as_nobody's probe skips, saying why
+        return  # as_nobody's probe skips, saying why
     for name in ("python", "python3", version):
         link = venv / "bin" / name
         if link.is_symlink():
@@ -115,11 +116,19 @@ def _staged_runtime() -> tuple[str, str]:
     return python, str(src)
 
 
-def _as_nobody(command: list[str], timeout: float) -> subprocess.CompletedProcess:
+def as_nobody(*args: str, env: Optional[dict] = None) -> tuple[list[str], dict]:
+    """(argv, environment) running the staged interpreter with ``args`` as
+    ``nobody``; run it with ``cwd="/"``. Skips, saying why, when ``nobody``
+    cannot start the interpreter at all (for example a Python built under
+    ``/root`` with no system Python of its version): switching users is
+    then impossible."""
     python, src = _staged_runtime()
-    env = {**os.environ, "HOME": "/nonexistent", "PYTHONPATH": src}
-    return subprocess.run([SETPRIV, *_AS_NOBODY, python, *command], capture_output=True,
-                          text=True, timeout=timeout, cwd="/", env=env)
+    env = {**(os.environ if env is None else env), "HOME": "/nonexistent", "PYTHONPATH": src}
+    probe = subprocess.run([SETPRIV, *_AS_NOBODY, python, "-c", "pass"], capture_output=True,
+                           text=True, timeout=60, cwd="/", env=env)
+    if probe.returncode != 0:
+        pytest.skip(f"nobody cannot run {python}: {probe.stderr.strip()}")
+    return [SETPRIV, *_AS_NOBODY, python, *args], env
 
 
 def open_to_everyone(base: Path) -> None:
@@ -129,11 +138,8 @@ def open_to_everyone(base: Path) -> None:
 
 
 def run_as_nobody(*args: str, timeout: float = 60) -> Result:
-    """The CLI run as ``nobody`` from the staged runtime. Skips, saying why,
-    when ``nobody`` cannot start the interpreter at all (for example a
-    Python built under ``/root``): switching users is then impossible."""
-    probe = _as_nobody(["-c", "pass"], timeout)
-    if probe.returncode != 0:
-        pytest.skip(f"nobody cannot run {_staged_runtime()[0]}: {probe.stderr.strip()}")
-    proc = _as_nobody(["-m", "node_agent.cli.main", *args], timeout)
+    """The CLI run as ``nobody`` from the staged runtime (see :func:`as_nobody`)."""
+    command, env = as_nobody("-m", "node_agent.cli.main", *args)
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd="/",
+                          env=env)
     return Result(proc.returncode, proc.stdout, proc.stderr)

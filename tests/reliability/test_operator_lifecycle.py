@@ -108,6 +108,60 @@ def test_state_file_written_by_root_keeps_the_directory_owner_and_the_service_re
     assert as_service.code == 0, as_service.stderr
 
 
+def test_root_cli_and_a_service_running_as_nobody_share_the_state_file(
+        shared_dir, placement_server, host_name):
+    """The unit's case: the service runs as its own user, the operator types
+    `sudo node-agent maintenance on|off`. The running service (as nobody)
+    reads what root wrote, applies it, and keeps writing its state file."""
+    from tests.integration.test_service_process import root_inventory
+
+    agent = AgentProcess(shared_dir, placement_server.url, host_name, as_nobody=True)
+    state = shared_dir / "state" / "state.json"
+    try:
+        agent.start()
+        agent.status_after(lambda s: s.startswith("ok:"))
+        status = Path(f"/proc/{agent.proc.pid}/status").read_text()
+        assert f"Uid:\t{NOBODY_UID}\t{NOBODY_UID}" in status  # setpriv exec'd the agent
+
+        on = run_agent("maintenance", "on", "--config-file", str(agent.config),
+                       "--reason", "disk swap")  # as root: no control channel, the file
+        assert on.code == 0, on.stderr
+        assert (state.stat().st_uid, stat.S_IMODE(state.stat().st_mode)) == (NOBODY_UID, 0o600)
+        agent.new_status(lambda s: s.startswith("ok:"))
+        agent.new_status(lambda s: s.startswith("ok:"))  # a whole cycle after the write
+        inventories = root_inventory(placement_server.url, host_name)
+        assert inventories and all(i["reserved"] == i["total"] for i in inventories.values())
+
+        off = run_agent("maintenance", "off", "--config-file", str(agent.config))
+        assert off.code == 0, off.stderr
+        agent.new_status(lambda s: s.startswith("ok:"))
+        agent.new_status(lambda s: s.startswith("ok:"))
+        inventories = root_inventory(placement_server.url, host_name)
+        assert not any(i["reserved"] == i["total"] for i in inventories.values())
+        assert agent.proc.poll() is None
+    finally:
+        agent.stop()
+        agent.notify.close()
+    log = agent.log()
+    assert "Traceback" not in log and "Permission denied" not in log, log
+
+
+def test_a_privileged_metrics_port_for_a_service_running_as_nobody_says_so(
+        shared_dir, placement_server, host_name):
+    agent = AgentProcess(shared_dir, placement_server.url, host_name, as_nobody=True,
+                         agent_options="report_interval = 1\nmetrics_port = 81\n")
+    try:
+        agent.start()
+        code = agent.proc.wait(60)
+    finally:
+        agent.stop()
+        agent.notify.close()
+    log = agent.log()
+    assert code == 69, log
+    assert "metrics_port = 81: cannot listen on" in log and "Permission denied" in log, log
+    assert "Ports below 1024 need privileges" in log and "Another process" not in log, log
+
+
 def test_state_file_the_service_user_cannot_read_is_one_clear_line(shared_dir):
     base = shared_dir
     config = write_config(base, stage_tree(TEST6, base))
