@@ -8,6 +8,7 @@
 #   make bench     benchmarks against nova's report client -> BENCHMARKS.md (not in test)
 #   make soak      long reliability runs (not in test); see RELIABILITY.md
 #   make property  the capacity property test, long (not in test): >= 1,000 steps
+#   make test-as-user  (as root) `make test` in a fresh clone as the user node-agent-ci
 
 PYTHON ?= python3
 VENV   := .venv
@@ -29,7 +30,7 @@ DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev rabbitmq-server redis-ser
 	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients $(QEMU_PACKAGE)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-packages nova-venv lint typecheck-all unit test run stop config install-service bench soak property clean
+.PHONY: install system-packages nova-venv lint typecheck-all unit test test-as-user run stop config install-service bench soak property clean
 
 install: $(STAMP)
 
@@ -38,6 +39,9 @@ system-packages:
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing Debian packages:$$missing"; \
+	  if [ -n "$(SUDO)" ] && ! command -v sudo >/dev/null; then \
+	    echo "not root and no sudo: have root install them first (make system-packages)" >&2; \
+	    exit 1; fi; \
 	  $(SUDO) apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q \
 	    --no-install-recommends $$missing; \
@@ -75,6 +79,11 @@ unit: install
 # index) the tests skip with a loud reason instead of failing the suite.
 test: install nova-venv lint
 	$(PY) -m pytest -q
+
+# As root: `make test` in a fresh clone of this commit, as an unprivileged
+# user (created when missing); see tests/run-as-user.sh.
+test-as-user:
+	tests/run-as-user.sh
 
 nova-venv:
 	@$(MAKE) --no-print-directory $(NOVA_VENV)/.installed || \
