@@ -54,7 +54,8 @@ keep=()
 while IFS= read -r name; do
   keep+=("$name=${!name}")
 done < <(compgen -e | grep -E '^(PIP_[A-Z_]+|SSL_CERT_(FILE|DIR)|REQUESTS_CA_BUNDLE|(https?|no)_proxy|(HTTPS?|NO)_PROXY)$' || true)
-env=(env -i "HOME=$work/home" "USER=$user" "LOGNAME=$user" "LANG=C.UTF-8"
+# -rs: the log lists each skipped test with its reason (the tests that need root).
+env=(env -i "HOME=$work/home" "USER=$user" "LOGNAME=$user" "LANG=C.UTF-8" "PYTEST_ADDOPTS=-rs"
      "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" "${keep[@]}")
 if command -v runuser >/dev/null; then
   as_user=(runuser -u "$user" --)
