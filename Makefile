@@ -8,6 +8,7 @@
 #   make bench     benchmarks against nova's report client -> BENCHMARKS.md (not in test)
 #   make soak      long reliability runs (not in test); see RELIABILITY.md
 #   make property  the capacity property test, long (not in test): >= 1,000 steps
+#   make test-as-user  (as root) `make test` in a fresh clone as the user node-agent-ci
 
 PYTHON ?= python3
 VENV   := .venv
@@ -29,7 +30,7 @@ DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev rabbitmq-server redis-ser
 	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients $(QEMU_PACKAGE)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-packages nova-venv lint typecheck-all unit test run stop config install-service bench soak property clean
+.PHONY: install system-packages nova-venv lint typecheck-all unit test test-as-user run stop config install-service bench soak property clean
 
 install: $(STAMP)
 
@@ -38,6 +39,9 @@ system-packages:
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing Debian packages:$$missing"; \
+	  if [ -n "$(SUDO)" ] && ! command -v sudo >/dev/null; then \
+	    echo "not root and no sudo: have root install them first (make system-packages)" >&2; \
+	    exit 1; fi; \
 	  $(SUDO) apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q \
 	    --no-install-recommends $$missing; \
@@ -73,6 +77,11 @@ unit: install
 test: install nova-venv lint
 	$(PY) -m pytest -q -rs
 
+# As root: `make test` in a fresh clone of this commit, as an unprivileged
+# user (created when missing); see tests/run-as-user.sh.
+test-as-user:
+	tests/run-as-user.sh
+
 nova-venv:
 	@$(MAKE) --no-print-directory $(NOVA_VENV)/.installed || { \
 	  if [ "$$NODE_AGENT_REQUIRE_REAL" = 1 ]; then \
@@ -100,9 +109,13 @@ config: install
 # versions, no test packages; from a copy of the sources, so nothing is built
 # in (or owned by root in) this checkout, and nothing links back to it.
 # (bin/pip, not python -m pip: that would put the checkout on sys.path.)
+# The `journal` extra (systemd-python, built against libsystemd-dev) makes
+# `use_journal = true` work: Debian's python3-systemd cannot reach this venv
+# (a --system-site-packages venv would also let Debian's other packages shadow
+# the pinned ones, and fails `pip check` on them).
 SERVICE_PREFIX ?= /opt/node-agent
 SERVICE_PYTHON ?= /usr/bin/python3
-SERVICE_DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev python3-venv
+SERVICE_DEB_PACKAGES := libvirt-dev libsystemd-dev pkg-config gcc python3-dev python3-venv
 
 install-service:
 	$(MAKE) system-packages DEB_PACKAGES="$(SERVICE_DEB_PACKAGES)"
@@ -113,7 +126,7 @@ install-service:
 	$(SUDO) $(SERVICE_PREFIX)/bin/pip install -q --upgrade pip
 	src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
 	  cp -r pyproject.toml node_agent "$$src/" && chmod -R a+rX "$$src" && \
-	  $(SUDO) $(SERVICE_PREFIX)/bin/pip install -q -c requirements.txt "$$src"
+	  $(SUDO) $(SERVICE_PREFIX)/bin/pip install -q -c requirements.txt "$$src[journal]"
 	$(SUDO) $(SERVICE_PREFIX)/bin/pip check
 	$(SUDO) ln -sfn $(SERVICE_PREFIX)/bin/node-agent /usr/local/bin/node-agent
 	$(SUDO) ln -sfn $(SERVICE_PREFIX)/bin/node-agent-applier /usr/local/bin/node-agent-applier

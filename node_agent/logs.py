@@ -12,6 +12,7 @@ change them.
 from __future__ import annotations
 
 import logging
+import sys
 
 from oslo_log import log as oslo_log
 
@@ -41,22 +42,54 @@ def register(conf) -> None:
                                         + list(QUIET_LIBRARIES))))
 
 
+def option_problems(conf) -> list[str]:
+    """A problem per oslo.log option whose value in the files is not of its
+    type (``debug = maybe``), naming the file. oslo.config would exit on
+    some of these while parsing; node_agent.config.files leaves them here."""
+    from oslo_log import _options
+
+    problems = []
+    for _group, opts in _options.list_opts():
+        for opt in opts:
+            if opt.dest not in conf:  # listed for the sample, not registered
+                continue
+            try:
+                conf[opt.dest]
+            except ValueError as exc:  # cfg.ConfigFileValueError
+                detail = str(exc).split(" is not valid: ")[-1]
+                try:
+                    raw, where = opt._get_from_namespace(conf._namespace, None)
+                    written = f" = '{raw}'" + (f" in {where.detail}" if where else "")
+                except (KeyError, AttributeError):
+                    written = ""
+                problems.append(f"[DEFAULT] {opt.dest}{written} is not valid: {detail}. "
+                                "See etc/node-agent.conf.sample for what it accepts.")
+    return problems
+
+
 def setup(conf, debug: bool = False) -> None:
     """Configure the root logger from ``conf``; ``debug`` is ``--debug``.
 
-    Raises ConfigError when the options ask for what this host lacks
-    (``use_journal`` without the systemd Python bindings).
+    Raises ConfigError when an option's value is not valid, or the options
+    ask for what this host lacks (``use_journal`` without the systemd
+    Python bindings).
     """
+    problems = option_problems(conf)
+    if problems:
+        raise ConfigError(problems)
     if debug:
         conf.set_override("debug", True)
     if conf.use_journal:
         try:
             import systemd.journal  # noqa: F401 (oslo.log's journal handler needs it)
         except ImportError:
-            raise ConfigError("[DEFAULT] use_journal = true needs the systemd Python "
-                              "bindings (Debian: python3-systemd, PyPI: systemd-python). "
-                              "Install them, or remove use_journal: under systemd, "
-                              "stderr already goes to the journal.") from None
+            raise ConfigError(
+                "[DEFAULT] use_journal = true needs the systemd Python bindings in "
+                f"node-agent's environment, {sys.prefix}: `make install-service` "
+                "installs them there (the `journal` extra), else "
+                f"`{sys.prefix}/bin/pip install systemd-python` (needs libsystemd-dev; "
+                "Debian's python3-systemd does not reach a virtualenv). Or remove "
+                "use_journal: under systemd, stderr already goes to the journal.") from None
     if not (conf.log_file or conf.log_dir or conf.use_journal or conf.use_syslog):
         # oslo.log would fall back to stdout, where --dry-run prints its report.
         conf.set_override("use_stderr", True)

@@ -183,6 +183,7 @@ class StateStore(Store):
             raise StateCorrupt(f"state file {self.path} is not UTF-8 text; "
                                "it will be rebuilt from Placement") from exc
         except OSError as exc:
+            self._refuse_a_file_in_the_way()
             raise StateError(
                 f"state file {self.path} cannot be read: {_reason(exc)}. Make it and "
                 f"{self.directory} readable by the user the agent runs as (a command "
@@ -212,6 +213,7 @@ class StateStore(Store):
             self.directory.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY)
         except OSError as exc:
+            self._refuse_a_file_in_the_way()
             raise StateError(
                 f"state directory {self.directory} cannot be opened: {_reason(exc)}. "
                 "Make it readable and writable by the user the agent runs as.") from None
@@ -237,11 +239,24 @@ class StateStore(Store):
         try:
             self._write(text)
         except OSError as exc:
+            self._refuse_a_file_in_the_way()
             raise StateError(
                 f"state file {self.path} cannot be written: {_reason(exc)}. Make "
                 f"{self.directory} writable by the user the agent runs as and "
                 "check the file system has free space; the previous state file, "
                 "if any, is unchanged.") from None
+
+    def _refuse_a_file_in_the_way(self) -> None:
+        """Raise StateError when state_path, or a directory above it, is a
+        file: a path to fix in the config, not a permission."""
+        for path in (self.directory, *self.directory.parents):
+            if path.exists():
+                if path.is_dir():
+                    return
+                raise StateError(
+                    f"state_path {self.directory}: {path} is not a directory. "
+                    f"state_path names the directory that holds {FILE_NAME}; point "
+                    "it at a directory (or move the file away).")
 
     def _write(self, text: str) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from typing import Callable, Optional
 import psutil
 
 from soak.model import Config
+from tests.machine_id import machine_id_config
 
 AGENT = Path(sys.executable).with_name("node-agent")
 
@@ -97,7 +98,8 @@ def config_text(workdir: Path, host: str, placement_url: str, transport_url: str
     if broken:
         compute[broken[0]] = broken[1]
     lines = "".join(f"{k} = {v}\n" for k, v in compute.items())
-    return (f"[DEFAULT]\nhost = {host}\n"
+    return (machine_id_config(workdir) +
+            f"[DEFAULT]\nhost = {host}\n"
             f"transport_url = {transport_url}\n"
             f"[agent]\nstate_path = {workdir / 'state'}\n"
             f"[host]\nsysfs_root = {sysroot}\n"

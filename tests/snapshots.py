@@ -10,6 +10,7 @@ from node_agent.host.sysfs import SysFS
 from node_agent.host.sysfs_topology import read_topology
 from node_agent.model.snapshot import HostCpuModel, HostSnapshot
 from tests.hostdata import HOSTDATA, sysfs_root_for
+from tests.machine_id import MACHINE_ID_FILE
 
 
 def snapshot(tree: str, tmp_path: Path, memory_mb: int = 65536, disk_gb: int = 500,
@@ -32,6 +33,6 @@ def settings(**overrides) -> Settings:
         libvirt_uri="", cpu_dedicated_set=None, cpu_shared_set=None, vcpu_pin_set=None,
         reserved_host_cpus=0, reserved_host_memory_mb=512, reserved_host_disk_mb=0,
         cpu_allocation_ratio=4.0, ram_allocation_ratio=1.0, disk_allocation_ratio=1.0,
-        instances_path="/nonexistent")
+        instances_path="/nonexistent", machine_id_path=str(MACHINE_ID_FILE))
     values.update(overrides)
     return Settings(**values)

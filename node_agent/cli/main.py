@@ -46,6 +46,7 @@ from node_agent.state import APPLIED, MAINTENANCE, PROVIDERS, ROOT_UUID, StateCo
 from node_agent.errors import ConfigError, HostBusy, NodeAgentError, StateError
 from node_agent.policy.partition import node_split
 from node_agent.config.validation import config_args, placement_configured, validate
+from node_agent.version import VersionAction
 
 # Imported inside the functions that use them, and only there:
 # node_agent.placement.client and node_agent.cycle.companion (keystoneauth1,
@@ -61,13 +62,16 @@ EX_NOT_IN_SYNC = 1
 EX_DRIFT = 3  # companion mode: Placement differs from the host (drift or audit alarms)
 
 
-SUBCOMMANDS_HELP = """subcommands (global options may come before or after them):
+SUBCOMMANDS_HELP = """subcommands (--config-file, --config-dir and --debug may come before or
+after them):
   check-config [--connect]        same as --check-config
   maintenance on|off [--reason T] reserve (on) or release (off) every inventory
   decommission [--dry-run]        remove this host's providers from Placement
                                   (refused while anything is allocated on them)
   ctl --host H COMMAND            ask a running agent over the message bus
                                   (sync-now, status, maintenance on|off)
+  audit [--output json]           compare the allocations on this host's providers
+                                  with its guests; reads Placement, never writes it
 
 Config files: --config-file FILE (repeatable) or --config-dir DIR; default
 /etc/node-agent/node-agent.conf (exit 78 when it is missing)."""
@@ -76,24 +80,6 @@ SUBCOMMANDS = ("check-config", "maintenance", "ctl", "decommission")
 # Global options that take a value, so the value is not read as a subcommand.
 _VALUE_OPTIONS = ("--config-file", "--config-dir", "--output")
 _CONFIG_OPTIONS = ("--config-file", "--config-dir")
-
-
-def _version() -> str:
-    import importlib.metadata
-    try:
-        return importlib.metadata.version("node-agent")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
-
-
-class _VersionAction(argparse.Action):
-    """``--version``, read from the package metadata only when asked:
-    importlib.metadata costs every other run a noticeable part of its
-    start-up."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        print(f"node-agent {_version()}")
-        parser.exit()
 
 
 def split_subcommand(argv: Sequence[str]) -> tuple[list[str], Optional[str], list[str]]:
@@ -113,16 +99,52 @@ def split_subcommand(argv: Sequence[str]) -> tuple[list[str], Optional[str], lis
     return argv, None, []
 
 
-def _config_options(argv: Sequence[str]) -> list[str]:
-    """The ``--config-file``/``--config-dir`` pairs among global options."""
-    out: list[str] = []
+# Options of the main command a subcommand takes too, given before it.
+_PASSED_ON = {"maintenance": ("--output",), "decommission": ("--dry-run", "--output"),
+              "ctl": ()}
+
+
+def _global_options(argv: Sequence[str]) -> tuple[list[str], bool, list[str]]:
+    """(the ``--config-file``/``--config-dir`` pairs, whether ``--debug``
+    is given, the other arguments) of ``argv``, wherever they stand."""
+    configs: list[str] = []
+    debug = False
+    rest: list[str] = []
     argv = list(argv)
-    for i, token in enumerate(argv):
+    i = 0
+    while i < len(argv):
+        token = argv[i]
         if token in _CONFIG_OPTIONS and i + 1 < len(argv):
-            out += [token, argv[i + 1]]
-        elif token.split("=", 1)[0] in _CONFIG_OPTIONS and "=" in token:
-            out.append(token)
-    return out
+            configs += argv[i:i + 2]
+            i += 2
+            continue
+        if token.split("=", 1)[0] in _CONFIG_OPTIONS and "=" in token:
+            configs.append(token)
+        elif token == "--debug":
+            debug = True
+        else:
+            rest.append(token)
+        i += 1
+    return configs, debug, rest
+
+
+def _subcommand_argv(command: str, before: Sequence[str],
+                     after: Sequence[str]) -> tuple[list[str], bool, list[str]]:
+    """(``command``'s arguments, ``--debug``, options it cannot take). The
+    global options, before or after the subcommand, come first: ``ctl``'s
+    own subcommands take none."""
+    configs, debug, before = _global_options(before)
+    more_configs, more_debug, after = _global_options(after)
+    passed: list[str] = []
+    refused: list[str] = []
+    i = 0
+    while i < len(before):
+        token = before[i]
+        width = 2 if token in _VALUE_OPTIONS else 1
+        (passed if token.split("=", 1)[0] in _PASSED_ON[command] else refused).extend(
+            before[i:i + width])
+        i += width
+    return configs + more_configs + passed + after, debug or more_debug, refused
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -130,8 +152,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="node-agent",
         description="Report this compute node's resources to OpenStack Placement.",
         epilog=SUBCOMMANDS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action=_VersionAction, nargs=0,
-                        help="show the program's version number and exit")
+    parser.add_argument("--version", action=VersionAction)
     parser.add_argument("--config-file", action="append", default=[], metavar="FILE",
                         help="config file; repeat to layer several (later ones win)")
     parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
@@ -176,6 +197,24 @@ def _setup_logging_from(conf, debug: bool, reporting: bool) -> None:
     if reporting and not conf.debug:
         # --once and --dry-run print the host's warnings in their report.
         logging.getLogger("node_agent.host.discover").setLevel(logging.ERROR)
+
+
+def _setup_logging_before_the_host_is_read(files: Sequence[str], debug: bool) -> bool:
+    """The service's logging as the files say, before its validation reads
+    the host, so the host's warnings come in the configured format and
+    place. False when the files or a log option are bad, or the logging
+    cannot be set up: validation, then :func:`_setup_logging_from`, report
+    that with the other problems."""
+    from node_agent.config.files import parse_conf
+
+    try:
+        conf = parse_conf(files)
+        if logs.option_problems(conf):
+            return False
+        _setup_logging_from(conf, debug, reporting=False)
+    except ConfigError:
+        return False
+    return True
 
 
 def _check_config(valid, output: str) -> int:
@@ -584,21 +623,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if any(a in ("-h", "--help", "--version") for a in before):
         _parser().parse_args(before)  # prints the whole command's help, exits 0
     if command in ("ctl", "maintenance", "decommission"):
-        extra = [a for a in before if a not in _config_options(before)]
-        if extra:
-            print(f"node-agent: error: {' '.join(extra)} cannot be used with "
-                  f"`{command}`; only --config-file and --config-dir can",
-                  file=sys.stderr)
+        sub_argv, debug, refused = _subcommand_argv(command, before, rest)
+        if refused:
+            takes = ", ".join(("--config-file", "--config-dir", "--debug")
+                              + _PASSED_ON[command])
+            print(f"node-agent: error: {' '.join(refused)} cannot be used with "
+                  f"`{command}`; only {takes} can", file=sys.stderr)
             return 2
+        if debug:
+            _setup_logging(True, reporting=True)
         if command == "ctl":
             from node_agent.cli import ctl
 
-            return ctl.main(rest + _config_options(before))
+            return ctl.main(sub_argv)
         if command == "decommission":
             from node_agent.cli import decommission
 
-            return decommission.main(rest + _config_options(before))
-        return _maintenance(rest + _config_options(before))
+            return decommission.main(sub_argv)
+        return _maintenance(sub_argv)
     elif command == "check-config":
         argv = before + rest + ["--check-config"]
     args = _parser().parse_args(argv)
@@ -625,8 +667,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                              valid.client)
         from node_agent.service import daemon
 
+        early = _setup_logging_before_the_host_is_read(files, args.debug)
         loaded = daemon.load(files)
-        _setup_logging_from(loaded.conf, args.debug, reporting=False)
+        if not early:
+            _setup_logging_from(loaded.conf, args.debug, reporting=False)
         return daemon.run(files, loaded)
     except NodeAgentError as exc:
         print(_error_text(exc), file=sys.stderr)

@@ -292,6 +292,19 @@ def not_utf8(what: str, data: bytes, exc: UnicodeDecodeError) -> str:
             "(for example iconv -f latin1 -t utf-8).")
 
 
+class _ConfigOpts(cfg.ConfigOpts):
+    """oslo.config checks the file values of the options it could also take
+    on its command line (oslo.log's ``debug``, ``use_json``...) while it
+    parses, and on a bad one writes to stderr and exits 1: no file named, the
+    other problems hidden, and a service that dies on SIGHUP. node-agent's
+    command line is argparse's, so those options come from files only; their
+    values are checked when read, like every other option's
+    (node_agent.logs.option_problems)."""
+
+    def _validate_cli_options(self, namespace) -> None:
+        return None
+
+
 def load_conf(args: Sequence[str]) -> cfg.ConfigOpts:
     """Parse ``--config-file``/``--config-dir`` arguments into a checked ConfigOpts."""
     conf = parse_conf(args)
@@ -308,7 +321,7 @@ def parse_conf(args: Sequence[str]) -> cfg.ConfigOpts:
     problems = undecodable_files(paths)
     if problems:
         raise ConfigError(problems)
-    conf = cfg.ConfigOpts()
+    conf = _ConfigOpts()
     conf_mod.register_opts(conf, placement=_has_section(paths, conf_mod.PLACEMENT_GROUP))
     try:
         conf(list(args), project=PROJECT, default_config_files=None,

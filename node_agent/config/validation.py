@@ -16,6 +16,7 @@ from typing import Optional, Sequence
 
 from oslo_config import cfg
 
+from node_agent import logs
 from node_agent.config.files import parse_conf, unknown_options
 from node_agent.errors import ConfigError, DiscoveryError
 from node_agent.model.settings import Settings
@@ -115,6 +116,7 @@ def validate(args: Sequence[str], *, read_host: bool = True, need_upstream: bool
     problems = unknown_options(conf)
     settings, more = check_settings(conf)
     problems += more
+    problems += logs.option_problems(conf)
     client = None
     if need_upstream:
         more, client = mode_problems(conf, settings)

@@ -97,6 +97,7 @@ from node_agent.policy import capacity
 from node_agent.policy.root_owner import identity_of_tree
 from node_agent.cycle.reconcile import Reconciler, Shape, shape_of
 from node_agent.state import APPLIER, PROVIDERS, ROOT_UUID, Store
+from node_agent.version import VersionAction
 
 LOG = logging.getLogger(__name__)
 
@@ -473,6 +474,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="node-agent-applier",
         description="Apply node-agent trees received over oslo.messaging to Placement.")
+    parser.add_argument("--version", action=VersionAction)
     parser.add_argument("--config-file", action="append", default=[], metavar="FILE")
     parser.add_argument("--config-dir", action="append", default=[], metavar="DIR")
     parser.add_argument("--debug", action="store_true", help="log at DEBUG level")

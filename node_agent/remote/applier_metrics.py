@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily
 
 from node_agent.errors import ResourceError
+from node_agent.service.metrics import listen_problem
 from node_agent.remote import signing
 
 if TYPE_CHECKING:
@@ -75,9 +76,6 @@ def serve(applier, port: int, host: str) -> Optional[WSGIServer]:
     try:
         server, _thread = start_http_server(port, host, registry=registry)
     except OSError as exc:
-        raise ResourceError(
-            f"[applier] metrics_port = {port}: cannot listen on {host}:{port}: "
-            f"{exc.strerror or exc}. Another process holds the port (see `ss -ltnp`); "
-            "stop it or choose another metrics_port.") from None
+        raise ResourceError(listen_problem("[applier] metrics_port", host, port, exc)) from None
     LOG.info("metrics on http://%s:%d/metrics", host, port)
     return server

@@ -11,6 +11,7 @@ restart from zero when a SIGHUP builds a new client.
 
 from __future__ import annotations
 
+import errno
 import logging
 import time
 from collections import Counter
@@ -48,6 +49,22 @@ def _gauge(name, doc, value=None, labels=()):
     if value is not None:
         family.add_metric([], value)
     return family
+
+
+
+def listen_problem(option: str, host: str, port: int, exc: OSError) -> str:
+    """Why the metrics endpoint cannot listen, and the fix for that cause."""
+    if exc.errno == errno.EADDRINUSE:
+        fix = "Another process holds the port (see `ss -ltnp`); stop it or choose another port."
+    elif exc.errno == errno.EACCES and port < 1024:
+        fix = ("Ports below 1024 need privileges the service user does not have; "
+               "choose a port above 1023.")
+    elif exc.errno == errno.EADDRNOTAVAIL:
+        fix = f"{host} is not an address of this machine; choose one it has."
+    else:
+        fix = "Choose another port or address."
+    return (f"{option} = {port}: cannot listen on {host}:{port}: "
+            f"{exc.strerror or exc}. {fix}")
 
 
 class AgentCollector:
@@ -152,11 +169,8 @@ class Metrics:
                 self._server, _thread = start_http_server(self.port, self.host,
                                                           registry=self.registry)
             except OSError as exc:
-                raise ResourceError(
-                    f"[agent] metrics_port = {self.port}: cannot listen on "
-                    f"{self.host}:{self.port}: {exc.strerror or exc}. Another process "
-                    "holds the port (see `ss -ltnp`); stop it or choose another "
-                    "metrics_port.") from None
+                raise ResourceError(listen_problem("[agent] metrics_port", self.host,
+                                                   self.port, exc)) from None
             LOG.info("metrics on http://%s:%d/metrics", self.host, self.port)
 
     def cycle_done(self) -> None:

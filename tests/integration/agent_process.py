@@ -14,10 +14,12 @@ import time
 from pathlib import Path
 
 from tests.hostdata import HOSTDATA
+from tests.machine_id import machine_id_config
 
 SMALL_HOST = HOSTDATA / "vircaps2xmldata/linux-basic/system"      # 16 CPUs
 OTHER_HOST = HOSTDATA / "virhostcpudata/linux-test1"               # another shape
 AGENT = Path(sys.executable).with_name("node-agent")
+NOBODY_UID = NOBODY_GID = 65534
 
 
 def mount_host(system_dir: Path, root: Path) -> None:
@@ -80,12 +82,22 @@ class NotifySocket:
 
 
 class AgentProcess:
+    """``as_nobody``: the service runs as ``nobody`` (root only, see
+    tests/reliability/nobody.py), as under its unit's ``User=``: ``tmp_path``
+    must then be a directory others can traverse (``world_readable_dir``);
+    the fixture host is copied into it and the state directory is nobody's."""
+
     def __init__(self, tmp_path: Path, placement_url: str, host: str,
                  agent_options: str = "report_interval = 1\n", extra: str = "",
-                 system_dir: Path = SMALL_HOST):
+                 system_dir: Path = SMALL_HOST, as_nobody: bool = False):
         self.dir = tmp_path
         self.host = host
         self.placement_url = placement_url
+        self.as_nobody = as_nobody
+        if as_nobody:
+            from tests.reliability.nobody import skip_unless_root_with_setpriv, stage_tree
+            skip_unless_root_with_setpriv()
+            system_dir = stage_tree(system_dir, tmp_path)
         self.sysroot = tmp_path / "sysroot"
         mount_host(system_dir, self.sysroot)
         self.config = tmp_path / "node-agent.conf"
@@ -95,9 +107,17 @@ class AgentProcess:
         self.log_path = tmp_path / "agent.log"
         self.notify = NotifySocket(tmp_path / "notify.sock")
         self.proc: subprocess.Popen | None = None
+        if as_nobody:
+            from tests.reliability.nobody import open_to_everyone
+            open_to_everyone(tmp_path)
+            self.notify.path.chmod(0o777)  # sending to a socket needs write access
+            state = tmp_path / "state"
+            state.mkdir(mode=0o700, exist_ok=True)
+            os.chown(state, NOBODY_UID, NOBODY_GID)
 
     def config_text(self, reserved_memory_mb: int = 512) -> str:
-        return (f"[DEFAULT]\nhost = {self.host}\n"
+        return (machine_id_config(self.dir) +
+                f"[DEFAULT]\nhost = {self.host}\n"
                 f"{self.extra}"
                 f"[agent]\nstate_path = {self.dir / 'state'}\n"
                 f"[host]\nsysfs_root = {self.sysroot}\n"
@@ -114,9 +134,15 @@ class AgentProcess:
 
     def start(self) -> "AgentProcess":
         env = dict(os.environ, NOTIFY_SOCKET=str(self.notify.path))
+        command = [str(AGENT), "--config-file", str(self.config)]
+        cwd = None
+        if self.as_nobody:
+            from tests.reliability.nobody import as_nobody
+            command, env = as_nobody("-m", "node_agent.cli.main", *command[1:], env=env)
+            cwd = "/"
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([str(AGENT), "--config-file", str(self.config)],
-                                         env=env, stdout=log, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(command, env=env, stdout=log,
+                                         stderr=subprocess.STDOUT, cwd=cwd)
         return self
 
     def log(self) -> str:

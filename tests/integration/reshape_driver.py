@@ -26,6 +26,7 @@ from node_agent.config.settings import Settings
 from node_agent.state import StateStore
 from node_agent.placement.sync import TreeSyncer
 from tests.hostdata import HOSTDATA, sysfs_root_for
+from tests.machine_id import MACHINE_ID_FILE
 
 PROJECT = "33333333000040008000000000000001"
 USER = "22222222000040008000000000000001"
@@ -41,7 +42,8 @@ def make_settings(host: str, sysfs_root: str, libvirt_uri: str, state_dir: str,
         cpu_shared_set=parse_cpu_spec(shared) if shared else None, vcpu_pin_set=None,
         reserved_host_cpus=0, reserved_host_memory_mb=512, reserved_host_disk_mb=0,
         cpu_allocation_ratio=4.0, ram_allocation_ratio=1.0, disk_allocation_ratio=1.0,
-        instances_path=instances_path, pcpu_transition_mode=transition)
+        instances_path=instances_path, pcpu_transition_mode=transition,
+        machine_id_path=str(MACHINE_ID_FILE))
 
 
 def agent_cycle(client, settings: Settings, before_post=None):

@@ -17,11 +17,13 @@ import atexit
 import errno
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
 from functools import lru_cache
 from pathlib import Path
+from typing import Optional
 
 import pytest
 
@@ -55,6 +57,37 @@ def stage_tree(tree: Path, base: Path) -> Path:
     return staged
 
 
+def _others_can_run(path: str) -> bool:
+    """By the mode bits alone: every directory above ``path`` lets others
+    through, and others may execute it. (Some sandboxes let ``nobody``
+    through a 0700 /root anyway; that must not be relied on.)"""
+    real = Path(os.path.realpath(path))
+    return all(os.stat(p).st_mode & stat.S_IXOTH for p in [real, *real.parents])
+
+
+def _use_a_system_interpreter(venv: Path) -> None:
+    """Point the staged virtualenv at the system's Python of the same
+    version (the same ABI, so the venv's compiled packages load) when its
+    own base interpreter is out of ``nobody``'s reach (a pyenv under /root)."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    if _others_can_run(sys._base_executable):
+        return
+    system = Path("/usr/bin") / version
+    if not (system.exists() and _others_can_run(str(system))):
+        return  # as_nobody's probe skips, saying why
+    for name in ("python", "python3", version):
+        link = venv / "bin" / name
+        if link.is_symlink():
+            link.unlink()
+            link.symlink_to(system)
+    cfg = venv / "pyvenv.cfg"
+    lines = [line for line in cfg.read_text().splitlines()
+             if not line.startswith(("home", "executable", "command"))]
+    cfg.unlink()  # a hard link to the real venv's file: write a new one
+    cfg.write_text("\n".join([f"home = {system.parent}", f"executable = {system}", *lines])
+                   + "\n")
+
+
 def _link_or_copy(src: str, dst: str) -> None:
     try:
         os.link(src, dst)
@@ -73,6 +106,7 @@ def _staged_runtime() -> tuple[str, str]:
     if sys.prefix != sys.base_prefix:  # a virtualenv: stage it whole
         venv = base / "venv"
         shutil.copytree(sys.prefix, venv, symlinks=True, copy_function=_link_or_copy)
+        _use_a_system_interpreter(venv)
         python = str(venv / Path(sys.executable).relative_to(sys.prefix))
     src = base / "src"
     shutil.copytree(REPO / "node_agent", src / "node_agent",
@@ -82,11 +116,19 @@ def _staged_runtime() -> tuple[str, str]:
     return python, str(src)
 
 
-def _as_nobody(command: list[str], timeout: float) -> subprocess.CompletedProcess:
+def as_nobody(*args: str, env: Optional[dict] = None) -> tuple[list[str], dict]:
+    """(argv, environment) running the staged interpreter with ``args`` as
+    ``nobody``; run it with ``cwd="/"``. Skips, saying why, when ``nobody``
+    cannot start the interpreter at all (for example a Python built under
+    ``/root`` with no system Python of its version): switching users is
+    then impossible."""
     python, src = _staged_runtime()
-    env = {**os.environ, "HOME": "/nonexistent", "PYTHONPATH": src}
-    return subprocess.run([SETPRIV, *_AS_NOBODY, python, *command], capture_output=True,
-                          text=True, timeout=timeout, cwd="/", env=env)
+    env = {**(os.environ if env is None else env), "HOME": "/nonexistent", "PYTHONPATH": src}
+    probe = subprocess.run([SETPRIV, *_AS_NOBODY, python, "-c", "pass"], capture_output=True,
+                           text=True, timeout=60, cwd="/", env=env)
+    if probe.returncode != 0:
+        pytest.skip(f"nobody cannot run {python}: {probe.stderr.strip()}")
+    return [SETPRIV, *_AS_NOBODY, python, *args], env
 
 
 def open_to_everyone(base: Path) -> None:
@@ -96,11 +138,8 @@ def open_to_everyone(base: Path) -> None:
 
 
 def run_as_nobody(*args: str, timeout: float = 60) -> Result:
-    """The CLI run as ``nobody`` from the staged runtime. Skips, saying why,
-    when ``nobody`` cannot start the interpreter at all (for example a
-    Python built under ``/root``): switching users is then impossible."""
-    probe = _as_nobody(["-c", "pass"], timeout)
-    if probe.returncode != 0:
-        pytest.skip(f"nobody cannot run {_staged_runtime()[0]}: {probe.stderr.strip()}")
-    proc = _as_nobody(["-m", "node_agent.cli.main", *args], timeout)
+    """The CLI run as ``nobody`` from the staged runtime (see :func:`as_nobody`)."""
+    command, env = as_nobody("-m", "node_agent.cli.main", *args)
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd="/",
+                          env=env)
     return Result(proc.returncode, proc.stdout, proc.stderr)

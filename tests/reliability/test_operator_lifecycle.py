@@ -11,6 +11,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -57,7 +58,9 @@ OVERLAP = "[compute]\ncpu_dedicated_set = 0-3\ncpu_shared_set = 3-4\n"
 @pytest.mark.parametrize("new_config, fragment", [
     (lambda text: text.encode() + b"# \xff\n", "is not UTF-8 text"),
     (lambda text: text.replace("[compute]\n", OVERLAP).encode(), "overlap on CPUs 3"),
-], ids=["non-utf8-byte", "overlapping-cpu-sets"])
+    (lambda text: text.replace("[DEFAULT]\n", "[DEFAULT]\ndebug = maybe\n").encode(),
+     "[DEFAULT] debug = 'maybe' in "),
+], ids=["non-utf8-byte", "overlapping-cpu-sets", "bad-logging-value"])
 def test_sighup_with_a_bad_config_keeps_the_running_config(service, new_config, fragment):
     service.start()
     service.status_after(lambda s: s.startswith("ok:"))
@@ -105,6 +108,60 @@ def test_state_file_written_by_root_keeps_the_directory_owner_and_the_service_re
     assert as_service.code == 0, as_service.stderr
 
 
+def test_root_cli_and_a_service_running_as_nobody_share_the_state_file(
+        shared_dir, placement_server, host_name):
+    """The unit's case: the service runs as its own user, the operator types
+    `sudo node-agent maintenance on|off`. The running service (as nobody)
+    reads what root wrote, applies it, and keeps writing its state file."""
+    from tests.integration.test_service_process import root_inventory
+
+    agent = AgentProcess(shared_dir, placement_server.url, host_name, as_nobody=True)
+    state = shared_dir / "state" / "state.json"
+    try:
+        agent.start()
+        agent.status_after(lambda s: s.startswith("ok:"))
+        status = Path(f"/proc/{agent.proc.pid}/status").read_text()
+        assert f"Uid:\t{NOBODY_UID}\t{NOBODY_UID}" in status  # setpriv exec'd the agent
+
+        on = run_agent("maintenance", "on", "--config-file", str(agent.config),
+                       "--reason", "disk swap")  # as root: no control channel, the file
+        assert on.code == 0, on.stderr
+        assert (state.stat().st_uid, stat.S_IMODE(state.stat().st_mode)) == (NOBODY_UID, 0o600)
+        agent.new_status(lambda s: s.startswith("ok:"))
+        agent.new_status(lambda s: s.startswith("ok:"))  # a whole cycle after the write
+        inventories = root_inventory(placement_server.url, host_name)
+        assert inventories and all(i["reserved"] == i["total"] for i in inventories.values())
+
+        off = run_agent("maintenance", "off", "--config-file", str(agent.config))
+        assert off.code == 0, off.stderr
+        agent.new_status(lambda s: s.startswith("ok:"))
+        agent.new_status(lambda s: s.startswith("ok:"))
+        inventories = root_inventory(placement_server.url, host_name)
+        assert not any(i["reserved"] == i["total"] for i in inventories.values())
+        assert agent.proc.poll() is None
+    finally:
+        agent.stop()
+        agent.notify.close()
+    log = agent.log()
+    assert "Traceback" not in log and "Permission denied" not in log, log
+
+
+def test_a_privileged_metrics_port_for_a_service_running_as_nobody_says_so(
+        shared_dir, placement_server, host_name):
+    agent = AgentProcess(shared_dir, placement_server.url, host_name, as_nobody=True,
+                         agent_options="report_interval = 1\nmetrics_port = 81\n")
+    try:
+        agent.start()
+        code = agent.proc.wait(60)
+    finally:
+        agent.stop()
+        agent.notify.close()
+    log = agent.log()
+    assert code == 69, log
+    assert "metrics_port = 81: cannot listen on" in log and "Permission denied" in log, log
+    assert "Ports below 1024 need privileges" in log and "Another process" not in log, log
+
+
 def test_state_file_the_service_user_cannot_read_is_one_clear_line(shared_dir):
     base = shared_dir
     config = write_config(base, stage_tree(TEST6, base))
@@ -134,6 +191,19 @@ def test_unwritable_state_path_after_placement_write_names_the_path_and_what_was
     assert_one_clear_line(result, 69, f"state file {base / 'state' / 'state.json'} "
                           "cannot be written", "Permission denied",
                           "Placement was already written", "POST /resource_providers")
+
+
+@pytest.mark.parametrize("args", [("--once", "--dry-run"), ("maintenance", "on")])
+def test_state_path_that_is_a_file_is_named_as_such_not_as_a_permission_problem(
+        tmp_path, args):
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    config = write_config(tmp_path, TEST6)
+    config.write_text(config.read_text().replace(f"state_path = {tmp_path / 'state'}",
+                                                 f"state_path = {blocker}"))
+    result = run_agent("--config-file", str(config), *args)
+    assert_one_clear_line(result, 69, f"state_path {blocker}: {blocker} is not a directory")
+    assert "sudo" not in result.stderr and "chown" not in result.stderr
 
 
 @pytest.fixture
@@ -266,6 +336,21 @@ def test_check_config_lists_every_problem_in_one_pass(tmp_path):
     assert result.stdout == ""
 
 
+@pytest.mark.parametrize("args", [("--check-config",), ("--once", "--dry-run"), ()],
+                         ids=["check-config", "dry-run", "service"])
+def test_a_bad_logging_value_is_a_config_error_named_with_the_other_problems(tmp_path, args):
+    """oslo.config exits 1 on a bad value of an option it could take on its
+    command line (oslo.log's), hiding the rest; it is one problem among the others."""
+    config = write_config(tmp_path, TEST6, extra="reserved_host_memory_mb = -4\n")
+    config.write_text(config.read_text().replace(
+        "[DEFAULT]\n", "[DEFAULT]\ndebug = maybe\nuse_json = perhaps\n"))
+    result = run_agent("--config-file", str(config), *args)
+    assert_one_clear_line(result, 78, f"[DEFAULT] debug = 'maybe' in {config} is not valid",
+                          f"[DEFAULT] use_json = 'perhaps' in {config} is not valid",
+                          "reserved_host_memory_mb has an invalid value '-4'")
+    assert "argument --debug" not in result.stderr
+
+
 def test_check_config_refuses_messaging_mode_without_transport_url(tmp_path):
     config = write_config(tmp_path, TEST6, extra="[agent]\nupstream = messaging\n")
     result = run_agent("--config-file", str(config), "--check-config")
@@ -378,15 +463,44 @@ def test_global_options_work_before_and_after_a_subcommand(tmp_path):
     assert check_before.stderr == check_after.stderr
 
 
+def error_lines(result) -> list[str]:
+    return [line for line in result.stderr.splitlines() if " error: " in line]
+
+
+@pytest.mark.parametrize("command", [
+    ("ctl", "--host", "h1", "--timeout", "5", "status"),
+    ("decommission", "--dry-run"),
+    ("audit",),
+    ("maintenance", "status", "--output", "json"),
+], ids=["ctl", "decommission", "audit", "maintenance"])
+def test_global_options_work_before_and_after_every_subcommand(tmp_path, command):
+    config = write_config(tmp_path, TEST6)
+    global_options = ("--config-file", str(config), "--debug")
+    before = run_agent(*global_options, *command)
+    after = run_agent(*command, *global_options)
+    # The config was read either way (no [placement], no transport_url: 78;
+    # maintenance status needs neither): the same verdict, no usage error.
+    assert before.code == after.code == (0 if command[0] == "maintenance" else 78), (
+        before.stderr, after.stderr)
+    assert error_lines(before) == error_lines(after)
+    assert before.stdout == after.stdout
+
+
 def test_help_lists_the_subcommands_and_version_exists():
     result = run_agent("--help")
     assert result.code == 0
-    for command in ("check-config", "maintenance", "ctl"):
-        assert command in result.stdout, result.stdout
+    listed = [line.split()[0] for line in result.stdout.split("subcommands", 1)[-1]
+              .splitlines() if line.startswith("  ") and not line.startswith("   ")]
+    for command in ("check-config", "maintenance", "ctl", "decommission", "audit"):
+        assert command in listed, result.stdout
+    from importlib.metadata import version as installed
     version = run_agent("--version")
     assert version.code == 0
-    from importlib.metadata import version as installed
     assert version.stdout.strip() == f"node-agent {installed('node-agent')}"
+    applier = subprocess.run([sys.executable, "-m", "node_agent.remote.applier", "--version"],
+                             capture_output=True, text=True, timeout=60)
+    assert applier.returncode == 0, applier.stderr
+    assert applier.stdout.strip() == f"node-agent-applier {installed('node-agent')}"
 
 
 # ------------------------------------------------------------ logging, metrics
@@ -413,6 +527,39 @@ def test_log_options_come_from_the_config_file(tmp_path):
     assert records and all(r["levelname"] for r in records)
     assert any(r["levelname"] == "DEBUG" and r["name"].startswith("node_agent")
                for r in records)
+
+
+def test_the_services_start_up_warnings_use_the_configured_log_format_and_file(
+        tmp_path, placement_server, host_name):
+    """The host is read (and warned about) while the config is validated,
+    before the service starts: oslo.log is set up first."""
+    log_file = tmp_path / "service.log"
+    agent = AgentProcess(tmp_path, placement_server.url, host_name,
+                         extra=f"use_json = true\nlog_file = {log_file}\n")
+    try:
+        agent.start()
+        agent.status_after(lambda s: s.startswith("ok:"))
+    finally:
+        agent.stop()
+        agent.notify.close()
+    assert agent.log() == ""  # nothing on stderr: everything went to log_file
+    records = [json.loads(line) for line in log_file.read_text().splitlines()]
+    assert any(r["name"] == "node_agent.host.discover" and r["levelname"] == "WARNING"
+               and "connection_uri is empty" in r["message"] for r in records), records[:5]
+
+
+def test_use_journal_without_the_bindings_names_the_environment_to_install_them_in(tmp_path):
+    try:
+        import systemd.journal  # noqa: F401
+        pytest.skip("this environment has the systemd Python bindings")
+    except ImportError:
+        pass
+    config = write_config(tmp_path, TEST6)
+    config.write_text(config.read_text().replace("[DEFAULT]\n",
+                                                 "[DEFAULT]\nuse_journal = true\n"))
+    result = run_agent("--config-file", str(config), "--once", "--dry-run")
+    assert_one_clear_line(result, 78, f"node-agent's environment, {sys.prefix}",
+                          f"{sys.prefix}/bin/pip install systemd-python")
 
 
 def scrape(port: int) -> dict:

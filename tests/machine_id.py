@@ -1,0 +1,28 @@
+"""The machine identity every test runs with (``[agent] machine_id_path``),
+never the host's /etc/machine-id: that is empty in a container or an image
+prepared for cloning, and the agent then refuses every writing command
+(exit 78). One id for the whole suite, as one host's id was before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+MACHINE_ID = "7e57ab1e00000000000000000000cafe"
+# For Settings built in the test process (tests/snapshots.py, reshape_driver).
+MACHINE_ID_FILE = Path(__file__).resolve().parent / "data" / "machine-id"
+
+
+def machine_id_file(directory: Path) -> Path:
+    """A machine-id file in ``directory`` (beside a test's config file, so a
+    process running as another user reads it where it reads the config)."""
+    path = Path(directory) / "test-machine-id"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(MACHINE_ID + "\n")
+    return path
+
+
+def machine_id_config(directory: Path) -> str:
+    """Config text setting ``[agent] machine_id_path`` to a file in
+    ``directory``. Put it first: a test's own later ``[agent]`` lines win."""
+    return f"[agent]\nmachine_id_path = {machine_id_file(directory)}\n"
