@@ -193,7 +193,7 @@ def _setup_logging(debug: bool, reporting: bool) -> None:
 def _setup_logging_from(conf, debug: bool, reporting: bool) -> None:
     """Logging as the config file says (oslo.log), once it is known valid."""
 
-    logs.setup(conf, debug)
+    logs.setup(conf, debug, reporting)
     if reporting and not conf.debug:
         # --once and --dry-run print the host's warnings in their report.
         logging.getLogger("node_agent.host.discover").setLevel(logging.ERROR)

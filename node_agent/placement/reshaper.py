@@ -73,6 +73,12 @@ LOG = logging.getLogger(__name__)
 # is busier than a reshape can get through (HostBusy); the POSTs that went
 # through stay.
 ATTEMPTS = 16
+# Other writes to the host more often than this: the scheduler is filling it
+# right now. A staged reshape keeps the classes it moves closed while it runs,
+# so it waits for a calmer cycle rather than stage on at whatever pace a fast
+# Placement allows (issue 19: one write per 0.3 s completes; per 0.05 s is
+# too busy, on a quiet machine as on a loaded one).
+BUSY_WRITE_INTERVAL = 0.1
 # Rounds of "view, changed consumers, view again" before a retry's POST.
 SETTLE_ROUNDS = 3
 
@@ -462,12 +468,13 @@ class _Stages:
         """Too busy: ``attempts`` POSTs refused, and either two in three of
         all, or other writes so frequent that even the quickest staged POST
         that went through would be refused one time in three (its window
-        over the interval)."""
+        over the interval), or more often than ``BUSY_WRITE_INTERVAL``."""
         if self.refusals < max(1, attempts):
             return False
         interval = self.interval
         return (self.refusals > 2 * self.through
-                or (interval is not None and self.fastest * 3 > interval))
+                or (interval is not None and (self.fastest * 3 > interval
+                                              or interval < BUSY_WRITE_INTERVAL)))
 
     @property
     def interval(self) -> Optional[float]:

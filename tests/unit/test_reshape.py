@@ -521,6 +521,18 @@ def test_a_host_whose_writes_come_faster_than_three_quick_posts_is_too_busy():
     assert _stages(refusals=16, through=7).busy(16)        # two in three refused
 
 
+def test_a_host_written_more_often_than_every_tenth_of_a_second_is_too_busy_however_fast_placement_is():
+    # A quiet machine: POSTs of a few consumers answer in 10 ms, so most go
+    # through and three of them fit between two writes; still, a write every
+    # 0.05 s is the scheduler filling this host right now.
+    fast = _stages(refusals=16, through=40, windows=16 * 0.05, staged_refusals=16,
+                   fastest=0.01)
+    calm = _stages(refusals=16, through=40, windows=16 * 0.3, staged_refusals=16,
+                   fastest=0.01)
+
+    assert fast.busy(16) and not calm.busy(16)
+
+
 def test_the_next_stage_is_what_placement_processes_in_half_the_interval():
     stages = _stages(windows=4 * 0.4, staged_refusals=4, timed=(20, 0.2, False))
     stages.size()
