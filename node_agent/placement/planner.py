@@ -123,7 +123,9 @@ def describe_inventory_diff(old: Mapping[str, Mapping],
     phrases = []
     for rc in sorted(set(old) | set(new)):
         if rc not in old:
-            phrases.append(f"add {rc} total {new[rc]['total']}")
+            closed = new[rc].get("reserved", 0) >= new[rc]["total"]
+            phrases.append(f"add {rc} total {new[rc]['total']}"
+                           + (" fully reserved" if closed else ""))
         elif rc not in new:
             phrases.append(f"remove {rc}")
         elif not inventory_equal(old[rc], new[rc]):

@@ -125,6 +125,13 @@ def test_describe_inventory_diff_names_added_class():
                                    ) == ["add PCPU total 4"]
 
 
+def test_a_class_added_closed_says_so():
+    # In maintenance a class the new sets add is added fully reserved; the
+    # log must not read as if capacity opened.
+    assert describe_inventory_diff({}, {"PCPU": Inventory(4, reserved=4).as_placement()}
+                                   ) == ["add PCPU total 4 fully reserved"]
+
+
 def test_operator_traits_are_kept_when_agent_traits_change():
     desired = tree(root_traits={"HW_CPU_X86_AVX2": True,
                                 "HW_CPU_X86_AVX512F": True,
