@@ -72,6 +72,10 @@ def _render_saved(saved: Path, output: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # Processes the bench starts load compiled bytecode, as an installed
+    # package does (pip compiles it): a shell that forbids writing it would
+    # time the compiler on every start instead.
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     parser.add_argument("--output", type=Path, default=REPO / "BENCHMARKS.md")
     parser.add_argument("--nova-python", type=Path,
