@@ -12,7 +12,8 @@ change them.
 (no ``log_file``, ``log_dir``, journal, syslog, JSON or
 ``log_config_append``) keep the standard library's handler the command set
 up, at the configured levels: ``oslo_log.log`` costs such a short run about
-5 MiB and 25 ms, a sixth of the whole (BENCHMARKS.md, start-up). Its options
+3 MiB of peak RSS, a tenth of the whole (measured on the 384-CPU synthetic
+host: 32.4 MiB with it, 29.1 without). Its options
 are registered from ``oslo_log._options`` alone, the module oslo.log names
 as its options' home for oslo-config-generator.
 """

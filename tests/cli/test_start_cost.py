@@ -19,7 +19,7 @@ TEST6 = HOSTDATA / "virhostcpudata" / "linux-test6"
 UNUSED_BY_A_DRY_RUN = ("keystoneauth1", "requests", "urllib3", "oslo_messaging")
 # node-agent's own engine, which a dry-run without Placement never runs, and
 # the owner mark's HMAC (OpenSSL): together about 0.08 s CPU and 3 MiB; and
-# oslo.log's logging machinery (5 MiB), for a run that logs to stderr only
+# oslo.log's logging machinery (about 3 MiB), for a run that logs to stderr only
 # (node_agent/logs.py; with a log file it is loaded: test_operator_lifecycle).
 ENGINE_UNUSED_BY_A_DRY_RUN = ("node_agent.placement.sync", "node_agent.placement.reshaper",
                               "node_agent.cycle.reconcile", "node_agent.cycle.audit",
