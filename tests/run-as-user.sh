@@ -5,7 +5,7 @@
 # Run it as root (CI does, after `make install` has put the Debian packages in
 # place). It creates the system user node-agent-ci when missing, clones the
 # commit into a temporary directory owned by that user (nothing beside the
-# clone: no ../shared), and runs `make test` there as that user, with a clean
+# clone: no sibling directories), and runs `make test` there as that user, with a clean
 # environment and HOME in the same temporary directory. The user's `make
 # install` finds every Debian package present, so it needs no root. Tests that
 # need root (a private libvirtd, switching to nobody, mounting a tmpfs) skip,
