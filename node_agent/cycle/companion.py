@@ -216,8 +216,9 @@ class Companion:
             try:
                 inputs = host_reshape_inputs(self.client, desired, known,
                                              listed=self.cached_tree())
+                held = {u: (s.generation, s.inventories) for u, s in (self._held or {}).items()}
                 plan = (plan_reshape(self.client, inputs.tree, desired.host.guests,
-                                     inputs.rule, inputs.absent)
+                                     inputs.rule, inputs.absent, held)
                         if inputs is not None else None)
             except ReshapeError as exc:
                 plan, blocking = None, [str(exc)]

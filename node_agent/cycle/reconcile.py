@@ -182,7 +182,8 @@ class Reconciler:
         kw = {"before_post": _chain(guard, before_post)} if guard or before_post else {}
         try:
             outcome = ensure_reshaped(self.client, inputs.tree, desired.host.guests,
-                                      inputs.rule, absent=inputs.absent, **kw)
+                                      inputs.rule, absent=inputs.absent,
+                                      known=self.syncer.known_inventories(), **kw)
         except ReshapeError as exc:
             LOG.error("reshape refused, the inventory it would move is kept as it is: %s",
                       exc)
@@ -303,7 +304,7 @@ class Reconciler:
         if inputs is None:
             return tree, changes, None
         reshape = plan_reshape(self.client, inputs.tree, desired.host.guests, inputs.rule,
-                               inputs.absent)
+                               inputs.absent, self.syncer.known_inventories())
         if not reshape.refusals:
             changes = changes + _retired_deletes(inputs, changes)
         return tree, changes, (reshape.as_dict() if reshape.needed or reshape.refusals

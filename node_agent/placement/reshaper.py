@@ -60,6 +60,10 @@ from node_agent.placement.reshape_rules import (children_to_root, guest_names, h
                                                 rule_provider_names)
 from node_agent.model.snapshot import Guest
 
+# uuid -> (generation, inventories): what the caller knows Placement holds
+# (the syncer's cache), each provider's inventories as read at that generation.
+KnownInventories = Mapping[str, tuple[int, Mapping[str, dict]]]
+
 LOG = logging.getLogger(__name__)
 
 # A 409 means the scheduler (or someone) wrote meanwhile. The first attempt
@@ -218,6 +222,7 @@ class _Reads:
     consumers: dict[str, Consumer] = field(default_factory=dict)
     pace: ReadPace = field(default_factory=ReadPace)
     consumer_conflict: bool = False  # the last 409 named a consumer generation
+    inventories: dict[str, tuple[int, Mapping[str, dict]]] = field(default_factory=dict)
 
 
 def _generations(view: Mapping[str, ProviderAllocations]) -> dict[str, int]:
@@ -240,9 +245,41 @@ def _read_view(client, tree: ProviderTree, rule: Rule, absent: set[str]
     return {**providers, **{uuid: ProviderAllocations(uuid, 0) for uuid in new}}, new
 
 
+def _held_inventories(client, view: Mapping[str, ProviderAllocations], new: frozenset[str],
+                      known: Optional[KnownInventories], reads: _Reads) -> dict[str, dict]:
+    """Each viewed provider's inventories as Placement holds them: what
+    ``known`` or an earlier attempt read at the view's generation, else one
+    GET. The body replaces the whole inventory, so what it keeps (nova keeps
+    a ratio an operator set in Placement) must be current: a ratio from
+    before the provider's generation moved would be overwritten."""
+    held = {}
+    for uuid, state in view.items():
+        if uuid in new:
+            continue
+        at = reads.inventories.get(uuid) or (known or {}).get(uuid)
+        if at is None or at[0] != state.generation:
+            try:
+                body = client.inventories(uuid)
+            except NotFound:
+                continue
+            at = (body["resource_provider_generation"], body["inventories"])
+            reads.inventories[uuid] = at
+        held[uuid] = dict(at[1])
+    return held
+
+
+def _keeps_held_ratio(tree: ProviderTree, view: Mapping[str, ProviderAllocations]) -> bool:
+    """Whether the body keeps a ratio Placement holds (no explicit ratio in
+    the config) on a provider it writes; with explicit ratios the tree alone
+    gives every record."""
+    return any(inv.keep_placement_ratio for p in tree.providers if p.uuid in view
+               for inv in p.inventories.values())
+
+
 def _compute(client, tree: ProviderTree, rule: Rule, names: Mapping[str, str],
              absent: Iterable[str] = (), reads: Optional[_Reads] = None,
-             conflict: bool = False) -> tuple[Reshape, frozenset[str]]:
+             conflict: bool = False, known: Optional[KnownInventories] = None
+             ) -> tuple[Reshape, frozenset[str]]:
     """Read what the plan depends on and compute it (reads only). Also
     returns the targets moves go to that Placement does not have.
 
@@ -276,8 +313,8 @@ def _compute(client, tree: ProviderTree, rule: Rule, names: Mapping[str, str],
     consumers = {c: reads.consumers[c] for c in affected_consumers(view, rule)
                  if c in reads.consumers}
     plan = compute_reshape(view, consumers, tree, rule, consumer_names=names)
-    if plan.missing_inventories:
-        current = read_inventories(client, sorted(plan.missing_inventories - new))
+    if plan.missing_inventories or (plan.body is not None and _keeps_held_ratio(tree, view)):
+        current = _held_inventories(client, view, new, known, reads)
         plan = compute_reshape(view, consumers, tree, rule,
                                current_inventories=current, consumer_names=names)
     return plan, new
@@ -291,13 +328,15 @@ def uuid_of_root(tree: ProviderTree) -> str:
 
 
 def plan_reshape(client, tree: ProviderTree, guests: Iterable[Guest], rule: Rule,
-                 absent: Iterable[str] = ()) -> Reshape:
+                 absent: Iterable[str] = (), known: Optional[KnownInventories] = None
+                 ) -> Reshape:
     """The reshape a cycle would send now, for ``--dry-run``. Reads only;
     refusals are in the result, not raised. ``absent``: uuids of providers
-    of ``tree`` that Placement does not have yet (not read)."""
+    of ``tree`` that Placement does not have yet (not read); ``known`` as
+    for :func:`ensure_reshaped`."""
     uuid_of_root(tree)
     try:
-        plan, new = _compute(client, tree, rule, guest_names(guests), absent)
+        plan, new = _compute(client, tree, rule, guest_names(guests), absent, known=known)
     except ValueError as exc:
         raise ReshapeError(f"cannot plan the reshape: {exc}") from exc
     if not new:
@@ -340,7 +379,8 @@ def _refuse(plan: Reshape) -> None:
 def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: Rule, *,
                     attempts: int = ATTEMPTS,
                     before_post: Optional[Callable[[dict], None]] = None,
-                    absent: Iterable[str] = ()) -> ReshapeOutcome:
+                    absent: Iterable[str] = (),
+                    known: Optional[KnownInventories] = None) -> ReshapeOutcome:
     """Make Placement's allocations fit ``tree`` under ``rule``.
 
     Reads the rule's providers and the consumers the rule moves, and sends
@@ -357,7 +397,10 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
     sent (tests use it to race; the reconciler checks the capacity
     invariant with it). ``absent``: uuids given to providers of ``tree``
     Placement does not have yet; those that allocations move to are created
-    before the POST.
+    before the POST. ``known``: the inventories the caller last read
+    (:data:`KnownInventories`); the body keeps what Placement holds where
+    the tree says so (an operator's ratio), and a provider whose generation
+    moved since is read again first.
 
     Raises ReshapeError (before any write) when the rule refuses (a pinned
     guest outside cpu_dedicated_set, fewer PCPU than pinned vCPUs in use, a
@@ -381,7 +424,7 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
     try:
         while True:
             plan = _plan_for_post(client, tree, rule, names, absent, outcome, reads,
-                                  retry=run.posts > 0)
+                                  retry=run.posts > 0, known=known)
             run.seen()
             if run.refused_last is not None:
                 _check_lost(client, run, plan, outcome)
@@ -594,14 +637,15 @@ def _committed(client, sent: Reshape) -> bool:
 
 
 def _plan_for_post(client, tree: ProviderTree, rule: Rule, names, absent: set[str],
-                   outcome: ReshapeOutcome, reads: _Reads, retry: bool) -> Reshape:
-    plan, new = _compute(client, tree, rule, names, absent, reads, conflict=retry)
+                   outcome: ReshapeOutcome, reads: _Reads, retry: bool,
+                   known: Optional[KnownInventories]) -> Reshape:
+    plan, new = _compute(client, tree, rule, names, absent, reads, conflict=retry, known=known)
     _refuse(plan)
     if plan.needed and new:
         _create_missing(client, tree, new)
         outcome.created += sorted(new)
         absent -= new
-        plan, new = _compute(client, tree, rule, names, absent, reads)
+        plan, new = _compute(client, tree, rule, names, absent, reads, known=known)
         _refuse(plan)
         if new:
             raise ValueError("providers created for the reshape are gone: "

@@ -343,6 +343,11 @@ class TreeSyncer:
         """
         return self._cache.load(data, self.clock, self.full_verify_interval, verify_now)
 
+    def known_inventories(self) -> dict[str, tuple[int, dict]]:
+        """What the cache knows of each provider's inventories, with the
+        generation it was read at (:meth:`TreeCache.known_inventories`)."""
+        return self._cache.known_inventories()
+
     def note_inventories(self, inventories_by_uuid: Mapping[str, Mapping]) -> None:
         """Someone else (the reshape) set these providers' inventories:
         :meth:`TreeCache.note_inventories`."""

@@ -116,6 +116,12 @@ class TreeCache:
         if generation != self.held[uuid].generation:
             self.partial.add(uuid)
 
+    def known_inventories(self) -> dict[str, tuple[int, dict]]:
+        """uuid -> (generation, inventories) of the providers whose
+        inventories were read at their cached generation."""
+        return {uuid: (state.generation, dict(state.inventories))
+                for uuid, state in (self.providers or {}).items() if uuid not in self.partial}
+
     def note_inventories(self, inventories_by_uuid: Mapping[str, Mapping]) -> None:
         """Someone else (the reshape) set these providers' inventories.
 
