@@ -373,22 +373,28 @@ def _run_reshapes(phases: Phases, work: Path, url: str, nova: Nova,
         return desired_from(_settings(work, root, shape, host, **extra),
                             dataclasses.replace(snapshot, guests=tuple(guests)))
 
-    for count in counts:
-        phase = f"reshape, {count} consumers (VCPU → PCPU), after a restart"
+    for count, seen in [(n, seen) for n in counts for seen in (False, True)]:
+        # seen: the agent's last cycle before the restart was a full verify
+        # after the scheduler placed the consumers, so nothing moved since;
+        # else the scheduler placed them while the agent was down.
+        phase = f"reshape, {count} consumers (VCPU → PCPU), after a restart" + (
+            ", nothing moved since the agent's last read" if seen else "")
         state: dict = {}
-        checks[count] = []
+        checks.setdefault(count, [])
 
         def prepare() -> None:
             n = len(phases.runs.get(phase, {}).get("node-agent", []))
-            host = f"bench-na-r{count}-{n}"
+            host = f"bench-na-r{count}{'s' if seen else ''}-{n}"
             guests = _guests(count)
             agent = Agent(url, work / "state" / host)
             agent.cycle(desired(host))
             scheduler.place(agent.root_uuid(), [g.uuid for g in guests])
+            if seen:
+                agent.cycle(desired(host, guests), advance=FULL_VERIFY)
             agent.restart()
             state["agent"], state["after"] = agent, desired(host, guests, after=True)
 
-            nova_host = f"bench-nova-r{count}-{n}"
+            nova_host = f"bench-nova-r{count}{'s' if seen else ''}-{n}"
             before = fresh_uuids(desired(nova_host).tree)
             uuids = {p.name: p.uuid for p in before.providers}
             nova.call({"op": "restart"})
