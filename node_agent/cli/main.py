@@ -564,11 +564,31 @@ def _maintenance_status(conf, settings, output: str) -> int:
         state = store.load()
     except (StateCorrupt, OSError) as exc:
         error = str(exc)
-    seen = _root_in_placement(conf, settings, state) if placement_configured(conf) else None
+    configured = placement_configured(conf)
+    seen = _root_in_placement(conf, settings, state) if configured else None
+    service = None if configured else _service_maintenance(conf, settings)
     report = maint.status(settings.host, str(store.path), state.get(MAINTENANCE),
-                          error, seen)
+                          error, seen, service)
     print(render.as_json(report) + "\n" if output == "json" else maint.status_text(report), end="")
     return 0
+
+
+def _service_maintenance(conf, settings) -> Optional[dict]:
+    """Without Placement here (``upstream = messaging``), the running
+    service's say: it hears from the applier what was applied. None
+    without a control channel; ``{"error": ...}`` when no service answered."""
+    from node_agent.remote import messaging
+
+    if not messaging.urls(conf)[0]:
+        return None
+    om = messaging.oslo_messaging()
+    try:
+        messaging.check_broker(conf, timeout=SERVICE_PROBE_TIMEOUT)
+        answer = messaging.client(conf, settings.host, timeout=SERVICE_PROBE_TIMEOUT).call(
+            {}, "get_status")
+    except (messaging.MessagingUnavailable, om.MessagingTimeout) as exc:
+        return {"error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
+    return dict(answer.get("maintenance") or {})
 
 
 def _root_in_placement(conf, settings, state) -> dict:

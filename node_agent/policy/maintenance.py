@@ -110,7 +110,8 @@ def apply(tree: ProviderTree, record: Optional[Mapping]) -> tuple[ProviderTree, 
 # ---------------------------------------------------------------- status
 
 def status(host: str, state_path: str, record: Optional[Mapping],
-           state_error: Optional[str], placement: Optional[Mapping]) -> dict:
+           state_error: Optional[str], placement: Optional[Mapping],
+           service: Optional[Mapping] = None) -> dict:
     """``node-agent maintenance status`` as data.
 
     ``placement`` is None when Placement is not configured, else
@@ -121,6 +122,12 @@ def status(host: str, state_path: str, record: Optional[Mapping],
     only when every class of the root and of the agent's children is
     closed; a foreign child's open classes are listed, not held against it
     (the agent does not report them, so no cycle would close them).
+
+    ``service``: the running service's ``maintenance`` answer (its control
+    RPC's ``get_status``), asked when Placement is not configured here
+    (``upstream = messaging``); ``{"error": text}`` when none answered.
+    Without a record in the state file, a service that says the applier
+    kept the host closed from Placement's trait makes maintenance on.
     """
     wanted = requested(record)
     state = {"path": state_path,
@@ -147,7 +154,9 @@ def status(host: str, state_path: str, record: Optional[Mapping],
                     name: classes for name, classes in
                     [(host, open_)] + [(c["name"], c["open"]) for c in children if c["agent"]]
                     if classes}}
-    effective = from_placement(record, [TRAIT] if seen and seen["trait"] else None)
+    kept = seen["trait"] if seen else bool(
+        service and service.get("on") and service.get("source") == "placement")
+    effective = from_placement(record, [TRAIT] if kept else None)
     on = is_on(effective)
     # On: the trait and every class closed. Off (or an off not yet applied):
     # no trait.
@@ -157,7 +166,8 @@ def status(host: str, state_path: str, record: Optional[Mapping],
         UNKNOWN_REASON if (effective or {}).get("source") == "placement" else None)
     return {"host": host, "maintenance": "on" if on else "off",
             "reason": reason if on else None,
-            "state_file": state, "placement": seen, "agree": agree}
+            "state_file": state, "placement": seen, "agree": agree,
+            "service": None if service is None else dict(service)}
 
 
 def _closed_and_open(inventories: Mapping[str, Mapping]) -> tuple[list[str], list[str]]:
@@ -196,6 +206,19 @@ def status_text(report: Mapping) -> str:
             lines.append(f"  child {child['name']}{whose}: fully reserved: "
                          f"{', '.join(child['fully_reserved']) or 'none'}; "
                          f"open: {', '.join(child['open']) or 'none'}")
+    service = report.get("service")
+    if service is not None:
+        if service.get("error"):
+            said = f"did not answer ({service['error']})"
+        elif not service.get("on"):
+            said = "maintenance off"
+        elif service.get("source") == "placement":
+            said = (f"maintenance on: the applier kept the host closed because the root "
+                    f"carries {TRAIT} and this host's state file has no record")
+        else:
+            said = "maintenance on" + (f" ({service['reason']})" if service.get("reason")
+                                       else "")
+        lines.append(f"  running service: {said}")
     if report["agree"] is None:
         lines.append("  agree: unknown (Placement not consulted)")
     elif report["agree"]:

@@ -85,6 +85,7 @@ from node_agent.remote import signing, wire
 from node_agent import logs
 from node_agent.config.files import load_conf, oslo_args
 from node_agent.config.validation import placement_configured
+from node_agent.policy import maintenance as maint
 from node_agent.placement.client import PlacementClient
 from node_agent.placement.errors import NotFound
 from node_agent.placement.sync import TreeSyncer
@@ -331,6 +332,11 @@ class Applier:
                 "summary": report.summary(), "errors": outcome.errors,
                 "applied": _changes(report.applied),
                 "reshape": outcome.reshape_record(), "requests": requests,
+                # What was applied, when the host's own record did not say
+                # (a lost state file): the agent's status shows it.
+                "maintenance": {"on": maint.is_on(desired.maintenance),
+                                "kept_by_placement": (desired.maintenance or {}).get(
+                                    "source") == "placement"},
                 "uuids": {p.name: p.uuid for p in report.tree.providers}
                 if report.tree else {}}
 

@@ -81,6 +81,9 @@ class UpstreamReport:
     reshape: Optional[dict] = None
     uuids: dict = field(default_factory=dict)
     text: str = ""
+    # The maintenance the applier applied ({"on", "kept_by_placement"}); None
+    # from a heartbeat or an older applier.
+    maintenance: Optional[dict] = None
 
     @property
     def ok(self) -> bool:
@@ -100,7 +103,9 @@ def report_from_reply(reply: Mapping, messages: int) -> UpstreamReport:
                               c.get("provider")) for c in reply.get("applied", [])],
         errors=list(reply.get("errors", [])), requests=int(reply.get("requests", 0)),
         messages=messages, reshape=reply.get("reshape"),
-        uuids=dict(reply.get("uuids") or {}), text=reply.get("summary", ""))
+        uuids=dict(reply.get("uuids") or {}), text=reply.get("summary", ""),
+        maintenance=reply.get("maintenance") if isinstance(reply.get("maintenance"), dict)
+        else None)
 
 
 def remember(store, report: UpstreamReport, desired) -> None:

@@ -26,9 +26,11 @@ from node_agent.host.machine_id import identity
 from node_agent.placement.sync import TreeSyncer
 from node_agent.remote import keys, messaging
 from node_agent.cycle.desired import (Desired, compute_desired, file_traits_to_remember,
-                                      forget_applied_off, with_owner_mark)
+                                      forget_applied_off, with_owner_mark,
+                                      with_placement_maintenance)
 from node_agent.errors import NodeAgentError, PlacementError
 from node_agent.model.settings import Settings
+from node_agent.policy import maintenance as maint
 from node_agent.state import APPLIED, StateStore
 from node_agent.service.control import Control, Maintenance, utc_now
 from node_agent.service.loop import CycleResult, Service, systemd_notifier
@@ -101,6 +103,7 @@ class Agent:
         self.reshape_errors = 0
         self._reconciler = None
         self._upstream = None  # upstream = messaging: node_agent.remote.upstream
+        self._applier_maintenance: Optional[dict] = None  # the applier's last say
         self._syncer = None
         self._syncer_for: Optional[Loaded] = None
         self._refused_files: tuple = ()
@@ -145,7 +148,7 @@ class Agent:
             if settings.companion:
                 return self._companion_cycle(loaded, desired, started)
             if settings.upstream == "messaging":
-                outcome = self._via_applier(loaded, desired)
+                outcome, desired = self._via_applier(loaded, desired)
             else:
                 syncer = self._syncer_of(loaded)
                 verified_at = syncer.verified_at
@@ -254,7 +257,13 @@ class Agent:
         report = self._upstream.send(with_owner_mark(desired, settings),
                                      timeout=settings.upstream_timeout)
         upstream.remember(StateStore(Path(settings.state_path)), report, desired)
-        return CycleOutcome(report)
+        if report.maintenance is not None:   # a heartbeat's reply does not say
+            self._applier_maintenance = report.maintenance
+        if (self._applier_maintenance or {}).get("kept_by_placement"):
+            # No record here (a lost state file), and the applier kept the
+            # host closed from Placement's root trait: say so, as direct mode does.
+            desired = with_placement_maintenance(desired, [maint.TRAIT])
+        return CycleOutcome(report), desired
 
     def close(self) -> None:
         if self._upstream is not None:

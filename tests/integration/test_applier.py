@@ -398,15 +398,16 @@ def test_reshape_through_the_applier_moves_pinned_guests_in_one_post(
     assert host.allocations() == expected_after_reshape(before, [host.pinned, host.pinned_2])
 
 
-def test_service_in_messaging_mode_backs_off_without_applier_then_converges(
-        bus, tmp_path, placement, host_name):
+def messaging_service(bus, tmp_path, host_name):
+    """An agent service with ``upstream = messaging`` and no Placement
+    credentials, provisioned with the applier's own ``derive-key``; not
+    started."""
     from tests.integration.agent_process import AgentProcess
 
     agent = AgentProcess(tmp_path / "agent", "unused", host_name)
     text = agent.config_text()
     text = text[:text.index("[placement]")]  # the hypervisor holds no credentials
     text = text.replace("[DEFAULT]\n", f"[DEFAULT]\ntransport_url = {bus.url}\n")
-    # Provisioned as an operator does it, with the applier's own command.
     key_file = tmp_path / "upstream.key"
     subprocess.run([str(APPLIER), "--config-file", str(bus.config), "derive-key", host_name,
                     "--output", str(key_file)], check=True, capture_output=True)
@@ -414,6 +415,12 @@ def test_service_in_messaging_mode_backs_off_without_applier_then_converges(
                                      f"upstream_topic = {bus.topic}\n"
                                      f"upstream_key_file = {key_file}\n")
     agent.write_config(text)
+    return agent
+
+
+def test_service_in_messaging_mode_backs_off_without_applier_then_converges(
+        bus, tmp_path, placement, host_name):
+    agent = messaging_service(bus, tmp_path, host_name)
     agent.start()
     try:
         agent.status_after(lambda s: "Placement cannot be used" in s
@@ -424,6 +431,46 @@ def test_service_in_messaging_mode_backs_off_without_applier_then_converges(
         agent.new_status(lambda s: s.startswith("ok: no change (heartbeat"), timeout=30)
         assert root_of(placement, host_name)
         assert "Placement is reachable again" in agent.log()
+    finally:
+        assert agent.stop() == 0
+        agent.notify.close()
+
+
+def test_status_in_messaging_mode_after_a_lost_state_file_says_the_applier_keeps_it_closed(
+        bus, tmp_path, placement, host_name):
+    """The applier keeps the host closed from the root's disabled trait when
+    the host's state file is lost; the host's own status must not say off."""
+    from node_agent.state import FILE_NAME
+    from tests.integration.test_messaging import ctl
+    from tests.cli.runner import run_agent
+
+    bus.start(1)
+    agent = messaging_service(bus, tmp_path, host_name)
+    agent.start()
+    try:
+        agent.status_after(lambda s: s.startswith("ok") and "via applier" in s, timeout=30)
+        on = run_agent("--config-file", str(agent.config), "maintenance", "on",
+                       "--reason", "disk swap")
+        assert on.code == 0 and "the running service recorded it" in on.stdout, on.stderr
+        assert agent.stop() == 0
+        (agent.dir / "state" / FILE_NAME).unlink()
+        agent.start()
+        agent.new_status(lambda s: s.startswith("ok") and "via applier" in s, timeout=30)
+
+        inventories = placement.get(
+            f"/resource_providers/{root_of(placement, host_name)['uuid']}/inventories"
+        )["inventories"]
+        assert all(inv["reserved"] == inv["total"] for inv in inventories.values())
+        status = ctl(bus.url, host_name, "status")["maintenance"]
+        assert (status["on"], status["source"]) == (True, "placement")
+        shown = run_agent("--config-file", str(agent.config), "maintenance", "status",
+                          "--output", "json")
+        assert shown.code == 0, shown.stderr
+        assert shown.json()["maintenance"] == "on"
+        assert shown.json()["state_file"]["maintenance"] == "none"
+        text = run_agent("--config-file", str(agent.config), "maintenance", "status").stdout
+        assert text.startswith(f"maintenance is ON for {host_name}"), text
+        assert "the applier kept the host closed" in text
     finally:
         assert agent.stop() == 0
         agent.notify.close()

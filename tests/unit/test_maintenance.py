@@ -114,6 +114,23 @@ def test_status_of_an_unreadable_state_file_names_the_error_and_trusts_placement
     assert "sha256" in maint.status_text(report)
 
 
+KEPT = {"on": True, "reason": maint.UNKNOWN_REASON, "since": None, "source": "placement"}
+
+
+@pytest.mark.parametrize("record, service, on, says", [
+    (None, KEPT, "on", "the applier kept the host closed"),          # state file lost
+    (OFF, KEPT, "off", "the applier kept the host closed"),          # off pending wins
+    (None, {"on": False}, "off", "running service: maintenance off"),
+    (None, {"error": "no reply in 5s"}, "off", "did not answer (no reply in 5s)"),
+])
+def test_status_without_placement_takes_the_running_services_word(record, service, on, says):
+    """``upstream = messaging``: Placement is not read here, the service
+    hears from the applier what it applied."""
+    report = maint.status("h", "/s", record, None, None, service)
+    assert report["maintenance"] == on and report["agree"] is None
+    assert says in maint.status_text(report)
+
+
 def test_an_applied_off_is_forgotten_but_a_newer_record_is_kept(tmp_path):
     from node_agent.cycle.desired import forget_applied_off
     from node_agent.state import MAINTENANCE as MAINTENANCE_KEY
