@@ -36,7 +36,8 @@ from node_agent.cycle.desired import Desired, with_placement_maintenance
 from node_agent.state import PROVIDERS
 from node_agent.errors import GuestsDoNotFit, HostBusy, ReshapeError
 from node_agent.policy.guest_fit import misfits
-from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
+from node_agent.model.provider_tree import (Inventory, PlacedTree, Provider, ProviderTree,
+                                          with_held_ratios)
 from node_agent.policy import maintenance as maint
 from node_agent.tree.mem_encryption import keep_as_held, undecided
 from node_agent.tree.ownership import AGENT_CHILD_TRAIT, ListedChild
@@ -300,6 +301,10 @@ class Reconciler:
                      + ["nothing would be written to Placement"]})
         tree, changes = self.syncer.plan_with_tree(desired.tree, limits_of(desired),
                                                    guest_names(desired.host.guests))
+        # Shown with the ratios nova's rule keeps from Placement, as they would be published.
+        held = {u: s.inventories for u, s in (self.syncer.cached() or {}).items()}
+        tree = PlacedTree(tuple(replace(p, inventories=with_held_ratios(
+            p.inventories, held.get(p.uuid or ""))) for p in tree.providers))
         inputs = self._inputs(desired)
         if inputs is None:
             return tree, changes, None

@@ -51,13 +51,18 @@ def placement_inventories(inventories: Mapping[str, Inventory],
     """``inventories`` as Placement's API spells them, given what Placement
     holds now (``current``, class -> record): a class whose ratio is only the
     initial one keeps the ratio Placement already has."""
-    out = {}
+    return {rc: inv.as_placement() for rc, inv in with_held_ratios(inventories, current).items()}
+
+
+def with_held_ratios(inventories: Mapping[str, Inventory],
+                     held: Optional[Mapping[str, Mapping]]) -> dict[str, Inventory]:
+    """``inventories`` with the ratio Placement holds (``held``, class ->
+    record) wherever nova's rule keeps it: what would be published."""
+    out = dict(inventories)
     for rc, inv in inventories.items():
-        record = inv.as_placement()
-        held = (current or {}).get(rc)
-        if inv.keep_placement_ratio and held and held.get("allocation_ratio") is not None:
-            record["allocation_ratio"] = float(held["allocation_ratio"])
-        out[rc] = record
+        record = (held or {}).get(rc)
+        if inv.keep_placement_ratio and record and record.get("allocation_ratio") is not None:
+            out[rc] = replace(inv, allocation_ratio=float(record["allocation_ratio"]))
     return out
 
 

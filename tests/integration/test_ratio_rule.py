@@ -71,3 +71,25 @@ def test_a_total_change_keeps_the_operators_ratio(client, other, store, host_nam
     assert report.ok, report.errors
     vcpu = inventories(other, root)["VCPU"]
     assert (vcpu["total"], vcpu["allocation_ratio"]) == (24, 16.0)
+
+
+def test_dry_run_shows_the_ratio_placement_holds_where_nova_keeps_it(placement_server,
+                                                                     host_name, tmp_path):
+    """No ratio in the config: the tree a dry run shows is what would be
+    published, the operator's ratio and not the initial one."""
+    from tests.integration.reshape_driver import Host
+    from tests.integration.test_cli_reshape import once, write_config
+    from tests.integration.test_reshape_cost import set_memory_ratio
+
+    host = Host(tmp_path, placement_server.url, host_name)
+    config = write_config(host)
+    assert once(config).code == 0
+    set_memory_ratio(1.25)(host)
+
+    plan = once(config, "--dry-run", "--output", "json")
+
+    assert plan.code == 0, plan.stderr
+    assert plan.json()["changes"] == []
+    root = plan.json()["providers"][0]
+    assert root["inventories"]["MEMORY_MB"]["allocation_ratio"] == 1.25
+    assert "ratio 1.25" in once(config, "--dry-run").stdout
