@@ -127,7 +127,8 @@ install-service:
 	$(SUDO) ln -sfn $(SERVICE_PREFIX)/bin/node-agent /usr/local/bin/node-agent
 	$(SUDO) ln -sfn $(SERVICE_PREFIX)/bin/node-agent-applier /usr/local/bin/node-agent-applier
 	$(SUDO) install -m 0644 systemd/node-agent.service /etc/systemd/system/node-agent.service
-	$(SUDO) systemctl daemon-reload
+	if [ -d /run/systemd/system ]; then $(SUDO) systemctl daemon-reload; else \
+	  echo "systemd is not running here (a container or an image being built): the unit is installed; systemd loads it at boot"; fi
 	@echo "Edit /etc/node-agent/node-agent.conf, check it with: node-agent --config-file /etc/node-agent/node-agent.conf --check-config"
 	@echo "then: systemctl enable --now node-agent"
 
