@@ -349,3 +349,58 @@ def test_a_change_in_the_findings_is_notified_once_over_the_real_bus(scene, rabb
         server.stop()
         server.wait()
         transport.cleanup()
+
+
+def audited_twice(config: str) -> dict:
+    """``node-agent audit`` run twice (a finding is an alarm once seen twice):
+    the second run's findings by consumer."""
+    assert run_agent("--config-file", config, "audit", "--output", "json").code in (0, 1)
+    second = run_agent("--config-file", config, "audit", "--output", "json")
+    assert second.code in (0, 1), second.stderr
+    return {f["consumer"]: f for f in second.json()["audit"]["findings"]}
+
+
+def test_pinned_guest_allocated_vcpu_on_a_host_offering_pcpu_is_a_size_alarm(
+        tmp_path, placement_server, host_name):
+    host = Host(tmp_path, placement_server.url, host_name)
+    config = write_config(host, "cpu_dedicated_set = 2-7,10-15\ncpu_shared_set = 0-1,8-9\n")
+    assert run_agent("--config-file", config, "--once").code == 0
+    scheduler = Scheduler.for_endpoint(placement_server.url)
+    claim(scheduler, host.pinned, {host.root: {"PCPU": 4, "MEMORY_MB": 4096}})   # right
+    claim(scheduler, host.pinned_2, {host.root: {"VCPU": 2, "MEMORY_MB": 2048}})  # wrong
+
+    found = audited_twice(config)
+
+    assert host.pinned not in found
+    wrong = found[host.pinned_2]
+    assert (wrong["kind"], wrong["state"]) == (A.SIZE_MISMATCH, A.ALARM)
+    assert wrong["sizes"] == [{"resource": "PCPU", "guest": 2, "allocated": 0},
+                              {"resource": "VCPU", "guest": 0, "allocated": 2}]
+
+
+def test_guest_bound_to_one_numa_node_allocated_on_the_other_is_an_alarm(
+        tmp_path, placement_server, host_name):
+    """instance-00000005's memory is bound (strict) to node 1; with NUMA
+    nodes in Placement, its allocation on node 0 is an alarm."""
+    host = Host(tmp_path, placement_server.url, host_name)
+    config = write_config(host, "numa_in_placement = true\n")
+    assert run_agent("--config-file", config, "--once").code == 0
+    listed = host.scheduler.get(f"/resource_providers?in_tree={host.root}")
+    nodes = {rp["name"].rsplit("_", 1)[1]: rp["uuid"]
+             for rp in listed["resource_providers"] if "_NUMA_" in rp["name"]}
+    scheduler = Scheduler.for_endpoint(placement_server.url)
+    bound = host.unpinned[2][:-2] + "05"
+    claim(scheduler, bound, {nodes["0"]: {"VCPU": 2, "MEMORY_MB": 2048}})
+
+    found = audited_twice(config)
+
+    wrong = found[bound]
+    assert (wrong["kind"], wrong["state"]) == (A.SIZE_MISMATCH, A.ALARM)
+    assert "NUMA: guest bound to node(s) [1], allocated on [0]" in wrong["detail"]
+
+    held = scheduler.get(f"/allocations/{bound}")
+    scheduler.put(f"/allocations/{bound}", {
+        "allocations": {nodes["1"]: {"resources": {"VCPU": 2, "MEMORY_MB": 2048}}},
+        "project_id": PROJECT, "user_id": USER, "consumer_type": "INSTANCE",
+        "consumer_generation": held["consumer_generation"]})
+    assert bound not in audited_twice(config)
