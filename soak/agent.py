@@ -20,7 +20,7 @@ from typing import Callable, Optional
 import psutil
 
 from soak.model import Config
-from tests.machine_id import machine_id_config
+from tests.machine_id import isolated_config
 
 AGENT = Path(sys.executable).with_name("node-agent")
 
@@ -98,7 +98,7 @@ def config_text(workdir: Path, host: str, placement_url: str, transport_url: str
     if broken:
         compute[broken[0]] = broken[1]
     lines = "".join(f"{k} = {v}\n" for k, v in compute.items())
-    return (machine_id_config(workdir) +
+    return (isolated_config(workdir) +
             f"[DEFAULT]\nhost = {host}\n"
             f"transport_url = {transport_url}\n"
             f"[agent]\nstate_path = {workdir / 'state'}\n"

@@ -1,7 +1,15 @@
-"""The machine identity every test runs with (``[agent] machine_id_path``),
-never the host's /etc/machine-id: that is empty in a container or an image
-prepared for cloning, and the agent then refuses every writing command
-(exit 78). One id for the whole suite, as one host's id was before."""
+"""What every test config starts with, so that no run reads the machine's
+own files under /etc:
+
+* the machine identity (``[agent] machine_id_path``), never the host's
+  /etc/machine-id: that is empty in a container or an image prepared for
+  cloning, and the agent then refuses every writing command (exit 78). One
+  id for the whole suite, as one host's id was before;
+* the operator's provider files (``[compute] provider_config_location``),
+  never /etc/node-agent/provider_config/: on a machine where node-agent is
+  installed that directory is root's and the service group's only (mode
+  0750), so a test running as ``nobody`` failed with exit 78, and on any
+  machine its files would change what the tests see."""
 
 from __future__ import annotations
 
@@ -22,7 +30,9 @@ def machine_id_file(directory: Path) -> Path:
     return path
 
 
-def machine_id_config(directory: Path) -> str:
+def isolated_config(directory: Path) -> str:
     """Config text setting ``[agent] machine_id_path`` to a file in
-    ``directory``. Put it first: a test's own later ``[agent]`` lines win."""
-    return f"[agent]\nmachine_id_path = {machine_id_file(directory)}\n"
+    ``directory`` and ``[compute] provider_config_location`` to a directory
+    there (none need exist). Put it first: a test's own later lines win."""
+    return (f"[agent]\nmachine_id_path = {machine_id_file(directory)}\n"
+            f"[compute]\nprovider_config_location = {Path(directory) / 'provider_config'}\n")

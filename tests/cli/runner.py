@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tests.hostdata import sysfs_root_for
-from tests.machine_id import machine_id_config
+from tests.machine_id import isolated_config
 
 
 @dataclass
@@ -29,7 +29,7 @@ def write_config(tmp_path: Path, system_dir: Path, host: str = "fixture-host",
     instances.mkdir(exist_ok=True)
     path = tmp_path / "node-agent.conf"
     path.write_text(
-        machine_id_config(tmp_path) +
+        isolated_config(tmp_path) +
         f"[DEFAULT]\nhost = {host}\n[agent]\nstate_path = {tmp_path / 'state'}\n"
         f"[host]\nsysfs_root = {root}\n"
         "[libvirt]\nconnection_uri =\n"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from tests.cli.runner import run_agent, write_config
 from tests.hostdata import HOSTDATA
-from tests.machine_id import machine_id_config
+from tests.machine_id import isolated_config
 
 TEST6 = HOSTDATA / "virhostcpudata" / "linux-test6"   # 0-7 present, 5,7 offline
 TEST3 = HOSTDATA / "virhostcpudata" / "linux-test3"   # 48 CPUs, 8 nodes
@@ -130,7 +130,7 @@ def test_garbage_sysfs_file_is_a_clear_error_not_a_traceback(tmp_path):
     (root / "present").write_text("0-3\n")
     (root / "online").write_text("zero-three\n")
     config = tmp_path / "c.conf"
-    config.write_text(machine_id_config(tmp_path) +
+    config.write_text(isolated_config(tmp_path) +
                       f"[host]\nsysfs_root = {tmp_path / 'sys'}\n[libvirt]\nconnection_uri =\n"
                       f"[compute]\ninstances_path = {tmp_path}\n"
                       f"[agent]\nstate_path = {tmp_path / 'state'}\n")

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from tests.hostdata import HOSTDATA
-from tests.machine_id import machine_id_config
+from tests.machine_id import isolated_config
 
 SMALL_HOST = HOSTDATA / "vircaps2xmldata/linux-basic/system"      # 16 CPUs
 OTHER_HOST = HOSTDATA / "virhostcpudata/linux-test1"               # another shape
@@ -116,7 +116,7 @@ class AgentProcess:
             os.chown(state, NOBODY_UID, NOBODY_GID)
 
     def config_text(self, reserved_memory_mb: int = 512) -> str:
-        return (machine_id_config(self.dir) +
+        return (isolated_config(self.dir) +
                 f"[DEFAULT]\nhost = {self.host}\n"
                 f"{self.extra}"
                 f"[agent]\nstate_path = {self.dir / 'state'}\n"

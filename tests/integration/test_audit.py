@@ -25,7 +25,7 @@ from node_agent.state import StateStore
 from tests.cli.runner import run_agent
 from tests.integration.reshape_driver import PROJECT, USER, Host, agent_cycle
 from tests.integration.test_cli_reshape import write_config
-from tests.machine_id import machine_id_config
+from tests.machine_id import isolated_config
 
 pytestmark = pytest.mark.integration
 LOG = logging.getLogger(__name__)
@@ -226,7 +226,7 @@ def test_dry_run_shows_the_audit_section_and_writes_nothing(scene):
 
 def test_audit_without_placement_is_a_config_error(tmp_path):
     config = tmp_path / "node-agent.conf"
-    config.write_text(machine_id_config(tmp_path) + f"[agent]\nstate_path = {tmp_path}\n")
+    config.write_text(isolated_config(tmp_path) + f"[agent]\nstate_path = {tmp_path}\n")
     result = run_agent("--config-file", str(config), "audit")
     assert result.code == 78
     assert "node-agent audit reads Placement" in result.stderr

@@ -3,7 +3,7 @@
 import pytest
 
 from tests.cli.runner import run_agent
-from tests.machine_id import machine_id_config
+from tests.machine_id import isolated_config
 from tests.integration.reshape_driver import (Host, boot_legacy_guests, cpu_view,
                                               expected_after_reshape, reshaper_posts)
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.integration
 def write_config(host: Host, extra: str = "") -> str:
     path = host.tmp / "node-agent.conf"
     path.write_text(
-        machine_id_config(host.tmp) +
+        isolated_config(host.tmp) +
         f"[DEFAULT]\nhost = {host.name}\n[agent]\nstate_path = {host.state_dir}\n"
         f"[host]\nsysfs_root = {host.sysfs}\n[libvirt]\nconnection_uri = {host.uri}\n"
         f"[compute]\ninstances_path = {host.tmp}\n{extra}"

@@ -23,7 +23,7 @@ from node_agent.service.metrics import AgentCollector
 from tests.cli.runner import run_agent
 from tests.integration.reshape_driver import PROJECT, USER, Host
 from tests.integration.test_applier import RequestLog
-from tests.machine_id import machine_id_config
+from tests.machine_id import isolated_config
 
 pytestmark = pytest.mark.integration
 LOG = logging.getLogger(__name__)
@@ -66,7 +66,7 @@ class NovaHost:
             f"[placement]\nauth_type = admin_token\ntoken = admin\n"
             f"endpoint_override = {self.url}\n")
         agent = self.tmp / "node-agent.conf"
-        agent.write_text(machine_id_config(self.tmp) +
+        agent.write_text(isolated_config(self.tmp) +
                          f"[agent]\nmode = companion\nstate_path = {self.host.state_dir}\n"
                          f"metrics_textfile = {self.textfile}\n"
                          f"[host]\nsysfs_root = {self.host.sysfs}\n")

@@ -33,7 +33,7 @@ from node_agent.host.hypervisor import Hypervisor
 from node_agent.placement.client import PlacementClient
 from node_agent.service.loop import Service
 from tests.integration.libvirtd import guest_xml
-from tests.machine_id import machine_id_config
+from tests.machine_id import isolated_config
 from tests.integration.reshape_driver import (agent_cycle, allocate, cpu_view,
                                               expected_after_reshape, make_settings,
                                               reshaper_posts)
@@ -219,7 +219,7 @@ class RunningService:
     def __init__(self, tmp_path, libvirtd, placement_url, host, interval=3600):
         config = tmp_path / "node-agent.conf"
         config.write_text(
-            machine_id_config(tmp_path) +
+            isolated_config(tmp_path) +
             f"[DEFAULT]\nhost = {host}\n[agent]\nstate_path = {tmp_path / 'state'}\n"
             f"[libvirt]\nconnection_uri = {libvirtd.ro_uri}\n"
             f"[compute]\ninstances_path = {tmp_path}\n"
@@ -459,7 +459,7 @@ def test_companion_on_a_nova_host_audits_real_guests_and_previews_the_reshape_re
     shared = ",".join(str(c) for c in ONLINE if c != PINNED_CPU)
     config = tmp_path / "node-agent.conf"
     config.write_text(
-        machine_id_config(tmp_path) +
+        isolated_config(tmp_path) +
         f"[DEFAULT]\nhost = {host_name}\n"
         f"[agent]\nmode = companion\nstate_path = {tmp_path / 'state'}\n"
         f"[libvirt]\nconnection_uri = {libvirtd.ro_uri}\n"

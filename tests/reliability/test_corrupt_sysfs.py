@@ -20,7 +20,7 @@ import pytest
 
 from tests.cli.runner import Result, run_agent
 from tests.hostdata import HOSTDATA
-from tests.machine_id import machine_id_config
+from tests.machine_id import isolated_config
 from tests.reliability.nobody import (run_as_nobody, skip_unless_root_with_setpriv,
                                       world_readable_dir)
 
@@ -132,7 +132,7 @@ def config_for(root: Path, tmp_path: Path) -> Path:
     instances.mkdir(exist_ok=True)
     config = tmp_path / "node-agent.conf"
     config.write_text(
-        machine_id_config(tmp_path) +
+        isolated_config(tmp_path) +
         f"[DEFAULT]\nhost = damaged\n[agent]\nstate_path = {tmp_path / 'state'}\n"
         f"[host]\nsysfs_root = {root}\n[libvirt]\nconnection_uri =\n"
         f"[compute]\ninstances_path = {instances}\nnuma_in_placement = true\n"
