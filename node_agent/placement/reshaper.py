@@ -256,8 +256,9 @@ def _held_inventories(client, view: Mapping[str, ProviderAllocations], new: froz
     for uuid, state in view.items():
         if uuid in new:
             continue
-        at = reads.inventories.get(uuid) or (known or {}).get(uuid)
-        if at is None or at[0] != state.generation:
+        at = next((c for c in (reads.inventories.get(uuid), (known or {}).get(uuid))
+                   if c is not None and c[0] == state.generation), None)
+        if at is None:
             try:
                 body = client.inventories(uuid)
             except NotFound:
