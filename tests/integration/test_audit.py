@@ -404,3 +404,45 @@ def test_guest_bound_to_one_numa_node_allocated_on_the_other_is_an_alarm(
         "project_id": PROJECT, "user_id": USER, "consumer_type": "INSTANCE",
         "consumer_generation": held["consumer_generation"]})
     assert bound not in audited_twice(config)
+
+
+def test_guest_with_an_mdev_allocated_no_vgpu_is_a_size_alarm(tmp_path, placement_server,
+                                                              host_name):
+    """The GPU is a child provider (``enabled_mdev_types``); the guest's
+    mdev must be matched by one VGPU somewhere in the host's tree."""
+    from tests.integration.test_nested_reshape import (GPU1, MDEV_TYPE, NestedHost,
+                                                       guest, prefix)
+
+    mdev = str(uuid.uuid4())
+    p = prefix()
+    with_mdev, without = guest(1, p, mdevs=[mdev]), guest(2, p)
+    host = NestedHost(tmp_path, placement_server.url, host_name, [with_mdev, without],
+                      gpus={GPU1: (mdev,)})
+    host.cycle(dedicated=None, shared=None, enabled_mdev_types=(MDEV_TYPE,))
+    gpu = host.uuid_of(f"{host_name}_pci_0000_81_00_0")
+    scheduler = Scheduler.for_endpoint(placement_server.url)
+    claim(scheduler, with_mdev["uuid"], {host.root: {"VCPU": 2, "MEMORY_MB": 1024}})
+    claim(scheduler, without["uuid"], {host.root: {"VCPU": 2, "MEMORY_MB": 1024}})
+
+    store = StateStore(Path(host.state_dir))
+    syncer = TreeSyncer(PlacementClient.for_endpoint(placement_server.url), store)
+    desired = compute_desired(host.settings(dedicated=None, shared=None,
+                                            enabled_mdev_types=(MDEV_TYPE,)),
+                              state=store.load_or_empty(LOG))
+    syncer.plan(desired.tree)
+    auditor = Auditor(syncer)
+    auditor.run(desired, host_name, numa=False)
+    found = {f.consumer: f for f in auditor.run(desired, host_name, numa=False).findings}
+
+    assert set(found) == {with_mdev["uuid"]}
+    finding = found[with_mdev["uuid"]]
+    assert (finding.kind, finding.state) == (A.SIZE_MISMATCH, A.ALARM)
+    assert finding.sizes == (("VGPU", 1, 0),)
+
+    held = scheduler.get(f"/allocations/{with_mdev['uuid']}")
+    scheduler.put(f"/allocations/{with_mdev['uuid']}", {
+        "allocations": {host.root: {"resources": {"VCPU": 2, "MEMORY_MB": 1024}},
+                        gpu: {"resources": {"VGPU": 1}}},
+        "project_id": PROJECT, "user_id": USER, "consumer_type": "INSTANCE",
+        "consumer_generation": held["consumer_generation"]})
+    assert auditor.run(desired, host_name, numa=False).findings == ()
