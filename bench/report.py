@@ -270,8 +270,10 @@ def _reshape_breakdown(p: dict) -> list[str]:
             + f"then the allocation audit {audit} (one `GET /resource_providers/{{uuid}}/"
             f"allocations` per provider: a restarted agent's first cycle is a full "
             f"verify, and the audit follows every full verify; outside the target). "
-            f"Issue 19's target, consumers + 3 plus 2 per moved provider, is {floor} "
-            f"here: the cycle without the audit costs {path}, **{verdict}** ({literal}).")
+            f"Issue 19's target is consumers + 3; with the verify's own cost for the "
+            f"providers that moved while the agent was down (2 reads each, as the issue "
+            f"counts a verify) it is {floor} here: the cycle without the audit costs "
+            f"{path}, **{verdict}** ({literal}).")
         lines.append("")
     return lines
 

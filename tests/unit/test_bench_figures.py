@@ -139,7 +139,7 @@ def test_the_reshape_row_is_split_and_judged_with_its_verify_but_not_the_audit()
 
     assert "the reshape itself 102" in moved and "the allocation audit 5" in moved
     assert "the restart's verify before any write 3 (the listing 1, then 2 for the 1" in moved
-    assert "is 105 here: the cycle without the audit costs 105, **met**" in moved
+    assert "it is 105 here: the cycle without the audit costs 105, **met**" in moved
     assert "plus the 2 reads of the moved root" in moved
     assert "is 103 here: the cycle without the audit costs 103, **met** (within" in still
     assert "2 other; " in over and "costs 107, **missed**" in over
