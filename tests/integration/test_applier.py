@@ -418,6 +418,29 @@ def messaging_service(bus, tmp_path, host_name):
     return agent
 
 
+def test_reshape_through_the_applier_keeps_a_ratio_the_operator_set_in_placement(
+        bus, tmp_path, placement_server, host_name):
+    """No ratio in the host's config (nova keeps Placement's): the applier's
+    reshape body must not put back the initial ratio over the operator's."""
+    from dataclasses import replace
+    from tests.integration.test_reshape_cost import set_memory_ratio
+
+    bus.start(1)
+    host = MessagingHost(tmp_path, placement_server.url, host_name)
+    sender = bus.sender(host_name, timeout=30)
+    nova_default = {"explicit_ratios": frozenset()}
+    assert sender.send(compute_desired(replace(host.settings(), **nova_default))).ok
+    boot_legacy_guests(host)
+    set_memory_ratio(1.25)(host)
+
+    report = sender.send(compute_desired(replace(
+        host.settings(dedicated="2-5,10-13", shared="0-1,6-9,14-15"), **nova_default)))
+
+    assert report.ok and report.reshape is not None, report.errors
+    assert cpu_view(host.inventories()) == {"VCPU": 8, "PCPU": 8}
+    assert host.inventories()["MEMORY_MB"]["allocation_ratio"] == 1.25
+
+
 def test_service_in_messaging_mode_backs_off_without_applier_then_converges(
         bus, tmp_path, placement, host_name):
     agent = messaging_service(bus, tmp_path, host_name)
