@@ -229,7 +229,8 @@ def test_failures_back_off_instead_of_running_every_interval():
     next_delay = service._next_delay
     service._next_delay = lambda duration: chosen.append(next_delay(duration)) or chosen[-1]
     thread, _ = start(service)
-    wait_for(lambda: len(starts) >= 5)
+    # The fifth delay is chosen just after the fifth start: wait for both.
+    wait_for(lambda: len(starts) >= 5 and len(chosen) >= 5)
     service.request_stop()
     thread.join(5)
     # The schedule doubles from the interval up to the cap (upper half of
