@@ -534,24 +534,36 @@ SERVICE_PROBE_TIMEOUT = 5.0
 SERVICE_CYCLE_TIMEOUT = 150.0
 
 
-def _maintenance_via_service(conf, settings, on: bool, reason: str) -> Optional[dict]:
-    """Ask the running service over its control channel (``[DEFAULT]
-    transport_url``) to set maintenance and apply it: the service writes its
-    own state file, as its own user. None when no service answers (no
-    transport, no broker, or no agent of this host on it): the caller then
-    writes the file."""
+def _service_status(conf, settings) -> tuple[Optional[dict], Optional[str]]:
+    """The running service's ``get_status`` over its control channel
+    (``[DEFAULT] transport_url``), asked with a short timeout: (answer,
+    None), or (None, why none answered); (None, None) without a channel."""
     from node_agent.remote import messaging
 
     if not messaging.urls(conf)[0]:
-        return None
+        return None, None
     om = messaging.oslo_messaging()
     try:
         messaging.check_broker(conf, timeout=SERVICE_PROBE_TIMEOUT)
-        messaging.client(conf, settings.host, timeout=SERVICE_PROBE_TIMEOUT).call(
+        answer = messaging.client(conf, settings.host, timeout=SERVICE_PROBE_TIMEOUT).call(
             {}, "get_status")
     except (messaging.MessagingUnavailable, om.MessagingTimeout) as exc:
-        LOG.info("no running service answered for %s (%s); writing the state file",
-                 settings.host, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        return None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return answer, None
+
+
+def _maintenance_via_service(conf, settings, on: bool, reason: str) -> Optional[dict]:
+    """Ask the running service to set maintenance and apply it: the service
+    writes its own state file, as its own user. None when no service
+    answers (no transport, no broker, or no agent of this host on it): the
+    caller then writes the file."""
+    from node_agent.remote import messaging
+
+    answer, why = _service_status(conf, settings)
+    if answer is None:
+        if why:
+            LOG.info("no running service answered for %s (%s); writing the state file",
+                     settings.host, why)
         return None
     return messaging.client(conf, settings.host, timeout=SERVICE_CYCLE_TIMEOUT).call(
         {}, "set_maintenance", on=on, reason=reason or None)
@@ -577,17 +589,9 @@ def _service_maintenance(conf, settings) -> Optional[dict]:
     """Without Placement here (``upstream = messaging``), the running
     service's say: it hears from the applier what was applied. None
     without a control channel; ``{"error": ...}`` when no service answered."""
-    from node_agent.remote import messaging
-
-    if not messaging.urls(conf)[0]:
-        return None
-    om = messaging.oslo_messaging()
-    try:
-        messaging.check_broker(conf, timeout=SERVICE_PROBE_TIMEOUT)
-        answer = messaging.client(conf, settings.host, timeout=SERVICE_PROBE_TIMEOUT).call(
-            {}, "get_status")
-    except (messaging.MessagingUnavailable, om.MessagingTimeout) as exc:
-        return {"error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
+    answer, why = _service_status(conf, settings)
+    if answer is None:
+        return {"error": why} if why else None
     return dict(answer.get("maintenance") or {})
 
 
