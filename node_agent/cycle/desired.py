@@ -23,6 +23,7 @@ from node_agent.config.provider_files import load_provider_configs, load_provide
 from node_agent.model.provider_tree import ProviderTree
 from node_agent.model.settings import Settings
 from node_agent.model.snapshot import HostSnapshot
+from node_agent.policy import guest_fit
 from node_agent.state import APPLIED, MAINTENANCE, PROVIDERS
 
 LOG = logging.getLogger(__name__)
@@ -69,6 +70,8 @@ def desired_from(settings: Settings, host: HostSnapshot,
     notes = [f"provider file entry {c.source} names a provider that is not on this "
              f"host: {c.identity}" for c in unmatched(tree, configs)]
     notes += unmatched_device_options(settings, host)
+    notes += guest_fit.warnings(host.guests, partition.dedicated,
+                                getattr(partition, "shared", None))
     offered = mem_encryption(settings, host)
     notes += offered.warnings if offered else ()
     tree, maintenance_notes = maint.apply(tree, maintenance)

@@ -11,14 +11,19 @@ Metadata keys emitted in ``Guest.metadata`` (sorted by key):
 * ``flavor:<child>``  each child of ``<nova:flavor>`` by local name, as nova
                       writes them: ``flavor:memory`` (MiB), ``flavor:vcpus``,
                       ``flavor:disk``, ``flavor:swap``, ``flavor:ephemeral``
+* ``extra_spec:<name>`` each ``<nova:extraSpec name>`` of the flavor, and
+                      ``nova:extra_specs`` (empty) when nova wrote the
+                      ``<nova:extraSpecs>`` element at all (nova 34 does,
+                      even for a flavor without extra specs)
+* ``image:<name>``    each ``<nova:image><nova:properties><nova:property>``
+* ``owner:user``, ``owner:project``  the uuids of ``<nova:owner>``
+* ``libvirt:emulatorpin``  ``<cputune><emulatorpin cpuset>``
 * ``hw:cpu_policy``   from ``<na:cpu_policy>`` in the node-agent namespace
-                      (``NODE_AGENT_NS``) inside ``<metadata>``
+                      (``NODE_AGENT_NS``) inside ``<metadata>``, for guests
+                      written by something other than nova
 
-Nova's namespaces 1.0, 1.1 and 1.2 are all read. Nova does not write flavor
-extra specs into the domain XML, so a deployment that wants a guest counted
-as dedicated without per-vCPU pins adds, inside ``<metadata>``::
-
-    <na:cpu_policy xmlns:na="https://node-agent.example/xmlns/1.0">dedicated</na:cpu_policy>
+Nova's namespaces 1.0, 1.1 and 1.2 are all read. How these keys decide a
+guest's CPU policy is :mod:`node_agent.policy.guest_cpu`'s business.
 """
 
 from __future__ import annotations
@@ -121,15 +126,22 @@ def _mdevs(root: ET.Element, what: str) -> tuple[GuestMdev, ...]:
     return tuple(mdevs)
 
 
+def _emulatorpin(root: ET.Element) -> dict[str, str]:
+    pin = root.find("cputune/emulatorpin")
+    cpuset = pin.get("cpuset") if pin is not None else None
+    return {"libvirt:emulatorpin": cpuset} if cpuset else {}
+
+
 def _metadata(root: ET.Element) -> tuple[tuple[str, str], ...]:
     metadata = root.find("metadata")
     if metadata is None:
-        return ()
+        return tuple(sorted(_emulatorpin(root).items()))
     found: dict[str, str] = {}
     for ns in NOVA_NAMESPACES:
         instance = metadata.find(f"{{{ns}}}instance")
         if instance is not None:
             found.update(_nova_instance(instance, ns))
+    found.update(_emulatorpin(root))
     policy = text_of(metadata, f"{{{NODE_AGENT_NS}}}cpu_policy")
     if policy is not None:
         found["hw:cpu_policy"] = policy
@@ -150,7 +162,24 @@ def _nova_instance(instance: ET.Element, ns: str) -> dict[str, str]:
             value = _text(child)
             if value is not None:
                 found[f"flavor:{_local_name(child.tag)}"] = value
+        specs = flavor.find(f"{{{ns}}}extraSpecs")
+        if specs is not None:
+            found["nova:extra_specs"] = ""
+            found.update(_named(specs, f"{{{ns}}}extraSpec", "extra_spec:"))
+    image = instance.find(f"{{{ns}}}image/{{{ns}}}properties")
+    if image is not None:
+        found.update(_named(image, f"{{{ns}}}property", "image:"))
+    for who in ("user", "project"):
+        element = instance.find(f"{{{ns}}}owner/{{{ns}}}{who}")
+        if element is not None and element.get("uuid"):
+            found[f"owner:{who}"] = element.get("uuid", "")
     return found
+
+
+def _named(parent: ET.Element, tag: str, prefix: str) -> dict[str, str]:
+    """``<tag name="k">v</tag>`` children as ``{prefix + k: v}``."""
+    return {prefix + child.get("name", ""): (child.text or "").strip()
+            for child in parent.findall(tag) if child.get("name")}
 
 
 def _text(element: ET.Element) -> Optional[str]:

@@ -118,7 +118,8 @@ class Guest:
     numa_nodes: frozenset[int] = frozenset()
     hugepages: bool = False
     mdevs: tuple[GuestMdev, ...] = ()
-    # nova-style metadata: flavor extra specs and the instance name.
+    # nova-style metadata: flavor extra specs, image properties, the owner,
+    # the instance name (keys: host/domain.py; read by policy/guest_cpu.py).
     metadata: tuple[tuple[str, str], ...] = ()
 
     @property
@@ -127,15 +128,6 @@ class Guest:
         for _vcpu, host in self.vcpupin:
             cpus = cpus | host
         return cpus
-
-    @property
-    def pinned(self) -> bool:
-        """Every vCPU pinned to host CPUs, or nova metadata says dedicated."""
-        meta = dict(self.metadata)
-        if meta.get("hw:cpu_policy") == "dedicated":
-            return True
-        pinned_vcpus = {vcpu for vcpu, host in self.vcpupin if host}
-        return self.vcpus > 0 and pinned_vcpus >= set(range(self.vcpus))
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from node_agent.model.cpuset import CpuSet
 from node_agent.model.provider_tree import Provider, ProviderTree
 from node_agent.model.snapshot import Guest, HostSnapshot
 from node_agent.placement.reshape_engine import Place, Rule, consumer_label
-from node_agent.policy.guest_fit import pinned_misfit
+from node_agent.policy.guest_cpu import classify
 from node_agent.tree.mem_encryption import AMD_SEV, child_name
 from node_agent.tree.numa import numa_provider_name
 from node_agent.tree.pci import gpu_provider_name
@@ -105,7 +105,11 @@ class pinned_to_pcpu(RuleBase):
     ``providers``: where the VCPU may be (the root, and the NUMA children on
     a host that reports them); the root alone by default.
 
-    Consumers with no guest of that uuid, and unpinned guests, stay. In
+    Only guests nova counts as dedicated move (:mod:`node_agent.policy.guest_cpu`),
+    wherever their pins are (nova warns about pins outside the set and
+    reshapes them all the same); floating and mixed guests stay, as in
+    nova's ``_update_provider_tree_for_pcpu``. Consumers with no guest of
+    that uuid stay. In
     transition mode ``dedicated`` is empty, so nothing moves: the control
     plane still schedules pinned guests as VCPU there.
     """
@@ -121,25 +125,12 @@ class pinned_to_pcpu(RuleBase):
 
     def _moves(self, consumer: str) -> bool:
         guest = self.guests.get(consumer)
-        return bool(self.dedicated) and guest is not None and guest.pinned
+        return bool(self.dedicated) and guest is not None and classify(guest).dedicated
 
     def __call__(self, consumer: str, provider: str, rc: str, amount: int) -> list[Place]:
         if provider in self.sources and rc == "VCPU" and self._moves(consumer):
             return [(provider, "PCPU", amount)]
         return [(provider, rc, amount)]
-
-    def refusals(self, moved: Sequence[str], names: Mapping[str, str]) -> list[str]:
-        """Pinned guests whose CPUs lie outside the dedicated set
-        (:func:`node_agent.policy.guest_fit.pinned_misfit` decides and words it)."""
-        found = []
-        for uuid in moved:
-            guest = self.guests.get(uuid)
-            if guest is None or not self._moves(uuid):
-                continue
-            reason = pinned_misfit(guest, self.dedicated)
-            if reason:
-                found.append(reason)
-        return found
 
 
 class vgpu_to_gpu_children(RuleBase):

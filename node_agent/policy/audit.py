@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
 from node_agent.model.snapshot import Guest
+from node_agent.policy.guest_cpu import classify
 
 ORPHAN = "orphan"
 NO_ALLOCATION = "no_allocation"
@@ -164,10 +165,14 @@ def _numa_of(by_provider: Mapping[str, Mapping[str, int]],
 def sizes_of(guest: Guest, totals: Mapping[str, int], pcpu_offered: bool
              ) -> tuple[tuple[str, int, int], ...]:
     """(class, guest has, allocated here) for each class that differs."""
-    cpu_class = "PCPU" if guest.pinned and pcpu_offered else "VCPU"
-    other = "VCPU" if cpu_class == "PCPU" else "PCPU"
-    wanted = {cpu_class: guest.vcpus, other: 0,
-              "MEMORY_MB": guest.memory_kb // 1024, "VGPU": len(guest.mdevs)}
+    cpu = classify(guest)
+    if pcpu_offered:
+        cpus = {"VCPU": cpu.vcpu, "PCPU": cpu.pcpu}
+    else:  # before the upgrade's reshape nova claims every vCPU as VCPU
+        cpus = {"VCPU": cpu.vcpu + cpu.pcpu, "PCPU": 0}
+    if cpus["PCPU"]:  # the class the guest mostly holds is named first
+        cpus = {"PCPU": cpus["PCPU"], "VCPU": cpus["VCPU"]}
+    wanted = {**cpus, "MEMORY_MB": guest.memory_kb // 1024, "VGPU": len(guest.mdevs)}
     return tuple((rc, want, int(totals.get(rc, 0))) for rc, want in wanted.items()
                  if int(totals.get(rc, 0)) != want)
 

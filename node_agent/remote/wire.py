@@ -18,8 +18,8 @@ name, parent, uuid, inventories and the trait -> wanted map) and
 * ``guests``: each guest's consumer ``uuid``, ``name``, ``vcpus``,
   ``vcpupin`` (``[[vcpu, cpulist], ...]``), ``numa_nodes`` (numatune),
   ``mdevs`` (``[{uuid, parent}]``, parent the GPU's PCI address or null)
-  and the ``metadata`` that :attr:`~node_agent.model.snapshot.Guest.pinned`
-  reads. Nothing else: a guest starting or stopping changes no digest;
+  and the ``metadata`` that :func:`node_agent.policy.guest_cpu.classify`
+  reads (and the owner, which ties a migration's record to its guest). Nothing else: a guest starting or stopping changes no digest;
 * ``numa``: the host's NUMA nodes, ``[{id, cpus}]`` (what ``node_of``
   reads: flat -> NUMA children by each guest's pinned CPUs and numatune);
 * ``gpus``: the host's mdev-capable GPUs, ``[{address, provider}]``, the
@@ -89,9 +89,17 @@ ERROR = "error"                # Placement could not be used
 STATUSES = (APPLIED, UNCHANGED, UNKNOWN_DIGEST, STALE, REFUSED, BUSY, ERROR)
 
 NUMA_CHILD = re.compile(r"_NUMA_([0-9]+)$")
-# Guest.pinned reads only this key; other metadata (names, flavor) would
-# only make the digest change without changing any rule.
-PINNED_METADATA = ("hw:cpu_policy",)
+# What the reshape rules read of a guest's metadata (policy/guest_cpu.py,
+# the owner); other metadata (names, flavor) would only make the digest
+# change without changing any rule.
+RULE_METADATA = ("hw:cpu_policy", "nova:extra_specs", "libvirt:emulatorpin",
+                 "owner:user", "owner:project")
+RULE_METADATA_PREFIXES = ("extra_spec:hw:cpu_", "extra_spec:hw:emulator_threads_policy",
+                          "extra_spec:resources:", "image:hw_cpu_")
+
+
+def rule_metadata(key: str) -> bool:
+    return key in RULE_METADATA or key.startswith(RULE_METADATA_PREFIXES)
 
 
 class Malformed(ValueError):
@@ -122,7 +130,7 @@ def guest_to_wire(guest: Guest) -> dict:
             "vcpupin": [[vcpu, str(cpus)] for vcpu, cpus in guest.vcpupin],
             "numa_nodes": sorted(guest.numa_nodes),
             "mdevs": [{"uuid": m.uuid, "parent": m.parent} for m in guest.mdevs],
-            "metadata": [[k, v] for k, v in guest.metadata if k in PINNED_METADATA]}
+            "metadata": [[k, v] for k, v in guest.metadata if rule_metadata(k)]}
 
 
 def numa_to_wire(nodes) -> list[dict]:
