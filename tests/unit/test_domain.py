@@ -9,6 +9,7 @@ from node_agent.model.cpuset import CpuSet
 from node_agent.host.domain import NODE_AGENT_NS, parse_domain
 from node_agent.errors import ParseError
 from node_agent.model.snapshot import GuestMdev
+from node_agent.policy.guest_cpu import BY_AGENT_METADATA, BY_NO_PINS, BY_PINNING, classify
 from tests.hostdata import HOSTDATA
 
 HOST_XML = Path(__file__).resolve().parents[1] / "data" / "libvirt" / "host.xml"
@@ -36,7 +37,8 @@ def test_pinned_guest_from_hostdata_example_has_every_vcpu_pinned():
     assert guest.memory_kb == 4194304
     assert guest.vcpupin == ((0, CpuSet({2})), (1, CpuSet({10})),
                              (2, CpuSet({3})), (3, CpuSet({11})))
-    assert guest.pinned
+    cpu = classify(guest)
+    assert (cpu.policy, cpu.rule, cpu.pcpu, cpu.vcpu) == ("dedicated", BY_PINNING, 4, 0)
     assert guest.pinned_cpus == CpuSet({2, 3, 10, 11})
     assert guest.hugepages
     assert guest.numa_nodes == frozenset({0})
@@ -56,7 +58,7 @@ def test_guest_with_only_a_vcpu_cpuset_is_not_pinned():
     xml = inline_domains(HOSTDATA / "testdriver-example.xml")["instance-00000003"]
     guest = parse_domain(xml, running=False)
     assert guest.vcpupin == ()
-    assert not guest.pinned
+    assert (classify(guest).policy, classify(guest).rule) == ("shared", BY_NO_PINS)
     assert not guest.running
     assert guest.metadata == ()
 
@@ -72,7 +74,7 @@ def test_cpu_policy_alone_makes_an_unpinned_guest_dedicated():
                  "dedicated</na:cpu_policy></metadata>")
     guest = parse_domain(xml, running=True)
     assert guest.vcpupin == ()
-    assert guest.pinned
+    assert (classify(guest).policy, classify(guest).rule) == ("dedicated", BY_AGENT_METADATA)
 
 
 def test_vcpupin_cpuset_accepts_exclusions():
@@ -81,9 +83,10 @@ def test_vcpupin_cpuset_accepts_exclusions():
     assert parse_domain(xml, True).vcpupin == ((0, CpuSet({0})), (1, CpuSet({4, 6, 7})))
 
 
-def test_guest_with_some_vcpus_unpinned_is_not_pinned():
+def test_guest_with_some_vcpus_unpinned_is_not_dedicated():
     xml = domain(MINIMAL + "<cputune><vcpupin vcpu='0' cpuset='3'/></cputune>")
-    assert not parse_domain(xml, True).pinned
+    cpu = classify(parse_domain(xml, True))
+    assert (cpu.policy, cpu.dedicated, cpu.pcpu, cpu.vcpu) == ("mixed", False, 1, 1)
 
 
 def test_current_vcpus_attribute_wins_over_maximum():

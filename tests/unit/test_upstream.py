@@ -9,6 +9,8 @@ import uuid
 
 import pytest
 
+from node_agent.policy.guest_cpu import classify
+
 from node_agent.remote import signing, upstream
 from node_agent.remote import wire
 from node_agent.model.cpuset import parse_cpu_spec, parse_cpulist
@@ -88,7 +90,7 @@ def test_full_message_round_trips_tree_and_reshape_inputs(desired):
     guest, = remote.host.guests
     assert (guest.uuid, guest.name, guest.vcpus, guest.vcpupin, guest.mdevs) == \
         (PINNED.uuid, PINNED.name, PINNED.vcpus, PINNED.vcpupin, PINNED.mdevs)
-    assert guest.pinned and guest.metadata == (("hw:cpu_policy", "dedicated"),)
+    assert classify(guest).dedicated and guest.metadata == (("hw:cpu_policy", "dedicated"),)
     assert remote.partition.dedicated == desired.partition.dedicated
     assert [(n.id, n.cpus) for n in remote.host.nodes] == \
         [(n.id, n.cpus) for n in desired.host.nodes]
@@ -307,8 +309,8 @@ def test_guests_that_do_not_fit_are_refused_on_the_host_and_nothing_is_sent(tmp_
     report = sender.send(desired)
 
     assert not report.ok and report.messages == 0 and sender.messages_sent == 0
-    assert [r.split(" (")[0] for r in report.reshape["refused"]] == [
-        "floating guest floating", "pinned guest pinned"]
+    # The pinned guest outside the dedicated set is nova's warning, not a refusal.
+    assert [r.split(" (")[0] for r in report.reshape["refused"]] == ["shared guest floating"]
     assert "cpu_shared_set is empty" in report.errors[0]
 
 
