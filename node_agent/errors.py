@@ -74,13 +74,14 @@ class StateError(ResourceError):
 
 class GuestsDoNotFit(ReshapeError):
     """The CPU configuration leaves guests of this host without the CPUs nova
-    needs to run them (:mod:`node_agent.policy.guest_fit`); nothing is written."""
+    needs to run them (:mod:`node_agent.policy.guest_fit`): the CPU classes
+    are not changed; ``kept`` says what the caller still wrote."""
 
-    def __init__(self, reasons):
+    def __init__(self, reasons, kept: str = "nothing was written to Placement"):
         self.reasons = tuple(reasons)
         super().__init__("\n".join([
-            "configuration refused, nothing was written to Placement: these guests "
-            "do not fit the new CPU sets and nova would refuse to start them:",
+            f"CPU sets refused, {kept}: these guests do not fit the new CPU sets "
+            "and nova-compute would refuse to start:",
             *self.reasons]))
 
 

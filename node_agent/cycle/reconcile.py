@@ -13,9 +13,11 @@ order of operations everywhere:
    unchanged tree costs no request; when the reshape had to create children
    it re-reads the tree and adopts them by name.
 
-Before either, guests the new CPU sets leave without CPUs (a pinned guest
-outside cpu_dedicated_set, a floating guest with no cpu_shared_set left:
-:mod:`node_agent.policy.guest_fit`) refuse the whole cycle: nothing is written.
+Before either, guests the new CPU sets leave without CPUs (floating vCPUs
+with no cpu_shared_set left, where nova-compute refuses to start:
+:mod:`node_agent.policy.guest_fit`) refuse the CPU classes only: VCPU and
+PCPU keep what Placement holds, the rest of the tree is written, and the
+cycle reports the refusal.
 
 A refused reshape (a pinned guest outside the new dedicated set, too few
 PCPU, a guest that cannot be attributed to a GPU or a NUMA node) keeps the
@@ -36,11 +38,10 @@ from node_agent.cycle.desired import Desired, with_placement_maintenance
 from node_agent.state import PROVIDERS
 from node_agent.errors import GuestsDoNotFit, HostBusy, ReshapeError
 from node_agent.policy.guest_fit import misfits
-from node_agent.model.provider_tree import (Inventory, PlacedTree, Provider, ProviderTree,
+from node_agent.model.provider_tree import (PlacedTree, ProviderTree,
                                           with_held_ratios)
-from node_agent.policy import maintenance as maint
 from node_agent.tree.mem_encryption import keep_as_held, undecided
-from node_agent.tree.ownership import AGENT_CHILD_TRAIT, ListedChild
+from node_agent.tree.ownership import ListedChild
 from node_agent.placement.reshape_engine import Reshape, hold_inventories
 from node_agent.placement.reshape_rules import guest_names
 from node_agent.placement.reshaper import (HostReshape, ReshapeOutcome, ensure_reshaped,
@@ -72,7 +73,14 @@ def shape_of(desired: Desired) -> Shape:
             str(desired.partition.dedicated))
 
 
-def guests_refused(desired: Desired) -> Optional[GuestsDoNotFit]:
+# What a refusal of the CPU sets keeps as Placement holds it.
+CPU_CLASSES = ("VCPU", "PCPU")
+CPU_KEPT = ("VCPU and PCPU were kept as Placement holds them and the rest of "
+            "the tree was written")
+
+
+def guests_refused(desired: Desired, kept: Optional[str] = None
+                   ) -> Optional[GuestsDoNotFit]:
     """The refusal when guests do not fit the desired CPU sets
     (:func:`node_agent.policy.guest_fit.misfits`), else None. The central applier's
     partition carries only the dedicated set: floating guests are judged on
@@ -80,7 +88,9 @@ def guests_refused(desired: Desired) -> Optional[GuestsDoNotFit]:
     partition = desired.partition
     reasons = misfits(desired.host.guests, partition.dedicated,
                       getattr(partition, "shared", None))
-    return GuestsDoNotFit(reasons) if reasons else None
+    if not reasons:
+        return None
+    return GuestsDoNotFit(reasons, kept) if kept else GuestsDoNotFit(reasons)
 
 
 @dataclass(frozen=True)
@@ -249,12 +259,11 @@ class Reconciler:
         # machine manages raises ProviderOwned here, and nothing is written.
         self.syncer.check_owner(desired.tree)
         desired = self._undecided_kept(desired)
-        refused = guests_refused(desired)
+        refused = guests_refused(desired, CPU_KEPT)
         if refused is not None:
             LOG.error("%s", refused)
-            report = SyncReport()
-            if maint.is_on(desired.maintenance):
-                report = self._close_as_held(desired)
+            report = self.syncer.sync(self._cpu_held(desired), limits_of(desired),
+                                      guest_names(desired.host.guests))
             return CycleOutcome(report, refused=ReshapeRefused(str(refused)))
         shape = shape_of(desired)
         tree, outcome, refusal = desired.tree, None, None
@@ -266,27 +275,19 @@ class Reconciler:
             self._applied_shape = shape
         return result
 
-    def _close_as_held(self, desired: Desired) -> SyncReport:
-        """Guests refuse the new configuration, so its tree is not written;
-        but maintenance is on, which must hold whatever the configuration:
-        the tree Placement holds (the root and the agent's own children,
-        nothing created or deleted) is written back with every inventory
-        closed (``reserved = total``) and the root's disabled trait."""
+    def _cpu_held(self, desired: Desired) -> ProviderTree:
+        """``desired`` with VCPU and PCPU as Placement holds them on the root
+        and the agent's children (none where nothing is published yet): the
+        CPU sets are refused, every other change is written. Maintenance
+        closes what is held too (:func:`hold_inventories`)."""
         root_uuid, children = self.syncer.held_children(desired.tree)
-        root = (self.syncer.cached() or {}).get(root_uuid) if root_uuid else None
-        if root is None:
-            return SyncReport()  # nothing published yet: nothing to close
-
-        def closed(records: Mapping[str, dict]) -> dict:
-            return {rc: replace(Inventory.from_placement(rec), reserved=rec["total"])
-                    for rc, rec in records.items()}
-
-        name = desired.tree.root.name
-        tree = ProviderTree((replace(desired.tree.root, inventories=closed(root.inventories)),)
-                            + tuple(Provider(c.name, parent=name, uuid=c.uuid,
-                                             inventories=closed(c.inventories))
-                                    for c in children if AGENT_CHILD_TRAIT in c.traits))
-        return self.syncer.sync(tree, limits_of(desired), guest_names(desired.host.guests))
+        held = [u for u in [root_uuid, *(c.uuid for c in children)] if u]
+        tree = ProviderTree(tuple(
+            replace(p, uuid=root_uuid) if p.parent is None and root_uuid else p
+            for p in desired.tree.providers))
+        # Every provider: a child Placement does not have yet gets no CPU class.
+        return hold_inventories(tree, read_inventories(self.client, held) if held else {},
+                                CPU_CLASSES)
 
     def plan(self, desired: Desired) -> tuple[ProviderTree, list[Change], Optional[dict]]:
         """For ``--dry-run``: the tree with uuids, the sync's requests, the reshape plan.
@@ -295,16 +296,19 @@ class Reconciler:
         desired = self._undecided_kept(desired)
         refused = guests_refused(desired)
         if refused is not None:
-            return (desired.tree, [],
-                    {"refused": list(refused.reasons),
-                     "lines": [f"REFUSED: {r}" for r in refused.reasons]
-                     + ["nothing would be written to Placement"]})
+            desired = replace(desired, tree=self._cpu_held(desired))
         tree, changes = self.syncer.plan_with_tree(desired.tree, limits_of(desired),
                                                    guest_names(desired.host.guests))
         # Shown with the ratios nova's rule keeps from Placement, as they would be published.
         held = {u: s.inventories for u, s in (self.syncer.cached() or {}).items()}
         tree = PlacedTree(tuple(replace(p, inventories=with_held_ratios(
             p.inventories, held.get(p.uuid or ""))) for p in tree.providers))
+        if refused is not None:
+            return tree, changes, {
+                "refused": list(refused.reasons),
+                "lines": [f"REFUSED: {r}" for r in refused.reasons]
+                + ["VCPU and PCPU would be kept as Placement holds them; the requests "
+                   "above would write the rest of the tree"]}
         inputs = self._inputs(desired)
         if inputs is None:
             return tree, changes, None

@@ -25,7 +25,8 @@ from typing import Callable, Iterable, Mapping, Optional, Sequence
 from node_agent.model.cpuset import CpuSet
 from node_agent.model.provider_tree import Provider, ProviderTree
 from node_agent.model.snapshot import Guest, HostSnapshot
-from node_agent.placement.reshape_engine import Place, Rule, consumer_label
+from node_agent.placement.reshape_engine import Consumer, Place, Rule, consumer_label
+from node_agent.policy import migrations
 from node_agent.policy.guest_cpu import classify
 from node_agent.tree.mem_encryption import AMD_SEV, child_name
 from node_agent.tree.numa import numa_provider_name
@@ -56,6 +57,14 @@ class RuleBase:
     def unplaced(self, consumer: str, provider: str, rc: str, amount: int) -> list[str]:
         return []
 
+    def migration_candidates(self, by_consumer: Mapping[str, Mapping[str, int]]) -> list[str]:
+        """Consumers whose record decides whether they move (a guest's
+        migration record): read them, then :meth:`with_migrations`."""
+        return []
+
+    def with_migrations(self, records: Mapping[str, Consumer], here: Iterable[str]) -> Rule:
+        return self  # type: ignore[return-value]  # every rule here is callable
+
 
 class chain(RuleBase):
     """Apply rules one after the other: each rule sees the places the
@@ -79,6 +88,15 @@ class chain(RuleBase):
         for rule in self.rules:
             found += getattr(rule, "refusals", lambda *_: [])(moved, names)
         return found
+
+    def migration_candidates(self, by_consumer: Mapping[str, Mapping[str, int]]) -> list[str]:
+        return sorted({c for rule in self.rules
+                       for c in getattr(rule, "migration_candidates", lambda _: [])(by_consumer)})
+
+    def with_migrations(self, records: Mapping[str, Consumer], here: Iterable[str]) -> Rule:
+        here = list(here)
+        return chain(*(getattr(r, "with_migrations", lambda *_: r)(records, here)
+                       for r in self.rules))
 
     def unplaced(self, consumer: str, provider: str, rc: str, amount: int) -> list[str]:
         """Each rule is asked about the places the rules before it produced."""
@@ -117,15 +135,39 @@ class pinned_to_pcpu(RuleBase):
     classes = frozenset({"VCPU", "PCPU"})
 
     def __init__(self, guests: Iterable[Guest], root_uuid: str, dedicated: Optional[CpuSet],
-                 providers: Iterable[str] = ()):
+                 providers: Iterable[str] = (),
+                 migrations: Optional[Mapping[str, Sequence[Guest]]] = None):
         self.guests = {g.uuid: g for g in guests}
         self.root_uuid = root_uuid
         self.dedicated = dedicated or CpuSet()
         self.sources = self.targets = frozenset({root_uuid, *providers})
+        # consumer -> the local guests it is a migration record of.
+        self.migrations = dict(migrations or {})
 
     def _moves(self, consumer: str) -> bool:
+        if not self.dedicated:
+            return False
         guest = self.guests.get(consumer)
-        return bool(self.dedicated) and guest is not None and classify(guest).dedicated
+        if guest is not None:
+            return classify(guest).dedicated
+        # A migration's record moves with its instance, as in nova; one that
+        # could belong to a floating guest too stays.
+        of = self.migrations.get(consumer) or ()
+        return bool(of) and all(classify(g).dedicated for g in of)
+
+    def migration_candidates(self, by_consumer: Mapping[str, Mapping[str, int]]) -> list[str]:
+        if not self.dedicated:
+            return []
+        dedicated = [g for g in self.guests.values() if classify(g).dedicated]
+        return migrations.candidates(dedicated, by_consumer) if dedicated else []
+
+    def with_migrations(self, records: Mapping[str, Consumer], here: Iterable[str]) -> Rule:
+        bodies = {c: {"allocations": r.allocations, "project_id": r.project_id,
+                      "user_id": r.user_id, "consumer_type": r.consumer_type}
+                  for c, r in records.items()}
+        found = migrations.match(self.guests.values(), bodies, self.sources, here)
+        return pinned_to_pcpu(self.guests.values(), self.root_uuid, self.dedicated,
+                              self.sources - {self.root_uuid}, found)
 
     def __call__(self, consumer: str, provider: str, rc: str, amount: int) -> list[Place]:
         if provider in self.sources and rc == "VCPU" and self._moves(consumer):

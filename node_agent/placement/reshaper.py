@@ -297,7 +297,9 @@ def _compute(client, tree: ProviderTree, rule: Rule, names: Mapping[str, str],
         return compute_reshape({}, {}, tree, rule, consumer_names=names), frozenset()
     rounds = 0
     while True:
-        wanted = affected_consumers(view, rule)
+        by_consumer = _by_consumer(view)
+        probed: list[str] = getattr(rule, "migration_candidates", lambda _: [])(by_consumer)
+        wanted = sorted(set(affected_consumers(view, rule)) | set(probed))
         stale = stale_consumers(view, reads.consumers, wanted)
         if (retry and rounds == 0 and not stale and (
                 reads.consumer_conflict or _generations(view) == _generations(reads.view))):
@@ -311,6 +313,9 @@ def _compute(client, tree: ProviderTree, rule: Rule, names: Mapping[str, str],
             break
         view, new = _read_view(client, tree, rule, absent)  # the generations, last
     reads.view, reads.new = view, new
+    if probed:  # a dedicated guest's migration record moves with it
+        rule = getattr(rule, "with_migrations")({c: reads.consumers[c] for c in probed
+                                                 if c in reads.consumers}, by_consumer)
     consumers = {c: reads.consumers[c] for c in affected_consumers(view, rule)
                  if c in reads.consumers}
     plan = compute_reshape(view, consumers, tree, rule, consumer_names=names)
@@ -319,6 +324,21 @@ def _compute(client, tree: ProviderTree, rule: Rule, names: Mapping[str, str],
         plan = compute_reshape(view, consumers, tree, rule,
                                current_inventories=current, consumer_names=names)
     return plan, new
+
+
+def _to_pcpu(plan: Reshape) -> bool:
+    return any(m.from_class == "VCPU" and m.to_class == "PCPU" for m in plan.moves)
+
+
+def _by_consumer(view: Mapping[str, ProviderAllocations]) -> dict[str, dict[str, int]]:
+    """consumer -> class -> what it holds on the view's providers."""
+    found: dict[str, dict[str, int]] = {}
+    for state in view.values():
+        for consumer, resources in state.consumers.items():
+            held = found.setdefault(consumer, {})
+            for rc, amount in resources.items():
+                held[rc] = held.get(rc, 0) + int(amount)
+    return found
 
 
 def uuid_of_root(tree: ProviderTree) -> str:
@@ -422,6 +442,7 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
     run = _Stages()
     plan = Reshape(None)
     started = time.monotonic()
+    rechecked = False
     try:
         while True:
             plan = _plan_for_post(client, tree, rule, names, absent, outcome, reads,
@@ -456,7 +477,13 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
             outcome.reshaped = True
             outcome.request_id = client.last_request_id
             if sent is plan:
-                break
+                if rechecked or not _to_pcpu(sent):
+                    break
+                # One more read of the view. VCPU stays on the provider, and
+                # nova's fallback query places pinned guests on it while the
+                # upgrade runs: one that landed while this POST was prepared
+                # moves now, in this cycle, not at the next shape change.
+                rechecked = True
     except (GenerationConflict, InventoryInUse) as exc:
         raise HostBusy(_busy_text(run, plan, time.monotonic() - started, exc)) from exc
     except ValueError as exc:

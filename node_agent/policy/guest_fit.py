@@ -72,7 +72,7 @@ def misfits(guests: Iterable[Guest], dedicated: CpuSet,
     """Every guest the partition leaves without its CPUs, one line each, in
     guest name order. ``shared`` None: not known (the central applier gets
     only the dedicated set), floating guests are not judged."""
-    found = []
+    found: list[str] = []
     if shared is None:
         return found
     for guest in sorted(guests, key=lambda g: (g.name, g.uuid)):

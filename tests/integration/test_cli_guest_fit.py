@@ -12,7 +12,8 @@ from node_agent.cycle.desired import compute_desired
 from node_agent.cycle.reconcile import Reconciler
 from node_agent.state import StateStore
 from node_agent.placement.sync import TreeSyncer
-from tests.integration.reshape_driver import Host, boot_legacy_guests, reshaper_posts
+from tests.integration.reshape_driver import (Host, boot_legacy_guests, expected_after_reshape,
+                                              reshaper_posts)
 from tests.integration.test_cli_reshape import once, write_config
 
 pytestmark = pytest.mark.integration
@@ -27,26 +28,26 @@ def host(tmp_path, placement_server, host_name):
     return host
 
 
-def test_pinned_guest_on_shared_cpus_is_refused_by_name_with_exit_1_writing_nothing(host):
-    before, inventories = host.allocations(), host.inventories()
+def test_pinned_guest_on_shared_cpus_is_a_warning_by_name_and_is_reshaped(host):
+    """nova warns about dedicated vCPUs outside cpu_dedicated_set and counts
+    them as PCPU: so does the agent, dry run and real run."""
+    before = host.allocations()
     # CPUs 10-11 of instance-00000001 and 12 of instance-00000002 go to the shared set.
-    bad = write_config(host, "cpu_dedicated_set = 2-9\ncpu_shared_set = 0-1,10-15\n")
+    stale = write_config(host, "cpu_dedicated_set = 2-9\ncpu_shared_set = 0-1,10-15\n")
 
-    plan = once(bad, "--dry-run", "--output", "json")
+    plan = once(stale, "--dry-run", "--output", "json")
     assert plan.code == 0, plan.stderr
-    refused = plan.json()["reshape"]["refused"]
-    assert len(refused) == 2 and "pinned guest instance-00000001 (" in refused[0]
-    assert "CPUs 10-11 are in cpu_shared_set = '0-1,10-15'" in refused[0]
-    assert "pinned guest instance-00000002 (" in refused[1] and "CPUs 12 are in" in refused[1]
-    assert plan.json()["changes"] == []
+    assert not plan.json()["reshape"].get("refused")
+    warned = [w for w in plan.json()["warnings"] if "outside cpu_dedicated_set" in w]
+    assert len(warned) == 2 and "dedicated guest instance-00000001 (" in warned[0]
+    assert "CPUs 10-11 are in cpu_shared_set = '0-1,10-15'" in warned[0]
+    assert "dedicated guest instance-00000002 (" in warned[1] and "CPUs 12 are in" in warned[1]
 
-    result = once(bad)
-    assert result.code == 1 and "Traceback" not in result.stderr
-    assert f"pinned guest instance-00000001 ({host.pinned})" in result.stderr
-    assert "cpu_dedicated_set = '2-9'" in result.stderr
-    assert "nothing was written to Placement" in result.stderr
-    assert host.allocations() == before and host.inventories() == inventories
-    assert reshaper_posts(host.scheduler) == []
+    result = once(stale)
+    assert result.code == 0 and "Traceback" not in result.stderr
+    assert f"dedicated guest instance-00000001 ({host.pinned})" in result.stdout
+    assert host.allocations() == expected_after_reshape(before, [host.pinned, host.pinned_2])
+    assert len(reshaper_posts(host.scheduler)) == 0  # the agent's client posted, not this one
 
 
 def test_floating_guests_with_no_shared_set_left_are_refused_each_cycle_until_fixed(
@@ -63,11 +64,11 @@ def test_floating_guests_with_no_shared_set_left_are_refused_each_cycle_until_fi
         assert not outcome.ok
         text = "\n".join(outcome.errors)
         for name in ("instance-00000003", "instance-00000005", "instance-00000006"):
-            assert f"floating guest {name} (" in text
-        assert "cpu_shared_set is empty" in text
-    assert host.agent.stats.writes == 0
+            assert f"shared guest {name} (" in text
+        assert "cpu_shared_set is empty" in text and "VCPU and PCPU were kept" in text
+    assert host.agent.stats.writes == 0  # nothing but the CPU sets changed
     assert host.allocations() == before and host.inventories() == inventories
-    assert sum("floating guest instance-00000003" in r.getMessage()
+    assert sum("shared guest instance-00000003" in r.getMessage()
                for r in caplog.records if r.levelno >= logging.ERROR) == 2
 
     # The operator gives floating guests a shared set: the next cycle applies.

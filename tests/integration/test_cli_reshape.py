@@ -53,17 +53,18 @@ def test_dedicated_set_reshapes_pinned_guests_once_through_the_cli(placement_ser
     assert len(reshaper_posts(host.scheduler)) == 0  # the scheduler client never reshapes
 
 
-def test_pinned_guest_outside_the_new_dedicated_set_is_refused_with_exit_1(
+def test_pinned_guest_outside_the_new_dedicated_set_is_a_warning_and_reshaped_as_in_nova(
         placement_server, host_name, tmp_path):
     host = Host(tmp_path, placement_server.url, host_name)
     assert once(write_config(host)).code == 0
     boot_legacy_guests(host)
-    before_inventory, before = host.inventories(), host.allocations()
+    before = host.allocations()
     # instance-00000001 is pinned to 2,3,10,11: leave 10-11 out of the dedicated set.
-    bad = write_config(host, "cpu_dedicated_set = 2-9\ncpu_shared_set = 0-1,10-15\n")
-    result = once(bad)
-    assert result.code == 1
+    stale = write_config(host, "cpu_dedicated_set = 2-9\ncpu_shared_set = 0-1,10-15\n")
+    result = once(stale)
+    assert result.code == 0, result.stderr
     assert "Traceback" not in result.stderr
-    assert "10-11" in result.stderr or "10,11" in result.stderr
-    assert host.allocations() == before
-    assert cpu_view(host.inventories()) == cpu_view(before_inventory)
+    shown = result.stdout + result.stderr   # the report's warnings
+    assert "outside cpu_dedicated_set" in shown and "CPUs 10-11" in shown
+    assert host.allocations() == expected_after_reshape(before, [host.pinned, host.pinned_2])
+    assert cpu_view(host.inventories()) == {"VCPU": 8, "PCPU": 8}

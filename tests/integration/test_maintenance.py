@@ -336,20 +336,20 @@ def test_numa_off_during_maintenance_is_refused_naming_maintenance(
 
 def test_maintenance_holds_when_guests_refuse_the_new_configuration(
         placement_server, host_name, tmp_path):
-    """The new CPU sets are refused by name (a pinned guest's CPUs are in
-    the shared set), so that tree is not written; maintenance closes the
-    tree Placement holds all the same."""
+    """The new CPU sets are refused by name (a floating guest has no shared
+    set left), so VCPU and PCPU keep what Placement holds; maintenance
+    closes them all the same."""
     host = Host(tmp_path, placement_server.url, host_name)
     assert once(write_config(host)).code == 0
-    host.boot(host.pinned, vcpu=4, memory=4096)       # pins 2,10,3,11 in host.xml
+    host.boot(host.unpinned[0], vcpu=2, memory=1024)   # instance-00000003, floating
     before = host.allocations()
-    config = write_config(host, "cpu_dedicated_set = 4-7\ncpu_shared_set = 0-3,8-15\n")
+    config = write_config(host, "cpu_dedicated_set = 0-15\n")
     assert maintenance(config, "on", "--reason", "disk swap").code == 0
 
     result = once(config, "--output", "json")
 
     assert result.code == 1
-    assert "instance-00000001" in result.stderr and "cpu_shared_set" in result.stderr
+    assert "instance-00000003" in result.stderr and "cpu_shared_set" in result.stderr
     assert_closed(host)
     assert set(host.inventories()) == {"VCPU", "MEMORY_MB", "DISK_GB"}   # the old layout
     assert host.allocations() == before

@@ -8,6 +8,7 @@ are the agent's client's.
 """
 
 import logging
+from dataclasses import replace
 
 import pytest
 
@@ -53,7 +54,7 @@ def test_transition_from_legacy_to_dedicated_reshapes_once(host, caplog):
                                                                shared=SHARED))
     assert outcome.reshaped and outcome.consumers_moved == 2 and report.ok
     assert len(reshaper_posts(host.agent)) == 1
-    assert outcome.requests <= 2 + 2  # N consumers + 2
+    assert outcome.requests <= 2 + 2 + 1  # N consumers + 2, and the read after the POST
     assert cpu_view(host.inventories()) == {"VCPU": 8, "PCPU": 8}
     assert host.allocations() == expected_after_reshape(before, [host.pinned, host.pinned_2])
     assert report.applied == []  # the sync found the tree already reshaped
@@ -110,24 +111,27 @@ def test_guest_booted_between_read_and_post_is_moved_by_the_retry(host):
     assert host.allocations()[host.pinned] == expected_after_reshape(before_race, [host.pinned])[host.pinned]
 
 
-def test_pinned_guest_outside_the_new_dedicated_set_refuses_and_changes_nothing(host):
+def test_pinned_guest_outside_the_new_dedicated_set_is_reshaped_with_a_warning_as_nova_does(
+        host):
+    """nova's _validate_pinning_configuration only warns about pins outside
+    cpu_dedicated_set (a live migration may leave them stale), and its PCPU
+    reshape moves every dedicated instance."""
     agent_cycle(host.agent, host.settings())
     boot_legacy_guests(host)
-    before, inventories = host.allocations(), host.inventories()
-    outcome, report, _ = agent_cycle(host.agent, host.settings(dedicated="2-3,10-11,5-7",
-                                                               shared="0-1,8-9"))
-    assert isinstance(outcome, ReshapeRefused)
-    assert "instance-00000002" in str(outcome) and "CPUs 4,12" in str(outcome)
-    assert reshaper_posts(host.agent) == []
-    assert host.allocations() == before
-    assert host.inventories() == inventories  # CPU inventory held; the rest synced
-    assert report.ok
+    before = host.allocations()
+    outcome, report, desired = agent_cycle(host.agent, host.settings(
+        dedicated="2-3,10-11,5-7", shared="0-1,8-9"))
+    assert outcome.reshaped and report.ok
+    assert any("instance-00000002" in w and "CPUs 4,12" in w for w in desired.warnings)
+    assert len(reshaper_posts(host.agent)) == 1
+    assert host.allocations() == expected_after_reshape(before, [host.pinned, host.pinned_2])
+    assert cpu_view(host.inventories()) == {"VCPU": 4, "PCPU": 7}
 
 
-def test_every_cpu_dedicated_under_floating_guests_is_refused_by_name_writing_nothing(host):
-    # Was: every CPU dedicated while a consumer with no guest holds VCPU. The
-    # floating guests of host.xml have no CPU left then, and nova would
-    # refuse to start them: the configuration is refused before any write.
+def test_every_cpu_dedicated_under_floating_guests_keeps_the_cpu_classes_and_names_them(host):
+    # Every CPU dedicated while floating guests run: nova-compute would refuse
+    # to start, so the CPU sets are refused and VCPU/PCPU keep what
+    # Placement holds; nothing else changed, so nothing is written.
     agent_cycle(host.agent, host.settings())
     boot_legacy_guests(host)
     host.boot(host.not_a_guest, vcpu=3, memory=512)
@@ -136,10 +140,26 @@ def test_every_cpu_dedicated_under_floating_guests_is_refused_by_name_writing_no
     outcome, report, _ = agent_cycle(host.agent, host.settings(dedicated="0-15"))
     assert isinstance(outcome, ReshapeRefused)
     for name in ("instance-00000003", "instance-00000005", "instance-00000006"):
-        assert f"floating guest {name} (" in str(outcome)
-    assert "cpu_shared_set" in str(outcome)
-    assert host.agent.stats.writes == 0 and report.applied == []
+        assert f"shared guest {name} (" in str(outcome)
+    assert "cpu_shared_set" in str(outcome) and "VCPU and PCPU were kept" in str(outcome)
+    assert reshaper_posts(host.agent) == [] and report.applied == []
     assert host.allocations() == before and host.inventories() == inventories
+
+
+def test_a_refused_cpu_set_still_writes_an_unrelated_change(host):
+    """One refusal holds back only the classes it is about: a memory
+    reservation raised in the same change is written."""
+    agent_cycle(host.agent, host.settings())
+    boot_legacy_guests(host)
+    before, inventories = host.allocations(), host.inventories()
+    settings = replace(host.settings(dedicated="0-15"), reserved_host_memory_mb=1024)
+    outcome, report, _ = agent_cycle(host.agent, settings)
+    assert isinstance(outcome, ReshapeRefused) and report.ok
+    after = host.inventories()
+    assert {rc: after[rc] for rc in ("VCPU",)} == {rc: inventories[rc] for rc in ("VCPU",)}
+    assert "PCPU" not in after
+    assert after["MEMORY_MB"]["reserved"] == 1024 != inventories["MEMORY_MB"]["reserved"]
+    assert host.allocations() == before
 
 
 def test_host_not_yet_in_placement_has_nothing_to_reshape(host):
