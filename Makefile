@@ -5,6 +5,7 @@
 #   make unit      tests/unit: the pure core and the parsers, no server (< 10 s)
 #   make run       install when needed, then the README's run (see README)
 #   make config    regenerate etc/node-agent.conf.sample (never edit it by hand)
+#   make nova-guests  regenerate tests/data/nova_guests (guest XML nova 34's libvirt driver writes)
 #   make bench     benchmarks against nova's report client -> BENCHMARKS.md (not in test)
 #   make soak      long reliability runs (not in test); see RELIABILITY.md
 #   make property  the capacity property test, long (not in test): >= 1,000 steps
@@ -30,7 +31,7 @@ DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev rabbitmq-server redis-ser
 	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients $(QEMU_PACKAGE)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-packages nova-venv lint unit test test-as-user run stop config install-service bench soak property clean
+.PHONY: install system-packages nova-venv lint unit test test-as-user run stop config nova-guests install-service bench soak property clean
 
 install: $(STAMP)
 
@@ -140,6 +141,12 @@ $(NOVA_VENV)/.installed: bench/requirements-nova.txt
 	$(NOVA_VENV)/bin/python -m pip install -q --upgrade pip
 	$(NOVA_VENV)/bin/python -m pip install -q -r bench/requirements-nova.txt
 	touch $@
+
+# The guest XML corpus: nova's own libvirt driver, in .venv-nova, writes each
+# guest and says how it counts it (tests/data/nova_guests/README.md).
+# tests/conformance/test_nova_guests.py fails when the committed files differ.
+nova-guests: $(NOVA_VENV)/.installed
+	PYTHONPATH= $(NOVA_VENV)/bin/python tests/data/nova_guests/generate.py
 
 # PostgreSQL's programs (sections 4, 6 and 7) and GNU time (peak RSS of a
 # process, section 3).

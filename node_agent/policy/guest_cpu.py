@@ -13,7 +13,11 @@ its scheduler turns that into the classes it claims
 
 An explicit ``resources:PCPU=N`` (nova refuses it beside a policy) makes
 the guest dedicated with N PCPU; ``resources:VCPU=N`` makes it shared with
-N VCPU, whatever the flavor's vCPU count (``numa_get_constraints``).
+N VCPU, whatever the flavor's vCPU count (``numa_get_constraints``). A
+numbered group's ``resourcesM:PCPU``/``resourcesM:VCPU`` counts the same,
+and the amounts of all groups add up (``_get_vcpu_pcpu_resources``, and
+the scheduler's ``merged_resources``). ``hw:cpu_realtime`` is a boolean as
+oslo's ``bool_from_string`` reads it: ``on``, ``y`` and ``t`` are true too.
 
 nova 34 writes the flavor's extra specs and the image's properties into
 the domain's ``<nova:instance>`` metadata, which :mod:`node_agent.host.domain`
@@ -25,6 +29,7 @@ cell's CPUs. The pinning shape decides there. ``rule`` says which did.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Mapping, Optional
@@ -101,8 +106,8 @@ def classify(guest: Guest) -> GuestCpu:
     specs, image = extra_specs(guest), image_properties(guest)
     flavor_policy = specs.get("hw:cpu_policy")
     image_policy = image.get("hw_cpu_policy")
-    explicit_pcpu = _int(specs.get("resources:PCPU"))
-    explicit_vcpu = _int(specs.get("resources:VCPU"))
+    explicit_pcpu = _requested(specs, "PCPU")
+    explicit_vcpu = _requested(specs, "VCPU")
     if flavor_policy in POLICIES:
         return _from_specs(guest, flavor_policy, specs, image, BY_EXTRA_SPECS)
     if image_policy in POLICIES:
@@ -146,6 +151,22 @@ def _from_specs(guest: Guest, policy: str, specs: Mapping[str, str],
                     _host_cpus(guest, dedicated, isolate))
 
 
+# nova's resource request keys: unnumbered or numbered groups
+# (hardware._get_vcpu_pcpu_resources matches them with re.match).
+_RESOURCES = re.compile(r"resources([1-9][0-9]*)?:(VCPU|PCPU)$")
+# oslo_utils.strutils.bool_from_string's true words (nova's is_realtime_enabled).
+_TRUE = ("1", "t", "true", "on", "y", "yes")
+
+
+def _requested(specs: Mapping[str, str], resource_class: str) -> Optional[int]:
+    """The amount of ``resource_class`` the flavor asks for in all its
+    request groups, or None when no group names it (with a valid amount)."""
+    amounts = [_int(value) for key, value in specs.items()
+               if (m := _RESOURCES.match(key)) and m.group(2) == resource_class]
+    valid = [a for a in amounts if a is not None and a >= 0]
+    return sum(valid) if valid else None
+
+
 def _int(value: Optional[str]) -> Optional[int]:
     try:
         return int(value) if value is not None else None
@@ -165,7 +186,7 @@ def _mask(mask: Optional[str], vcpus: int) -> set[int]:
 
 
 def _realtime(specs: Mapping[str, str], image: Mapping[str, str], vcpus: int) -> set[int]:
-    if specs.get("hw:cpu_realtime", "").lower() not in ("yes", "true", "1"):
+    if specs.get("hw:cpu_realtime", "").strip().lower() not in _TRUE:
         return set()
     mask = image.get("hw_cpu_realtime_mask") or specs.get("hw:cpu_realtime_mask")
     return _mask(mask, vcpus) if mask else set(range(vcpus))
