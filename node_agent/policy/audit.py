@@ -23,9 +23,10 @@ Each finding has a ``state``:
 
 * ``alarm``: to be acted on by an operator;
 * ``in_flight``: an operation in progress explains it, so it is no alarm:
-  a consumer of type MIGRATION, or a consumer whose allocations also sit on
+  a consumer of type MIGRATION, a consumer whose allocations also sit on
   another host's compute providers (a migration's other half, an
-  evacuation). Only providers holding VCPU, PCPU or MEMORY_MB count as
+  evacuation), or the untyped record nova keeps for a local guest being
+  moved off this host (:mod:`node_agent.policy.migrations`). Only providers holding VCPU, PCPU or MEMORY_MB count as
   another host: DISK_GB on a sharing provider (shared storage) is held by
   every instance of the aggregate, wherever it runs. An operation still in
   flight after ``in_flight_grace`` seconds (by the agent's own
@@ -45,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
 from node_agent.model.snapshot import Guest
+from node_agent.policy import migrations
 from node_agent.policy.guest_cpu import classify
 
 ORPHAN = "orphan"
@@ -235,17 +237,27 @@ def audit(guests: Iterable[Guest], allocations_by_provider: Mapping[str, Mapping
     orphans_now: dict[str, float] = {}
     unallocated_now: dict[str, float] = {}
 
+    local = {g.uuid for g in guests}
+    records = {c: details[c] for c in here if c not in local and c in details}
+    migrating = migrations.match(guests, records, providers, here)
     for consumer, by_provider in sorted(here.items()):
-        if any(g.uuid == consumer for g in guests):
+        if consumer in local:
             continue
         ctype = _consumer_type(details, consumer)
         elsewhere = _elsewhere(details, consumer, providers)
         since = float(seen_orphans.get(consumer, now))
         orphans_now[consumer] = since
-        if ctype == MIGRATION or elsewhere:
-            why = ("a migration's allocation (consumer_type MIGRATION)" if ctype == MIGRATION
-                   else "also allocated on providers of another host: a migration or "
-                        "evacuation in progress")
+        if ctype == MIGRATION or elsewhere or consumer in migrating:
+            if ctype == MIGRATION:
+                why = "a migration's allocation (consumer_type MIGRATION)"
+            elif consumer in migrating:
+                why = ("the migration record of guest "
+                       + ", ".join(g.name for g in migrating[consumer])
+                       + " (its owner and size; the guest's own allocation moved): "
+                         "a resize or migration in progress")
+            else:
+                why = ("also allocated on providers of another host: a migration or "
+                       "evacuation in progress")
             overdue = _overdue(since, now, in_flight_grace)
             state, why = (ALARM, why + overdue) if overdue else (IN_FLIGHT, why)
         elif consumer not in seen_orphans:

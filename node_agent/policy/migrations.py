@@ -16,8 +16,8 @@ guest's migration when all of these hold:
   this host's providers (its allocation went with it);
 * the consumer is not a guest of this host and is not typed ``INSTANCE``;
 * it has the guest's owner (nova writes ``<nova:owner>``: project and user);
-* it holds on this host what the guest's flavor holds: as many CPUs
-  (VCPU + PCPU) as the domain's vCPUs and its memory.
+* it holds on this host what the guest's flavor holds: its CPUs (VCPU +
+  PCPU, as nova claims them for the flavor) and its memory.
 
 One consumer matching several guests is a migration of any of them; the
 caller decides what that means (the reshape moves it only when every
@@ -29,14 +29,20 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from node_agent.model.snapshot import Guest
+from node_agent.policy.guest_cpu import classify
 
 INSTANCE = "INSTANCE"
 CPU = ("VCPU", "PCPU")
 
 
+def _id(value: object) -> str:
+    """Keystone ids as Placement and the domain XML may spell them."""
+    return str(value or "").replace("-", "").lower()
+
+
 def _owner(guest: Guest) -> tuple[str, str]:
     meta = dict(guest.metadata)
-    return meta.get("owner:project", ""), meta.get("owner:user", "")
+    return _id(meta.get("owner:project")), _id(meta.get("owner:user"))
 
 
 def away(guests: Iterable[Guest], here: Iterable[str]) -> list[Guest]:
@@ -57,9 +63,13 @@ def _on_host(record: Mapping, host: frozenset[str]) -> dict[str, int]:
 
 
 def fits(guest: Guest, held: Mapping[str, int]) -> bool:
-    """``held`` (class -> amount on this host) is the size of ``guest``."""
+    """``held`` (class -> amount on this host) is the size of ``guest``: its
+    vCPUs (as claimed before the PCPU upgrade) or what nova claims for its
+    flavor now (an isolated emulator's PCPU, a ``resources:`` override)."""
     cpus = sum(int(held.get(rc, 0)) for rc in CPU)
-    return cpus == guest.vcpus and int(held.get("MEMORY_MB", 0)) == guest.memory_kb // 1024
+    cpu = classify(guest)
+    return (cpus in (guest.vcpus, cpu.vcpu + cpu.pcpu)
+            and int(held.get("MEMORY_MB", 0)) == guest.memory_kb // 1024)
 
 
 def candidates(guests: Iterable[Guest], by_consumer: Mapping[str, Mapping[str, int]]
@@ -92,7 +102,7 @@ def match(guests: Iterable[Guest], records: Mapping[str, Mapping],
     for consumer, record in sorted(records.items()):
         if consumer in local or (record.get("consumer_type") or "").upper() == INSTANCE:
             continue
-        owner = (record.get("project_id") or "", record.get("user_id") or "")
+        owner = (_id(record.get("project_id")), _id(record.get("user_id")))
         held = _on_host(record, host)
         matched = [g for g in gone if _owner(g) == owner and fits(g, held)]
         if matched:

@@ -8,6 +8,7 @@ are the agent's client's.
 """
 
 import logging
+import uuid
 from dataclasses import replace
 
 import pytest
@@ -16,7 +17,8 @@ from node_agent.cycle.reconcile import ReshapeRefused
 from node_agent.errors import ConfigError
 from node_agent.placement.client import PlacementClient
 from node_agent.placement.reshaper import pcpu_reshape, plan_pcpu_reshape
-from tests.integration.reshape_driver import (Host, agent_cycle, boot_legacy_guests,
+from tests.integration.reshape_driver import (PROJECT, USER, Host, agent_cycle,
+                                              boot_legacy_guests,
                                               cpu_view, expected_after_reshape,
                                               reshaper_posts)
 
@@ -168,3 +170,43 @@ def test_host_not_yet_in_placement_has_nothing_to_reshape(host):
     desired = compute_desired(host.settings(dedicated=DEDICATED, shared=SHARED))
     outcome = pcpu_reshape(host.agent, desired, {})
     assert not outcome.reshaped and host.agent.stats.writes == 0
+
+
+def resize_away(host, instance, dest_name):
+    """What nova's move_allocations does when ``instance`` is resized off
+    this host: its allocation here moves whole to a new consumer, the
+    migration (same owner, no consumer type), and the instance claims on
+    the destination. The domain stays defined here until the confirm."""
+    migration = str(uuid.uuid4())
+    held = host.scheduler.get(f"/allocations/{instance}")["allocations"]
+    dest = str(uuid.uuid4())
+    host.scheduler.post("/resource_providers", {"name": dest_name, "uuid": dest})
+    host.scheduler.put(f"/resource_providers/{dest}/inventories", {
+        "resource_provider_generation": 0,
+        "inventories": {"VCPU": {"total": 16}, "MEMORY_MB": {"total": 65536}}})
+    host.scheduler.post("/allocations", {
+        migration: {"allocations": {rp: {"resources": a["resources"]} for rp, a in held.items()},
+                    "project_id": PROJECT, "user_id": USER, "consumer_generation": None},
+        instance: {"allocations": {dest: {"resources": {"VCPU": 4, "MEMORY_MB": 4096}}},
+                   "project_id": PROJECT, "user_id": USER, "consumer_generation": 1}})
+    return migration, dest
+
+
+def test_a_resize_in_flight_moves_its_migration_record_to_pcpu_with_the_guest(host):
+    """nova's PCPU reshape moves the allocations of in-progress migrations
+    whose instance is dedicated (test_update_provider_tree_for_pcpu_reshape):
+    the resized guest's record on this host holds the pinned CPUs until the
+    confirm, so left on VCPU it would double-book them."""
+    agent_cycle(host.agent, host.settings())
+    boot_legacy_guests(host)
+    migration, dest = resize_away(host, host.pinned, f"{host.name}-dest")
+    root = host.root
+    outcome, report, _ = agent_cycle(host.agent, host.settings(dedicated=DEDICATED,
+                                                               shared=SHARED))
+    assert outcome.reshaped and report.ok
+    moved = host.scheduler.get(f"/allocations/{migration}")["allocations"]
+    assert moved[root]["resources"] == {"PCPU": 4, "MEMORY_MB": 4096, "DISK_GB": 20}
+    assert host.scheduler.get(f"/allocations/{host.pinned}")["allocations"] == {
+        dest: {"generation": 2, "resources": {"VCPU": 4, "MEMORY_MB": 4096}}}
+    usages = host.scheduler.get(f"/resource_providers/{root}/usages")["usages"]
+    assert usages["PCPU"] == 4 + 2 and usages["VCPU"] == 6  # the floating guests only

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from node_agent.host.domain import parse_domain
 from node_agent.model.cpuset import parse_cpu_spec
 from node_agent.model.snapshot import Guest, GuestMdev
 from node_agent.placement.audit_read import consumer_type_version
@@ -216,3 +220,52 @@ def test_numa_provider_nodes_by_name():
 def test_history_from_the_state_file_is_checked_before_use(record, valid):
     from node_agent.cycle.audit import valid_history
     assert valid_history(record) is valid
+
+
+# ------------------------------------------------ guests as nova 34 writes them
+
+NOVA_GUESTS = Path(__file__).resolve().parents[1] / "data" / "nova_guests"
+NOVA_CASES = json.loads((NOVA_GUESTS / "cases.json").read_text())["cases"]
+
+
+def nova_guest(case: str) -> Guest:
+    return parse_domain((NOVA_GUESTS / "xml" / f"{case}.xml").read_text(), running=True)
+
+
+@pytest.mark.parametrize("case", sorted(NOVA_CASES))
+def test_a_guest_allocated_as_nova_claims_it_is_no_finding(case):
+    """Every guest of the corpus nova 34's driver wrote, allocated what nova's
+    scheduler claims for its flavor (mixed splits, the isolated emulator's
+    PCPU, resources: overrides) on a host offering PCPU: no finding."""
+    guest = nova_guest(case)
+    claimed = {rc: n for rc, n in NOVA_CASES[case]["nova"]["resources"].items() if n}
+    result = A.audit([guest], on(ROOT, **{guest.uuid.replace("-", "_"): claimed}),
+                     {"guests": {guest.uuid: 1.0}}, 200.0, pcpu_offered=True)
+    assert result.findings == ()
+
+
+def test_a_resized_guests_untyped_migration_record_is_in_flight_not_an_orphan():
+    """nova moves a guest's allocation here to the migration's uuid (no
+    consumer type) and claims for the guest on the destination; the domain
+    stays here until the confirm."""
+    guest = nova_guest("one-node--dedicated-emulator-isolate")
+    owner = dict(guest.metadata)
+    migration = {"PCPU": 3, "MEMORY_MB": 1024}   # 2 vCPUs + the emulator
+    details = {"migration-1": {
+        "allocations": {ROOT: {"resources": migration}},
+        "project_id": owner["owner:project"].replace("-", ""),
+        "user_id": owner["owner:user"].replace("-", "")},
+        guest.uuid: {"allocations": {OTHER_HOST: {"resources": {"PCPU": 3}}}}}
+    result = A.audit([guest], on(ROOT, migration_1=migration),
+                     {"guests": {guest.uuid: 1.0}, "orphans": {"migration-1": 1.0}}, 200.0,
+                     consumer_details=details, pcpu_offered=True)
+    assert kinds(result) == [(A.ORPHAN, A.IN_FLIGHT, "migration-1"),
+                             (A.NO_ALLOCATION, A.IN_FLIGHT, guest.uuid)]
+    assert "migration record of guest" in result.findings[0].detail
+
+    # Another project's consumer of the same size is no such record.
+    details["migration-1"]["project_id"] = "someone-else"
+    result = A.audit([guest], on(ROOT, migration_1=migration),
+                     {"guests": {guest.uuid: 1.0}, "orphans": {"migration-1": 1.0}}, 200.0,
+                     consumer_details=details, pcpu_offered=True)
+    assert kinds(result)[0] == (A.ORPHAN, A.ALARM, "migration-1")
