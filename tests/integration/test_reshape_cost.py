@@ -24,8 +24,6 @@ import pytest
 
 from dataclasses import replace
 
-# The VCPU -> PCPU reshape's read after its POST (see above).
-RECHECK = 1
 
 import os_traits
 
@@ -35,6 +33,9 @@ from tests.integration.reshape_driver import (Host, boot_legacy_guests, cpu_view
                                               expected_after_reshape)
 from tests.integration.test_applier import RequestLog
 from tests.integration.test_cli_reshape import once, write_config
+
+# The VCPU -> PCPU reshape's read after its POST (see above).
+RECHECK = 1
 
 pytestmark = pytest.mark.integration
 
