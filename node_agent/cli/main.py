@@ -336,7 +336,7 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
         capacity = check(published(desired.tree),
                          host_limits(desired.host, desired.partition)).as_dict()
     report = render.report_dict(tree, desired.warnings, changes, reshape, capacity, errors)
-    report = render.with_audit(report, audit)
+    report = render.with_guests(render.with_audit(report, audit), desired.host.guests)
     print(render.as_json(report) if output == "json" else render.as_text(report), end="")
     if desired.refused_files:
         refused = ConfigError(list(desired.refused_files))
@@ -383,7 +383,7 @@ def _companion_once(conf, settings, dry_run: bool, output: str, client=None) -> 
     if found.found:
         tree = tree.with_uuids({tree.root.name: found.root_uuid})
     report = render.report_dict(tree, desired.warnings, [], None, None, [])
-    report = render.with_companion(report, found)
+    report = render.with_guests(render.with_companion(report, found), desired.host.guests)
     print(render.as_json(report) if output == "json" else render.as_text(report), end="")
     if desired.refused_files:
         refused = ConfigError(list(desired.refused_files))

@@ -8,7 +8,9 @@ none), ``capacity`` (the invariant's verdict, :mod:`node_agent.policy.capacity`:
 ``ok``, ``violations``, and when Placement was consulted what is ``kept``
 as Placement holds it, ``closed`` (fully reserved) and the consumers
 ``blocking`` the change), ``errors`` (what could not be applied, and why)
-and ``warnings``. ``audit`` (the allocation audit,
+and ``warnings``; ``guests``: each guest of the host as nova counts it
+(``name``, ``uuid``, ``policy``, the ``rule`` that decided, ``VCPU``,
+``PCPU``, ``dedicated_vcpus``, ``emulator_isolate``). ``audit`` (the allocation audit,
 :meth:`node_agent.policy.audit.AuditResult.as_dict`) is there when
 ``--dry-run`` consulted Placement, and only then, so the output of a run
 without Placement is as it was. In companion mode (``[agent] mode =
@@ -22,9 +24,11 @@ companion``) ``changes`` is always empty (nothing is ever written) and
 from __future__ import annotations
 
 import json
-from typing import Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 from node_agent.model.provider_tree import ProviderTree
+from node_agent.model.snapshot import Guest
+from node_agent.policy.guest_cpu import classify
 
 
 def tree_as_dict(tree: ProviderTree) -> list[dict]:
@@ -55,6 +59,19 @@ def report_dict(tree: ProviderTree, warnings: Sequence[str],
         "errors": list(errors),
         "warnings": list(warnings),
     }
+
+
+def with_guests(report: dict, guests: Iterable[Guest]) -> dict:
+    """``report`` with each guest of the host as nova counts it, and the
+    rule that decided (:mod:`node_agent.policy.guest_cpu`)."""
+    found = []
+    for guest in sorted(guests, key=lambda g: (g.name, g.uuid)):
+        cpu = classify(guest)
+        found.append({"name": guest.name, "uuid": guest.uuid, "policy": cpu.policy,
+                      "rule": cpu.rule, "VCPU": cpu.vcpu, "PCPU": cpu.pcpu,
+                      "dedicated_vcpus": sorted(cpu.dedicated_vcpus),
+                      "emulator_isolate": cpu.emulator_isolate})
+    return {**report, "guests": found}
 
 
 def as_json(report: dict) -> str:
@@ -160,6 +177,10 @@ def as_text(report: dict) -> str:
         lines.append(f"Changes ({len(report['changes'])} requests, in order):")
         for n, change in enumerate(report["changes"], 1):
             lines.append(f"  {n}. {change['method']} {change['path']}  -- {change['summary']}")
+    if report.get("guests"):
+        lines += ["", "Guests, as nova counts them:"] + [
+            f"  {g['name']} ({g['uuid']}): {g['policy']} by {g['rule']}: "
+            f"VCPU {g['VCPU']}, PCPU {g['PCPU']}" for g in report["guests"]]
     if report["reshape"]:
         lines += ["", "Reshape:"] + [f"  {line}" for line in report["reshape"].get("lines", [])]
     lines += _capacity_lines(report.get("capacity"))

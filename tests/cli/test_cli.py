@@ -38,7 +38,8 @@ def test_dry_run_text_shows_the_tree_and_writes_nothing(tmp_path):
 def test_dry_run_json_has_the_stable_keys(tmp_path):
     config = write_config(tmp_path, TEST6)
     report = agent(config, "--once", "--dry-run", "--output", "json").json()
-    assert sorted(report) == ["capacity", "changes", "errors", "providers", "reshape", "warnings"]
+    assert sorted(report) == ["capacity", "changes", "errors", "guests", "providers", "reshape",
+                              "warnings"]
     assert report["capacity"]["ok"] is True and report["errors"] == []
     root = report["providers"][0]
     assert sorted(root) == ["inventories", "name", "parent", "traits", "uuid"]

@@ -30,6 +30,7 @@ from node_agent.model.cpuset import CpuSet
 from node_agent.policy.guest_cpu import (
     BY_EXTRA_SPECS, BY_IMAGE, BY_NO_PINS, BY_PINNING, DEDICATED, MIXED, SHARED, classify)
 from tests.conformance.bridge import NOVA_VENV, nova_python
+from tests.conformance.differences import UNCLASSIFIED, Observed, check
 from tests.real_parts import skip_or_fail
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "nova_guests"
@@ -111,3 +112,23 @@ def test_committed_corpus_is_what_nova_writes_today(tmp_path):
     assert not stale, (f"the committed corpus differs from what nova writes now: {stale}; "
                        f"regenerate it with `make nova-guests` ({sys.executable} ran "
                        "this test)")
+
+
+def test_pinning_shape_differs_from_nova_only_where_the_table_says_why():
+    """The README's differences table lists what the shape reading of an
+    older nova's domains cannot tell; any other difference fails."""
+    observed = Observed("guest_shape", cases=len(NAMES))
+    for name in NAMES:
+        nova = CASES[name]["nova"]
+        found = _classified(name, "pre-extra-specs")
+        if (found.policy, found.vcpu, found.pcpu) == (
+                nova["policy"], nova["resources"]["VCPU"], nova["resources"]["PCPU"]):
+            continue
+        reason = CASES[name]["shape"]["ambiguous"] or ""
+        if "resources:*" in reason:
+            observed.add("guest-shape-resources-override", name)
+        elif "one host CPU" in reason:
+            observed.add("guest-shape-one-cpu-set", name)
+        else:
+            observed.add(UNCLASSIFIED, name)
+    check(observed)
