@@ -298,7 +298,10 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
         from node_agent.service import metrics
 
         syncer = _syncer(conf, settings, client)
-        reconciler = Reconciler(syncer.client, syncer)
+        from node_agent.host.discover import read_guests
+
+        reconciler = Reconciler(syncer.client, syncer,
+                                guests_now=lambda: read_guests(settings))
         desired = reconciler.maintained(desired)
         if dry_run:
             tree, changes, reshape = reconciler.plan(desired)

@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 from node_agent.policy.capacity import Published, as_published, check, limits_of
 from node_agent.cycle.desired import Desired, with_placement_maintenance
+from node_agent.model.snapshot import Guest
 from node_agent.state import PROVIDERS
 from node_agent.errors import GuestsDoNotFit, HostBusy, ReshapeError
 from node_agent.policy.guest_fit import misfits
@@ -153,14 +154,19 @@ class CycleOutcome:
 class Reconciler:
     """Keeps one host's tree in Placement, reshaping first when needed."""
 
-    def __init__(self, client, syncer: TreeSyncer, applied_shape: Optional[Shape] = None):
+    def __init__(self, client, syncer: TreeSyncer, applied_shape: Optional[Shape] = None,
+                 guests_now: Optional[Callable[[], Iterable[Guest]]] = None):
         """``applied_shape``: the shape (:func:`shape_of`) a previous process
         applied and checked the allocations for, when the caller kept it (the
         applier, in its per-host record); its reshape check is then skipped
-        while the shape stays. None (the default): the first cycle checks."""
+        while the shape stays. None (the default): the first cycle checks.
+        ``guests_now``: reads the host's guests again, for a reshape that must
+        retry or re-check (:func:`~node_agent.placement.reshaper.ensure_reshaped`);
+        None where no libvirt is at hand (the applier)."""
         self.client = client
         self.syncer = syncer
         self._applied_shape = applied_shape
+        self._guests_now = guests_now
 
     def _known_uuids(self) -> Mapping[str, str]:
         return self.syncer.state.get(PROVIDERS, {})
@@ -194,7 +200,8 @@ class Reconciler:
         try:
             outcome = ensure_reshaped(self.client, inputs.tree, desired.host.guests,
                                       inputs.rule, absent=inputs.absent,
-                                      known=self.syncer.known_inventories(), **kw)
+                                      known=self.syncer.known_inventories(),
+                                      guests_now=self._guests_now, **kw)
         except ReshapeError as exc:
             LOG.error("reshape refused, the inventory it would move is kept as it is: %s",
                       exc)

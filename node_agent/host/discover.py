@@ -26,7 +26,7 @@ from node_agent.model.settings import Settings
 from node_agent.host.sysfs import SysFS
 from node_agent.host.sysfs_topology import SysfsTopology, read_topology
 from node_agent.host.warn_once import log_once
-from node_agent.model.snapshot import HostCpuModel, HostSnapshot
+from node_agent.model.snapshot import Guest, HostCpuModel, HostSnapshot
 from node_agent.tree.cpu_traits import X86_ARCHES, split_extra_flags
 
 GIB = 1024 ** 3
@@ -107,6 +107,23 @@ def read_libvirt(hypervisor, settings: Optional[Settings] = None) -> LibvirtFact
         models = guest_cpu_models(hypervisor, cpu_model, settings)
     return LibvirtFacts(cpu_model, caps.page_sizes_kb, guests, caps.cells,
                         info, models or ())
+
+
+def read_guests(settings: Settings, hypervisor=None) -> tuple[Guest, ...]:
+    """The guests libvirt lists now, read again in the middle of a cycle (a
+    reshape that saw a consumer it cannot name); the CPU rules need no more.
+    ``hypervisor``: the service's connection, else one is opened."""
+    if not settings.libvirt_uri:
+        return ()
+    own = hypervisor is None
+    if own:
+        from node_agent.host.hypervisor import Hypervisor
+        hypervisor = Hypervisor(settings.libvirt_uri, settings.domain_capabilities)
+    try:
+        return tuple(parse_domain(xml, running) for xml, running in hypervisor.domain_xmls())
+    finally:
+        if own:
+            hypervisor.close()
 
 
 # nova's default guest CPU model per architecture for cpu_mode = none

@@ -65,6 +65,10 @@ class RuleBase:
     def with_migrations(self, records: Mapping[str, Consumer], here: Iterable[str]) -> Rule:
         return self  # type: ignore[return-value]  # every rule here is callable
 
+    def with_guests(self, guests: Iterable[Guest]) -> Rule:
+        """The rule with the guests libvirt lists now (read again mid-cycle)."""
+        return self  # type: ignore[return-value]
+
 
 class chain(RuleBase):
     """Apply rules one after the other: each rule sees the places the
@@ -97,6 +101,10 @@ class chain(RuleBase):
         here = list(here)
         return chain(*(getattr(r, "with_migrations", lambda *_: r)(records, here)
                        for r in self.rules))
+
+    def with_guests(self, guests: Iterable[Guest]) -> Rule:
+        guests = list(guests)
+        return chain(*(getattr(r, "with_guests", lambda _: r)(guests) for r in self.rules))
 
     def unplaced(self, consumer: str, provider: str, rc: str, amount: int) -> list[str]:
         """Each rule is asked about the places the rules before it produced."""
@@ -168,6 +176,10 @@ class pinned_to_pcpu(RuleBase):
         found = migrations.match(self.guests.values(), bodies, self.sources, here)
         return pinned_to_pcpu(self.guests.values(), self.root_uuid, self.dedicated,
                               self.sources - {self.root_uuid}, found)
+
+    def with_guests(self, guests: Iterable[Guest]) -> Rule:
+        return pinned_to_pcpu(guests, self.root_uuid, self.dedicated,
+                              self.sources - {self.root_uuid}, self.migrations)
 
     def __call__(self, consumer: str, provider: str, rc: str, amount: int) -> list[Place]:
         if provider in self.sources and rc == "VCPU" and self._moves(consumer):

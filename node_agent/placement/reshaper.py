@@ -401,7 +401,9 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
                     attempts: int = ATTEMPTS,
                     before_post: Optional[Callable[[dict], None]] = None,
                     absent: Iterable[str] = (),
-                    known: Optional[KnownInventories] = None) -> ReshapeOutcome:
+                    known: Optional[KnownInventories] = None,
+                    guests_now: Optional[Callable[[], Iterable[Guest]]] = None
+                    ) -> ReshapeOutcome:
     """Make Placement's allocations fit ``tree`` under ``rule``.
 
     Reads the rule's providers and the consumers the rule moves, and sends
@@ -421,7 +423,9 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
     before the POST. ``known``: the inventories the caller last read
     (:data:`KnownInventories`); the body keeps what Placement holds where
     the tree says so (an operator's ratio), and a provider whose generation
-    moved since is read again first.
+    moved since is read again first. ``guests_now``: the guests libvirt
+    lists now; before a retry and before the read after a VCPU -> PCPU POST
+    the rule takes them, so a guest nova started meanwhile is one it knows.
 
     Raises ReshapeError (before any write) when the rule refuses (a pinned
     guest outside cpu_dedicated_set, fewer PCPU than pinned vCPUs in use, a
@@ -445,6 +449,10 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
     rechecked = False
     try:
         while True:
+            if run.posts and guests_now is not None:
+                guests = list(guests_now())
+                rule = getattr(rule, "with_guests", lambda _: rule)(guests)
+                names = guest_names(guests)
             plan = _plan_for_post(client, tree, rule, names, absent, outcome, reads,
                                   retry=run.posts > 0, known=known)
             run.seen()

@@ -22,6 +22,7 @@ from node_agent.cycle import provider_cache
 from node_agent.config.validation import validate
 from node_agent.cycle.audit import Auditor
 from node_agent.cycle.reconcile import CycleOutcome, Reconciler
+from node_agent.host.discover import read_guests
 from node_agent.host.machine_id import identity
 from node_agent.placement.sync import TreeSyncer
 from node_agent.remote import keys, messaging
@@ -127,7 +128,11 @@ class Agent:
                 provider_cache.restore(syncer)
             self._syncer, self._syncer_for = syncer, loaded
             self._version_checked = False
-            self._reconciler = Reconciler(loaded.client, self._syncer)
+            settings = loaded.settings
+            self._reconciler = Reconciler(
+                loaded.client, self._syncer, guests_now=lambda: read_guests(
+                    settings, self._hypervisor_for(settings.libvirt_uri,
+                                                   settings.domain_capabilities)))
             self._auditor = Auditor(
                 self._syncer, in_flight_grace=loaded.settings.audit_in_flight_grace)
         if not self._version_checked:
