@@ -152,7 +152,19 @@ class Truth:
 
     capacity: dict
     dedicated: frozenset
+    shared: frozenset
     node_cpus: dict
+    node_memory_mb: dict
+    cpu_allocation_ratio: float
+
+    def node_capacity(self, node: int) -> dict:
+        """What NUMA node ``node`` physically has: its dedicated CPUs, its
+        shared CPUs x ratio, its RAM (reserved memory not taken off: a
+        bound, the node's share of it is the agent's choice)."""
+        cpus = self.node_cpus.get(node, frozenset())
+        return {"PCPU": len(cpus & self.dedicated),
+                "VCPU": int(len(cpus & self.shared) * self.cpu_allocation_ratio),
+                "MEMORY_MB": self.node_memory_mb.get(node, 0)}
 
     @classmethod
     def of(cls, topology: Topology, config: Config, instances_path: str) -> "Truth":
@@ -169,7 +181,10 @@ class Truth:
                     "PCPU": len(dedicated),
                     "MEMORY_MB": memory_mb - config.reserved_host_memory_mb,
                     "DISK_GB": shutil.disk_usage(instances_path).total // GIB}
-        return cls(capacity, dedicated, {n: frozenset(c) for n, c in topology.nodes.items()})
+        return cls(capacity, dedicated, frozenset(shared),
+                   {n: frozenset(c) for n, c in topology.nodes.items()},
+                   {n: kib // 1024 for n, kib in topology.node_memory_kib.items()},
+                   config.cpu_allocation_ratio)
 
 
 # ------------------------------------------------------------------ one host
@@ -533,10 +548,11 @@ def check_host(cloud: Cloud, host: AgentHost, over: Optional[dict] = None) -> li
             node = _node_of(name)
             if node is None:
                 continue
-            cpus = truth.node_cpus.get(node, frozenset())
-            if "PCPU" in classes and classes["PCPU"][0] > len(cpus & truth.dedicated):
-                problems.append(f"{name}: PCPU allocated {classes['PCPU'][0]} > "
-                                f"{len(cpus & truth.dedicated)} dedicated CPUs of node {node}")
+            physical = truth.node_capacity(node)
+            for rc, (used, _cap) in classes.items():
+                if rc in physical and used > max(physical[rc], (over or {}).get(rc, 0)):
+                    problems.append(f"{name}: {rc} allocated {used} > physical "
+                                    f"{physical[rc]} of NUMA node {node}")
     if not host.config.legacy:
         pcpu_used = usage["total"].get("PCPU", (0, 0))[0]
         uncounted = _uncounted(cloud, host)
