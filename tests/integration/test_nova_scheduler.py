@@ -21,6 +21,7 @@ import uuid
 import pytest
 
 from node_agent.cycle.reconcile import ReshapeRefused
+from node_agent.policy.guest_cpu import classify
 from tests.conformance.bridge import NOVA_VENV, nova_python
 from tests.integration.nova_scheduler import (AgentHost, Cloud, check_host, flavor,
                                               moved_whole, pinned, pinned_not_on_pcpu)
@@ -146,10 +147,18 @@ def test_filling_a_host_until_nova_finds_no_candidate_overcommits_nothing(
     pinned_queries = [q for q in cloud.queries if len(q) == 2]
     assert pinned_queries and all("PCPU" in q[0] and "PCPU" not in q[1]
                                   for q in pinned_queries)
-    outcome, report, _ = host.cycle()
+    outcome, report, desired = host.cycle()
     assert ok(outcome, report)
     assert check_host(cloud, host) == []
     assert pinned_not_on_pcpu(cloud, host) == []
+    # The agent reads every domain nova defined and counts it as nova claimed it.
+    seen = {g.uuid: classify(g) for g in desired.host.guests}
+    allocations = cloud.allocations()
+    for guest in booted:
+        held = cloud.pcpu_held(host, guest.uuid, allocations)
+        cpu = seen[guest.uuid]
+        assert (cpu.vcpu, cpu.pcpu) == (held.get("VCPU", 0), held.get("PCPU", 0)), \
+            (guest.name, guest.flavor, cpu.describe(), held)
     truth, usage = host.truth(), cloud.usage(host)["total"]
     assert usage["PCPU"][0] <= truth.capacity["PCPU"]
     assert usage["VCPU"][0] <= truth.capacity["VCPU"]
@@ -305,3 +314,35 @@ def test_resize_in_flight_during_the_reshape_then_revert_succeeds_without_double
     assert check_host(cloud, source) == []
     assert first_query_candidates(cloud, PIN2, source) == 0, \
         "Placement still offers PCPU the source's pinned guests hold"
+
+
+def test_resize_started_between_the_reshapes_reads_and_its_post_leaves_no_pinned_vcpu(
+        cloud, tmp_path, host_name):
+    """The source's reshape reads a pinned guest holding VCPU; before its
+    POST nova's conductor moves those allocations to a migration uuid and
+    claims the new flavor on another host. After that cycle (or the next,
+    when this one did not report success) the migration holds PCPU on the
+    source, as nova's own reshape moves an outgoing migration's."""
+    source = new_host(cloud, tmp_path, host_name, "-src")
+    new_host(cloud, tmp_path, host_name, "-dst")
+    guest = boot_checked(cloud, PIN2, on=[source])
+    dedicated, shared = sets_around([guest], source)
+    cloud.configure(source, dedicated=dedicated, shared=shared)
+    before = cloud.allocations()
+    started = []
+
+    def nova_starts_a_resize(_body):
+        if not started:
+            started.append(cloud.resize(guest, PIN4))
+
+    outcome, report, _ = source.cycle(before_post=nova_starts_a_resize)
+    assert started and started[0] is not None
+    assert moved_whole({guest.migration: before[guest.uuid]}, cloud.allocations()) == []
+    if not ok(outcome, report):
+        outcome, report, _ = source.cycle()
+        assert ok(outcome, report), (outcome, report.errors)
+    assert pinned_not_on_pcpu(cloud, source) == [], \
+        "the source's migration record kept VCPU for a pinned guest"
+    assert check_host(cloud, source) == []
+    cloud.confirm(guest)
+    assert check_host(cloud, source) == []
