@@ -30,7 +30,6 @@ The harness of tests/integration/test_nova_scheduler.py. Who does what:
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import uuid
 import xml.etree.ElementTree as ET
@@ -39,7 +38,6 @@ from typing import Callable, Optional
 
 import psutil
 
-from node_agent.model.cpuset import parse_cpu_spec
 from node_agent.placement.client import PlacementClient
 from node_agent.state import StateStore
 from tests.conformance.bridge import NovaBridge
@@ -315,7 +313,7 @@ class Cloud:
         """provider uuid -> the host whose tree holds it."""
         owner = {}
         for host in self.hosts.values():
-            if (Path(host.state_dir) / "").exists() and self._has_root(host):
+            if self._has_root(host):
                 for rp in self.tree_of(host):
                     owner[rp["uuid"]] = host
         return owner
@@ -622,11 +620,3 @@ def _totals(by_rp: dict) -> dict:
         for rc, amount in res.items():
             out[rc] = out.get(rc, 0) + amount
     return out
-
-
-def set_of(spec: Optional[str]) -> frozenset:
-    return frozenset(parse_cpu_spec(spec)) if spec else frozenset()
-
-
-def env_flag(name: str) -> bool:
-    return os.environ.get(name) == "1"

@@ -155,7 +155,6 @@ def select(args):
     queries merged, and each query string (what Placement was asked)."""
     ctx, client = _State.context, _State.client
     spec = _request_spec(args)
-    request_filter_errors = []
     for flt in FILTERS:
         flt(ctx, spec)
     resources = scheduler_utils.resources_from_request_spec(
@@ -174,8 +173,7 @@ def select(args):
             alloc_reqs.extend(res[0])
             summaries.update(res[1])
     return {"allocation_requests": alloc_reqs, "from_first_query": first,
-            "version": version, "queries": queries,
-            "filter_errors": request_filter_errors}
+            "version": version, "queries": queries}
 
 
 def claim(args):
