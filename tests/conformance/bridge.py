@@ -33,10 +33,10 @@ def nova_python() -> Optional[Path]:
 
 
 class NovaBridge:
-    def __init__(self, python: Path):
+    def __init__(self, python: Path, script: Path = NOVA_SIDE):
         self._stderr = tempfile.TemporaryFile(mode="w+")
         self._proc = subprocess.Popen(
-            [str(python), str(NOVA_SIDE)], stdin=subprocess.PIPE,
+            [str(python), str(script)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1,
             env={**os.environ, "PYTHONPATH": ""})
 
