@@ -20,6 +20,7 @@ from pathlib import Path
 
 from node_agent.model.cpuset import parse_cpu_spec
 from node_agent.cycle.desired import compute_desired
+from node_agent.host.discover import read_guests
 from node_agent.placement.client import PlacementClient
 from node_agent.cycle.reconcile import Reconciler
 from node_agent.config.settings import Settings
@@ -52,7 +53,8 @@ def agent_cycle(client, settings: Settings, before_post=None):
     ReshapeRefused when the reshape was refused; SyncReport; Desired)."""
     store = StateStore(Path(settings.state_path))
     desired = compute_desired(settings, state=store.load_or_empty(LOG))
-    outcome = Reconciler(client, TreeSyncer(client, store)).apply(desired, before_post)
+    outcome = Reconciler(client, TreeSyncer(client, store),
+                         guests_now=lambda: read_guests(settings)).apply(desired, before_post)
     return outcome.refused or outcome.reshape, outcome.report, desired
 
 
