@@ -38,6 +38,7 @@ from node_agent.cycle.desired import Desired, with_placement_maintenance
 from node_agent.model.snapshot import Guest
 from node_agent.state import PROVIDERS
 from node_agent.errors import GuestsDoNotFit, HostBusy, ReshapeError
+from node_agent.policy.guest_cpu import classify
 from node_agent.policy.guest_fit import misfits
 from node_agent.model.provider_tree import (PlacedTree, ProviderTree,
                                           with_held_ratios)
@@ -63,15 +64,20 @@ def _chain(*hooks):
     return call
 
 
-# Per provider (name, parent name, its classes), then the dedicated CPU set.
-Shape = tuple[tuple[tuple[str, Optional[str], tuple[str, ...]], ...], str]
+# Per provider (name, parent name, its classes), the dedicated CPU set, and
+# the uuids of the dedicated guests.
+Shape = tuple[tuple[tuple[str, Optional[str], tuple[str, ...]], ...], str, tuple[str, ...]]
 
 
 def shape_of(desired: Desired) -> Shape:
-    """What decides whether allocations may have to move."""
+    """What decides whether allocations may have to move. A dedicated guest
+    that appears counts: while controllers run nova's fallback query a
+    pinned guest can be claimed as VCPU on a host that offers PCPU, and the
+    check that moves it costs one read."""
     return (tuple((p.name, p.parent, tuple(sorted(p.inventories)))
                   for p in desired.tree.providers),
-            str(desired.partition.dedicated))
+            str(desired.partition.dedicated),
+            tuple(sorted(g.uuid for g in desired.host.guests if classify(g).dedicated)))
 
 
 # What a refusal of the CPU sets keeps as Placement holds it.

@@ -8,6 +8,7 @@ are the agent's client's.
 """
 
 import logging
+import re
 import uuid
 from dataclasses import replace
 
@@ -210,3 +211,41 @@ def test_a_resize_in_flight_moves_its_migration_record_to_pcpu_with_the_guest(ho
         dest: {"generation": 2, "resources": {"VCPU": 4, "MEMORY_MB": 4096}}}
     usages = host.scheduler.get(f"/resource_providers/{root}/usages")["usages"]
     assert usages["PCPU"] == 4 + 2 and usages["VCPU"] == 6  # the floating guests only
+
+
+def test_a_pinned_guest_claimed_as_vcpu_after_the_upgrade_moves_at_the_next_cycle(host):
+    """While controllers still run nova's fallback query a pinned guest can
+    be claimed as VCPU on a host that already offers PCPU; the service's
+    next cycle sees a new dedicated guest and moves it."""
+    from pathlib import Path
+
+    from node_agent.cycle.desired import compute_desired
+    from node_agent.cycle.reconcile import Reconciler
+    from node_agent.host.discover import read_guests
+    from node_agent.placement.sync import TreeSyncer
+    from node_agent.state import StateStore
+
+    agent_cycle(host.agent, host.settings())
+    boot_legacy_guests(host)
+    settings = host.settings(dedicated=DEDICATED, shared=SHARED)
+    store = StateStore(Path(host.state_dir))
+    service = Reconciler(host.agent, TreeSyncer(host.agent, store),
+                         guests_now=lambda: read_guests(settings))
+    assert service.apply(compute_desired(settings, state=store.load())).ok
+
+    # nova defines a pinned guest on CPUs 5 and 13, claimed through the fallback query.
+    late = str(uuid.uuid4())
+    xml_path = Path(host.uri[len("test://"):])
+    text = xml_path.read_text()
+    second = text.index("<domain", text.index("<name>instance-00000001</name>"))
+    domain = text[second:text.index("</domain>", second) + len("</domain>")]
+    clone = (domain.replace("instance-00000002", "instance-00000009")
+             .replace('cpuset="4"', 'cpuset="5"').replace('cpuset="12"', 'cpuset="13"'))
+    clone = re.sub(r"<uuid>[^<]+</uuid>", f"<uuid>{late}</uuid>", clone, count=1)
+    xml_path.write_text(text.replace("</node>", clone + "\n</node>"))
+    host.boot(late, vcpu=2, memory=2048)
+
+    outcome = service.apply(compute_desired(settings, state=store.load()))
+    assert outcome.ok and outcome.reshape is not None and outcome.reshape.reshaped
+    held = host.scheduler.get(f"/allocations/{late}")["allocations"][host.root]["resources"]
+    assert held == {"PCPU": 2, "MEMORY_MB": 2048}
