@@ -87,3 +87,50 @@ def test_the_audit_expects_what_nova_claims_for_each_guest(host):
     once(config, "--dry-run")
     audit = once(config, "--dry-run", "--output", "json").json()["audit"]
     assert [f for f in audit["findings"] if f["state"] == "alarm"] == []
+
+
+def owner_of(case: str) -> tuple[str, str]:
+    xml = (CORPUS / f"{case}.xml").read_text()
+    project = re.search(r'<nova:project uuid="([^"]+)"', xml).group(1)
+    user = re.search(r'<nova:user uuid="([^"]+)"', xml).group(1)
+    return project.replace("-", ""), user.replace("-", "")
+
+
+def test_nova_unit_test_expectations_of_the_pcpu_reshape_hold(host):
+    """nova's test_update_provider_tree_for_pcpu_reshape, on the real
+    Placement with domains nova's driver wrote: of a floating NUMA guest
+    (a), a dedicated one (b), a floating one without NUMA (c) and a
+    migration record whose dedicated instance (d) is being moved to another
+    host, only b and the migration move from VCPU to PCPU."""
+    cases = {"a": "one-node--shared-numa1", "b": "one-node--dedicated",
+             "c": "one-node--shared", "d": "one-node--dedicated-hugepages"}
+    uuids = nova_host(host, cases)
+    assert once(write_config(host)).code == 0       # before the upgrade: VCPU only
+    root = host.root
+    migration, elsewhere = str(uuid.uuid4()), str(uuid.uuid4())
+    host.scheduler.post("/resource_providers", {"name": f"{host.name}-2", "uuid": elsewhere})
+    host.scheduler.put(f"/resource_providers/{elsewhere}/inventories", {
+        "resource_provider_generation": 0,
+        "inventories": {"VCPU": {"total": 8}, "MEMORY_MB": {"total": 8192}}})
+    vcpus = {"a": 2, "b": 4, "c": 4}
+    claims = {uuids[k]: {root: {"VCPU": n, "MEMORY_MB": 1024, "DISK_GB": 10}}
+              for k, n in vcpus.items()}
+    claims[migration] = {root: {"VCPU": 2, "MEMORY_MB": 1024, "DISK_GB": 10}}
+    claims[uuids["d"]] = {elsewhere: {"VCPU": 2, "MEMORY_MB": 1024}}
+    project, user = owner_of(cases["a"])
+    host.scheduler.post("/allocations", {
+        consumer: {"allocations": {rp: {"resources": res} for rp, res in by_rp.items()},
+                   "project_id": project, "user_id": user, "consumer_generation": None}
+        for consumer, by_rp in claims.items()})
+
+    assert once(write_config(host, SETS)).code == 0
+
+    def held(consumer):
+        return host.scheduler.get(f"/allocations/{consumer}")["allocations"]
+    moved = {k: held(uuids[k])[root]["resources"] for k in ("a", "b", "c")}
+    assert moved == {"a": {"VCPU": 2, "MEMORY_MB": 1024, "DISK_GB": 10},
+                     "b": {"PCPU": 4, "MEMORY_MB": 1024, "DISK_GB": 10},
+                     "c": {"VCPU": 4, "MEMORY_MB": 1024, "DISK_GB": 10}}
+    assert held(migration)[root]["resources"] == {"PCPU": 2, "MEMORY_MB": 1024,
+                                                  "DISK_GB": 10}
+    assert held(uuids["d"])[elsewhere]["resources"] == {"VCPU": 2, "MEMORY_MB": 1024}
