@@ -69,6 +69,10 @@ class RuleBase:
         """The rule with the guests libvirt lists now (read again mid-cycle)."""
         return self  # type: ignore[return-value]
 
+    def migration_names(self) -> dict[str, str]:
+        """consumer -> how to name a migration record the rule moves."""
+        return {}
+
 
 class chain(RuleBase):
     """Apply rules one after the other: each rule sees the places the
@@ -105,6 +109,12 @@ class chain(RuleBase):
     def with_guests(self, guests: Iterable[Guest]) -> Rule:
         guests = list(guests)
         return chain(*(getattr(r, "with_guests", lambda _: r)(guests) for r in self.rules))
+
+    def migration_names(self) -> dict[str, str]:
+        found: dict[str, str] = {}
+        for rule in self.rules:
+            found.update(getattr(rule, "migration_names", dict)())
+        return found
 
     def unplaced(self, consumer: str, provider: str, rc: str, amount: int) -> list[str]:
         """Each rule is asked about the places the rules before it produced."""
@@ -180,6 +190,10 @@ class pinned_to_pcpu(RuleBase):
     def with_guests(self, guests: Iterable[Guest]) -> Rule:
         return pinned_to_pcpu(guests, self.root_uuid, self.dedicated,
                               self.sources - {self.root_uuid}, self.migrations)
+
+    def migration_names(self) -> dict[str, str]:
+        return {c: "migration record of " + ", ".join(g.name for g in of)
+                for c, of in self.migrations.items()}
 
     def __call__(self, consumer: str, provider: str, rc: str, amount: int) -> list[Place]:
         if provider in self.sources and rc == "VCPU" and self._moves(consumer):

@@ -316,6 +316,7 @@ def _compute(client, tree: ProviderTree, rule: Rule, names: Mapping[str, str],
     if probed:  # a dedicated guest's migration record moves with it
         rule = getattr(rule, "with_migrations")({c: reads.consumers[c] for c in probed
                                                  if c in reads.consumers}, by_consumer)
+        names = {**getattr(rule, "migration_names", dict)(), **names}
     consumers = {c: reads.consumers[c] for c in affected_consumers(view, rule)
                  if c in reads.consumers}
     plan = compute_reshape(view, consumers, tree, rule, consumer_names=names)
