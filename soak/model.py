@@ -14,10 +14,10 @@ expectation follows nova's rules for a host without CPU sets:
 
 A configuration that does not fit the host (reserved >= total) makes the
 cycle fail: Placement keeps what it had. A class whose allocations exceed
-its new capacity keeps its old record (the agent never makes Placement
-hold less than is in use) and the cycle reports itself incomplete; a kept
-VCPU record that offers more CPUs than are online is fully reserved (the
-capacity invariant: never publish more than the host has).
+its new capacity gets its new record all the same, as nova writes it
+(Placement takes a capacity below usage and refuses new claims until usage
+falls); the cycle is ok and reports the cut. The soak's classes are never
+removed, so nothing is held back for being in use.
 """
 
 from __future__ import annotations
@@ -88,21 +88,13 @@ def wanted(host: HostFacts, config: Config) -> dict[str, dict]:
     }
 
 
-def _guarded(old: Optional[Record], new: Record) -> int:
-    """The capacity the agent's usage guard judges a change by: raising
-    ``reserved`` only closes capacity (maintenance), so it is left out; a
-    change from a record that gave less (a closed one) is no shrink."""
-    if old is None or new["reserved"] <= old["reserved"]:
-        return capacity(new)
-    return capacity({**new, "reserved": old["reserved"]})
-
-
 @dataclass(frozen=True)
 class Expected:
     records: Mapping[str, Record]
-    outcome: str                 # "ok", "incomplete" (classes kept) or "unfit"
-    kept: tuple[str, ...] = ()   # classes held back because they are in use
+    outcome: str                 # "ok" or "unfit"
+    kept: tuple[str, ...] = ()   # classes held back because they are in use (none here)
     why: str = ""
+    cut: tuple[str, ...] = ()    # classes published below their usage
 
 
 def after_cycle(previous: Optional[Mapping[str, Record]], host: HostFacts,
@@ -114,22 +106,11 @@ def after_cycle(previous: Optional[Mapping[str, Record]], host: HostFacts,
         if previous is None:
             raise
         return Expected(previous, "unfit", why=str(exc))
-    records, kept = {}, []
-    for rc, record in new.items():
-        used = usages.get(rc, 0)
-        old = previous.get(rc) if previous is not None else None
-        judged = _guarded(old, record)
-        if old is not None and judged < capacity(old) and used > judged:
-            records[rc] = old
-            kept.append(rc)
-        else:
-            records[rc] = record
-    vcpu = records["VCPU"]
-    if "VCPU" in kept and vcpu["total"] - vcpu["reserved"] > host.online_cpus:
-        # The capacity invariant: a record kept for its guests that now
-        # offers more CPUs than are online is closed to the scheduler.
-        records["VCPU"] = {**vcpu, "reserved": vcpu["total"]}
-    return Expected(records, "incomplete" if kept else "ok", tuple(sorted(kept)))
+    cut = [rc for rc, record in new.items()
+           if previous is not None and rc in previous
+           and record["reserved"] < record["total"]
+           and usages.get(rc, 0) > capacity(record) < capacity(previous[rc])]
+    return Expected(new, "ok", cut=tuple(sorted(cut)))
 
 
 def fits(records: Mapping[str, Record], usages: Mapping[str, int],

@@ -286,6 +286,7 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
     changes = reshape = audit = None
     tree = desired.tree
     capacity, errors = None, []
+    below_usage = None
     code = 0
     if settings.upstream == "messaging":
         # --dry-run shows the tree only: it must work without the bus, and
@@ -305,7 +306,7 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
         desired = reconciler.maintained(desired)
         if dry_run:
             tree, changes, reshape = reconciler.plan(desired)
-            capacity = syncer.last_capacity
+            capacity, below_usage = syncer.last_capacity, syncer.last_cuts
             if syncer.cached_tree():  # else nothing is allocated on this host yet
                 audit = _audit_of(syncer, desired, settings, save=False)
         else:
@@ -323,8 +324,13 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
             changes = outcome.report.applied
             reshape = outcome.reshape_record()
             capacity, errors = outcome.report.capacity, outcome.errors
+            below_usage = outcome.report.cuts
             for error in outcome.errors:
                 print(f"node-agent: {error}", file=sys.stderr)
+            for cut in below_usage:
+                # Written, not refused: a warning, and no effect on the exit code.
+                print(f"node-agent: warning: capacity published below usage: {cut}",
+                      file=sys.stderr)
             if outcome.refused is not None and outcome.refused.busy:
                 code = HostBusy.exit_code  # 75: try again later
             elif not outcome.ok:
@@ -338,7 +344,8 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
         # Placement not consulted: the verdict on the desired tree alone.
         capacity = check(published(desired.tree),
                          host_limits(desired.host, desired.partition)).as_dict()
-    report = render.report_dict(tree, desired.warnings, changes, reshape, capacity, errors)
+    report = render.report_dict(tree, desired.warnings, changes, reshape, capacity, errors,
+                                below_usage)
     report = render.with_guests(render.with_audit(report, audit), desired.host.guests)
     print(render.as_json(report) if output == "json" else render.as_text(report), end="")
     if desired.refused_files:

@@ -10,7 +10,13 @@ as Placement holds it, ``closed`` (fully reserved) and the consumers
 ``blocking`` the change), ``errors`` (what could not be applied, and why)
 and ``warnings``; ``guests``: each guest of the host as nova counts it
 (``name``, ``uuid``, ``policy``, the ``rule`` that decided, ``VCPU``,
-``PCPU``, ``dedicated_vcpus``, ``emulator_isolate``). ``audit`` (the allocation audit,
+``PCPU``, ``dedicated_vcpus``, ``emulator_isolate``). ``below_usage``
+(when Placement was consulted) lists the capacity cuts written
+(``--once``) or planned (``--dry-run``) below what is allocated:
+``provider``, ``uuid``, ``class``, ``used``, ``capacity``,
+``old_capacity``, ``over`` and the ``holders`` (``consumer``, ``guest``,
+``amount``); each is also a warning. They are not errors: Placement holds
+the new capacity and refuses new claims until usage falls. ``audit`` (the allocation audit,
 :meth:`node_agent.policy.audit.AuditResult.as_dict`) is there when
 ``--dry-run`` consulted Placement, and only then, so the output of a run
 without Placement is as it was. In companion mode (``[agent] mode =
@@ -50,15 +56,23 @@ def change_as_dict(change) -> dict:
 
 def report_dict(tree: ProviderTree, warnings: Sequence[str],
                 changes: Optional[Sequence] = None, reshape: Optional[dict] = None,
-                capacity: Optional[dict] = None, errors: Sequence[str] = ()) -> dict:
-    return {
+                capacity: Optional[dict] = None, errors: Sequence[str] = (),
+                below_usage: Optional[Sequence] = None) -> dict:
+    """``below_usage``: the capacity cuts published (``--once``) or planned
+    (``--dry-run``) below usage (:class:`node_agent.placement.usage_guard.Cut`);
+    the key is there only when Placement was consulted."""
+    cuts = list(below_usage or ())
+    report = {
         "providers": tree_as_dict(tree),
         "changes": None if changes is None else [change_as_dict(c) for c in changes],
         "reshape": reshape,
         "capacity": capacity,
         "errors": list(errors),
-        "warnings": list(warnings),
+        "warnings": list(warnings) + [f"capacity cut below usage: {c}" for c in cuts],
     }
+    if below_usage is not None:
+        report["below_usage"] = [c.as_dict() for c in cuts]
+    return report
 
 
 def with_guests(report: dict, guests: Iterable[Guest]) -> dict:
@@ -184,6 +198,7 @@ def as_text(report: dict) -> str:
     if report["reshape"]:
         lines += ["", "Reshape:"] + [f"  {line}" for line in report["reshape"].get("lines", [])]
     lines += _capacity_lines(report.get("capacity"))
+    lines += _below_usage_lines(report.get("below_usage"))
     if report.get("audit"):
         lines += [""] + audit_lines(report["audit"])
     if errors:
@@ -191,6 +206,23 @@ def as_text(report: dict) -> str:
     if report["warnings"]:
         lines += ["", "Warnings:"] + [f"  - {w}" for w in report["warnings"]]
     return "\n".join(lines) + "\n"
+
+
+def _below_usage_lines(cuts: Optional[Sequence[dict]]) -> list[str]:
+    """Capacity cuts written below usage: published, not errors; Placement
+    refuses new claims of the class until usage falls."""
+    if not cuts:
+        return []
+    lines = ["", "Capacity cuts below usage (Placement takes them, as from nova; no new "
+                 "claim of the class fits until usage falls under the new capacity):"]
+    for c in cuts:
+        lines.append(f"  - {c['class']} on {c['provider']}: capacity {c['capacity']} "
+                     f"(was {c['old_capacity']}), {c['used']} in use, {c['over']} over")
+        for h in c["holders"]:
+            who = (f"guest {h['guest']} ({h['consumer']})" if h.get("guest") else
+                   f"consumer {h['consumer']} (not a guest of this host)")
+            lines.append(f"      held by {who}: {h['amount']}")
+    return lines
 
 
 def _capacity_lines(capacity: Optional[dict]) -> list[str]:

@@ -2,20 +2,22 @@
 the tree it leaves never overstates the host
 (:func:`node_agent.policy.capacity.enforce`, pure), before anything is sent.
 
-Shrinks read their provider's usages first (:mod:`node_agent.placement.usage_guard`);
-a refused plan reads who holds the classes it touches, so its message names
+Changes that lower capacity read their provider's usages first
+(:mod:`node_agent.placement.usage_guard`): a class removed while in use is
+held, a cut below usage goes through and is reported with who holds it. A
+refused plan reads who holds the classes it touches, so its message names
 the guests to move.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Mapping
+from typing import Iterable, Mapping
 
 from node_agent.model.provider_tree import Inventory, ProviderTree
 from node_agent.placement.planner import Change, ProviderState, inventory_change
 from node_agent.placement.sync_context import SyncContext, body_of
-from node_agent.placement.usage_guard import UsageGuard
+from node_agent.placement.usage_guard import Cut, UsageGuard, cuts
 from node_agent.policy import capacity as cap
 
 
@@ -67,11 +69,14 @@ class CapacityGate:
                  consumer_names: Mapping[str, str]) -> list[Change]:
         """The plan, changed so that the tree it leaves never overstates the host.
 
-        Shrinks read their provider's usages first (the read the usage
-        guard always needed, moved before the decision): classes in use
-        keep their record. Then :func:`node_agent.policy.capacity.enforce` checks
-        the whole tree as it will be left -- every desired provider after
-        those holds, and every other provider of the tree as Placement holds
+        Changes that lower capacity read their provider's usages first
+        (the read the usage guard always needed, moved before the
+        decision): a class removed while in use keeps its record; a cut
+        below usage is planned as wanted (``ctx.cuts`` lists it): it only
+        lowers, so it never makes the invariant fail. Then
+        :func:`node_agent.policy.capacity.enforce` checks the whole tree as
+        it will be left -- every desired provider after those holds, and
+        every other provider of the tree as Placement holds
         it (foreign ones, and children being deleted, whose delete may be
         refused) -- and holds or closes the classes involved. Inventory
         PUTs that grow nothing go first. A steady cycle reads nothing here.
@@ -87,10 +92,10 @@ class CapacityGate:
                 continue
             wanted = body_of(change)["inventories"]
             if state is not None:
-                wanted, errors, generation = self._guard.guard(change, state, wanted,
-                                                               usages_into=ctx.usages)
-                ctx.pre[uuid] = generation
-                ctx.errors += errors
+                guarded = self._guard.guard(change, state, wanted, usages_into=ctx.usages)
+                wanted = guarded.inventories
+                ctx.pre[uuid] = guarded.generation
+                ctx.errors += guarded.errors
             planned[uuid] = wanted
         names = {ctx.tree.uuid(p): p.name for p in ctx.tree.providers}
         current = {u: dict(ctx.actual[u].inventories) for u in planned if u in ctx.actual}
@@ -107,7 +112,31 @@ class CapacityGate:
             blocking = self._blocking_consumers(ctx, result.wanted.classes, consumer_names)
             ctx.capacity["blocking"] = blocking
             ctx.errors.append(_capacity_message(result, blocking))
+        # What the plan publishes below usage, as it will be sent (after the
+        # invariant's holds and closings): the dry run shows it, the writer
+        # reports what it actually wrote.
+        ctx.cuts = [cut for provider in ctx.tree.providers
+                    for cut in self._planned_cuts(ctx, ctx.tree.uuid(provider), provider.name)]
         return self._rewrite_inventory_changes(ctx, changes, planned)
+
+    @staticmethod
+    def _planned_cuts(ctx: SyncContext, uuid: str, name: str) -> list[Cut]:
+        state = ctx.actual.get(uuid)
+        if state is None or ctx.planned is None:
+            return []
+        return cuts(name, uuid, state.inventories, ctx.planned[uuid], ctx.usages.get(uuid))
+
+    def with_holders(self, ctx: SyncContext, found: Iterable[Cut],
+                     consumer_names: Mapping[str, str]) -> list[Cut]:
+        """``found`` with the consumers holding each cut class on its
+        provider (one allocations read per provider with a cut)."""
+        found = list(found)
+        if not found:
+            return []
+        blocking = self._blocking_consumers(ctx, {c.rc for c in found}, consumer_names)
+        return [replace(c, holders=tuple(
+            (b["consumer"], b.get("guest"), b["resources"][c.rc]) for b in blocking
+            if b["provider"] == c.provider and c.rc in b["resources"])) for c in found]
 
     def _rewrite_inventory_changes(self, ctx: SyncContext, changes: list[Change],
                                    planned: Mapping[str, dict]) -> list[Change]:

@@ -103,16 +103,6 @@ def capacity(record: Mapping) -> int:
                * float(record["allocation_ratio"]))
 
 
-def guarded_capacity(old: Optional[Mapping], new: Mapping) -> int:
-    """The capacity the usage guard judges ``new`` by: raising ``reserved``
-    is left out. It only closes capacity to the scheduler (maintenance sets
-    reserved = total) and Placement accepts it whatever the usage, so only
-    removing a class or lowering its total or ratio can starve allocations."""
-    if old is None or new["reserved"] <= old["reserved"]:
-        return capacity(new)
-    return capacity({**new, "reserved": old["reserved"]})
-
-
 def _fmt(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 

@@ -15,7 +15,9 @@ The syncer reads, plans and keeps the state file's uuids; it delegates:
 * :mod:`~node_agent.placement.root_claim`: whose root this is, before any write;
 * :mod:`~node_agent.placement.capacity_gate`: the plan changed so that it
   never overstates the host, and :mod:`~node_agent.placement.usage_guard`:
-  no inventory shrinks below what allocations hold;
+  no class is removed while allocations hold it (Placement would refuse);
+  a capacity cut below usage is written, as nova does, and reported
+  (:attr:`SyncReport.cuts`);
 * :mod:`~node_agent.placement.tree_writer`: the requests, with their 409 cases.
 """
 
@@ -51,9 +53,10 @@ class TreeSyncer:
     :class:`~node_agent.placement.client.Unavailable` or ``AuthError`` when Placement
     cannot be used; the state file is then left as it was and the next cycle
     verifies the tree (the listing, then only providers whose generation
-    moved). Refusals that concern one provider (inventory in use, a delete
-    refused) are reported in :attr:`SyncReport.errors` and the rest
-    of the tree is still synced.
+    moved). Refusals that concern one provider (removing a class in use, a
+    delete refused) are reported in :attr:`SyncReport.errors` and the rest
+    of the tree is still synced. Capacity cuts written below usage are not
+    errors: :attr:`SyncReport.cuts`.
     """
 
     def __init__(self, client, store: Store,
@@ -82,6 +85,7 @@ class TreeSyncer:
         self._gate = CapacityGate(client, self._guard)
         self._writer = TreeWriter(client, self._cache, self._guard, self._adopted, self._deleted)
         self._last_capacity: Optional[dict] = None
+        self._last_cuts: list = []
         self._last_errors: list[str] = []
 
     # -- reading
@@ -222,12 +226,20 @@ class TreeSyncer:
         if limits is not None:
             changes = self._gate.enforce(ctx, changes, limits, consumer_names or {})
         self._last_capacity = ctx.capacity
+        self._last_cuts = self._gate.with_holders(ctx, ctx.cuts, consumer_names or {})
         return ctx.tree, changes
 
     @property
     def last_capacity(self) -> Optional[dict]:
         """The capacity verdict of the last plan or sync (None: not checked)."""
         return self._last_capacity
+
+    @property
+    def last_cuts(self) -> list:
+        """The capacity cuts below usage the last plan would publish
+        (:class:`~node_agent.placement.usage_guard.Cut`, with who holds
+        them); known only with ``limits``, when the plan is the gate's."""
+        return list(self._last_cuts)
 
     # -- writing
 
@@ -244,6 +256,7 @@ class TreeSyncer:
         start_reads, start_writes = self.client.stats.reads, self.client.stats.writes
         report = SyncReport(full_verify=self._verify_due())
         again = limits is not None
+        written_cuts: list = []
         try:
             attempt = 0
             while attempt < 2:
@@ -258,6 +271,8 @@ class TreeSyncer:
                     self._suspect()
                     attempt += 1
                     continue
+                finally:
+                    written_cuts += ctx.written_cuts
                 self._save_state(ctx)
                 report.tree = as_left(ctx)
                 deleted = any(c.kind == "delete" for c in report.applied[before:])
@@ -267,6 +282,7 @@ class TreeSyncer:
                     continue
                 report.errors += [e for e in ctx.errors if e not in report.errors]
                 report.capacity = ctx.capacity
+                report.cuts = self._gate.with_holders(ctx, written_cuts, consumer_names or {})
                 break
             else:
                 report.errors.append(
@@ -287,6 +303,10 @@ class TreeSyncer:
             log = LOG.info if report.applied else LOG.debug
         self._last_errors = list(report.errors)
         log("placement sync: %s", report.summary())
+        for cut in report.cuts:
+            # Logged once, by the cycle that writes the cut: later cycles
+            # have nothing to change, and Placement shows the usage.
+            LOG.warning("capacity cut published below usage: %s", cut)
         return report
 
     def _save_state(self, ctx: SyncContext) -> None:

@@ -25,6 +25,9 @@ class SyncReport:
     # The capacity invariant's say (node_agent.policy.capacity), None when not
     # checked: {"ok", "violations", "kept", "closed", "blocking"}.
     capacity: Optional[dict] = None
+    # Capacity cuts written below usage (node_agent.placement.usage_guard.Cut):
+    # published, not errors; no new claim of the class fits until usage falls.
+    cuts: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -39,7 +42,7 @@ class SyncReport:
         if not self.applied and self.ok:
             return f"no change ({self.requests} requests)"
         parts = [c.summary for c in self.applied] + [
-            f"ERROR {e}" for e in self.errors]
+            f"below usage: {c}" for c in self.cuts] + [f"ERROR {e}" for e in self.errors]
         return f"{'; '.join(parts)} ({self.requests} requests)"
 
 
@@ -62,6 +65,8 @@ class SyncContext:
     grows: set = field(default_factory=set)      # uuids whose PUT grows a class
     closed: set = field(default_factory=set)     # classes published fully reserved
     errors: list = field(default_factory=list)   # holds decided before sending
+    cuts: list = field(default_factory=list)     # cuts below usage the plan publishes
+    written_cuts: list = field(default_factory=list)  # ... and those the writer wrote
     capacity: Optional[dict] = None
     shrink_failed: bool = False
 

@@ -4,7 +4,8 @@ with its 409 cases.
 * a provider POST that meets a duplicate name adopts the provider when it
   is this host's root or in its tree (the syncer re-plans), else reports it;
 * an inventory PUT goes through the usage guard
-  (:mod:`node_agent.placement.usage_guard`) and, on a concurrent update,
+  (:mod:`node_agent.placement.usage_guard`: a class removed while in use is
+  held, a cut below usage is written and noted) and, on a concurrent update,
   re-reads that provider and retries (bounded); traits are merged into
   what Placement holds, never replaced;
 * a DELETE refused because something is allocated (409) is reported and
@@ -29,7 +30,7 @@ from node_agent.placement.planner import (Change, ProviderState, inventories_equ
                                           merged_traits)
 from node_agent.placement.sync_context import Replan, SyncContext, SyncReport, body_of
 from node_agent.placement.tree_cache import TreeCache
-from node_agent.placement.usage_guard import UsageGuard
+from node_agent.placement.usage_guard import UsageGuard, cuts
 
 # Under the syncer's name, as before the split: operators filter on it.
 LOG = logging.getLogger("node_agent.placement.sync")
@@ -187,9 +188,10 @@ class TreeWriter:
         """PUT the whole inventory with the cached generation.
 
         409 concurrent_update: re-read this provider's inventories and retry
-        (bounded). Classes whose usage exceeds the new capacity (409
-        inventory.inuse, or a shrink below usage that Placement would only
-        log) keep their current record and are reported; the others apply.
+        (bounded). A class the PUT would remove while allocated (409
+        inventory.inuse) keeps its current record and is reported as an
+        error; a capacity cut below usage (which Placement takes and only
+        logs) is written and noted in ``ctx.written_cuts``.
         """
         uuid = change.target
         wanted_all = body_of(change)["inventories"]
@@ -204,8 +206,10 @@ class TreeWriter:
                     wanted, errors = wanted_all, []
                     generation = ctx.pre.get(uuid, state.generation)
                 else:
-                    wanted, errors, generation = self._guard.guard(change, state, wanted_all,
-                                                                   closed=ctx.closed)
+                    guarded = self._guard.guard(change, state, wanted_all, closed=ctx.closed,
+                                                usages_into=ctx.usages)
+                    wanted, errors, generation = (guarded.inventories, guarded.errors,
+                                                  guarded.generation)
                     if errors and ctx.planned is not None:
                         # Usage grew since the check: holding one class while
                         # the others change was never checked. Next cycle.
@@ -222,6 +226,10 @@ class TreeWriter:
         self._held[uuid] = replace(
             state, generation=result["resource_provider_generation"],
             inventories=result["inventories"])
+        # Written below usage (Placement took it, and only logs it): a cut
+        # to report, not an error.
+        ctx.written_cuts += cuts(change.provider or state.name, uuid, state.inventories,
+                                 result["inventories"], ctx.usages.get(uuid))
         return True, errors
 
     # -- traits

@@ -25,9 +25,13 @@ from tests.reliability.proxy import FaultProxy
 pytestmark = pytest.mark.integration
 
 CPUS = 16
-# Sets every local guest of host.xml fits (pinned ones on 2-4 and 10-12,
-# floating ones on the shared CPUs), so only the invariant can refuse.
-SETS = "cpu_dedicated_set = 2-13\ncpu_shared_set = 0-1\n"
+# NUMA children: a consumer that is no local guest (a migration record)
+# keeps VCPU and MEMORY_MB on the root, which Placement refuses to delete
+# while they are in use, and the children's beside them would offer the
+# same CPUs and memory twice: only the invariant can refuse. (The sets these
+# tests used before, VCPU 2 under 12 in use, are a capacity cut, now
+# published below usage as nova does: test_capacity_cuts.py.)
+REFUSED = "numa_in_placement = true\n"
 
 
 @pytest.fixture
@@ -104,10 +108,10 @@ def test_refused_run_reports_what_was_applied_and_what_was_kept(host):
     The floating consumer is no local guest (a migration record): a local
     floating guest would be refused by name before anything is planned
     (node_agent.policy.guest_fit), and this test is about the invariant's
-    refusal. The new sets leave VCPU 2 (capacity 8 at ratio 4) under 12 in use."""
+    refusal (see REFUSED)."""
     assert once(write_config(host)).code == 0
     host.boot(host.not_a_guest, vcpu=12, memory=1024)
-    config = write_config(host, SETS + "reserved_host_memory_mb = 1024\n")
+    config = write_config(host, REFUSED + "reserved_host_memory_mb = 1024\n")
 
     text = once(config)
     assert text.code == 1
@@ -119,7 +123,7 @@ def test_refused_run_reports_what_was_applied_and_what_was_kept(host):
     body = again.json()
     assert body["changes"] == []
     assert body["capacity"]["ok"] is False
-    assert sorted(body["capacity"]["kept"]) == ["PCPU", "VCPU"]
+    assert sorted(body["capacity"]["kept"]) == ["MEMORY_MB", "VCPU"]
     assert [b["consumer"] for b in body["capacity"]["blocking"]] == [host.not_a_guest]
     assert body["errors"]
 
@@ -130,7 +134,7 @@ def test_dry_run_shows_the_verdict_and_the_consumers_that_would_block(host):
     assert once(write_config(host)).code == 0
     host.boot(host.not_a_guest, vcpu=12, memory=1024)
     before = host.inventories()
-    config = write_config(host, SETS)
+    config = write_config(host, REFUSED)
 
     plan = run_agent("--config-file", config, "--once", "--dry-run", "--output", "json")
     assert plan.code == 0, plan.stderr

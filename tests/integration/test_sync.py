@@ -359,18 +359,52 @@ def test_inventory_in_use_is_reported_and_the_rest_of_the_tree_syncs(
     assert inventories(other, numa0)["VCPU"]["total"] == 16  # kept: in use
 
 
-def test_capacity_below_usage_is_refused_with_usage_and_capacity(
+def test_capacity_cut_below_usage_is_published_and_reported_not_refused(
         client, other, store, host_name):
+    """Placement takes an inventory below usage (it refuses new claims), as
+    nova's resource tracker writes it: VCPU 16 x 4.0 cut to 1 x 4.0 under
+    6 in use. Before, the guard kept the old capacity open (an error)."""
     syncer = synced(client, store, host_tree(host_name))
     numa0 = tree_in_placement(
         other, store.load()["root_uuid"])[f"{host_name}_NUMA0"]["uuid"]
-    allocate(other, numa0, {"VCPU": 6})
+    holder = allocate(other, numa0, {"VCPU": 6})
 
     report = syncer.sync(host_tree(host_name, vcpu=1, ratio=4.0))
 
+    assert report.ok, report.errors
+    [cut] = report.cuts
+    assert (cut.provider, cut.rc, cut.used, cut.capacity, cut.over) == (
+        f"{host_name}_NUMA0", "VCPU", 6, 4, 2)
+    assert cut.holders == ((holder, None, 6),)
+    assert inventories(other, numa0)["VCPU"]["total"] == 1
+    assert other.get(f"/allocations/{holder}")["allocations"][numa0]["resources"] == {
+        "VCPU": 6}
+
+
+def test_removing_a_class_in_use_is_kept_while_a_cut_beside_it_is_published(
+        client, other, store, host_name):
+    """NUMA0 loses VCPU (Placement refuses to delete a class in use: kept,
+    an error); NUMA1's VCPU is cut below its usage in the same sync
+    (published, reported). Before, both were kept."""
+    syncer = synced(client, store, host_tree(host_name))
+    providers = tree_in_placement(other, store.load()["root_uuid"])
+    numa0 = providers[f"{host_name}_NUMA0"]["uuid"]
+    numa1 = providers[f"{host_name}_NUMA1"]["uuid"]
+    allocate(other, numa0, {"VCPU": 4})
+    allocate(other, numa1, {"VCPU": 12})
+    desired = host_tree(host_name, vcpu=0, pcpu=24)
+    desired = ProviderTree(desired.providers[:2] + (
+        numa(host_name, 1, vcpu=2),) + desired.providers[3:])
+
+    report = syncer.sync(desired)
+
     [error] = report.errors
-    assert "6 VCPU in use" in error and "capacity 4" in error
-    assert inventories(other, numa0)["VCPU"]["total"] == 16
+    assert f"cannot lower VCPU on {host_name}_NUMA0" in error and "4 VCPU in use" in error
+    assert inventories(other, numa0)["VCPU"]["total"] == 16   # kept: removal refused
+    assert inventories(other, numa0)["PCPU"]["total"] == 24
+    assert inventories(other, numa1)["VCPU"]["total"] == 2    # cut: published
+    assert [(c.provider, c.rc, c.over) for c in report.cuts] == [
+        (f"{host_name}_NUMA1", "VCPU", 4)]
 
 
 def test_plan_reads_but_never_writes(client, other, store, host_name):

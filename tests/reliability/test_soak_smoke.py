@@ -11,7 +11,7 @@ from tests.integration.rabbit import rabbitmq  # noqa: F401 (fixture)
 pytestmark = pytest.mark.integration
 
 
-def test_model_keeps_a_class_in_use_and_holds_everything_when_config_does_not_fit():
+def test_model_publishes_a_cut_below_usage_and_holds_everything_when_config_does_not_fit():
     host = model.HostFacts(online_cpus=16, memory_mb=65536, disk_gb=100)
     before = model.after_cycle(None, host, model.Config(), {}).records
     smaller = model.HostFacts(online_cpus=2, memory_mb=65536, disk_gb=100)
@@ -20,10 +20,11 @@ def test_model_keeps_a_class_in_use_and_holds_everything_when_config_does_not_fi
                                {"VCPU": 5})
     unfit = model.after_cycle(before, host, model.Config(reserved_host_memory_mb=70000), {})
 
-    assert shrunk.outcome == "incomplete" and shrunk.kept == ("VCPU",)
-    # Kept for its 5 VCPU in use, but 16 CPUs on a host with 2 online would
-    # overstate it: the capacity invariant closes the record.
-    assert shrunk.records["VCPU"] == {**before["VCPU"], "reserved": 16}
+    # 2 CPUs at 1.0 under 5 VCPU in use: published as nova writes it (the
+    # old behaviour kept the 16-CPU record, which the invariant then closed).
+    assert shrunk.outcome == "ok" and shrunk.cut == ("VCPU",) and shrunk.kept == ()
+    assert shrunk.records["VCPU"] == {**before["VCPU"], "total": 2, "max_unit": 2,
+                                      "allocation_ratio": 1.0}
     assert shrunk.records["MEMORY_MB"] == before["MEMORY_MB"]
     assert unfit.outcome == "unfit" and unfit.records == before
     assert model.cpulist({0, 1, 2, 3, 8, 10, 11}) == "0-3,8,10-11"

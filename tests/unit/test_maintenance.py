@@ -6,7 +6,7 @@ from node_agent.policy import maintenance as maint
 from node_agent.tree.build import build_tree
 from node_agent.policy.maintenance import TRAIT, in_maintenance
 from node_agent.policy.partition import partition_cpus
-from node_agent.placement.planner import guarded_capacity
+from node_agent.placement.usage_guard import cuts, lowers
 from tests.snapshots import settings, snapshot
 
 
@@ -72,15 +72,22 @@ def _inv(total, reserved=0, ratio=1.0):
             "min_unit": 1, "max_unit": total, "step_size": 1}
 
 
-@pytest.mark.parametrize("old, new, judged", [
-    (_inv(16), _inv(16, 16), 16),            # maintenance: reserved raised, not judged
-    (_inv(16, 2), _inv(16, 16, 4.0), 56),    # the ratio still counts
-    (_inv(16, 4), _inv(16, 0), 16),          # reserved lowered: counted
-    (_inv(16), _inv(8, 8), 8),               # total lowered: judged on the new total
-    (None, _inv(8, 8), 0),                   # a new class: as it is
+@pytest.mark.parametrize("old, new, read", [
+    (_inv(16), _inv(16, 16), False),          # maintenance closes: no usages read
+    (_inv(16, 2), _inv(16, 16, 4.0), False),  # closed whatever the ratio
+    (_inv(16, 4), _inv(16, 0), False),        # reserved lowered: a grow
+    (_inv(16), _inv(16, 4), True),            # reserved raised: a cut, read
+    (_inv(16), _inv(8, 0), True),             # total lowered: a cut, read
 ])
-def test_usage_guard_does_not_count_a_raised_reservation(old, new, judged):
-    assert guarded_capacity(old, new) == judged
+def test_closing_a_class_needs_no_usages_read_but_a_cut_does(old, new, read):
+    assert lowers({"VCPU": old}, {"VCPU": new}) is read
+
+
+def test_a_closed_record_is_not_reported_as_a_cut_below_usage():
+    # Maintenance is reported as maintenance; a cut is what stays open.
+    assert cuts("h", "u", {"VCPU": _inv(16)}, {"VCPU": _inv(16, 16)}, {"VCPU": 8}) == []
+    [cut] = cuts("h", "u", {"VCPU": _inv(16)}, {"VCPU": _inv(16, 12)}, {"VCPU": 8})
+    assert (cut.capacity, cut.used, cut.over) == (4, 8, 4)
 
 
 def _status(record, placement, error=None):
