@@ -138,8 +138,16 @@ class NullNotifier:
 
 
 def systemd_notifier():
-    """sd_notify through the sdnotify package; silent without NOTIFY_SOCKET."""
-    return sdnotify.SystemdNotifier()
+    """sd_notify through the sdnotify package; silent without NOTIFY_SOCKET.
+
+    The socket does not block: a reader that stalls (a datagram queue of
+    ``net.unix.max_dgram_qlen``, 10 on some kernels) loses a STATUS or a
+    WATCHDOG line, where a blocking send would wedge the loop, SIGTERM
+    included (sdnotify drops the failed send silently)."""
+    notifier = sdnotify.SystemdNotifier()
+    if notifier.socket is not None:
+        notifier.socket.setblocking(False)
+    return notifier
 
 
 @dataclass

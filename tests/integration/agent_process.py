@@ -133,6 +133,10 @@ class AgentProcess:
         self.config.write_text(text if text is not None else self.config_text())
 
     def start(self) -> "AgentProcess":
+        # What a previous process sent is not this one's: a restarted
+        # service's first status must not be matched by its predecessor's.
+        self.notify.drain()
+        self.notify.received.clear()
         env = dict(os.environ, NOTIFY_SOCKET=str(self.notify.path))
         command = [str(AGENT), "--config-file", str(self.config)]
         cwd = None

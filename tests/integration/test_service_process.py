@@ -117,3 +117,18 @@ def test_placement_killed_and_restarted_the_agent_survives_and_heals_in_a_cycle(
     finally:
         agent.stop()
         agent.notify.close()
+
+
+def test_a_notify_socket_nobody_reads_never_wedges_the_service(agent):
+    """systemd reads its notify socket; a stalled reader (here: none, with a
+    datagram queue of /proc/sys/net/unix/max_dgram_qlen, 10 on some
+    kernels) must not block the service's sd_notify, so cycles go on and
+    SIGTERM still ends it quickly."""
+    agent.start()
+    agent.status_after(lambda s: s.startswith("ok:"))
+    time.sleep(15)          # about 15 cycles of STATUS and WATCHDOG, never read
+    began = time.monotonic()
+    agent.send(signal.SIGTERM)
+    assert agent.proc.wait(15) == 0
+    assert time.monotonic() - began < 5
+    assert agent.log().count("placement sync") >= 1
