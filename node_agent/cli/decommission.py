@@ -27,7 +27,7 @@ from node_agent.placement.errors import NotFound, PlacementError
 from node_agent.policy import root_owner
 from node_agent.policy.decommission import plan
 from node_agent.state import APPLIED, OWNED_CHILDREN, PROVIDERS, ROOT_UUID, StateStore
-from node_agent.tree.ownership import ListedChild
+from node_agent.policy.child_owner import ListedChild
 
 LOG = logging.getLogger(__name__)
 EX_REFUSED = 1

@@ -604,7 +604,7 @@ def _root_in_placement(conf, settings, state) -> dict:
     provider of its tree: its inventories and whether it is the agent's
     (it carries the agent's child mark, or the state file lists it)."""
     from node_agent.placement.client import PlacementClient
-    from node_agent.tree.ownership import AGENT_CHILD_TRAIT
+    from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 
     client = PlacementClient.from_conf(conf)
     client.check_version()
