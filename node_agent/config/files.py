@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 
 from oslo_config import cfg
 
+from node_agent import logs
 from node_agent.config import options as conf_mod
 from node_agent.errors import ConfigError
 from node_agent.config.nova_options import (NOVA_DYNAMIC_SECTION_PREFIXES,
@@ -304,6 +305,11 @@ class _ConfigOpts(cfg.ConfigOpts):
     def _validate_cli_options(self, namespace) -> None:
         return None
 
+    def logging_ready(self) -> None:
+        """Called by :func:`node_agent.logs.setup` once the configured log
+        exists: the line naming what the files hold that the agent ignores."""
+        log_ignored(self)
+
 
 def load_conf(args: Sequence[str]) -> cfg.ConfigOpts:
     """Parse ``--config-file``/``--config-dir`` arguments into a checked ConfigOpts."""
@@ -364,8 +370,6 @@ def _logging_from_own_files(conf: cfg.ConfigOpts) -> None:
                       if key.replace("-", "_") in dest}
     if not taken:
         return
-    from node_agent import logs
-
     own = cfg.ConfigOpts()
     logs.register(own)
     args: list[str] = []
