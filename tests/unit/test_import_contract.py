@@ -50,7 +50,17 @@ PURE_MODULES = ("node_agent.placement.planner", "node_agent.placement.reshape_en
                 # The wire format and the JSON Schema it ships (read as package data).
                 "node_agent.remote.wire", "node_agent.remote.schema",
                 # The HMACs of signed messages (hmac, hashlib, json).
-                "node_agent.remote.signing")
+                "node_agent.remote.signing",
+                # How many reads run at once (the caller measures and reports).
+                "node_agent.placement.read_pace",
+                # The libvirt XML and meminfo parsers: text in, records out.
+                "node_agent.host.libvirt_xml", "node_agent.host.capabilities",
+                "node_agent.host.domain_capabilities", "node_agent.host.domain",
+                "node_agent.host.nodedev", "node_agent.host.meminfo",
+                # nova's option names (a generated table).
+                "node_agent.config.nova_options",
+                # What --dry-run and --once print: a report in, text out.
+                "node_agent.cli.render")
 # Not pure themselves, but safe to import: the error hierarchy (it reads
 # os.EX_CONFIG, a constant) and the packages' docstring-only __init__ files.
 ALLOWED_INTERNAL = ({"node_agent", "node_agent.errors"}
