@@ -451,8 +451,8 @@ def test_floors_name_real_areas():
     ("node_agent.placement.sync", "from node_agent.host import machine_id\n",
      "imports node_agent.host.machine_id: placement and host share floor 5, and neither "
      "imports the other"),
-    ("node_agent.remote.wire", "import node_agent.remote.applier\n",
-     "remote (floor 8) imports remote.applier (floor 12), upward"),
+    ("node_agent.remote.wire", "import node_agent.service.loop\n",
+     "remote (floor 8) imports service (floor 10), upward"),
     ("node_agent.example", "import os\n", "node_agent.example has no floor: add its area "
      "to FLOORS"),
 ])
@@ -470,8 +470,7 @@ def test_floors_allow_downward_own_area_and_type_checking_imports():
               "def f():\n    from node_agent.model import cpuset\n"
               "if TYPE_CHECKING:\n    from node_agent.cycle.desired import Desired\n")
     assert floor_violations("node_agent.tree.build", source) == []
-    # The applier (an entry point) sits above service/, the rest of remote/ below.
-    assert floor_violations("node_agent.remote.applier",
+    assert floor_violations("node_agent.cli.main",
                             "from node_agent.service.loop import systemd_notifier\n") == []
 
 
