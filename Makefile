@@ -56,8 +56,9 @@ $(STAMP): requirements.txt test-requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps -e .
 	touch $(STAMP)
 
-# The pure core (model/, policy/, tree/, the planner, the reshape engine) must
-# import nothing that touches the world: tests/unit/test_import_contract.py.
+# The import contract, tests/unit/test_import_contract.py: the packages import
+# downward only (its FLOORS table), no import closes a cycle, and the pure core
+# (its PURE_PACKAGES and PURE_MODULES) imports nothing that touches the world.
 lint: install
 	$(VENV)/bin/ruff check node_agent tests bench soak devenv
 	$(VENV)/bin/mypy

@@ -10,7 +10,8 @@ from node_agent.cycle.desired import desired_from
 from node_agent.host.discover import discover
 from node_agent.host.sysfs_pci import read_pci
 from node_agent.model.provider_tree import ProviderTree
-from node_agent.placement.planner import ProviderState, plan_changes, wanted_inventories
+from node_agent.model.provider_state import ProviderState
+from node_agent.placement.planner import plan_changes, wanted_inventories
 from node_agent.host.sysfs import SysFS
 from node_agent.host.sysfs_topology import read_topology
 from tests.hostdata import HOSTDATA, sysfs_root_for

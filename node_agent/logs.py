@@ -109,8 +109,13 @@ def setup(conf, debug: bool = False, reporting: bool = False) -> None:
     else:
         _setup_oslo_log(conf)
     logging.captureWarnings(True)
-    from node_agent.config.files import log_ignored
-    log_ignored(conf)  # now, so the line reaches the configured log
+    # What the config files' reader held back until the configured log
+    # exists (config/files.py: the nova options it ignores), so the line
+    # reaches that log. A hook on the conf: config/ registers this module's
+    # options and sits above it, so this module does not import config/.
+    ready = getattr(conf, "logging_ready", None)
+    if ready is not None:
+        ready()
 
 
 def _setup_oslo_log(conf) -> None:

@@ -19,15 +19,15 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from node_agent.config.files import oslo_args
-from node_agent.config.validation import config_args, placement_configured, validate
+from node_agent.config.files import config_args, oslo_args, placement_configured
 from node_agent.errors import ConfigError, NodeAgentError, ProviderOwned
 from node_agent.host.machine_id import identity
 from node_agent.placement.errors import NotFound, PlacementError
 from node_agent.policy import root_owner
 from node_agent.policy.decommission import plan
 from node_agent.state import APPLIED, OWNED_CHILDREN, PROVIDERS, ROOT_UUID, StateStore
-from node_agent.tree.ownership import ListedChild
+from node_agent.policy.child_owner import ListedChild
+from node_agent.startup import validate
 
 LOG = logging.getLogger(__name__)
 EX_REFUSED = 1

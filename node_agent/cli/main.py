@@ -38,14 +38,14 @@ from node_agent import logs
 from node_agent.cli import render
 from node_agent.placement.errors import NotFound
 from node_agent.policy.capacity import check, host_limits, published
-from node_agent.config.files import log_ignored, oslo_args
+from node_agent.config.files import config_args, log_ignored, oslo_args, placement_configured
 from node_agent.policy import maintenance as maint
 from node_agent.cycle.desired import (compute_desired, file_traits_to_remember,
                                       forget_applied_off, with_owner_mark)
 from node_agent.state import APPLIED, MAINTENANCE, PROVIDERS, ROOT_UUID, StateCorrupt, StateStore
 from node_agent.errors import ConfigError, HostBusy, NodeAgentError, StateError
 from node_agent.policy.partition import node_split
-from node_agent.config.validation import config_args, placement_configured, validate
+from node_agent.startup import validate
 from node_agent.version import VersionAction
 
 # Imported inside the functions that use them, and only there:
@@ -611,7 +611,7 @@ def _root_in_placement(conf, settings, state) -> dict:
     provider of its tree: its inventories and whether it is the agent's
     (it carries the agent's child mark, or the state file lists it)."""
     from node_agent.placement.client import PlacementClient
-    from node_agent.tree.ownership import AGENT_CHILD_TRAIT
+    from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 
     client = PlacementClient.from_conf(conf)
     client.check_version()

@@ -25,6 +25,7 @@ from typing import Optional, Sequence
 
 from oslo_config import cfg
 
+from node_agent import logs
 from node_agent.config import options as conf_mod
 from node_agent.errors import ConfigError
 from node_agent.config.nova_options import (NOVA_DYNAMIC_SECTION_PREFIXES,
@@ -226,6 +227,36 @@ def _classify_keys(conf: cfg.ConfigOpts) -> tuple[list[str], list[str]]:
     return problems, list(dict.fromkeys(ignored))
 
 
+DEFAULT_CONFIG_FILE = "/etc/node-agent/node-agent.conf"
+
+
+def config_args(args: Sequence[str], default: str = DEFAULT_CONFIG_FILE) -> list[str]:
+    """``args``, or ``--config-file default`` when no file is named.
+
+    A missing default file is refused: running on built-in defaults would
+    write a state file for a host named after the machine, against no
+    Placement the operator chose.
+    """
+    args = list(args)
+    if any(a in ("--config-file", "--config-dir") for a in args):
+        return args
+    if not os.path.exists(default):
+        raise ConfigError(f"no configuration: {default} does not exist and no "
+                          "--config-file or --config-dir was given. Create it (see "
+                          "etc/node-agent.conf.sample) or name a file with "
+                          "--config-file FILE.")
+    return ["--config-file", default]
+
+
+def placement_configured(conf) -> bool:
+    """``[placement]`` names an auth type or an endpoint. Its options are
+    registered only when a file has that section (:func:`parse_conf`)."""
+    if "placement" not in conf:
+        return False
+    group = conf.placement
+    return bool(group.auth_type or group.endpoint_override)
+
+
 def oslo_args(args) -> list[str]:
     """``--config-file``/``--config-dir`` for oslo.config from an argparse
     namespace with ``config_file`` and ``config_dir`` lists."""
@@ -304,6 +335,11 @@ class _ConfigOpts(cfg.ConfigOpts):
     def _validate_cli_options(self, namespace) -> None:
         return None
 
+    def logging_ready(self) -> None:
+        """Called by :func:`node_agent.logs.setup` once the configured log
+        exists: the line naming what the files hold that the agent ignores."""
+        log_ignored(self)
+
 
 def load_conf(args: Sequence[str]) -> cfg.ConfigOpts:
     """Parse ``--config-file``/``--config-dir`` arguments into a checked ConfigOpts."""
@@ -364,8 +400,6 @@ def _logging_from_own_files(conf: cfg.ConfigOpts) -> None:
                       if key.replace("-", "_") in dest}
     if not taken:
         return
-    from node_agent import logs
-
     own = cfg.ConfigOpts()
     logs.register(own)
     args: list[str] = []

@@ -16,6 +16,7 @@ import socket
 
 from oslo_config import cfg
 
+from node_agent import logs
 from node_agent.tree.cpu_traits import CPU_MODES
 
 DEFAULT_OPTS = [
@@ -501,7 +502,6 @@ def register_opts(conf: cfg.ConfigOpts, placement: bool = True) -> None:
     conf.register_opts(PCI_OPTS, group="pci")
     conf.register_opts(NODE_OPTS, group="node")
     conf.register_opts(APPLIER_OPTS, group="applier")
-    from node_agent import logs
     logs.register(conf)
     if placement:
         register_placement_opts(conf)

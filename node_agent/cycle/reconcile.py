@@ -43,7 +43,7 @@ from node_agent.policy.guest_fit import misfits
 from node_agent.model.provider_tree import (PlacedTree, ProviderTree,
                                           with_held_ratios)
 from node_agent.tree.mem_encryption import keep_as_held, undecided
-from node_agent.tree.ownership import ListedChild
+from node_agent.policy.child_owner import ListedChild
 from node_agent.placement.reshape_engine import Reshape, hold_inventories
 from node_agent.placement.reshape_rules import guest_names
 from node_agent.placement.reshaper import (HostReshape, ReshapeOutcome, ensure_reshaped,

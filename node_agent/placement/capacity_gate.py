@@ -15,7 +15,8 @@ from dataclasses import replace
 from typing import Iterable, Mapping
 
 from node_agent.model.provider_tree import Inventory, ProviderTree
-from node_agent.placement.planner import Change, ProviderState, inventory_change
+from node_agent.model.provider_state import ProviderState
+from node_agent.placement.planner import Change, inventory_change
 from node_agent.placement.sync_context import SyncContext, body_of
 from node_agent.placement.usage_guard import Cut, UsageGuard, cuts
 from node_agent.policy import capacity as cap

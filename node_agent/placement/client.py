@@ -36,7 +36,6 @@ from node_agent.placement.errors import (AuthError, DuplicateName,  # noqa: F401
                                          GenerationConflict, InventoryInUse, NotFound,
                                          PlacementError, Unavailable, error_for)
 from node_agent.placement.microversions import version_refusal
-from node_agent.config.options import PLACEMENT_GROUP
 
 if TYPE_CHECKING:
     from node_agent.placement.planner import Change
@@ -44,6 +43,11 @@ if TYPE_CHECKING:
 LOG = logging.getLogger(__name__)
 
 SERVICE_TYPE = "placement"
+# The config section of the keystoneauth options a client is built from
+# (from_conf), named where a message points at one of them. The option table
+# registers them there (config/options.py: PLACEMENT_GROUP); the client takes
+# the name, not the table, so placement/ does not import config/ (issue 25).
+CONF_GROUP = "placement"
 NO_RESPONSE = 0  # status recorded in RequestStats when nothing came back
 
 
@@ -155,11 +159,13 @@ class PlacementClient(PlacementReads):
     MICROVERSION = microversions.REQUIRED
 
     def __init__(self, adapter: ks_adapter.Adapter, retries: int = 3,
-                 backoff: float = 0.2):
+                 backoff: float = 0.2, group: str = CONF_GROUP):
         """``retries`` is how many times a failed attempt is repeated (so
         up to ``retries + 1`` requests); waits grow exponentially from
-        ``backoff`` seconds, capped at 5 s."""
+        ``backoff`` seconds, capped at 5 s. ``group``: the config section
+        of its options, as its messages name it."""
         self._adapter = adapter
+        self._group = group
         self._retries = max(0, retries)
         self._backoff = backoff
         self.stats = RequestStats()
@@ -168,10 +174,10 @@ class PlacementClient(PlacementReads):
         self.server_max: str | None = None
 
     @classmethod
-    def from_conf(cls, conf, **kw) -> "PlacementClient":
-        """Build from ``[placement]`` (keystoneauth session, auth, adapter
-        options). Raises ConfigError naming the options to set."""
-        group = PLACEMENT_GROUP
+    def from_conf(cls, conf, group: str = CONF_GROUP, **kw) -> "PlacementClient":
+        """Build from the keystoneauth session, auth and adapter options in
+        ``conf``'s section ``group`` (``[placement]``). Raises ConfigError
+        naming the options to set."""
         try:
             auth = ks_loading.load_auth_from_conf_options(conf, group)
         except ks_exc.MissingRequiredOptions as exc:
@@ -205,7 +211,7 @@ class PlacementClient(PlacementReads):
             conf, group, session=session, auth=auth)
         if not adapter.service_type:
             adapter.service_type = SERVICE_TYPE
-        return cls(adapter, **kw)
+        return cls(adapter, group=group, **kw)
 
     @classmethod
     def for_endpoint(cls, url: str, token: str = "admin",
@@ -318,7 +324,7 @@ class PlacementClient(PlacementReads):
             timeout = getattr(self._adapter.session, "timeout", None)
             raise Unavailable(
                 f"{method} {path}: Placement at {self._where()} did not answer "
-                f"within {timeout or '?'}s ([{PLACEMENT_GROUP}] timeout): {exc}",
+                f"within {timeout or '?'}s ([{self._group}] timeout): {exc}",
                 method=method, path=path) from exc
         except (ks_exc.ConnectionError, ks_exc.RequestTimeout,
                 ks_exc.DiscoveryFailure) as exc:
@@ -331,7 +337,7 @@ class PlacementClient(PlacementReads):
         except ks_exc.EndpointNotFound as exc:
             raise errors.ConfigError(
                 f"No Placement endpoint found in the service catalog: {exc}; "
-                f"check [{PLACEMENT_GROUP}] region_name, valid_interfaces or "
+                f"check [{self._group}] region_name, valid_interfaces or "
                 f"endpoint_override.") from exc
         except ks_exc.Unauthorized as exc:
             raise AuthError(f"{method} {path}: authentication failed: {exc}",

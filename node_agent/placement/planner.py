@@ -1,32 +1,30 @@
 """The sync planner (pure): what Placement holds, what to send to change it.
 
 :func:`plan_changes` compares the desired :class:`ProviderTree` with what
-Placement holds (:class:`ProviderState` per provider) and returns the ordered
+Placement holds (:class:`~node_agent.model.provider_state.ProviderState`
+per provider) and returns the ordered
 requests (:class:`Change`) that close the gap: custom resource classes and
 traits first, missing providers top-down, inventories, traits, then deletion
 of children the agent created and no longer wants, bottom-up. It never
 touches aggregates, never removes a trait the agent has no opinion on, never
-deletes a provider it did not create. The inventory comparisons and diffs the
-shell (:mod:`node_agent.placement.sync`) and the applier share live here too.
+deletes a provider it did not create. The inventory diffs the shell
+(:mod:`node_agent.placement.sync`) and the applier share live here too; the
+comparisons are :mod:`node_agent.model.provider_state`'s, shared with drift.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 
+from node_agent.model.provider_state import (INVENTORY_FIELDS, ProviderState,
+                                             inventories_equal, inventory_equal)
 from node_agent.model.provider_tree import (PlacedTree, Provider, ProviderTree,
                                             placement_inventories)
 from node_agent.placement import routes
 
 CUSTOM = "CUSTOM_"
-# Allocation ratios are floats in Placement's database (FLOAT columns can
-# round 1.1 to 1.10000002); closer than this is the same ratio.
-RATIO_TOLERANCE = 1e-6
-INVENTORY_FIELDS = ("total", "reserved", "min_unit", "max_unit", "step_size",
-                    "allocation_ratio")
 
 
 @dataclass(frozen=True)
@@ -53,35 +51,6 @@ class Change:
     @property
     def path(self) -> str:
         return routes.request_of(self.kind, self.target)[1]
-
-
-@dataclass(frozen=True)
-class ProviderState:
-    """One provider as Placement holds it (inventories as Placement spells them)."""
-
-    uuid: str
-    name: str
-    generation: int
-    parent_uuid: Optional[str]
-    inventories: Mapping[str, dict] = field(default_factory=dict)
-    traits: frozenset = frozenset()
-
-
-def inventory_equal(a: Mapping, b: Mapping) -> bool:
-    """Two Placement inventory records are the same (ratios compared as floats)."""
-    for name in INVENTORY_FIELDS:
-        x, y = a.get(name), b.get(name)
-        if name == "allocation_ratio":
-            if x is None or y is None or not math.isclose(
-                    float(x), float(y), rel_tol=RATIO_TOLERANCE):
-                return False
-        elif x != y:
-            return False
-    return True
-
-
-def inventories_equal(a: Mapping[str, Mapping], b: Mapping[str, Mapping]) -> bool:
-    return set(a) == set(b) and all(inventory_equal(a[rc], b[rc]) for rc in a)
 
 
 def wanted_inventories(provider: Provider,

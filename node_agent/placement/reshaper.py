@@ -50,7 +50,7 @@ from node_agent.errors import HostBusy, ReshapeError
 from node_agent.placement.errors import (DuplicateName, GenerationConflict, InventoryInUse,
                                         NotFound, Unavailable)
 from node_agent.placement.read_pace import ReadPace
-from node_agent.tree.ownership import (AGENT_CHILD_TRAIT, GPU, NUMA, ListedChild,
+from node_agent.policy.child_owner import (AGENT_CHILD_TRAIT, GPU, NUMA, ListedChild,
                                        agent_children, candidates)
 from node_agent.model.provider_tree import Provider, ProviderTree
 from node_agent.placement.reshape_engine import (Consumer, ProviderAllocations, Reshape, Rule,
@@ -742,7 +742,7 @@ def retired_children(client, tree: ProviderTree, owned: Iterable[str] = (),
                      listed=None) -> dict[str, tuple[ListedChild, str]]:
     """uuid -> (child, kind) of the agent's NUMA and GPU children that
     ``tree`` (with the root's uuid) no longer has, recognised by name and
-    mark or by ``owned`` (:mod:`node_agent.tree.ownership`). Reads: one GET for
+    mark or by ``owned`` (:mod:`node_agent.policy.child_owner`). Reads: one GET for
     the tree unless ``listed`` is given, then two per child named like the
     agent's that the tree does not keep."""
     root, root_uuid = tree.root, uuid_of_root(tree)

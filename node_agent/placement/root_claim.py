@@ -13,7 +13,7 @@ from typing import Optional
 
 from node_agent.errors import ProviderOwned
 from node_agent.model.provider_tree import ProviderTree
-from node_agent.placement.planner import ProviderState
+from node_agent.model.provider_state import ProviderState
 from node_agent.policy import root_owner
 
 # Under the syncer's name, as before the split: operators filter on it.

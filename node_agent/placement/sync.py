@@ -31,7 +31,8 @@ from typing import Callable, Iterable, Mapping, Optional
 
 from node_agent.model.provider_tree import PlacedTree, ProviderTree
 from node_agent.placement.capacity_gate import CapacityGate, as_left
-from node_agent.placement.planner import Change, ProviderState, plan_changes
+from node_agent.model.provider_state import ProviderState
+from node_agent.placement.planner import Change, plan_changes
 from node_agent.placement.root_claim import RootClaim
 from node_agent.placement.sync_context import Replan, SyncContext, SyncReport
 from node_agent.placement.tree_cache import TreeCache

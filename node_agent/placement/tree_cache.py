@@ -19,7 +19,8 @@ import math
 from dataclasses import replace
 from typing import Callable, Mapping, Optional
 
-from node_agent.placement.planner import ProviderState, verify_phase
+from node_agent.model.provider_state import ProviderState
+from node_agent.placement.planner import verify_phase
 
 # Under the syncer's name, as before the split: operators filter on it.
 LOG = logging.getLogger("node_agent.placement.sync")

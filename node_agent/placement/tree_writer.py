@@ -26,8 +26,8 @@ import tenacity
 
 from node_agent.placement.errors import (DuplicateName, GenerationConflict, InventoryInUse,
                                          NotFound, PlacementError)
-from node_agent.placement.planner import (Change, ProviderState, inventories_equal,
-                                          merged_traits)
+from node_agent.model.provider_state import ProviderState, inventories_equal
+from node_agent.placement.planner import Change, merged_traits
 from node_agent.placement.sync_context import Replan, SyncContext, SyncReport, body_of
 from node_agent.placement.tree_cache import TreeCache
 from node_agent.placement.usage_guard import UsageGuard, cuts

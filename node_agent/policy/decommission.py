@@ -1,7 +1,7 @@
 """What ``node-agent decommission`` removes, or why it refuses. Pure.
 
 A host leaving the cloud takes its providers with it: the root and the
-children the agent made (:func:`node_agent.tree.ownership.agent_children`,
+children the agent made (:func:`node_agent.policy.child_owner.agent_children`,
 or those the state file lists). Nothing is removed while anything is
 allocated on them, so no consumer loses the resources it holds; and a
 provider under the root that is not the agent's (Cyborg's, an operator's)
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 
-from node_agent.tree.ownership import ListedChild, agent_children
+from node_agent.policy.child_owner import ListedChild, agent_children
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from typing import Mapping, Optional
 
 from node_agent.model.provider_tree import Provider, ProviderTree, placement_inventories
 from node_agent.model.settings import Settings
-from node_agent.placement.planner import INVENTORY_FIELDS, ProviderState, inventory_equal
-from node_agent.tree.ownership import AGENT_CHILD_TRAIT
+from node_agent.model.provider_state import INVENTORY_FIELDS, ProviderState, inventory_equal
+from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 
 KINDS = ("inventory", "trait", "provider")
 ABSENT = "absent"

@@ -118,7 +118,7 @@ def status(host: str, state_path: str, record: Optional[Mapping],
     ``{"root_uuid": uuid or None, "traits": [...], "inventories": {rc: record},
     "children": [{"name", "uuid", "agent": bool, "inventories"}]}``: every
     other provider of the root's tree, ``agent`` telling whether it is one
-    the agent reports (:mod:`node_agent.tree.ownership`). Maintenance holds
+    the agent reports (:mod:`node_agent.policy.child_owner`). Maintenance holds
     only when every class of the root and of the agent's children is
     closed; a foreign child's open classes are listed, not held against it
     (the agent does not report them, so no cycle would close them).

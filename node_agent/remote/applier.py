@@ -83,8 +83,7 @@ from typing import Callable, Optional, Sequence
 
 from node_agent.remote import signing, wire
 from node_agent import logs
-from node_agent.config.files import load_conf, oslo_args
-from node_agent.config.validation import placement_configured
+from node_agent.config.files import load_conf, oslo_args, placement_configured
 from node_agent.policy import maintenance as maint
 from node_agent.placement.client import PlacementClient
 from node_agent.placement.errors import NotFound

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence, cast
 
 from node_agent.cycle import provider_cache
-from node_agent.config.validation import validate
+from node_agent.startup import validate
 from node_agent.cycle.audit import Auditor
 from node_agent.cycle.reconcile import CycleOutcome, Reconciler
 from node_agent.host.discover import read_guests

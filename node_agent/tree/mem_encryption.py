@@ -8,7 +8,7 @@ under the root, named ``<root>_<model>`` (``<root>_amd_sev``,
 inventory (total = the guests the firmware has keys for, one per guest:
 min_unit = max_unit = step_size = 1, ratio 1.0) and the model's trait. nova
 adds ``OWNER_NOVA``; the agent marks them as its own instead
-(:data:`~node_agent.tree.ownership.AGENT_CHILD_TRAIT`): ``OWNER_NOVA`` says
+(:data:`~node_agent.policy.child_owner.AGENT_CHILD_TRAIT`): ``OWNER_NOVA`` says
 nova-compute writes a provider (:mod:`node_agent.policy.root_owner`), and
 nova's scheduler requires it on the root and PCI providers only. A model
 whose total is 0 has no child.
@@ -39,7 +39,7 @@ import os_traits
 
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.model.snapshot import DomainCaps, HypervisorInfo
-from node_agent.tree.ownership import AGENT_CHILD_TRAIT, ListedChild
+from node_agent.policy.child_owner import AGENT_CHILD_TRAIT, ListedChild
 
 Version = tuple[int, int, int]
 

@@ -2,7 +2,7 @@
 
 Pure. A node that has present CPUs or memory becomes ``<host>_NUMA_<id>``
 with traits HW_NUMA_ROOT and the agent's mark
-(:data:`node_agent.tree.ownership.AGENT_CHILD_TRAIT`), holding:
+(:data:`node_agent.policy.child_owner.AGENT_CHILD_TRAIT`), holding:
 
 * PCPU and VCPU: the node's CPUs in each pool (the same sets the flat root
   would report, split by node);
@@ -35,7 +35,7 @@ import os_traits
 from node_agent.model.cpuset import CpuSet
 from node_agent.errors import ConfigError
 from node_agent.model.hugepages import ReservedPages, page_class
-from node_agent.tree.ownership import AGENT_CHILD_TRAIT
+from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 from node_agent.policy.partition import CpuPartition
 from node_agent.model.provider_tree import Inventory, Provider
 from node_agent.model.settings import Settings

@@ -7,7 +7,7 @@ are not additive): the first enabled type it already has mdevs of, else the
 first enabled type it offers. VGPU total = available_instances + mdevs
 already created, because ``available_instances`` counts only what is left.
 Each GPU child carries the agent's mark
-(:data:`node_agent.tree.ownership.AGENT_CHILD_TRAIT`): nova names its GPU
+(:data:`node_agent.policy.child_owner.AGENT_CHILD_TRAIT`): nova names its GPU
 children the same way, so the name alone does not say whose it is.
 
 SR-IOV: one child per PF matched by a ``[pci] device_spec`` with a
@@ -26,7 +26,7 @@ from typing import Optional
 import os_resource_classes as orc
 
 from node_agent.model.device_spec import PciDeviceSpec, physnet_trait
-from node_agent.tree.ownership import AGENT_CHILD_TRAIT
+from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 from node_agent.model.provider_tree import Inventory, Provider
 from node_agent.model.settings import Settings
 from node_agent.model.snapshot import HostSnapshot, MdevTypeInfo, PciGpu, SriovPf

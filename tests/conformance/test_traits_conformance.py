@@ -26,7 +26,7 @@ from node_agent.tree.build import trait_settings
 from node_agent.tree.cpu_traits import guest_cpu_traits
 from node_agent.tree.hypervisor_traits import hypervisor_traits
 from node_agent.tree.mem_encryption import host_mem_encryption, mem_encryption_children
-from node_agent.tree.ownership import AGENT_CHILD_TRAIT
+from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 from tests.conformance import agent_side
 from tests.conformance.differences import UNCLASSIFIED, Observed, check
 from tests.hostdata import HOSTDATA

@@ -31,7 +31,8 @@ from node_agent.cycle.desired import compute_desired
 from node_agent.placement.client import PlacementClient
 from node_agent.cycle.reconcile import Reconciler
 from node_agent.state import StateStore
-from node_agent.placement.planner import inventories_equal, wanted_inventories
+from node_agent.model.provider_state import inventories_equal
+from node_agent.placement.planner import wanted_inventories
 from node_agent.placement.sync import TreeSyncer
 from tests.hostdata import sysfs_root_for, sysfs_trees
 from tests.integration.rabbit import free_port

@@ -21,7 +21,7 @@ from node_agent.placement.client import (GenerationConflict, PlacementClient, Pl
                                          Unavailable)
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.state import StateStore
-from node_agent.placement.planner import inventory_equal
+from node_agent.model.provider_state import inventory_equal
 from node_agent.placement.sync import TreeSyncer
 from tests.reliability.proxy import FaultProxy
 

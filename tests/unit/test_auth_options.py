@@ -45,3 +45,12 @@ def test_a_credential_the_plugin_needs_is_named_not_a_traceback(tmp_path):
     (problem,) = err.value.problems
     assert problem.startswith("[placement] auth_type=v3oauth2clientcredential: ")
     assert "secret" in problem and "Set the plugin's options in [placement]" in problem
+
+
+def test_the_client_names_the_section_the_option_table_registers():
+    # The client takes the section's name, not the option table (placement/
+    # does not import config/): the two spellings must stay one name.
+    from node_agent.config.options import PLACEMENT_GROUP
+    from node_agent.placement.client import CONF_GROUP
+
+    assert CONF_GROUP == PLACEMENT_GROUP

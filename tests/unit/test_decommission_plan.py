@@ -1,7 +1,7 @@
 """What decommission removes, or why not (node_agent.policy.decommission)."""
 
 from node_agent.policy.decommission import plan
-from node_agent.tree.ownership import AGENT_CHILD_TRAIT, ListedChild
+from node_agent.policy.child_owner import AGENT_CHILD_TRAIT, ListedChild
 
 ROOT = ListedChild("r", "cn1", None)
 NUMA = ListedChild("n0", "cn1_NUMA_0", "r", frozenset({AGENT_CHILD_TRAIT}))

@@ -10,7 +10,7 @@ from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.model.settings import Settings
 from node_agent.placement.client import PlacementClient
 from node_agent.placement.readonly import ReadOnlyPlacement, WriteRefused
-from node_agent.placement.planner import ProviderState
+from node_agent.model.provider_state import ProviderState
 from node_agent.policy import drift as D
 
 ROOT = "11111111-1111-4111-8111-111111111111"

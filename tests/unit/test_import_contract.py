@@ -1,11 +1,16 @@
-"""The import contract: the pure core touches nothing outside the process.
+"""The import contract: the packages have floors, and the pure core touches
+nothing outside the process. This file is where both lists live; the docs
+point here.
 
-The pure core is every module of ``model/``, ``policy/`` and ``tree/``, plus
-the sync planner, the reshape engine and rules, Placement's error classes and
-the microversion table in ``placement/``, and the wire format and its schema
-in ``remote/``. It may import the standard library's
-data and text modules, a few pure third-party libraries, ``node_agent.errors``
-and other pure-core modules. It may not import anything that reads or writes
+Floors (:data:`FLOORS`): every area of ``node_agent`` (a package, or a
+top-level module) has a floor. A module imports from its own area and from
+the floors below, never from a floor above nor from another area of its own
+floor; and no import closes a cycle of modules (a function-local import that
+does is how a cycle hides). Imports under ``if TYPE_CHECKING:`` are allowed.
+
+The pure core (:data:`PURE_PACKAGES`, :data:`PURE_MODULES`) may import the
+standard library's data and text modules, a few pure third-party libraries,
+``node_agent.errors`` and other pure-core modules. It may not import anything that reads or writes
 the world (config loading, keystoneauth, libvirt, psutil, HTTP, sockets,
 processes, files), directly or through a node_agent module, nor use
 ``open()``, nor load code by name (``importlib`` beyond the package data of
@@ -14,10 +19,11 @@ Imports under ``if TYPE_CHECKING:`` only name types and are allowed.
 Function-local and relative imports count: they are still imports;
 ``from pkg import mod`` counts as importing ``pkg.mod``.
 
-Two checks. The static one walks the source (AST): it needs nothing
-installed, runs in milliseconds and names the line. The runtime one imports
-each pure module in a fresh interpreter and looks at ``sys.modules``: it sees
-what any import path really loads, however it was spelled.
+The floors are checked on the source (AST). The pure core has two checks.
+The static one walks the source: it needs nothing installed, runs in
+milliseconds and names the line. The runtime one imports each pure module
+in a fresh interpreter and looks at ``sys.modules``: it sees what any import
+path really loads, however it was spelled.
 """
 
 from __future__ import annotations
@@ -44,7 +50,17 @@ PURE_MODULES = ("node_agent.placement.planner", "node_agent.placement.reshape_en
                 # The wire format and the JSON Schema it ships (read as package data).
                 "node_agent.remote.wire", "node_agent.remote.schema",
                 # The HMACs of signed messages (hmac, hashlib, json).
-                "node_agent.remote.signing")
+                "node_agent.remote.signing",
+                # How many reads run at once (the caller measures and reports).
+                "node_agent.placement.read_pace",
+                # The libvirt XML and meminfo parsers: text in, records out.
+                "node_agent.host.libvirt_xml", "node_agent.host.capabilities",
+                "node_agent.host.domain_capabilities", "node_agent.host.domain",
+                "node_agent.host.nodedev", "node_agent.host.meminfo",
+                # nova's option names (a generated table).
+                "node_agent.config.nova_options",
+                # What --dry-run and --once print: a report in, text out.
+                "node_agent.cli.render")
 # Not pure themselves, but safe to import: the error hierarchy (it reads
 # os.EX_CONFIG, a constant) and the packages' docstring-only __init__ files.
 ALLOWED_INTERNAL = ({"node_agent", "node_agent.errors"}
@@ -282,3 +298,190 @@ def test_runtime_probe_sees_a_gateway_loaded_through_any_spelling():
     assert "keystoneauth1" in world_loaded_by("node_agent.placement.client")
     assert "libvirt" in world_loaded_by("node_agent.host.hypervisor")
     assert "oslo_config" in world_loaded_by("node_agent.model.cpuset", "node_agent.config.files")
+
+
+# ---------------------------------------------------------------- floors
+
+# The floors of node_agent, lowest first (issue 25; STYLE.md habit 15). A
+# module may import from its own area and from the floors below; not from a
+# floor above, nor from another area of its own floor (areas on one floor do
+# not know each other). A module's area is the longest entry that names it or
+# a package above it ("remote.applier" before "remote"); the package itself,
+# node_agent/__init__.py, is below everything.
+FLOORS: tuple[tuple[str, ...], ...] = (
+    ("errors", "version"),          # the error hierarchy; the --version action
+    ("model", "state"),             # frozen data; the crash-safe state file
+    ("policy",),                    # pure decisions on data
+    ("tree",),                      # snapshot + partition + settings -> desired tree
+    ("placement", "host", "logs"),  # Placement (planner, reshape, the gateway);
+                                    # reading the machine; oslo.log
+    ("config",),                    # config and provider files -> Settings
+    ("cycle",),                     # one cycle: desired, reconcile, companion
+    ("remote",),                    # the message bus, the wire, coordination, keys
+    ("startup",),                   # the start-up check: config, host, client
+    ("service",),                   # the agent's loop
+    # issue 25: runner work removes it. node-agent-applier is an entry point
+    # like cli/ (it runs service/'s loop and metrics) still kept in remote/;
+    # these two rows go when the applier is its own package.
+    ("remote.applier_metrics",),
+    ("remote.applier", "cli"),      # the entry points
+)
+FLOOR_OF = {area: number for number, areas in enumerate(FLOORS, 1) for area in areas}
+
+
+def area_of(module: str) -> str | None:
+    """The area (a FLOORS entry) of a dotted node_agent module, or None for
+    the package root and for a module no entry names."""
+    parts = module.split(".")[1:]
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in FLOOR_OF:
+            return ".".join(parts[:end])
+    return None
+
+
+def function_local_lines(source: str) -> set[int]:
+    """The lines of the imports inside a function body (run on a call, not
+    on import: the way a cycle is usually hidden)."""
+    lines = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            lines |= {inner.lineno for inner in ast.walk(node)
+                      if isinstance(inner, (ast.Import, ast.ImportFrom))}
+    return lines
+
+
+def internal_imports(name: str, source: str, is_package: bool = False
+                     ) -> list[tuple[int, str, bool]]:
+    """(line, node_agent module, function-local) for each import of a
+    node_agent module outside TYPE_CHECKING blocks, the package root left out."""
+    local = function_local_lines(source)
+    imported, _opens, _dynamic = imports_and_opens(source, name, is_package)
+    return sorted({(line, target, line in local) for line, target in imported
+                   if target.startswith("node_agent.") and target != name})
+
+
+def floor_violations(name: str, source: str, is_package: bool = False) -> list[str]:
+    """Imports of one module that go up a floor or sideways on its floor."""
+    found = []
+    area = area_of(name)
+    if area is None:
+        return [f"{name} has no floor: add its area to FLOORS"]
+    for line, target, local in internal_imports(name, source, is_package):
+        other = area_of(target)
+        if other is None or other == area:
+            continue
+        where = f"{name}:{line} imports {target}{' in a function' if local else ''}"
+        if FLOOR_OF[other] > FLOOR_OF[area]:
+            found.append(f"{where}: {area} (floor {FLOOR_OF[area]}) imports {other} "
+                         f"(floor {FLOOR_OF[other]}), upward")
+        elif FLOOR_OF[other] == FLOOR_OF[area]:
+            found.append(f"{where}: {area} and {other} share floor {FLOOR_OF[area]}, "
+                         "and neither imports the other")
+    return found
+
+
+def cycle_violations(graph: dict[str, list[tuple[int, str, bool]]]) -> list[str]:
+    """Each import that closes a cycle: its target imports, through any chain
+    of modules, the module it is in. Function-local ones say so."""
+    def path_back(start: str, goal: str) -> list[str] | None:
+        seen, queue = {start: [start]}, [start]
+        while queue:
+            here = queue.pop(0)
+            for _line, there, _local in graph.get(here, ()):
+                if there == goal:
+                    return seen[here] + [there]
+                if there not in seen:
+                    seen[there] = seen[here] + [there]
+                    queue.append(there)
+        return None
+
+    found = []
+    for name, imports in sorted(graph.items()):
+        for line, target, local in imports:
+            back = path_back(target, name)
+            if back is not None:
+                how = "a function-local import" if local else "an import"
+                found.append(f"{name}:{line} {how} of {target} closes the cycle "
+                             f"{name} -> {' -> '.join(back)}")
+    return found
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_no_module_imports_from_a_floor_above_or_beside_its_own():
+    problems = [problem for name, path in package_modules().items()
+                if name != "node_agent"
+                for problem in floor_violations(name, path.read_text(),
+                                                path.name == "__init__.py")]
+    assert not problems, ("the packages import downward only (FLOORS in "
+                          "tests/unit/test_import_contract.py): move the code to the floor "
+                          "its callers are on, or pass what it needs in:\n"
+                          + "\n".join(problems))
+
+
+def test_no_import_closes_a_cycle():
+    graph = {name: internal_imports(name, path.read_text(), path.name == "__init__.py")
+             for name, path in package_modules().items()}
+    problems = cycle_violations(graph)
+    assert not problems, ("modules import each other; a function-local import only "
+                          "hides it. Move what both need below both:\n"
+                          + "\n".join(problems))
+
+
+def test_floors_name_real_areas():
+    missing = [area for area in FLOOR_OF
+               if not (PACKAGE / area.replace(".", "/")).with_suffix(".py").is_file()
+               and not (PACKAGE / area.replace(".", "/") / "__init__.py").is_file()]
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("name, source, expected", [
+    ("node_agent.placement.client", "from node_agent.config.options import PLACEMENT_GROUP\n",
+     "node_agent.placement.client:1 imports node_agent.config.options: placement (floor 5) "
+     "imports config (floor 6), upward"),
+    # Function-local imports count.
+    ("node_agent.config.files", "def f():\n    from node_agent.cycle import desired\n",
+     "node_agent.config.files:2 imports node_agent.cycle.desired in a function: config "
+     "(floor 6) imports cycle (floor 7), upward"),
+    ("node_agent.policy.drift", "from ..placement.planner import Change\n",
+     "imports node_agent.placement.planner: policy (floor 3) imports placement (floor 5), "
+     "upward"),
+    ("node_agent.placement.sync", "from node_agent.host import machine_id\n",
+     "imports node_agent.host.machine_id: placement and host share floor 5, and neither "
+     "imports the other"),
+    ("node_agent.remote.wire", "import node_agent.service.loop\n",
+     "remote (floor 8) imports service (floor 10), upward"),
+    ("node_agent.example", "import os\n", "node_agent.example has no floor: add its area "
+     "to FLOORS"),
+])
+def test_floors_flag_an_upward_or_sideways_import(name, source, expected):
+    (problem,) = floor_violations(name, source)
+    assert problem.endswith(expected), problem
+
+
+def test_floors_allow_downward_own_area_and_type_checking_imports():
+    source = ("from typing import TYPE_CHECKING\n"
+              "from node_agent.policy.partition import partition_cpus\n"
+              "from node_agent.errors import ConfigError\n"
+              "from node_agent import __version__\n"
+              "from . import numa\n"
+              "def f():\n    from node_agent.model import cpuset\n"
+              "if TYPE_CHECKING:\n    from node_agent.cycle.desired import Desired\n")
+    assert floor_violations("node_agent.tree.build", source) == []
+    assert floor_violations("node_agent.cli.main",
+                            "from node_agent.service.loop import systemd_notifier\n") == []
+
+
+def test_a_function_local_import_that_closes_a_cycle_is_named():
+    graph = {"node_agent.logs": [(112, "node_agent.config.files", True)],
+             "node_agent.config.files": [(28, "node_agent.config.options", False)],
+             "node_agent.config.options": [(504, "node_agent.logs", True)],
+             "node_agent.model.cpuset": [(18, "node_agent.errors", False)]}
+    problems = cycle_violations(graph)
+    assert len(problems) == 3, problems
+    assert ("node_agent.logs:112 a function-local import of node_agent.config.files closes "
+            "the cycle node_agent.logs -> node_agent.config.files -> "
+            "node_agent.config.options -> node_agent.logs") in problems
+    assert cycle_violations({k: v for k, v in graph.items() if k != "node_agent.logs"}) == []

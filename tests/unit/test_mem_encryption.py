@@ -11,7 +11,7 @@ from node_agent.host.domain_capabilities import parse_domain_capabilities
 from node_agent.model.snapshot import HypervisorInfo
 from node_agent.policy import capacity as cap
 from node_agent.tree.mem_encryption import host_mem_encryption, mem_encryption_children
-from node_agent.tree.ownership import AGENT_CHILD_TRAIT
+from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 from tests.hostdata import HOSTDATA
 
 DOMCAPS = HOSTDATA / "domaincapsdata"
@@ -159,7 +159,7 @@ def test_host_rule_moves_root_mem_encryption_context_to_the_sev_child():
 def test_undecided_children_are_kept_as_placement_holds_them_and_no_others():
     from node_agent.model.provider_tree import Provider, ProviderTree
     from node_agent.tree.mem_encryption import keep_as_held, undecided
-    from node_agent.tree.ownership import ListedChild
+    from node_agent.policy.child_owner import ListedChild
 
     record = {"total": 59, "reserved": 0, "min_unit": 1, "max_unit": 1, "step_size": 1,
               "allocation_ratio": 1.0}

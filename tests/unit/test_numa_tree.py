@@ -13,7 +13,7 @@ from node_agent.model.cpuset import parse_cpu_spec, parse_cpulist
 from node_agent.errors import ConfigError
 from node_agent.model.hugepages import ReservedPages
 from node_agent.tree.numa import spread
-from node_agent.tree.ownership import AGENT_CHILD_TRAIT
+from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 from node_agent.policy.partition import partition_cpus
 from tests.hostdata import ground_truth
 from tests.snapshots import settings, snapshot

@@ -8,7 +8,7 @@ import pytest
 
 from node_agent.tree.build import build_tree
 from node_agent.errors import ConfigError
-from node_agent.tree.ownership import AGENT_CHILD_TRAIT
+from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 from node_agent.policy.partition import partition_cpus
 from node_agent.policy.provider_config import (applied_traits, apply_provider_configs,
                                                parse_provider_config, unmatched)

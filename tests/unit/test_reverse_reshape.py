@@ -2,7 +2,7 @@
 
 import pytest
 
-from node_agent.tree.ownership import AGENT_CHILD_TRAIT, ListedChild, agent_children, candidates
+from node_agent.policy.child_owner import AGENT_CHILD_TRAIT, ListedChild, agent_children, candidates
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.placement.reshape_engine import Consumer, ProviderAllocations, compute_reshape
 from node_agent.placement.reshape_rules import children_to_root

@@ -6,7 +6,7 @@ import pytest
 
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.state import StateStore
-from node_agent.placement.planner import ProviderState
+from node_agent.model.provider_state import ProviderState
 from node_agent.placement.sync import TreeSyncer
 
 ROOT = "11111111-1111-4111-8111-111111111111"

@@ -3,8 +3,8 @@
 import pytest
 
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
-from node_agent.placement.planner import (Change, ProviderState, describe_inventory_diff,
-                                          inventories_equal, plan_changes)
+from node_agent.model.provider_state import ProviderState, inventories_equal
+from node_agent.placement.planner import Change, describe_inventory_diff, plan_changes
 
 ROOT = "11111111-1111-4111-8111-111111111111"
 NUMA0 = "22222222-2222-4222-8222-222222222222"

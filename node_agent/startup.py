@@ -1,28 +1,32 @@
-"""The one validation of the configuration: start-up, SIGHUP and
-``--check-config`` all call :func:`validate`, so they cannot disagree.
+"""The start-up check: the one validation of the configuration. Start-up,
+SIGHUP and ``--check-config`` all call :func:`validate`, so they cannot
+disagree.
 
 It collects every problem in one pass, in the order an operator reads a
 file: what cannot be decoded or parsed (which stops there: nothing else can
 be read), unknown options, bad values, what the values mean on this host
 (CPU sets against the online CPUs...), and what the chosen mode needs
 (``[placement]`` for direct mode, ``transport_url`` for messaging).
+
+It reads the host (``cycle.desired``), this machine's identity and the
+upstream key, and builds the Placement client: a composition step above
+``config/``, ``host/``, ``placement/``, ``cycle/`` and ``remote/``, not part
+of ``config/`` (the ranks are tests/unit/test_import_contract.py's).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from oslo_config import cfg
 
 from node_agent import logs
-from node_agent.config.files import parse_conf, unknown_options
+from node_agent.config.files import parse_conf, placement_configured, unknown_options
+from node_agent.config.options import PLACEMENT_GROUP
 from node_agent.errors import ConfigError, DiscoveryError
 from node_agent.model.settings import Settings
 from node_agent.config.settings import check_settings
-
-DEFAULT_CONFIG_FILE = "/etc/node-agent/node-agent.conf"
 
 
 @dataclass(frozen=True)
@@ -31,33 +35,6 @@ class Validated:
     settings: Settings
     desired: object = None  # cycle.Desired, when the host was read
     client: object = None   # PlacementClient (direct mode), not yet contacted
-
-
-def config_args(args: Sequence[str], default: str = DEFAULT_CONFIG_FILE) -> list[str]:
-    """``args``, or ``--config-file default`` when no file is named.
-
-    A missing default file is refused: running on built-in defaults would
-    write a state file for a host named after the machine, against no
-    Placement the operator chose.
-    """
-    args = list(args)
-    if any(a in ("--config-file", "--config-dir") for a in args):
-        return args
-    if not os.path.exists(default):
-        raise ConfigError(f"no configuration: {default} does not exist and no "
-                          "--config-file or --config-dir was given. Create it (see "
-                          "etc/node-agent.conf.sample) or name a file with "
-                          "--config-file FILE.")
-    return ["--config-file", default]
-
-
-def placement_configured(conf) -> bool:
-    """``[placement]`` names an auth type or an endpoint. Its options are
-    registered only when a file has that section (config/files.py)."""
-    if "placement" not in conf:
-        return False
-    group = conf.placement
-    return bool(group.auth_type or group.endpoint_override)
 
 
 def mode_problems(conf, settings: Settings) -> tuple[list[str], object]:
@@ -94,7 +71,7 @@ def mode_problems(conf, settings: Settings) -> tuple[list[str], object]:
                 "the tree"], None
     from node_agent.placement.client import PlacementClient
     try:
-        return [], PlacementClient.from_conf(conf)
+        return [], PlacementClient.from_conf(conf, group=PLACEMENT_GROUP)
     except ConfigError as exc:
         return list(exc.problems), None
 
