@@ -238,9 +238,9 @@ def test_contract_allows_type_checking_imports_and_pure_neighbours():
 
 def test_contract_resolves_a_package_s_relative_imports_from_the_package():
     # In node_agent/remote/schema/__init__.py, "." is node_agent.remote.schema.
-    (problem,) = violations("node_agent.remote.schema", "from .. import applier\n",
+    (problem,) = violations("node_agent.remote.schema", "from .. import upstream\n",
                             set(pure_modules()), is_package=True)
-    assert problem.endswith("imports node_agent.remote.applier, which is not in the pure core")
+    assert problem.endswith("imports node_agent.remote.upstream, which is not in the pure core")
 
 
 # What a bare interpreter of this venv has loaded before any import of ours
