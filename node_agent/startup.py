@@ -25,7 +25,7 @@ from node_agent import logs
 from node_agent.config.files import parse_conf, placement_configured, unknown_options
 from node_agent.config.options import PLACEMENT_GROUP
 from node_agent.errors import ConfigError, DiscoveryError
-from node_agent.model.settings import Settings
+from node_agent.model.settings import CycleMode, Settings
 from node_agent.config.settings import check_settings
 
 
@@ -42,11 +42,13 @@ def mode_problems(conf, settings: Settings) -> tuple[list[str], object]:
     PlacementClient or None)."""
     from node_agent.config.settings import _configured_value
 
-    if settings.companion and settings.upstream == "messaging":
+    # The pair the typed setting cannot hold (CycleMode.of lets companion win).
+    if (_configured_value(conf, "mode", "agent") == "companion"
+            and _configured_value(conf, "upstream", "agent") == "messaging"):
         return ["[agent] mode = companion reads Placement itself, so it cannot be "
                 "combined with [agent] upstream = messaging; set upstream = placement "
                 "with a [placement] section (read access is enough)."], None
-    if settings.upstream == "messaging":
+    if settings.cycle_mode is CycleMode.VIA_APPLIER:
         problems = []
         if not _configured_value(conf, "transport_url", None):
             problems.append("[agent] upstream = messaging needs [DEFAULT] transport_url "

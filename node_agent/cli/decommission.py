@@ -21,6 +21,7 @@ from typing import Optional, Sequence
 
 from node_agent.config.files import config_args, oslo_args, placement_configured
 from node_agent.errors import ConfigError, NodeAgentError, ProviderOwned
+from node_agent.model.settings import CycleMode
 from node_agent.host.machine_id import identity
 from node_agent.placement.errors import NotFound, PlacementError
 from node_agent.policy import root_owner
@@ -74,7 +75,7 @@ def _decommission(conf, settings, dry_run: bool, output: str) -> int:
     # keystoneauth1 and requests: `node-agent` imports this module on every run.
     from node_agent.placement.client import PlacementClient
 
-    if settings.companion:
+    if settings.cycle_mode is CycleMode.COMPANION:
         raise ConfigError("decommission: [agent] mode = companion never writes this host's "
                           "providers; nova-compute owns them. Delete the compute service "
                           f"(`openstack compute service delete` for {settings.host}) instead.")

@@ -37,15 +37,14 @@ from typing import Optional, Sequence
 from node_agent import logs
 from node_agent.cli import render
 from node_agent.placement.errors import NotFound
-from node_agent.policy.capacity import check, host_limits, published
 from node_agent.config.files import config_args, log_ignored, oslo_args, placement_configured
 from node_agent.policy import maintenance as maint
-from node_agent.cycle.desired import (compute_desired, file_traits_to_remember,
-                                      forget_applied_off, with_owner_mark)
-from node_agent.state import APPLIED, MAINTENANCE, PROVIDERS, ROOT_UUID, StateCorrupt, StateStore
-from node_agent.errors import ConfigError, HostBusy, NodeAgentError, StateError
+from node_agent.cycle.desired import compute_desired
+from node_agent.state import MAINTENANCE, PROVIDERS, ROOT_UUID, StateCorrupt, StateStore
+from node_agent.errors import ConfigError, HostBusy, NodeAgentError
 from node_agent.policy.partition import node_split
 from node_agent.startup import validate
+from node_agent.model.settings import CycleMode
 from node_agent.version import VersionAction
 
 # Imported inside the functions that use them, and only there:
@@ -238,7 +237,7 @@ def _connect(valid) -> int:
     """``--check-config --connect``: Placement answers with these credentials
     at a microversion the agent can use (direct mode), or the broker accepts
     a connection (messaging mode). Raises PlacementError (75) otherwise."""
-    if valid.settings.upstream == "messaging":
+    if valid.settings.cycle_mode is CycleMode.VIA_APPLIER:
         from node_agent.remote import messaging
 
         where = messaging.check_broker(valid.conf)
@@ -253,20 +252,19 @@ def _connect(valid) -> int:
     return 0
 
 
-def _syncer(conf, settings, client=None, writes: bool = True):
-    """The syncer of this host; ``writes``: it judges the root's owner
-    (this machine's identity is read), as every path that may write must."""
+def _reading_syncer(conf, settings):
+    """A syncer of this host for ``node-agent audit``, which never writes:
+    it judges no owner (this machine's identity is not read). The cycles
+    build theirs in :func:`node_agent.runner.runner_for`."""
 
     from node_agent.cycle import provider_cache
-    from node_agent.host.machine_id import identity
     from node_agent.placement.client import PlacementClient
     from node_agent.placement.sync import TreeSyncer
 
-    owner = identity(settings) if writes else None
-    client = client or PlacementClient.from_conf(conf)
+    client = PlacementClient.from_conf(conf)
     client.check_version()
     syncer = TreeSyncer(client, StateStore(Path(settings.state_path)),
-                        full_verify_interval=settings.full_verify_interval, owner=owner)
+                        full_verify_interval=settings.full_verify_interval)
     provider_cache.restore(syncer)  # its first read verifies it
     return syncer
 
@@ -276,131 +274,66 @@ def _state_store(settings):
 
 
 def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
-    if settings.companion:
-        return _companion_once(conf, settings, dry_run, output, client)
+    """``--once`` and ``--dry-run``, in every mode: the runner of the mode
+    (:func:`node_agent.runner.runner_for`) runs or plans one cycle;
+    this prints its report and maps it to an exit code. In companion mode
+    exit 0 in sync, 3 drift or audit alarms, 1 no provider of the host's
+    name; ``--dry-run`` exits 0 whatever it found."""
+    from node_agent.runner import runner_for
+
     started = time.monotonic()
     # --once reports everything but a bad provider file, then exits 78 naming
     # it; --dry-run refuses the run, so the bad file is not missed.
     desired = compute_desired(settings, state=_state_store(settings).load_or_empty(LOG),
                               lenient_files=not dry_run)
-    changes = reshape = audit = None
-    tree = desired.tree
-    capacity, errors = None, []
-    below_usage = None
-    code = 0
-    if settings.upstream == "messaging":
-        # --dry-run shows the tree only: it must work without the bus, and
-        # the applier, not this host, is the one that reads Placement.
-        if not dry_run:
-            tree, changes, reshape, code, errors = _send_once(conf, settings, desired)
-    elif placement_configured(conf):
-        from node_agent.cycle import provider_cache
-        from node_agent.cycle.reconcile import Reconciler
+    runner = runner_for(conf, settings, client, guests_now=lambda: _guests(settings))
+    try:
+        report = runner.plan(desired) if dry_run else runner.run(desired)
+    finally:
+        runner.close()
+    for error in report.errors:
+        print(f"node-agent: {error}", file=sys.stderr)
+    if not dry_run:
+        for cut in report.below_usage or ():
+            # Written, not refused: a warning, and no effect on the exit code.
+            print(f"node-agent: warning: capacity published below usage: {cut}",
+                  file=sys.stderr)
+    companion = report.companion
+    if not dry_run and report.client is not None:
         from node_agent.service import metrics
 
-        syncer = _syncer(conf, settings, client)
-        from node_agent.host.discover import read_guests
-
-        reconciler = Reconciler(syncer.client, syncer,
-                                guests_now=lambda: read_guests(settings))
-        desired = reconciler.maintained(desired)
-        if dry_run:
-            tree, changes, reshape = reconciler.plan(desired)
-            capacity, below_usage = syncer.last_capacity, syncer.last_cuts
-            if syncer.cached_tree():  # else nothing is allocated on this host yet
-                audit = _audit_of(syncer, desired, settings, save=False)
-        else:
-            try:
-                before = syncer.traits_by_name(desired.tree)
-                outcome = reconciler.apply(desired)
-                provider_cache.keep(syncer)
-                syncer.remember(APPLIED, file_traits_to_remember(
-                    desired, syncer.state.get(APPLIED), before, clean=outcome.ok))
-                if outcome.ok:
-                    forget_applied_off(syncer.store, desired.maintenance)
-            except StateError as exc:
-                raise StateError(f"{exc} {_written(syncer.client)}") from None
-            tree = outcome.report.tree or tree
-            changes = outcome.report.applied
-            reshape = outcome.reshape_record()
-            capacity, errors = outcome.report.capacity, outcome.errors
-            below_usage = outcome.report.cuts
-            for error in outcome.errors:
-                print(f"node-agent: {error}", file=sys.stderr)
-            for cut in below_usage:
-                # Written, not refused: a warning, and no effect on the exit code.
-                print(f"node-agent: warning: capacity published below usage: {cut}",
-                      file=sys.stderr)
-            if outcome.refused is not None and outcome.refused.busy:
-                code = HostBusy.exit_code  # 75: try again later
-            elif not outcome.ok:
-                code = EX_NOT_IN_SYNC
-            metrics.write_once(conf, desired, syncer.client, time.monotonic() - started,
-                               outcome.errors)
-    elif not dry_run:
-        raise NodeAgentError("no Placement is configured ([placement] auth_type); "
-                             "use --dry-run to only show the tree")
-    if capacity is None and changes is None:
-        # Placement not consulted: the verdict on the desired tree alone.
-        capacity = check(published(desired.tree),
-                         host_limits(desired.host, desired.partition)).as_dict()
-    report = render.report_dict(tree, desired.warnings, changes, reshape, capacity, errors,
-                                below_usage)
-    report = render.with_guests(render.with_audit(report, audit), desired.host.guests)
-    print(render.as_json(report) if output == "json" else render.as_text(report), end="")
+        metrics.write_once(conf, report.desired, report.client, time.monotonic() - started,
+                           report.errors, audit=report.audit,
+                           companion=None if companion is None else companion.as_dict())
+    desired = report.desired
+    shown = render.report_dict(report.tree, desired.warnings, report.changes, report.reshape,
+                               report.capacity, report.errors, report.below_usage)
+    shown = (render.with_audit(shown, report.audit) if companion is None
+             else render.with_companion(shown, companion))
+    shown = render.with_guests(shown, desired.host.guests)
+    print(render.as_json(shown) if output == "json" else render.as_text(shown), end="")
     if desired.refused_files:
         refused = ConfigError(list(desired.refused_files))
         print(_error_text(refused), file=sys.stderr)
         return refused.exit_code
-    return code
+    if companion is not None:
+        return _companion_code(companion, report.client, dry_run)
+    if report.busy:
+        return HostBusy.exit_code  # 75: try again later
+    return 0 if report.ok else EX_NOT_IN_SYNC
 
 
-def _companion(conf, settings, client=None):
-    """The companion cycle's reader; it wraps the client read-only."""
-    from node_agent.cycle.companion import Companion
-    from node_agent.placement.client import PlacementClient
+def _guests(settings):
+    from node_agent.host.discover import read_guests
 
-    if not placement_configured(conf):
-        raise ConfigError("[agent] mode = companion reads Placement, and none is "
-                          "configured: set [placement] auth_type (or endpoint_override); "
-                          "read access is enough.")
-    client = client or PlacementClient.from_conf(conf)
-    client.check_version()
-    return Companion(client, _state_store(settings),
-                     full_verify_interval=settings.full_verify_interval,
-                     in_flight_grace=settings.audit_in_flight_grace)
+    return read_guests(settings)
 
 
-def _companion_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
-    """``--once`` (and ``--dry-run``) in companion mode: read Placement,
-    report drift, the audit and nova-compute's next restart. Never writes
-    to Placement; ``--once`` keeps the audit's observations in the state
-    file. Exit 0 in sync, 3 drift or audit alarms, 1 no provider of the
-    host's name; ``--dry-run`` exits 0 whatever it found."""
-
+def _companion_code(found, client, dry_run: bool) -> int:
     from node_agent.cycle.companion import not_found_message
-    from node_agent.service import metrics
 
-    started = time.monotonic()
-    desired = compute_desired(settings, state=_state_store(settings).load_or_empty(LOG),
-                              lenient_files=not dry_run)
-    companion = _companion(conf, settings, client)
-    found = companion.check(desired, settings, force=True, save=not dry_run)
-    if not dry_run:
-        metrics.write_once(conf, desired, companion.client, time.monotonic() - started, [],
-                           companion=found.as_dict(), audit=found.audit)
-    tree = desired.tree
-    if found.found:
-        tree = tree.with_uuids({tree.root.name: found.root_uuid})
-    report = render.report_dict(tree, desired.warnings, [], None, None, [])
-    report = render.with_guests(render.with_companion(report, found), desired.host.guests)
-    print(render.as_json(report) if output == "json" else render.as_text(report), end="")
-    if desired.refused_files:
-        refused = ConfigError(list(desired.refused_files))
-        print(_error_text(refused), file=sys.stderr)
-        return refused.exit_code
     if not found.found:
-        print(f"node-agent: {not_found_message(settings.host, companion.client.endpoint)}",
+        print(f"node-agent: {not_found_message(found.host, client.endpoint)}",
               file=sys.stderr)
         return 0 if dry_run else EX_NOT_IN_SYNC
     if dry_run or found.in_sync:
@@ -424,9 +357,9 @@ def _audit(conf, settings, output: str) -> int:
         raise ConfigError("node-agent audit reads Placement, and none is configured: "
                           "set [placement] auth_type (or endpoint_override).")
     desired = compute_desired(settings, state=_state_store(settings).load_or_empty(LOG))
-    if settings.companion:
+    if settings.cycle_mode is CycleMode.COMPANION:
         return _companion_audit(conf, settings, desired, output)
-    syncer = _syncer(conf, settings, writes=False)
+    syncer = _reading_syncer(conf, settings)
     syncer.plan(desired.tree)  # reads the tree (and writes nothing)
     if not syncer.cached_tree():
         print(f"node-agent: error: {settings.host} has no provider in Placement at "
@@ -442,14 +375,17 @@ def _audit(conf, settings, output: str) -> int:
 
 
 def _companion_audit(conf, settings, desired, output: str) -> int:
-    """``node-agent audit`` in companion mode: the same audit, through the
-    read-only gateway, of the provider found by the host's name."""
+    """``node-agent audit`` in companion mode: the companion check (the same
+    audit, through the read-only gateway, of the provider found by the
+    host's name), as ``--once`` runs it."""
     from node_agent.cycle.companion import not_found_message
+    from node_agent.runner import runner_for
 
-    companion = _companion(conf, settings)
-    found = companion.check(desired, settings, force=True, save=True)
-    if not found.found:
-        print(f"node-agent: error: {not_found_message(settings.host, companion.client.endpoint)}",
+    report = runner_for(conf, settings).run(desired)
+    found = report.companion
+    assert found is not None, "the companion runner reports its check"
+    if not found.found or found.audit is None:
+        print(f"node-agent: error: {not_found_message(settings.host, report.client.endpoint)}",
               file=sys.stderr)
         return EX_NOT_IN_SYNC
     if output == "json":
@@ -457,38 +393,6 @@ def _companion_audit(conf, settings, desired, output: str) -> int:
     else:
         print("\n".join(render.audit_lines(found.audit)))
     return EX_NOT_IN_SYNC if found.alarms else 0
-
-
-def _written(client) -> str:
-    """What this run wrote to Placement, for an error raised after it."""
-    writes = [f"{method} {path} -> {status}" for method, path, status in client.stats.log
-              if method != "GET"]
-    if not writes:
-        return "Nothing was written to Placement."
-    return (f"Placement was already written ({len(writes)} request(s): "
-            f"{'; '.join(writes)}); it is the reference, the next run rebuilds "
-            "the state from it.")
-
-
-def _send_once(conf, settings, desired):
-    """``--once`` with ``[agent] upstream = messaging``: one call to
-    node-agent-applier. Returns (tree, changes, reshape, exit code, errors)."""
-    from node_agent.remote import keys, upstream
-
-    sender = upstream.MessagingUpstream(conf, settings.host, settings.upstream_topic,
-                                        settings.upstream_timeout,
-                                        key=keys.read_host_key(settings.upstream_key_file))
-    try:
-        report = sender.send(with_owner_mark(desired, settings))
-    finally:
-        sender.close()
-    upstream.remember(_state_store(settings), report, desired)
-    if report.ok:
-        forget_applied_off(_state_store(settings), desired.maintenance)
-    for error in report.errors:
-        print(f"node-agent: {error}", file=sys.stderr)
-    return (desired.tree.with_uuids(report.uuids), report.applied, report.reshape,
-            0 if report.ok else EX_NOT_IN_SYNC, list(report.errors))
 
 
 def _maintenance(argv: list[str]) -> int:
@@ -513,7 +417,7 @@ def _maintenance(argv: list[str]) -> int:
         conf, settings = valid.conf, valid.settings
         if args.switch == "status":
             return _maintenance_status(conf, settings, args.output)
-        if settings.companion:
+        if settings.cycle_mode is CycleMode.COMPANION:
             raise ConfigError(
                 f"maintenance {args.switch}: [agent] mode = companion never writes this "
                 "host's provider, so node-agent has no maintenance to switch. Disable "

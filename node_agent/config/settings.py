@@ -23,7 +23,7 @@ from node_agent.config import options as conf_mod
 from node_agent.model.cpuset import CpuSet, CpuSetSyntaxError, parse_cpu_spec
 from node_agent.model.device_spec import parse_device_specs
 from node_agent.errors import ConfigError
-from node_agent.model.settings import Settings
+from node_agent.model.settings import CycleMode, Settings
 from node_agent.model.hugepages import parse_reserved_huge_pages
 from node_agent.state import FILE_NAME as STATE_FILE_NAME
 
@@ -192,8 +192,7 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
         interval_jitter=agent.interval_jitter,
         retry_max_interval=agent.retry_max_interval,
         audit_in_flight_grace=agent.audit_in_flight_grace,
-        mode=agent.mode or "writer",
-        upstream=agent.upstream or "placement",
+        cycle_mode=CycleMode.of(agent.mode or "writer", agent.upstream or "placement"),
         upstream_timeout=float(agent.upstream_timeout or 60.0),
         upstream_topic=agent.upstream_topic or "node-agent-applier",
         upstream_key_file=agent.upstream_key_file or "",

@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from node_agent.cycle.audit import Auditor
-from node_agent.cycle.reconcile import guests_refused
+from node_agent.policy.guest_fit import guests_refused
 from node_agent.errors import ReshapeError
 from node_agent.placement.readonly import ReadOnlyPlacement
 from node_agent.placement.reshaper import host_reshape_inputs, plan_reshape

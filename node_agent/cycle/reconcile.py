@@ -37,9 +37,9 @@ from node_agent.policy.capacity import Published, as_published, check, limits_of
 from node_agent.cycle.desired import Desired, with_placement_maintenance
 from node_agent.model.snapshot import Guest
 from node_agent.state import PROVIDERS
-from node_agent.errors import GuestsDoNotFit, HostBusy, ReshapeError
+from node_agent.errors import HostBusy, ReshapeError
 from node_agent.policy.guest_cpu import classify
-from node_agent.policy.guest_fit import misfits
+from node_agent.policy.guest_fit import guests_refused
 from node_agent.model.provider_tree import (PlacedTree, ProviderTree,
                                           with_held_ratios)
 from node_agent.tree.mem_encryption import keep_as_held, undecided
@@ -84,20 +84,6 @@ def shape_of(desired: Desired) -> Shape:
 CPU_CLASSES = ("VCPU", "PCPU")
 CPU_KEPT = ("VCPU and PCPU were kept as Placement holds them and the rest of "
             "the tree was written")
-
-
-def guests_refused(desired: Desired, kept: Optional[str] = None
-                   ) -> Optional[GuestsDoNotFit]:
-    """The refusal when guests do not fit the desired CPU sets
-    (:func:`node_agent.policy.guest_fit.misfits`), else None. The central applier's
-    partition carries only the dedicated set: floating guests are judged on
-    the agent's side alone."""
-    partition = desired.partition
-    reasons = misfits(desired.host.guests, partition.dedicated,
-                      getattr(partition, "shared", None))
-    if not reasons:
-        return None
-    return GuestsDoNotFit(reasons, kept) if kept else GuestsDoNotFit(reasons)
 
 
 @dataclass(frozen=True)

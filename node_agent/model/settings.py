@@ -6,12 +6,32 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Optional
 
 from node_agent.model.cpuset import CpuSet
 from node_agent.model.device_spec import PciDeviceSpec
 from node_agent.model.hugepages import ReservedPages
+
+
+class CycleMode(enum.Enum):
+    """How a cycle reaches Placement: the one choice behind ``[agent] mode``
+    and ``[agent] upstream`` (their option values stay as they are).
+    :func:`node_agent.runner.runner_for` picks the cycle from it."""
+
+    DIRECT = "direct"            # mode = writer, upstream = placement
+    VIA_APPLIER = "via_applier"  # mode = writer, upstream = messaging
+    COMPANION = "companion"      # mode = companion: reads only
+
+    @classmethod
+    def of(cls, mode: str, upstream: str) -> "CycleMode":
+        """From the two options' values. Companion wins over messaging:
+        validation refuses the pair where the mode is needed, and
+        ``--dry-run`` (which does not need it) shows the companion view."""
+        if mode == "companion":
+            return cls.COMPANION
+        return cls.VIA_APPLIER if upstream == "messaging" else cls.DIRECT
 
 
 @dataclass(frozen=True)
@@ -45,10 +65,8 @@ class Settings:
     pci_device_specs: tuple[PciDeviceSpec, ...] = ()
     report_sriov_numvfs: bool = True
     node_resource_class: Optional[str] = None
-    # "writer" (the agent writes its tree) or "companion" (reads and reports only).
-    mode: str = "writer"
-    # Where the tree goes: "placement" (direct) or "messaging" (the applier).
-    upstream: str = "placement"
+    # [agent] mode and upstream, as one typed choice.
+    cycle_mode: CycleMode = CycleMode.DIRECT
     upstream_timeout: float = 60.0
     upstream_topic: str = "node-agent-applier"
     # Who this machine is (node_agent.policy.root_owner), and whether it may
@@ -75,10 +93,6 @@ class Settings:
     # ratios are asserted every cycle; the others are initial_* ratios that
     # apply only when the class is new in Placement (nova's rule).
     explicit_ratios: frozenset[str] = frozenset({"cpu", "ram", "disk"})
-
-    @property
-    def companion(self) -> bool:
-        return self.mode == "companion"
 
     def keeps_placement_ratio(self, kind: str) -> bool:
         """nova's rule: without ``{kind}_allocation_ratio`` the initial ratio

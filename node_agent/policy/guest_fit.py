@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
+from node_agent.errors import GuestsDoNotFit
 from node_agent.model.cpuset import CpuSet
 from node_agent.model.snapshot import Guest
 from node_agent.policy.guest_cpu import classify
@@ -80,3 +81,16 @@ def misfits(guests: Iterable[Guest], dedicated: CpuSet,
         if reason:
             found.append(reason)
     return found
+
+
+def guests_refused(desired, kept: Optional[str] = None) -> Optional[GuestsDoNotFit]:
+    """The refusal when guests do not fit ``desired``'s CPU sets (a cycle's
+    ``Desired``: its host's guests and its partition; :func:`misfits`), else
+    None. The central applier's partition carries only the dedicated set:
+    floating guests are judged on the agent's side alone."""
+    partition = desired.partition
+    reasons = misfits(desired.host.guests, partition.dedicated,
+                      getattr(partition, "shared", None))
+    if not reasons:
+        return None
+    return GuestsDoNotFit(reasons, kept) if kept else GuestsDoNotFit(reasons)

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from node_agent.config.settings import _masked_url
-from node_agent.cycle.reconcile import guests_refused
+from node_agent.policy.guest_fit import guests_refused
 from node_agent.errors import ConfigError
 from node_agent.remote import messaging
 from node_agent.placement.errors import Unavailable

@@ -18,32 +18,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence, cast
 
-from node_agent.cycle import provider_cache
 from node_agent.startup import validate
-from node_agent.cycle.audit import Auditor
-from node_agent.cycle.reconcile import CycleOutcome, Reconciler
+from node_agent.cycle.desired import Desired, compute_desired
+from node_agent.runner import CycleReport, CycleRunner, runner_for
 from node_agent.host.discover import read_guests
-from node_agent.host.machine_id import identity
-from node_agent.placement.sync import TreeSyncer
-from node_agent.remote import keys, messaging
-from node_agent.cycle.desired import (Desired, compute_desired, file_traits_to_remember,
-                                      forget_applied_off, with_owner_mark,
-                                      with_placement_maintenance)
+from node_agent.remote import messaging
 from node_agent.errors import NodeAgentError, PlacementError
 from node_agent.model.settings import Settings
-from node_agent.policy import maintenance as maint
-from node_agent.state import APPLIED, StateStore
+from node_agent.state import StateStore
 from node_agent.service.control import Control, Maintenance, utc_now
 from node_agent.service.loop import CycleResult, Service, systemd_notifier
 
 if TYPE_CHECKING:
     from node_agent.placement.client import PlacementClient
 
-# Imported inside the functions that use them, and only there: the ones a
-# mode or an option needs (node_agent.cycle.companion loads the HTTP gateway,
-# node_agent.remote.upstream jsonschema, node_agent.host.hypervisor libvirt),
-# and node_agent.service.metrics (prometheus_client), which the CLI, importing
-# this module, never uses.
+# Imported inside the functions that use them, and only there: what a mode
+# needs (node_agent.runner loads it for the mode it runs),
+# node_agent.host.hypervisor (libvirt), and node_agent.service.metrics
+# (prometheus_client), which the CLI, importing this module, never uses.
 LOG = logging.getLogger(__name__)
 
 
@@ -63,7 +55,7 @@ class Loaded:
 
 
 def load(args: Sequence[str]) -> Loaded:
-    """Parse and validate the config files (:func:`node_agent.config.validation.validate`,
+    """Parse and validate the config files (:func:`node_agent.startup.validate`,
     the same checks as ``--check-config``); raises ConfigError."""
 
     valid = validate(args, lenient_files=True)
@@ -71,11 +63,6 @@ def load(args: Sequence[str]) -> Loaded:
     # Validated.client is typed object; it is validate()'s PlacementClient or None.
     return Loaded(valid.conf, valid.settings,
                   cast("Optional[PlacementClient]", valid.client))
-
-
-def _same_tree(old: Settings, new: Settings) -> bool:
-    """A reload that keeps the host and its state file keeps the syncer's cache."""
-    return old.host == new.host and old.state_path == new.state_path
 
 
 def tree_summary(desired: Optional[Desired]) -> list[dict]:
@@ -96,50 +83,44 @@ class Agent:
     def __init__(self, messenger=None):
         self.messenger = messenger
         self._hypervisor = None  # one libvirt connection for the service's life
-        self._version_checked = False
         self.last_desired: Optional[Desired] = None
         self.last_sync: Optional[dict] = None      # last sync that ran
         self.last_error: Optional[dict] = None     # last cycle that raised
         self.reshapes = 0
         self.reshape_errors = 0
-        self._reconciler = None
-        self._upstream = None  # upstream = messaging: node_agent.remote.upstream
-        self._applier_maintenance: Optional[dict] = None  # the applier's last say
-        self._syncer = None
-        self._syncer_for: Optional[Loaded] = None
+        self._runner: Optional[CycleRunner] = None  # one per loaded config
+        self._runner_for: Optional[Loaded] = None
         self._refused_files: tuple = ()
-        self._auditor = None  # node_agent.cycle.audit, on full verifies
         self.last_audit: Optional[dict] = None
-        self._companion = None  # [agent] mode = companion: node_agent.cycle.companion
-        self._companion_for: Optional[Loaded] = None
         self.last_companion: Optional[dict] = None
         self._lock = threading.Lock()
 
-    def _syncer_of(self, loaded: Loaded):
-        if self._syncer_for is not loaded:  # first cycle, or a reload
-            # spread: a fleet started together does not verify together.
-            syncer = TreeSyncer(loaded.client, StateStore(Path(loaded.settings.state_path)),
-                                full_verify_interval=loaded.settings.full_verify_interval,
-                                spread=True, owner=identity(loaded.settings))
-            before = self._syncer_for
-            if before is not None and _same_tree(before.settings, loaded.settings):
-                provider_cache.carry_over(self._syncer, syncer)
-            else:
-                provider_cache.restore(syncer)
-            self._syncer, self._syncer_for = syncer, loaded
-            self._version_checked = False
+    def _runner_of(self, loaded: Loaded) -> CycleRunner:
+        """The runner of this config (:func:`node_agent.runner.runner_for`),
+        built at its first cycle; a reload's takes over the last one's cache
+        and bus connection."""
+        if self._runner_for is not loaded:  # first cycle, or a reload
             settings = loaded.settings
-            self._reconciler = Reconciler(
-                loaded.client, self._syncer, guests_now=lambda: read_guests(
-                    settings, self._hypervisor_for(settings.libvirt_uri,
-                                                   settings.domain_capabilities)))
-            self._auditor = Auditor(
-                self._syncer, in_flight_grace=loaded.settings.audit_in_flight_grace)
-        if not self._version_checked:
-            assert loaded.client is not None, "direct mode has a Placement client"
-            loaded.client.check_version()
-            self._version_checked = True
-        return self._syncer
+            self._runner = runner_for(
+                loaded.conf, settings, loaded.client, service=True, previous=self._runner,
+                guests_now=lambda: read_guests(settings, self._hypervisor_for(
+                    settings.libvirt_uri, settings.domain_capabilities)))
+            self._runner_for = loaded
+        assert self._runner is not None
+        return self._runner
+
+    # What tests reach into: the mode's own objects, when the runner has them.
+    @property
+    def _syncer(self):
+        return getattr(self._runner, "syncer", None)
+
+    @property
+    def _auditor(self):
+        return getattr(self._runner, "auditor", None)
+
+    @property
+    def _companion(self):
+        return getattr(self._runner, "companion", None)
 
     def __call__(self, loaded: Loaded) -> CycleResult:
         started = utc_now()
@@ -150,44 +131,29 @@ class Agent:
                 settings.libvirt_uri, settings.domain_capabilities),
                                       state=state, lenient_files=True)
             self._note_refused_files(desired.refused_files)
-            if settings.companion:
-                return self._companion_cycle(loaded, desired, started)
-            if settings.upstream == "messaging":
-                outcome, desired = self._via_applier(loaded, desired)
-            else:
-                syncer = self._syncer_of(loaded)
-                verified_at = syncer.verified_at
-                desired = self._reconciler.maintained(desired)
-                before = syncer.traits_by_name(desired.tree)
-                outcome = self._reconciler.apply(desired, **self._reshape_hooks(loaded))
-                provider_cache.keep(syncer)
-                syncer.remember(APPLIED, file_traits_to_remember(
-                    desired, syncer.state.get(APPLIED), before, clean=outcome.ok))
-                if syncer.verified_at != verified_at:  # this cycle read the whole tree
-                    self._audit(loaded, desired)
-            if outcome.ok:
-                forget_applied_off(StateStore(Path(settings.state_path)), desired.maintenance)
-            report = outcome.report
-            self._note_reshape(loaded, outcome)
+            report = self._runner_of(loaded).run(desired, **self._reshape_hooks(loaded))
+            self._note_findings(loaded, report)
+            self._note_reshape(loaded, report.outcome)
         except NodeAgentError as exc:
             with self._lock:
                 self.last_error = {"time": started, "error": str(exc)}
             if isinstance(exc, PlacementError) and self.messenger:
                 self.messenger.sync_error(loaded.settings.host, [str(exc)])
             raise
+        desired = report.desired
         with self._lock:
             self.last_desired = desired
             self.last_error = None
-            self.last_sync = {"time": started, "ok": outcome.ok,
-                              "summary": report.summary(),
-                              "errors": outcome.errors}
+            self.last_sync = {"time": started, "ok": report.ok,
+                              "summary": report.summary,
+                              "errors": report.errors}
         if self.messenger:
             if report.applied:
                 self.messenger.inventory_update(loaded.settings.host, report.applied,
                                                 tree_summary(desired))
-            if outcome.errors:
-                self.messenger.sync_error(loaded.settings.host, outcome.errors)
-        return CycleResult(outcome.ok, report.summary())
+            if report.errors:
+                self.messenger.sync_error(loaded.settings.host, report.errors)
+        return CycleResult(report.ok, report.summary)
 
     def _note_refused_files(self, refused: tuple) -> None:
         """Log bad provider files when the set changes, not every cycle."""
@@ -201,78 +167,22 @@ class Agent:
             LOG.info("operator provider files are all valid again")
         self._refused_files = refused
 
-    def _audit(self, loaded: Loaded, desired: Desired) -> None:
-        """The allocation audit, after a sync that verified the whole tree.
-        A failed read is logged; the cycle's sync result stands."""
-        settings = loaded.settings
-        try:
-            result = self._auditor.run(desired, settings.host, settings.numa_in_placement)
-        except NodeAgentError as exc:
-            LOG.warning("allocation audit not done: %s", exc)
-            return
+    def _note_findings(self, loaded: Loaded, report: CycleReport) -> None:
+        """Keep the audit and the companion check, and announce what is new."""
+        host = loaded.settings.host
         with self._lock:
-            self.last_audit = result.as_dict()
-        if self._auditor.changed() and self.messenger:
-            self.messenger.audit(settings.host, self.last_audit)
-
-    def _companion_cycle(self, loaded: Loaded, desired: Desired, started: str) -> CycleResult:
-        """Companion mode: read (on the verify schedule), report, notify.
-        Nothing is written to Placement; the cycle fails only when a read does."""
-        from node_agent.cycle.companion import Companion, not_found_message
-
-        settings = loaded.settings
-        if self._companion_for is not loaded:  # first cycle, or a reload
-            assert loaded.client is not None, "companion mode has a Placement client"
-            loaded.client.check_version()
-            self._companion = Companion(loaded.client,
-                                        StateStore(Path(settings.state_path)),
-                                        full_verify_interval=settings.full_verify_interval,
-                                        in_flight_grace=settings.audit_in_flight_grace)
-            self._companion_for = loaded
-        companion = self._companion
-        was_found = (self.last_companion or {}).get("found", True)
-        report = companion.check(desired, settings)
-        record = report.as_dict()
-        if not report.found and was_found:
-            LOG.warning("%s", not_found_message(settings.host, companion.client.endpoint))
-        with self._lock:
-            self.last_desired = desired
-            self.last_error = None
-            self.last_companion = record
-            if report.verified and report.audit is not None:
+            if report.companion is not None:
+                self.last_companion = report.companion.as_dict()
+            if report.audit is not None:
                 self.last_audit = report.audit
-            self.last_sync = {"time": started, "ok": True, "summary": report.summary(),
-                              "errors": []}
-        if self.messenger:
-            if companion.changed():
-                self.messenger.drift(settings.host, record)
-            if report.verified and report.found and companion.auditor.changed():
-                self.messenger.audit(settings.host, report.audit)
-        return CycleResult(True, report.summary())
-
-    def _via_applier(self, loaded: Loaded, desired: Desired):
-        """``[agent] upstream = messaging``: node-agent-applier applies it."""
-        from node_agent.remote import upstream
-
-        settings = loaded.settings
-        if self._upstream is None:  # messaging options are read at start only
-            self._upstream = upstream.MessagingUpstream(
-                loaded.conf, settings.host, settings.upstream_topic,
-                settings.upstream_timeout, key=keys.read_host_key(settings.upstream_key_file))
-        report = self._upstream.send(with_owner_mark(desired, settings),
-                                     timeout=settings.upstream_timeout)
-        upstream.remember(StateStore(Path(settings.state_path)), report, desired)
-        if report.maintenance is not None:   # a heartbeat's reply does not say
-            self._applier_maintenance = report.maintenance
-        if (self._applier_maintenance or {}).get("kept_by_placement"):
-            # No record here (a lost state file), and the applier kept the
-            # host closed from Placement's root trait: say so, as direct mode does.
-            desired = with_placement_maintenance(desired, [maint.TRAIT])
-        return CycleOutcome(report), desired
+        if self.messenger and report.drift_changed():
+            self.messenger.drift(host, self.last_companion)
+        if self.messenger and report.audit_changed():
+            self.messenger.audit(host, self.last_audit)
 
     def close(self) -> None:
-        if self._upstream is not None:
-            self._upstream.close()
+        if self._runner is not None:
+            self._runner.close()
         if self._hypervisor is not None:
             self._hypervisor.close()
 
@@ -301,6 +211,8 @@ class Agent:
         return {"before_post": before_post}
 
     def _note_reshape(self, loaded: Loaded, outcome) -> None:
+        if outcome is None:  # no reconciler ran here
+            return
         reshape = outcome.reshape
         host = loaded.settings.host
         if outcome.refused is not None:

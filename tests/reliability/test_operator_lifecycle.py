@@ -497,7 +497,7 @@ def test_help_lists_the_subcommands_and_version_exists():
     version = run_agent("--version")
     assert version.code == 0
     assert version.stdout.strip() == f"node-agent {installed('node-agent')}"
-    applier = subprocess.run([sys.executable, "-m", "node_agent.remote.applier", "--version"],
+    applier = subprocess.run([sys.executable, "-m", "node_agent.applier", "--version"],
                              capture_output=True, text=True, timeout=60)
     assert applier.returncode == 0, applier.stderr
     assert applier.stdout.strip() == f"node-agent-applier {installed('node-agent')}"

@@ -254,9 +254,9 @@ def test_contract_allows_type_checking_imports_and_pure_neighbours():
 
 def test_contract_resolves_a_package_s_relative_imports_from_the_package():
     # In node_agent/remote/schema/__init__.py, "." is node_agent.remote.schema.
-    (problem,) = violations("node_agent.remote.schema", "from .. import applier\n",
+    (problem,) = violations("node_agent.remote.schema", "from .. import upstream\n",
                             set(pure_modules()), is_package=True)
-    assert problem.endswith("imports node_agent.remote.applier, which is not in the pure core")
+    assert problem.endswith("imports node_agent.remote.upstream, which is not in the pure core")
 
 
 # What a bare interpreter of this venv has loaded before any import of ours
@@ -318,13 +318,9 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("config",),                    # config and provider files -> Settings
     ("cycle",),                     # one cycle: desired, reconcile, companion
     ("remote",),                    # the message bus, the wire, coordination, keys
-    ("startup",),                   # the start-up check: config, host, client
+    ("startup", "runner"),          # the start-up check; one cycle per mode, composed
     ("service",),                   # the agent's loop
-    # issue 25: runner work removes it. node-agent-applier is an entry point
-    # like cli/ (it runs service/'s loop and metrics) still kept in remote/;
-    # these two rows go when the applier is its own package.
-    ("remote.applier_metrics",),
-    ("remote.applier", "cli"),      # the entry points
+    ("applier", "cli"),             # the entry points (node-agent-applier runs service/'s loop)
 )
 FLOOR_OF = {area: number for number, areas in enumerate(FLOORS, 1) for area in areas}
 

@@ -100,7 +100,7 @@ def test_previous_master_is_accepted_until_its_overlap_ends(body):
 ])
 def test_applier_refuses_before_touching_the_hosts_record_and_names_no_secret(
         tmp_path, body, caplog, who, reason):
-    from node_agent.remote.applier import Applier
+    from node_agent.applier.applier import Applier
 
     message = wire.full_message("victim", 1, body, signing.host_key(MASTER, who))
     if who == "unsigned":
@@ -121,7 +121,7 @@ def test_applier_refuses_before_touching_the_hosts_record_and_names_no_secret(
 
 def test_once_a_host_signed_its_unsigned_messages_are_refused_during_the_transition(
         tmp_path, body):
-    from node_agent.remote.applier import Applier
+    from node_agent.applier.applier import Applier
     from node_agent.state import StateStore
 
     StateStore(tmp_path / "victim").save({"applier": {

@@ -279,7 +279,7 @@ def _no_placement():
 ])
 def test_heartbeat_is_answered_from_the_shared_record_until_the_verify_is_due(
         tmp_path, desired, cache, status):
-    from node_agent.remote.applier import Applier
+    from node_agent.applier.applier import Applier
     from node_agent.state import StateStore
 
     body = wire.body_of(desired)
@@ -451,7 +451,7 @@ def test_future_major_is_refused_by_its_version_before_its_shape_is_read(desired
 
 def test_applier_refusal_names_the_path_counts_it_and_echoes_no_value(tmp_path, desired,
                                                                      caplog):
-    from node_agent.remote.applier import Applier
+    from node_agent.applier.applier import Applier
 
     secret = "rabbit://nova:s3cr3t@broker:5672/"
     message = wire.full_message("node1", 1, wire.body_of(desired), KEY)

@@ -1,5 +1,5 @@
 """``node-agent-applier``'s Prometheus metrics, read from the
-:class:`~node_agent.remote.applier.Applier`'s counters at scrape time.
+:class:`~node_agent.applier.applier.Applier`'s counters at scrape time.
 Served on ``[applier] metrics_port`` (0: none), as the agent's are.
 
 Counts are per process since its start: sum them over the processes.

@@ -2,9 +2,9 @@
 
 It holds the Placement credentials ([placement] in its own config file) and
 applies what agents send (see :mod:`node_agent.remote.wire` for the wire
-format) with the same engine as the direct mode:
-:class:`~node_agent.cycle.reconcile.Reconciler` (reshape first, then the tree
-sync), one per host.
+format) with the direct mode's own cycle:
+:func:`node_agent.runner.applier_runner` (maintenance Placement keeps,
+reshape first, then the tree sync), one per host and message.
 
 Several processes share one topic ([applier] topic): RabbitMQ hands each
 message to one of them. What they must agree on is per host, held by
@@ -88,14 +88,16 @@ from node_agent.policy import maintenance as maint
 from node_agent.placement.client import PlacementClient
 from node_agent.placement.errors import NotFound
 from node_agent.placement.sync import TreeSyncer
-from node_agent.remote import applier_metrics, keys, messaging, schema
+from node_agent.applier import metrics as applier_metrics
+from node_agent.remote import keys, messaging, schema
 from node_agent.service.loop import systemd_notifier
 from node_agent.remote.coordination import Busy, Coordination
 from node_agent.errors import (ConfigError, NodeAgentError, PlacementError, ProviderOwned,
                                ReshapeError)
 from node_agent.policy import capacity
 from node_agent.policy.root_owner import identity_of_tree
-from node_agent.cycle.reconcile import Reconciler, Shape, shape_of
+from node_agent.cycle.reconcile import Shape, shape_of
+from node_agent.runner import DirectRunner, applier_runner
 from node_agent.state import APPLIER, PROVIDERS, ROOT_UUID, Store
 from node_agent.version import VersionAction
 
@@ -135,7 +137,7 @@ class _Local:
 
     client: PlacementClient
     syncer: TreeSyncer
-    reconciler: Reconciler
+    runner: DirectRunner
 
 
 def _changes(changes) -> list[dict]:
@@ -308,36 +310,35 @@ class Applier:
             return {"status": wire.REFUSED, "seq": message.seq,
                     "error": "; ".join(problems)}
         self._take(store, record)
-        # A lost state file on the host cannot end maintenance (as in the
-        # direct mode): the root's disabled trait in Placement keeps it on.
-        desired = local.reconciler.maintained(desired)
-        outcome = local.reconciler.apply(desired)
-        report = outcome.report
+        # The direct mode's cycle: a lost state file on the host cannot end
+        # maintenance, the root's disabled trait in Placement keeps it on.
+        report = local.runner.run(desired)
+        desired = report.desired
         # What the reconciler keeps: the shape once applied cleanly, else
         # the one it started with.
         shape: Optional[str] = shape_digest(shape_of(desired))
-        if not (outcome.ok or record.get(SHAPE_KEY) == shape):
+        if not (report.ok or record.get(SHAPE_KEY) == shape):
             shape = None
         self._save(store, {
             "seq": message.seq, "digest": message.digest, "body": body,
-            "ok": outcome.ok, "by": self.token, SHAPE_KEY: shape,
+            "ok": report.ok, "by": self.token, SHAPE_KEY: shape,
             "signed": message.signed or bool(record.get("signed")),
             APPLIED_KEY: (marks + ([mark] if mark else []))[-APPLIED_KEPT:],
             CACHE_KEY: local.syncer.export_cache()})
         requests = local.client.stats.total - start
-        log = LOG.warning if not outcome.ok else LOG.info if report.applied else LOG.debug
-        log("%s seq %d: %s", message.host, message.seq, report.summary())
-        return {"status": wire.APPLIED, "seq": message.seq, "ok": outcome.ok,
-                "summary": report.summary(), "errors": outcome.errors,
+        log = LOG.warning if not report.ok else LOG.info if report.applied else LOG.debug
+        log("%s seq %d: %s", message.host, message.seq, report.summary)
+        return {"status": wire.APPLIED, "seq": message.seq, "ok": report.ok,
+                "summary": report.summary, "errors": report.errors,
                 "applied": _changes(report.applied),
-                "reshape": outcome.reshape_record(), "requests": requests,
+                "reshape": report.reshape, "requests": requests,
                 # What was applied, when the host's own record did not say
                 # (a lost state file): the agent's status shows it.
                 "maintenance": {"on": maint.is_on(desired.maintenance),
                                 "kept_by_placement": (desired.maintenance or {}).get(
                                     "source") == "placement"},
-                "uuids": {p.name: p.uuid for p in report.tree.providers}
-                if report.tree else {}}
+                "uuids": {p.name: p.uuid for p in report.outcome.report.tree.providers}
+                if report.outcome is not None and report.outcome.report.tree else {}}
 
     def _unchecked(self, host: str, desired):
         """A body without the host's limits (a 2.0 agent): the invariant
@@ -374,8 +375,8 @@ class Applier:
         self._save(store, {k: v for k, v in record.items() if k not in (CACHE_KEY, SHAPE_KEY)})
 
     def _local(self, host: str, record: dict, desired) -> _Local:
-        """A syncer and a reconciler holding what the record holds: the
-        direct mode's, as its previous cycle left them."""
+        """A syncer and the direct mode's runner holding what the record
+        holds, as the agent's previous cycle left them."""
 
         client = self.client_factory()
         # The agent's machine is the one whose mark it sent: a tree for a
@@ -387,8 +388,7 @@ class Applier:
         shape = shape_of(desired)
         # The allocations were checked for this shape when it was applied.
         applied = shape if record.get(SHAPE_KEY) == shape_digest(shape) else None
-        reconciler = Reconciler(client, syncer, applied_shape=applied)
-        return _Local(client, syncer, reconciler)
+        return _Local(client, syncer, applier_runner(client, syncer, applied_shape=applied))
 
     # -- the ownership check
 
