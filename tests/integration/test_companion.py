@@ -187,7 +187,7 @@ def test_companion_never_creates_a_provider_the_name_does_not_find(nova_host,
         f"/resource_providers?name={nova_host.name}")["resource_providers"] == []
 
 
-def test_dry_run_previews_novas_reshape_at_next_restart_and_the_guests_blocking_it(
+def test_dry_run_previews_novas_reshape_at_next_restart_stale_pins_included(
         nova_host, placement_server):
     nova_host.nova_starts()
     nova_host.schedule_every_guest()
@@ -206,10 +206,16 @@ def test_dry_run_previews_novas_reshape_at_next_restart_and_the_guests_blocking_
     drift = {d["subject"]: d for d in plan.json()["companion"]["drift"]}
     assert drift["PCPU"]["explained_by"] == "[compute] cpu_dedicated_set = '2-7,10-15'"
 
-    blocked = run_agent(*nova_host.config(STRANDING), "--once", "--dry-run")
-    assert blocked.code == 0, blocked.stderr
-    assert "At nova-compute's next restart with this configuration:" in blocked.stdout
-    assert "BLOCKED: pinned guest instance-00000001" in blocked.stdout
+    # A pinned guest outside the new dedicated set: nova warns and still
+    # reshapes it (its _validate_pinning_configuration), so the preview does.
+    stale = run_agent(*nova_host.config(STRANDING), "--once", "--dry-run", "--output", "json")
+    assert stale.code == 0, stale.stderr
+    restart = stale.json()["companion"]["next_restart"]
+    assert restart["blocking"] == []
+    assert guests["instance-00000001"] in {c["consumer"]
+                                           for c in restart["reshape"]["consumers"]}
+    assert any("instance-00000001" in w and "outside cpu_dedicated_set" in w
+               for w in stale.json()["warnings"])
 
     assert only_reads(log.requests()), log.requests()
     assert nova_host.placement_record() == before
