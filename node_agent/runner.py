@@ -30,7 +30,7 @@ without Placement never loads them (tests/cli/test_start_cost.py).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Protocol
 
@@ -112,6 +112,16 @@ def written(client, since: int = 0) -> str:
             "the state from it.")
 
 
+def nova_scheduler_note(client, root_name: str) -> Optional[str]:
+    """What owner mode says when nova-compute's roots share this Placement
+    (:func:`node_agent.policy.root_owner.unschedulable_by_nova`), from one
+    listing of the providers carrying ``OWNER_NOVA``."""
+    from node_agent.policy.root_owner import NOVA, unschedulable_by_nova
+
+    nova = [p for p in client.providers_with_trait(NOVA) if p.get("name") != root_name]
+    return unschedulable_by_nova(root_name, len(nova))
+
+
 def tree_only(desired: Desired) -> CycleReport:
     """A plan that consults no Placement: the tree and the capacity verdict
     on the desired tree alone."""
@@ -133,7 +143,8 @@ class DirectRunner:
     ``auditor`` (the service): an allocation audit after each full verify."""
 
     def __init__(self, syncer, reconciler, settings: Optional[Settings] = None, *,
-                 keeps_state: bool = True, auditor=None, check_version: bool = True):
+                 keeps_state: bool = True, auditor=None, check_version: bool = True,
+                 announce_on_run: bool = False):
         self.syncer = syncer
         self.reconciler = reconciler
         self.client = syncer.client
@@ -141,6 +152,12 @@ class DirectRunner:
         self.keeps_state = keeps_state
         self.auditor = auditor
         self._version_checked = not check_version
+        # nova 34's scheduler skips roots without OWNER_NOVA
+        # (:func:`nova_scheduler_note`): said by every dry run, and by the
+        # service's first runner (``announce_on_run``), once per start.
+        self._nova_note: Optional[str] = None
+        self._nova_checked = settings is None
+        self._announce_on_run = announce_on_run
 
     def same_tree(self, settings: Settings) -> bool:
         """A reload that keeps the host and its state file keeps the cache."""
@@ -153,8 +170,22 @@ class DirectRunner:
             self.client.check_version()
             self._version_checked = True
 
+    def _noted(self, desired: Desired) -> Desired:
+        """``desired`` with the note that nova's scheduler will not use this
+        root, when nova-compute roots share the Placement; asked once."""
+        if not self._nova_checked:
+            self._nova_checked = True
+            self._nova_note = nova_scheduler_note(self.client, desired.tree.root.name)
+            if self._nova_note:
+                LOG.warning("%s", self._nova_note)
+        if self._nova_note is None:
+            return desired
+        return replace(desired, notes=desired.notes + (self._nova_note,))
+
     def run(self, desired: Desired, before_post=None) -> CycleReport:
         self._ready()
+        if self._announce_on_run:
+            desired = self._noted(desired)
         syncer = self.syncer
         since = self.client.stats.writes
         verified_at = syncer.verified_at
@@ -200,7 +231,7 @@ class DirectRunner:
 
     def plan(self, desired: Desired) -> CycleReport:
         self._ready()
-        desired = self.reconciler.maintained(desired)
+        desired = self.reconciler.maintained(self._noted(desired))
         tree, changes, reshape = self.reconciler.plan(desired)
         audit = None
         if self.settings is not None and self.syncer.cached_tree():
@@ -409,7 +440,7 @@ def runner_for(conf, settings: Settings, client=None, *, guests_now: Optional[Gu
     from node_agent.cycle.reconcile import Reconciler
 
     return DirectRunner(syncer, Reconciler(client, syncer, guests_now=guests_now), settings,
-                        auditor=auditor)
+                        auditor=auditor, announce_on_run=service and previous is None)
 
 
 def _client(conf, client):

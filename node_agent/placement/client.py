@@ -128,6 +128,9 @@ class PlacementReads:
         """The providers called ``name`` (none or one)."""
         return self.get(routes.providers_named(name))["resource_providers"]
 
+    def providers_with_trait(self, trait: str) -> list[dict]:
+        return self.get(routes.providers_with_trait(trait))["resource_providers"]
+
     def providers_in_tree(self, root_uuid: str) -> list[dict]:
         return self.get(routes.providers_in_tree(root_uuid))["resource_providers"]
 

@@ -39,6 +39,11 @@ def providers_named(name: str) -> str:
     return f"{PROVIDERS}?name={quote(name)}"
 
 
+def providers_with_trait(trait: str) -> str:
+    """Providers carrying ``trait`` (``required``: microversion 1.18)."""
+    return f"{PROVIDERS}?required={quote(trait)}"
+
+
 def providers_in_tree(root_uuid: str) -> str:
     return f"{PROVIDERS}?in_tree={root_uuid}"
 

@@ -152,3 +152,20 @@ def marked(tree: ProviderTree, identity: Identity) -> ProviderTree:
     """``tree`` with this machine's mark on the root (what an agent sends to
     the central applier, which judges it there)."""
     return claimed(tree, judge(None, identity))
+
+
+def unschedulable_by_nova(root_name: str, nova_roots: int) -> Optional[str]:
+    """What owner mode must say when ``nova_roots`` providers of this
+    Placement carry ``OWNER_NOVA``: nova-compute 34 reports it, and once every
+    nova-compute runs at service version 73 or later nova's scheduler adds
+    ``root_required=OWNER_NOVA`` to every request (``owner_nova_filter``, no
+    option turns it off), so it never picks a root the agent writes. The
+    agent does not add the trait: it would make two writers of one provider."""
+    if nova_roots <= 0:
+        return None
+    return (f"nova-compute manages {nova_roots} provider(s) in this Placement "
+            f"(OWNER_NOVA): a nova 34 scheduler requires OWNER_NOVA on the root "
+            f"(owner_nova_filter), so it will not schedule onto {root_name}, which this "
+            "agent writes. On a nova cloud run the agent beside nova-compute in "
+            "companion mode ([agent] mode = companion); owner mode is for Placement "
+            "consumers other than nova")

@@ -169,3 +169,43 @@ def test_unreadable_machine_id_is_a_config_error_naming_the_option(
 
     assert result.code == 78, result.stderr
     assert f"machine_id_path = {tmp_path / 'missing'}" in result.stderr
+
+
+NOVA_34_LINE = (
+    "nova-compute manages 1 provider(s) in this Placement (OWNER_NOVA): a nova 34 "
+    "scheduler requires OWNER_NOVA on the root (owner_nova_filter), so it will not "
+    "schedule onto {host}, which this agent writes. On a nova cloud run the agent "
+    "beside nova-compute in companion mode ([agent] mode = companion); owner mode is "
+    "for Placement consumers other than nova")
+
+
+def test_owner_mode_beside_nova_34_computes_says_nova_will_not_schedule_onto_its_root(
+        tmp_path, fresh_placement_server, host_name):
+    """nova 34's owner_nova_filter adds root_required=OWNER_NOVA to every
+    request once its computes are new enough: the dry run, and the service
+    once per start, say so; the agent does not add the trait itself."""
+    from node_agent.placement.client import PlacementClient
+
+    placement = PlacementClient.for_endpoint(fresh_placement_server.url)
+    nova = placement.post("/resource_providers", {"name": "compute-by-nova"})["uuid"]
+    placement.put(f"/resource_providers/{nova}/traits",
+                  {"resource_provider_generation": 0, "traits": ["OWNER_NOVA"]})
+    config = once_config(tmp_path, host_name, fresh_placement_server.url, ID_A)
+
+    plan = run_agent("--config-file", str(config), "--once", "--dry-run")
+    assert plan.code == 0, plan.stderr
+    assert f"  - {NOVA_34_LINE.format(host=host_name)}" in plan.stdout.splitlines()
+    assert run_agent("--config-file", str(config), "--once").code == 0
+    root = root_of(placement, host_name)["uuid"]
+    assert "OWNER_NOVA" not in placement.get(f"/resource_providers/{root}/traits")["traits"]
+
+    service = AgentProcess(tmp_path / "service", fresh_placement_server.url, host_name,
+                           extra=f"[agent]\nmachine_id_path = {tmp_path / ID_A[:4] / 'machine-id'}\n")
+    service.start()
+    try:
+        service.status_after(lambda s: s.startswith("ok:"))
+        service.status_after(lambda s: s.startswith("ok:"))   # a second cycle
+        assert service.log().count("a nova 34 scheduler requires OWNER_NOVA") == 1
+    finally:
+        assert service.stop() == 0
+        service.notify.close()
