@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Optional, Sequence, cast
 from node_agent.cycle import provider_cache
 from node_agent.startup import validate
 from node_agent.cycle.audit import Auditor
-from node_agent.cycle.reconcile import CycleOutcome, Reconciler
+from node_agent.cycle.reconcile import CycleOutcome, CycleReport, Reconciler
 from node_agent.host.discover import read_guests
 from node_agent.host.machine_id import identity
 from node_agent.placement.sync import TreeSyncer
@@ -37,7 +37,9 @@ from node_agent.service.control import Control, Maintenance, utc_now
 from node_agent.service.loop import CycleResult, Service, systemd_notifier
 
 if TYPE_CHECKING:
+    from node_agent.cycle.companion import Companion
     from node_agent.placement.client import PlacementClient
+    from node_agent.remote.upstream import UpstreamReport
 
 # Imported inside the functions that use them, and only there: the ones a
 # mode or an option needs (node_agent.cycle.companion loads the HTTP gateway,
@@ -102,21 +104,25 @@ class Agent:
         self.last_error: Optional[dict] = None     # last cycle that raised
         self.reshapes = 0
         self.reshape_errors = 0
-        self._reconciler = None
+        self._reconciler: Optional[Reconciler] = None  # set with the syncer
         self._upstream = None  # upstream = messaging: node_agent.remote.upstream
         self._applier_maintenance: Optional[dict] = None  # the applier's last say
-        self._syncer = None
+        self._syncer: Optional[TreeSyncer] = None
         self._syncer_for: Optional[Loaded] = None
         self._refused_files: tuple = ()
-        self._auditor = None  # node_agent.cycle.audit, on full verifies
+        self._auditor: Optional[Auditor] = None  # on full verifies; set with the syncer
         self.last_audit: Optional[dict] = None
-        self._companion = None  # [agent] mode = companion: node_agent.cycle.companion
+        self._companion: Optional[Companion] = None  # [agent] mode = companion
         self._companion_for: Optional[Loaded] = None
         self.last_companion: Optional[dict] = None
         self._lock = threading.Lock()
 
-    def _syncer_of(self, loaded: Loaded):
-        if self._syncer_for is not loaded:  # first cycle, or a reload
+    def _syncer_of(self, loaded: Loaded) -> tuple[TreeSyncer, Reconciler, Auditor]:
+        """The direct mode's syncer, and the reconciler and auditor made with
+        it; new ones on the first cycle and after a reload."""
+        syncer, reconciler, auditor = self._syncer, self._reconciler, self._auditor
+        if (self._syncer_for is not loaded  # first cycle, or a reload
+                or syncer is None or reconciler is None or auditor is None):
             # spread: a fleet started together does not verify together.
             syncer = TreeSyncer(loaded.client, StateStore(Path(loaded.settings.state_path)),
                                 full_verify_interval=loaded.settings.full_verify_interval,
@@ -129,17 +135,17 @@ class Agent:
             self._syncer, self._syncer_for = syncer, loaded
             self._version_checked = False
             settings = loaded.settings
-            self._reconciler = Reconciler(
-                loaded.client, self._syncer, guests_now=lambda: read_guests(
+            reconciler = self._reconciler = Reconciler(
+                loaded.client, syncer, guests_now=lambda: read_guests(
                     settings, self._hypervisor_for(settings.libvirt_uri,
                                                    settings.domain_capabilities)))
-            self._auditor = Auditor(
-                self._syncer, in_flight_grace=loaded.settings.audit_in_flight_grace)
+            auditor = self._auditor = Auditor(
+                syncer, in_flight_grace=loaded.settings.audit_in_flight_grace)
         if not self._version_checked:
             assert loaded.client is not None, "direct mode has a Placement client"
             loaded.client.check_version()
             self._version_checked = True
-        return self._syncer
+        return syncer, reconciler, auditor
 
     def __call__(self, loaded: Loaded) -> CycleResult:
         started = utc_now()
@@ -152,19 +158,20 @@ class Agent:
             self._note_refused_files(desired.refused_files)
             if settings.companion:
                 return self._companion_cycle(loaded, desired, started)
+            outcome: CycleOutcome[CycleReport]
             if settings.upstream == "messaging":
                 outcome, desired = self._via_applier(loaded, desired)
             else:
-                syncer = self._syncer_of(loaded)
+                syncer, reconciler, auditor = self._syncer_of(loaded)
                 verified_at = syncer.verified_at
-                desired = self._reconciler.maintained(desired)
+                desired = reconciler.maintained(desired)
                 before = syncer.traits_by_name(desired.tree)
-                outcome = self._reconciler.apply(desired, **self._reshape_hooks(loaded))
+                outcome = reconciler.apply(desired, **self._reshape_hooks(loaded))
                 provider_cache.keep(syncer)
                 syncer.remember(APPLIED, file_traits_to_remember(
                     desired, syncer.state.get(APPLIED), before, clean=outcome.ok))
                 if syncer.verified_at != verified_at:  # this cycle read the whole tree
-                    self._audit(loaded, desired)
+                    self._audit(auditor, loaded, desired)
             if outcome.ok:
                 forget_applied_off(StateStore(Path(settings.state_path)), desired.maintenance)
             report = outcome.report
@@ -201,18 +208,18 @@ class Agent:
             LOG.info("operator provider files are all valid again")
         self._refused_files = refused
 
-    def _audit(self, loaded: Loaded, desired: Desired) -> None:
+    def _audit(self, auditor: Auditor, loaded: Loaded, desired: Desired) -> None:
         """The allocation audit, after a sync that verified the whole tree.
         A failed read is logged; the cycle's sync result stands."""
         settings = loaded.settings
         try:
-            result = self._auditor.run(desired, settings.host, settings.numa_in_placement)
+            result = auditor.run(desired, settings.host, settings.numa_in_placement)
         except NodeAgentError as exc:
             LOG.warning("allocation audit not done: %s", exc)
             return
         with self._lock:
             self.last_audit = result.as_dict()
-        if self._auditor.changed() and self.messenger:
+        if auditor.changed() and self.messenger:
             self.messenger.audit(settings.host, self.last_audit)
 
     def _companion_cycle(self, loaded: Loaded, desired: Desired, started: str) -> CycleResult:
@@ -221,15 +228,15 @@ class Agent:
         from node_agent.cycle.companion import Companion, not_found_message
 
         settings = loaded.settings
-        if self._companion_for is not loaded:  # first cycle, or a reload
+        companion = self._companion
+        if self._companion_for is not loaded or companion is None:  # first cycle, or a reload
             assert loaded.client is not None, "companion mode has a Placement client"
             loaded.client.check_version()
-            self._companion = Companion(loaded.client,
-                                        StateStore(Path(settings.state_path)),
-                                        full_verify_interval=settings.full_verify_interval,
-                                        in_flight_grace=settings.audit_in_flight_grace)
+            companion = self._companion = Companion(
+                loaded.client, StateStore(Path(settings.state_path)),
+                full_verify_interval=settings.full_verify_interval,
+                in_flight_grace=settings.audit_in_flight_grace)
             self._companion_for = loaded
-        companion = self._companion
         was_found = (self.last_companion or {}).get("found", True)
         report = companion.check(desired, settings)
         record = report.as_dict()
@@ -250,7 +257,8 @@ class Agent:
                 self.messenger.audit(settings.host, report.audit)
         return CycleResult(True, report.summary())
 
-    def _via_applier(self, loaded: Loaded, desired: Desired):
+    def _via_applier(self, loaded: Loaded,
+                     desired: Desired) -> tuple[CycleOutcome[UpstreamReport], Desired]:
         """``[agent] upstream = messaging``: node-agent-applier applies it."""
         from node_agent.remote import upstream
 
