@@ -314,7 +314,9 @@ def _compute(client, tree: ProviderTree, rule: Rule, names: Mapping[str, str],
         view, new = _read_view(client, tree, rule, absent)  # the generations, last
     reads.view, reads.new = view, new
     if probed:  # a dedicated guest's migration record moves with it
-        rule = getattr(rule, "with_migrations")({c: reads.consumers[c] for c in probed
+        # getattr: the Rule type is a plain callable; a rule that probed has the method.
+        rule = getattr(rule, "with_migrations")({c: reads.consumers[c]  # noqa: B009
+                                                 for c in probed
                                                  if c in reads.consumers}, by_consumer)
         names = {**getattr(rule, "migration_names", dict)(), **names}
     consumers = {c: reads.consumers[c] for c in affected_consumers(view, rule)
@@ -452,7 +454,8 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
         while True:
             if run.posts and guests_now is not None:
                 guests = list(guests_now())
-                rule = getattr(rule, "with_guests", lambda _: rule)(guests)
+                # B023: the default is called at once, before ``rule`` is rebound.
+                rule = getattr(rule, "with_guests", lambda _: rule)(guests)  # noqa: B023
                 names = guest_names(guests)
             plan = _plan_for_post(client, tree, rule, names, absent, outcome, reads,
                                   retry=run.posts > 0, known=known)
