@@ -46,9 +46,9 @@ from node_agent.tree.mem_encryption import keep_as_held, undecided
 from node_agent.policy.child_owner import ListedChild
 from node_agent.placement.reshape_engine import Reshape, hold_inventories
 from node_agent.placement.reshape_rules import guest_names
-from node_agent.placement.reshaper import (HostReshape, ReshapeOutcome, ensure_reshaped,
-                                           host_reshape_inputs, plan_reshape, read_inventories,
-                                           uuid_of_root)
+from node_agent.placement.reshape_host import HostReshape, host_reshape_inputs
+from node_agent.placement.reshape_reads import plan_reshape, read_inventories, uuid_of_root
+from node_agent.placement.reshaper import ReshapeOutcome, ensure_reshaped
 from node_agent.placement.planner import Change
 from node_agent.placement.sync import SyncReport, TreeSyncer
 
