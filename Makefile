@@ -2,7 +2,7 @@
 #   make install   system packages (when missing), .venv, requirements, the package
 #   make test      install when needed (and nova's .venv-nova), then lint, then the whole test suite
 #   make lint      ruff, mypy on the whole package, the import contract
-#   make unit      tests/unit: the pure core and the parsers, no server (< 10 s)
+#   make unit      tests/unit: the pure core and the parsers, no server (times: CONTRIBUTING.md)
 #   make run       install when needed, then the README's run (see README)
 #   make config    regenerate etc/node-agent.conf.sample (never edit it by hand)
 #   make nova-guests  regenerate tests/data/nova_guests (guest XML nova 34's libvirt driver writes)

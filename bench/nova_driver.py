@@ -154,7 +154,7 @@ def main():
         start = time.perf_counter()
         try:
             reply = getattr(driver, cmd["op"])(cmd)
-        except Exception as exc:  # reported, never fatal: benchmarks report
+        except Exception as exc:  # noqa: BLE001 - reported, never fatal: benchmarks report
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         reply["seconds"] = time.perf_counter() - start
         sys.stdout.write(json.dumps(reply) + "\n")

@@ -47,7 +47,8 @@ def _stamp(line: str) -> float | None:
     match = _STAMP.match(line)
     if not match:
         return None
-    return datetime.datetime.strptime(match.group(1).replace(",", "."),
+    # Local-time log stamps of this machine; only their differences are used.
+    return datetime.datetime.strptime(match.group(1).replace(",", "."),  # noqa: DTZ007
                                       "%Y-%m-%d %H:%M:%S.%f").timestamp()
 
 

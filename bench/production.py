@@ -130,7 +130,7 @@ class UwsgiPlacement:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
                     raise RuntimeError(f"uWSGI placement did not answer; see "
-                                       f"{self.workdir / 'uwsgi.out'}")
+                                       f"{self.workdir / 'uwsgi.out'}") from None
                 time.sleep(0.1)
 
     def stop(self, timeout: float = 30) -> None:

@@ -68,7 +68,7 @@ def machine(nova_python: Path) -> dict:
          "print(m.version('nova'), m.version('keystoneauth1'))"],
         capture_output=True, text=True)
     nova_versions = nova.stdout.split() or ["not installed", "?"]
-    mem_kib = next((int(line.split()[1]) for line in open("/proc/meminfo")
+    mem_kib = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
                     if line.startswith("MemTotal:")), 0)
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -33,7 +33,7 @@ def _write(path: Path, text: str) -> None:
 
 
 def _make_writable(root: Path) -> None:
-    for dirpath, dirnames, filenames in os.walk(root):
+    for dirpath, _dirnames, filenames in os.walk(root):
         os.chmod(dirpath, os.stat(dirpath).st_mode | stat.S_IWUSR | stat.S_IXUSR)
         for name in filenames:
             path = os.path.join(dirpath, name)
@@ -89,8 +89,8 @@ class SoakHost:
     # -- guests
 
     def boot(self, guest: str, name: str) -> None:
-        domain = re.sub(r"<name>[^<]*</name>", f"<name>{name}</name>", self._template, 1)
-        domain = re.sub(r"<uuid>[^<]*</uuid>", f"<uuid>{guest}</uuid>", domain, 1)
+        domain = re.sub(r"<name>[^<]*</name>", f"<name>{name}</name>", self._template, count=1)
+        domain = re.sub(r"<uuid>[^<]*</uuid>", f"<uuid>{guest}</uuid>", domain, count=1)
         self.booted[guest] = domain
         self._write_xml()
 

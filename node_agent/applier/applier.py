@@ -218,7 +218,7 @@ class Applier:
             return self._refuse(refusal.reason, message.host, refusal.text)
         try:
             lock = self.coordination.lock(message.host, self.lock_timeout)
-        except Exception as exc:  # the backend is down: the agent retries
+        except Exception as exc:  # noqa: BLE001 - the backend is down: the agent retries
             LOG.error("%s seq %d: %s", message.host, message.seq, exc)
             return {"status": wire.ERROR, "seq": message.seq,
                     "error": f"the appliers' coordination backend cannot be used: "

@@ -81,7 +81,7 @@ def _placement_keys(conf: cfg.ConfigOpts) -> Optional[set[str]]:
     if auth_type:
         try:
             plugin_opts = ks_loading.get_plugin_options(auth_type)
-        except Exception:  # unknown or broken plugin: reported where it is loaded
+        except Exception:  # noqa: BLE001 - unknown or broken plugin: reported where loaded
             return None
         for opt in plugin_opts:
             names |= _opt_names(opt, group)

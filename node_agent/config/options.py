@@ -569,7 +569,7 @@ def _placement_opts():
     opts = placement_base_opts()
     for name in ("password", "v3applicationcredential", "admin_token"):
         opts += ks_loading.get_auth_plugin_conf_options(name)
-    unique = {}
+    unique: dict[str, cfg.Opt] = {}
     for opt in opts:
         unique.setdefault(opt.dest, opt)
     return list(unique.values())

@@ -38,7 +38,8 @@ from node_agent.cycle.audit import Auditor
 from node_agent.policy.guest_fit import guests_refused
 from node_agent.errors import ReshapeError
 from node_agent.placement.readonly import ReadOnlyPlacement
-from node_agent.placement.reshaper import host_reshape_inputs, plan_reshape
+from node_agent.placement.reshape_host import host_reshape_inputs
+from node_agent.placement.reshape_reads import plan_reshape
 from node_agent.model.provider_state import ProviderState
 from node_agent.policy import drift as drift_policy
 from node_agent.policy.audit import IN_FLIGHT_GRACE

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Callable, Iterable, Mapping, Optional
+from typing import Callable, Generic, Iterable, Mapping, Optional, Protocol, TypeVar
 
 from node_agent.policy.capacity import Published, as_published, check, limits_of
 from node_agent.cycle.desired import Desired, with_placement_maintenance
@@ -46,9 +46,9 @@ from node_agent.tree.mem_encryption import keep_as_held, undecided
 from node_agent.policy.child_owner import ListedChild
 from node_agent.placement.reshape_engine import Reshape, hold_inventories
 from node_agent.placement.reshape_rules import guest_names
-from node_agent.placement.reshaper import (HostReshape, ReshapeOutcome, ensure_reshaped,
-                                           host_reshape_inputs, plan_reshape, read_inventories,
-                                           uuid_of_root)
+from node_agent.placement.reshape_host import HostReshape, host_reshape_inputs
+from node_agent.placement.reshape_reads import plan_reshape, read_inventories, uuid_of_root
+from node_agent.placement.reshaper import ReshapeOutcome, ensure_reshaped
 from node_agent.placement.planner import Change
 from node_agent.placement.sync import SyncReport, TreeSyncer
 
@@ -56,10 +56,10 @@ LOG = logging.getLogger(__name__)
 
 
 def _chain(*hooks):
-    hooks = [h for h in hooks if h is not None]
+    present = [h for h in hooks if h is not None]
 
     def call(body):
-        for hook in hooks:
+        for hook in present:
             hook(body)
     return call
 
@@ -107,12 +107,31 @@ class ReshapeRefused:
         return {"refused": [self.reason], "lines": [f"REFUSED: {self.reason}"]}
 
 
+class CycleReport(Protocol):
+    """What the service reads of a cycle's report: a :class:`SyncReport`
+    (direct mode) or the applier's ``UpstreamReport`` (``upstream = messaging``)."""
+
+    @property
+    def ok(self) -> bool: ...
+
+    @property
+    def errors(self) -> list[str]: ...
+
+    @property
+    def applied(self) -> list: ...
+
+    def summary(self) -> str: ...
+
+
+Report = TypeVar("Report", bound=CycleReport, covariant=True)
+
+
 @dataclass
-class CycleOutcome:
+class CycleOutcome(Generic[Report]):
     """What one cycle did: the sync's report, the reshape when one was
     checked, and its refusal when it was refused (then ``reshape`` is None)."""
 
-    report: SyncReport
+    report: Report
     reshape: Optional[ReshapeOutcome] = None
     refused: Optional[ReshapeRefused] = None
 
@@ -253,7 +272,7 @@ class Reconciler:
         tree = keep_as_held(desired.tree, root, listed)
         return desired if tree is desired.tree else replace(desired, tree=tree)
 
-    def apply(self, desired: Desired, before_post=None) -> CycleOutcome:
+    def apply(self, desired: Desired, before_post=None) -> CycleOutcome[SyncReport]:
         # Before the reshape, which writes too: a root nova-compute or another
         # machine manages raises ProviderOwned here, and nothing is written.
         self.syncer.check_owner(desired.tree)

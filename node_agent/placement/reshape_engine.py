@@ -490,7 +490,7 @@ def _usage_with(providers: Mapping[str, ProviderAllocations], body: Mapping,
     """rp -> rc -> amount held once the ``batch`` consumers of ``body`` moved."""
     usage: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for rp, state in providers.items():
-        for consumer, res in state.consumers.items():
+        for res in state.consumers.values():
             for rc, amount in res.items():
                 usage[rp][rc] += amount
     for consumer in batch:

@@ -103,12 +103,14 @@ class chain(RuleBase):
 
     def with_migrations(self, records: Mapping[str, Consumer], here: Iterable[str]) -> Rule:
         here = list(here)
-        return chain(*(getattr(r, "with_migrations", lambda *_: r)(records, here)
+        # B023 (here and below): each default is called at once, in its own iteration.
+        return chain(*(getattr(r, "with_migrations", lambda *_: r)(records, here)  # noqa: B023
                        for r in self.rules))
 
     def with_guests(self, guests: Iterable[Guest]) -> Rule:
         guests = list(guests)
-        return chain(*(getattr(r, "with_guests", lambda _: r)(guests) for r in self.rules))
+        return chain(*(getattr(r, "with_guests", lambda _: r)(guests)  # noqa: B023
+                       for r in self.rules))
 
     def migration_names(self) -> dict[str, str]:
         found: dict[str, str] = {}

@@ -125,7 +125,7 @@ class HostLock:
     def __exit__(self, *exc) -> None:
         try:
             self._lock.release()
-        except Exception as err:  # an expired lock: the next holder repairs
+        except Exception as err:  # noqa: BLE001 - an expired lock: the next holder repairs
             LOG.warning("releasing a host lock failed (it may have expired): %s", err)
 
 
@@ -242,7 +242,7 @@ class Coordination:
                 from node_agent.remote import sql_records
 
                 sql_records.create_table(self._sql)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure means "cannot be used"
             raise CoordinationError(
                 f"the coordination backend at {self.where()} cannot be used: "
                 f"{type(exc).__name__}: {exc}".replace(self.url, self.where())) from None
@@ -274,7 +274,7 @@ class Coordination:
         if self._started:
             try:
                 self._coordinator.stop()
-            except Exception as exc:  # shutting down: nothing left to protect
+            except Exception as exc:  # noqa: BLE001 - shutting down: nothing left to protect
                 LOG.debug("stopping the coordinator: %s", exc)
             if self._sql is not None:
                 self._sql.dispose()

@@ -131,7 +131,7 @@ def check_broker(conf, timeout: float = 10.0) -> str:
             connect_timeout=timeout)
         try:
             connection.ensure_connection(max_retries=1, timeout=timeout)
-        except Exception as exc:  # kombu/amqp raise many types; all mean "no"
+        except Exception as exc:  # noqa: BLE001 - kombu/amqp raise many types; all mean "no"
             raise MessagingUnavailable(
                 f"the broker at {where} ([DEFAULT] transport_url = "
                 f"{_masked_url(rpc_url) if rpc_url else '(not set)'}) did not accept "
@@ -205,7 +205,7 @@ class Messenger:
                 continue
             try:
                 getattr(self._notifier, priority)({}, event_type, body)
-            except Exception as exc:  # the bus must never take the agent down
+            except Exception as exc:  # noqa: BLE001 - the bus must never take the agent down
                 LOG.warning("notification %s not sent: %s", event_type, exc)
 
     def flush(self, timeout: float = 10.0) -> None:

@@ -184,7 +184,7 @@ class MessagingUpstream:
         try:
             with get_connection(rpc_common.PURPOSE_SEND, retry=RPC_RETRY):
                 pass
-        except Exception as exc:  # kombu and amqp raise many types; all mean "no"
+        except Exception as exc:  # noqa: BLE001 - kombu and amqp raise many types; all mean "no"
             raise NoApplier(f"the message bus at {_masked_url(self._rpc_url)} did not "
                             f"accept a connection: {_masked_url(str(exc)) or type(exc).__name__}"
                             "; the next cycle tries again") from None

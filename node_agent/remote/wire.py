@@ -11,7 +11,7 @@ JSON Schema :mod:`node_agent.remote.schema` ships, then the digest;
 ``body`` is plain JSON: ``tree`` (providers, parents first, each with
 name, parent, uuid, inventories and the trait -> wanted map) and
 ``reshape``, exactly what :func:`node_agent.placement.reshape_rules.host_rule` and
-:func:`node_agent.placement.reshaper.host_reshape_inputs` read from a cycle's
+:func:`node_agent.placement.reshape_host.host_reshape_inputs` read from a cycle's
 ``Desired``, so the applier runs the same rule chain as the direct mode:
 
 * ``dedicated``: the cpulist of ``cpu_dedicated_set`` (VCPU -> PCPU);

@@ -305,7 +305,7 @@ class Service:
         def work():
             try:
                 current.result = self._cycle_fn(config)
-            except BaseException as exc:  # the loop decides what it means
+            except BaseException as exc:  # noqa: BLE001 - the loop decides what it means
                 current.error = exc
             finally:
                 current.done.set()

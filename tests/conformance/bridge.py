@@ -34,7 +34,8 @@ def nova_python() -> Optional[Path]:
 
 class NovaBridge:
     def __init__(self, python: Path, script: Path = NOVA_SIDE):
-        self._stderr = tempfile.TemporaryFile(mode="w+")
+        # Open for the bridge's life: nova's stderr, read when a call fails.
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self._proc = subprocess.Popen(
             [str(python), str(script)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1,

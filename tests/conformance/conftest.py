@@ -24,7 +24,7 @@ def nova():
         reason = (f"nova's virtualenv {NOVA_VENV} is not built (make "
                   ".venv-nova/.installed failed or was not run)")
         _RUN["not_run"] = reason
-        warnings.warn(f"NOVA CONFORMANCE NOT RUN: {reason}")
+        warnings.warn(f"NOVA CONFORMANCE NOT RUN: {reason}", stacklevel=1)
         skip_or_fail(f"NOVA CONFORMANCE NOT RUN: {reason}")
     bridge = NovaBridge(python)
     _RUN["nova_ran"] = True

@@ -203,8 +203,8 @@ def test_cpu_set_rules_match_nova_on_every_fixture_host(nova, tmp_path_factory):
         online, present = host.online.to_list(), host.present.to_list()
         for name, options in scenarios(online, present).items():
             cases.append({"options": options, "online": online, "present": present})
-            kind, part = _answer(
-                lambda: partition_cpus(agent_side.settings(options), host))
+            kind, part = _answer(  # called at once, in this iteration
+                lambda: partition_cpus(agent_side.settings(options), host))  # noqa: B023
             if kind == "value":
                 part = {"vcpu": part.shared.to_list(), "pcpu": part.pcpu.to_list(),
                         "vcpu_reserved": part.vcpu_reserved}
@@ -433,7 +433,9 @@ def test_provider_files_apply_to_the_providers_nova_applies_them_to(nova, tmp_pa
                                 tree=_tree_for_nova(tree))
 
         def ours_fn():
-            merged = apply_provider_configs(tree, load_provider_configs(str(directory)), {})
+            # Called at once below, in this iteration.
+            merged = apply_provider_configs(tree, load_provider_configs(str(directory)),  # noqa: B023
+                                            {})
             return {p.name: sorted(p.wanted_traits) for p in merged.providers}
         kind, ours = _answer(ours_fn)
         if "refused" in nova_answer or kind == "refused":

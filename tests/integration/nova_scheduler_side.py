@@ -58,6 +58,7 @@ import logging
 import sys
 import traceback
 import warnings
+from typing import ClassVar
 
 warnings.simplefilter("ignore")
 logging.disable(logging.CRITICAL)
@@ -107,7 +108,7 @@ class _State:
     client = None
     context = None
     # host name -> {"caps": xml, "options": {...}, "guests": {uuid: topology primitive}}
-    hosts = {}
+    hosts: ClassVar[dict] = {}
 
 
 def _flavor(spec):
@@ -227,7 +228,7 @@ class _Driver(libvirt_driver.LibvirtDriver):
     """nova's LibvirtDriver without its __init__ (no hypervisor to open):
     every method used is nova's, on the host given."""
 
-    def __init__(self, host):  # noqa: D107  (nova's __init__ connects)
+    def __init__(self, host):  # (nova's __init__ connects)
         self._host = host
         self._reserved_hugepages = {}
 

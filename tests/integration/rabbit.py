@@ -121,10 +121,11 @@ class Broker:
         return f"rabbit://guest:guest@127.0.0.1:{self.tls_port}/"
 
     def start(self) -> "Broker":
-        out = open(self.base / "server.out", "wb")
-        self.proc = subprocess.Popen([str(SERVER)], env=self.env, stdout=out,
-                                     stderr=subprocess.STDOUT,
-                                     cwd=str(self.base), start_new_session=True)
+        # The broker holds its own copy of the descriptor; ours closes here.
+        with open(self.base / "server.out", "wb") as out:
+            self.proc = subprocess.Popen([str(SERVER)], env=self.env, stdout=out,
+                                         stderr=subprocess.STDOUT,
+                                         cwd=str(self.base), start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT
         while not _answers_amqp(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:

@@ -42,11 +42,12 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}"
 
     def start(self) -> "RedisServer":
-        out = open(self.base / "redis.out", "wb")
-        self.proc = subprocess.Popen(
-            [str(SERVER), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-             "--appendonly", "no", "--dir", str(self.base)],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        # The server holds its own copy of the descriptor; ours closes here.
+        with open(self.base / "redis.out", "wb") as out:
+            self.proc = subprocess.Popen(
+                [str(SERVER), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                 "--appendonly", "no", "--dir", str(self.base)],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.monotonic() + START_TIMEOUT
         while not _answers_ping(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:

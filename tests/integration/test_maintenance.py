@@ -197,7 +197,7 @@ def test_status_shows_the_state_file_and_placement_and_whether_they_agree(busy):
 
 
 def test_service_restarted_without_its_state_file_keeps_maintenance_and_says_why(
-        agent, rabbitmq, placement_server):  # noqa: F811 (fixture)
+        agent, rabbitmq, placement_server):
     agent.status_after(lambda s: s.startswith("ok:"))
     ctl(rabbitmq, agent.host, "maintenance", "on", "--reason", "disk swap")
     assert agent.stop() == 0
@@ -215,7 +215,7 @@ def test_service_restarted_without_its_state_file_keeps_maintenance_and_says_why
 
 
 def test_maintenance_command_asks_the_running_service_which_applies_it_at_once(
-        agent, rabbitmq, placement_server):  # noqa: F811 (fixture)
+        agent, rabbitmq, placement_server):
     agent.status_after(lambda s: s.startswith("ok:"))   # report_interval is an hour
 
     result = maintenance(str(agent.config), "on", "--reason", "disk swap")
@@ -251,7 +251,7 @@ def test_maintenance_command_writes_the_file_when_no_service_answers(
 
 
 def test_lost_state_file_does_not_end_maintenance_through_the_applier(
-        bus, tmp_path, placement_server, host_name):  # noqa: F811 (fixture)
+        bus, tmp_path, placement_server, host_name):
     """``[agent] upstream = messaging``: the agent's state file is lost, so its
     tree carries no maintenance; the applier keeps it on from the root's
     disabled trait in Placement, as the direct mode does."""

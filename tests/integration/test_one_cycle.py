@@ -56,7 +56,7 @@ def split(agent: AgentProcess) -> None:
 
 
 def test_once_the_service_and_the_applier_leave_the_same_tree_and_report(
-        bus, tmp_path, placement, host_name):  # noqa: F811 (fixture)
+        bus, tmp_path, placement, host_name):
     direct = AgentProcess(tmp_path / "once", placement.endpoint, f"{host_name}-once")
     split(direct)
     direct_report = once(direct.config, direct.host)

@@ -17,7 +17,7 @@ import pytest
 from node_agent.cycle.reconcile import ReshapeRefused
 from node_agent.errors import ConfigError
 from node_agent.placement.client import PlacementClient
-from node_agent.placement.reshaper import pcpu_reshape, plan_pcpu_reshape
+from node_agent.placement.reshape_host import pcpu_reshape, plan_pcpu_reshape
 from tests.integration.reshape_driver import (PROJECT, USER, Host, agent_cycle,
                                               boot_legacy_guests,
                                               cpu_view, expected_after_reshape,

@@ -27,7 +27,8 @@ from node_agent.model.snapshot import Guest
 from node_agent.placement.client import PlacementClient
 from node_agent.placement.errors import GenerationConflict, PlacementError
 from node_agent.placement.reshape_rules import pinned_to_pcpu
-from node_agent.placement.reshaper import ATTEMPTS, ensure_reshaped
+from node_agent.placement.reshape_stages import ATTEMPTS
+from node_agent.placement.reshaper import ensure_reshaped
 from node_agent.policy.capacity import HostLimits, Published, check
 from tests.integration.reshape_driver import PROJECT, USER, allocate
 

@@ -104,7 +104,7 @@ def test_first_registration_of_root_and_four_children_is_12_requests(
 
     assert report.ok, report.errors
     root = store.load()["root_uuid"]
-    rp = lambda name: tree_in_placement(other, root)[name]["uuid"]  # noqa
+    rp = lambda name: tree_in_placement(other, root)[name]["uuid"]  # noqa: E731
     assert [(m, p) for m, p, _ in client.stats.log] == (
         [("GET", f"/resource_providers?name={host_name}")]
         + [("POST", "/resource_providers")] * 5
@@ -299,7 +299,7 @@ def test_operator_trait_survives_cycles_and_a_restart(client, other, store,
     with_avx512 = host_tree(host_name, root_traits={
         "HW_CPU_X86_AVX2": True, "HW_CPU_X86_AVX512F": True})
 
-    for step in range(3):
+    for _step in range(3):
         clock.now += 200
         assert syncer.sync(with_avx512).ok
     assert traits(other, root) == {"CUSTOM_RACK_7", "HW_CPU_X86_AVX2",
@@ -322,7 +322,7 @@ def test_foreign_child_survives_every_cycle(client, other, store, host_name):
         "parent_provider_uuid": root})
     numa3 = tree_in_placement(other, root)[f"{host_name}_NUMA3"]["uuid"]
 
-    for step in range(3):
+    for _step in range(3):
         clock.now += 301
         report = syncer.sync(host_tree(host_name, children=3))
         assert report.ok, report.errors

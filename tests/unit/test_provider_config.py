@@ -297,8 +297,8 @@ def test_directory_is_read_in_name_order_and_duplicates_refused(tmp_path):
         "a.yaml providers[0]", "b.yaml providers[0]", "b.yaml providers[1]"]
     (tmp_path / "c.yaml").write_text(
         "meta: {schema_version: '1.0'}\nproviders:\n  - identification: {name: x}\n")
-    with pytest.raises(ConfigError, match="c.yaml providers\\[0\\]: identification x is "
-                                          "already used by .*a.yaml providers\\[0\\]"):
+    with pytest.raises(ConfigError, match=r"c\.yaml providers\[0\]: identification x is "
+                                          r"already used by .*a\.yaml providers\[0\]"):
         load_provider_configs(str(tmp_path))
 
 

@@ -505,8 +505,8 @@ def test_moves_to_another_provider_are_not_staged():
 
 
 def _stages(**figures):
-    from node_agent.placement.reshaper import _Stages
-    return _Stages(limit=4, **figures)
+    from node_agent.placement.reshape_stages import Stages
+    return Stages(limit=4, **figures)
 
 
 def test_a_host_whose_writes_come_faster_than_three_quick_posts_is_too_busy():

@@ -358,7 +358,7 @@ def test_wrong_root_is_a_discovery_error_that_names_the_option(tmp_path):
 def test_directory_where_a_file_is_expected_is_a_read_error(tmp_path):
     sysfs = build_tree(tmp_path, SMALL_HOST)
     (tmp_path / "sys/devices/system/cpu/isolated").mkdir()
-    with pytest.raises(DiscoveryError, match="cannot read .*cpu/isolated") as info:
+    with pytest.raises(DiscoveryError, match=r"cannot read .*cpu/isolated") as info:
         read_topology(sysfs)
     assert not isinstance(info.value, ParseError)
 
@@ -367,7 +367,7 @@ def test_directory_where_a_file_is_expected_is_a_read_error(tmp_path):
 def test_unreadable_file_is_a_read_error_not_an_absent_file(tmp_path):
     sysfs = build_tree(tmp_path, {**SMALL_HOST, "cpu/isolated": "1\n"})
     (tmp_path / "sys/devices/system/cpu/isolated").chmod(0)
-    with pytest.raises(DiscoveryError, match="cannot read .*cpu/isolated"):
+    with pytest.raises(DiscoveryError, match=r"cannot read .*cpu/isolated"):
         read_topology(sysfs)
 
 

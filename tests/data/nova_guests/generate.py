@@ -303,7 +303,7 @@ def one_case(drvr, host: Host, case: str) -> dict | None:
     try:
         constraints = hardware.numa_get_constraints(flavor, image_meta)
     except Exception as exc:  # nova refuses the flavor: not a case
-        raise SystemExit(f"{case}: nova refuses the flavor: {exc}")
+        raise SystemExit(f"{case}: nova refuses the flavor: {exc}") from exc
     fitted = None
     if constraints is not None:
         host_topology = drvr._get_host_numa_topology()
