@@ -5,6 +5,7 @@
 #   make unit      tests/unit: the pure core and the parsers, no server (times: CONTRIBUTING.md)
 #   make run       install when needed, then the README's run (see README)
 #   make config    regenerate etc/node-agent.conf.sample (never edit it by hand)
+#   make docs-design  render docs/design/nova-differences.md from its YAML (never edit the .md)
 #   make nova-guests  regenerate tests/data/nova_guests (guest XML nova 34's libvirt driver writes)
 #   make bench     benchmarks against nova's report client -> BENCHMARKS.md (not in test)
 #   make soak      long reliability runs (not in test); see RELIABILITY.md
@@ -31,7 +32,7 @@ DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev rabbitmq-server redis-ser
 	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients $(QEMU_PACKAGE)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-packages nova-venv lint unit test test-as-user run stop config nova-guests install-service bench soak property clean
+.PHONY: install system-packages nova-venv lint unit test test-as-user run stop config docs-design nova-guests install-service bench soak property clean
 
 install: $(STAMP)
 
@@ -99,6 +100,13 @@ stop:
 config: install
 	$(VENV)/bin/oslo-config-generator --namespace node_agent \
 	  --output-file etc/node-agent.conf.sample --wrap-width 79
+
+# The design docs rendered from data (STYLE.md habit 16): the table of
+# differences from nova, docs/design/nova-differences.yaml, which the
+# conformance tests read, becomes docs/design/nova-differences.md.
+# tests/conformance/test_differences_table.py fails when the page is stale.
+docs-design: install
+	$(PY) -m devenv.docs_design
 
 # Install the service (see systemd/README): a runtime-only virtualenv in
 # $(SERVICE_PREFIX) made with Debian's Python (the unit's ProtectHome=yes would

@@ -37,7 +37,7 @@ Each finding has a ``state``:
   alarm only if the next audit sees it again.
 
 The audit never writes an allocation: the scheduler claims, the host
-reports (seed 001). See the README, "Allocation audit".
+reports (seed 001). See docs/admin/audit.md.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ When a model counts as supported, in nova's order (``Host.supports_amd_sev*``):
 
 ``[libvirt] num_memory_encrypted_guests`` (older nova's upper bound, which
 nova 34 no longer reads) caps each total; it never raises one.
-Intel TDX is not reported (README, "Where node-agent differs from nova").
+Intel TDX is not reported (docs/design/nova-differences.md, `mem-encryption-tdx`).
 """
 
 from __future__ import annotations

@@ -67,8 +67,8 @@ def pytest_terminal_summary(terminalreporter):
         in_table = sum(1 for a in table.values() if a == area)
         terminalreporter.write_line(
             f"{area:16s} {observed.cases:6d} cases, {len(observed.differences)} "
-            f"differences observed, {in_table} listed in the README")
+            f"differences observed, {in_table} listed in nova-differences.yaml")
     for area in _RUN["unchecked"]:
         terminalreporter.write_line(
-            f"FAILED: area {area} has rows in the README table but no test reported "
-            "it: its rows were never checked", red=True, bold=True)
+            f"FAILED: area {area} has rows in docs/design/nova-differences.yaml but no "
+            "test reported it: its rows were never checked", red=True, bold=True)

@@ -1,38 +1,29 @@
-"""The README's "Where node-agent differs from nova" table, and the rule it sets.
+"""The table of differences from nova (``docs/design/nova-differences.yaml``),
+and the rule it sets.
 
 The rule: a difference between node-agent and nova on the same input is a
 bug unless the table lists it, by id, with the reason. Each conformance area
 reports the differences it observed, by id; :func:`check` fails on an
 unlisted one, and on a listed one (of that area) that no longer occurs.
+The table is data, read here and rendered into
+``docs/design/nova-differences.md`` by ``make docs-design``.
 """
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from tests.conformance.bridge import REPO
+from devenv.docs_design import DIFFERENCES, load_differences
 
-README = REPO / "README.md"
-HEADING = "## Where node-agent differs from nova"
+TABLE = DIFFERENCES
 # A difference no table row can name: always a failure.
 UNCLASSIFIED = "UNCLASSIFIED"
 
-_ROW = re.compile(r"^\|\s*`([a-z0-9-]+)`\s*\|\s*([a-z_]+)\s*\|")
-
 
 def listed() -> dict[str, str]:
-    """id -> area, from the README table."""
-    text = README.read_text(encoding="utf-8")
-    start = text.index(HEADING)
-    end = text.find("\n## ", start + len(HEADING))
-    rows = {}
-    for line in text[start:end if end != -1 else None].splitlines():
-        match = _ROW.match(line)
-        if match:
-            rows[match.group(1)] = match.group(2)
-    return rows
+    """id -> area, from the table's data file."""
+    return {row.id: row.area for row in load_differences(TABLE).rows}
 
 
 @dataclass
@@ -67,7 +58,8 @@ def check(observed: Observed, record: bool = True) -> None:
                         f"case(s), e.g.:\n    " + "\n    ".join(examples))
     for diff_id in sorted(expected - seen):
         problems.append(f"listed difference {diff_id} no longer occurs: remove its "
-                        "row from the README table")
+                        f"row from {TABLE.relative_to(TABLE.parents[2])} "
+                        "(then `make docs-design`)")
     assert not problems, (f"{observed.area} ({observed.cases} cases) against nova:\n  "
                           + "\n  ".join(problems))
 

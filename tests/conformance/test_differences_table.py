@@ -1,7 +1,12 @@
-"""The rule the README table sets, checked without nova: it can fail both ways."""
+"""The rule the differences table sets, checked without nova: it can fail
+both ways. The table is data (docs/design/nova-differences.yaml); its page,
+docs/design/nova-differences.md, is rendered from it and must be current."""
+
+import re
 
 import pytest
 
+from devenv import docs_design
 from tests.conformance import differences
 from tests.conformance.differences import UNCLASSIFIED, Observed, check
 
@@ -41,3 +46,43 @@ def test_a_listed_area_no_test_reported_is_named():
 ])
 def test_only_a_run_of_the_whole_suite_can_miss_an_area(selected, deselected, whole):
     assert differences.whole_suite(selected, {"test_a.py", "test_b.py"}, deselected) is whole
+
+
+def test_the_rendered_page_is_the_data_file_rendered():
+    """The page people read says what the tests enforce: after a change to
+    the YAML, `make docs-design` must be run and its output committed."""
+    page = docs_design.DIFFERENCES_PAGE.read_text(encoding="utf-8")
+    assert page == docs_design.render(docs_design.load_differences()), (
+        "docs/design/nova-differences.md is stale: run `make docs-design` and commit it")
+
+
+def test_the_page_shows_every_row_the_tests_read():
+    page = docs_design.DIFFERENCES_PAGE.read_text(encoding="utf-8")
+    for diff_id, area in differences.listed().items():
+        assert f"| `{diff_id}` | {area} |" in page
+
+
+_ROW = """  - id: spec-empty-item
+    area: cpu_spec
+    difference: nova skips it
+    reason: a typo
+"""
+
+
+@pytest.mark.parametrize("rows, message", [
+    (_ROW + _ROW, "'spec-empty-item' is listed twice"),
+    (_ROW.replace("area: cpu_spec", "area: CPU spec"), "is not a conformance area name"),
+    (_ROW.replace("id: spec-empty-item", "id: Spec_Empty"), "is not lower-case words"),
+    (_ROW.replace("    reason: a typo\n", ""), "expected the fields id, area, difference, reason"),
+    (_ROW + "    why: extra\n", "expected the fields id, area, difference, reason"),
+    (_ROW.replace("reason: a typo", "reason: a | b"), "would break the rendered table"),
+    (_ROW.replace("reason: a typo", "reason: ''"), "rows[0].reason: must be non-empty text"),
+])
+def test_a_malformed_data_file_is_refused_naming_the_row(rows, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        docs_design.parse_differences("about: text\nrows:\n" + rows)
+
+
+def test_a_well_formed_row_renders_as_one_table_line():
+    table = docs_design.parse_differences("about: text\nrows:\n" + _ROW)
+    assert "| `spec-empty-item` | cpu_spec | nova skips it | a typo |" in docs_design.render(table)

@@ -2,7 +2,8 @@
 
 Each test feeds one area's cases to both sides, classifies every
 difference by id and hands them to :func:`differences.check`, which
-enforces the README table "Where node-agent differs from nova". nova runs
+enforces the table of differences, docs/design/nova-differences.yaml
+(rendered as docs/design/nova-differences.md). nova runs
 in its own venv behind :mod:`tests.conformance.bridge`.
 """
 

@@ -115,8 +115,9 @@ def test_committed_corpus_is_what_nova_writes_today(tmp_path):
 
 
 def test_pinning_shape_differs_from_nova_only_where_the_table_says_why():
-    """The README's differences table lists what the shape reading of an
-    older nova's domains cannot tell; any other difference fails."""
+    """The differences table (docs/design/nova-differences.yaml) lists what
+    the shape reading of an older nova's domains cannot tell; any other
+    difference fails."""
     observed = Observed("guest_shape", cases=len(NAMES))
     for name in NAMES:
         nova = CASES[name]["nova"]
