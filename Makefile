@@ -5,6 +5,7 @@
 #   make unit      tests/unit: the pure core and the parsers, no server (< 10 s)
 #   make run       install when needed, then the README's run (see README)
 #   make config    regenerate etc/node-agent.conf.sample (never edit it by hand)
+#   make docs      regenerate docs/reference/ (configuration, CLI, exit codes) from the code
 #   make nova-guests  regenerate tests/data/nova_guests (guest XML nova 34's libvirt driver writes)
 #   make bench     benchmarks against nova's report client -> BENCHMARKS.md (not in test)
 #   make soak      long reliability runs (not in test); see RELIABILITY.md
@@ -31,7 +32,7 @@ DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev rabbitmq-server redis-ser
 	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients $(QEMU_PACKAGE)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-packages nova-venv lint unit test test-as-user run stop config nova-guests install-service bench soak property clean
+.PHONY: install system-packages nova-venv lint unit test test-as-user run stop config docs nova-guests install-service bench soak property clean
 
 install: $(STAMP)
 
@@ -99,6 +100,12 @@ stop:
 config: install
 	$(VENV)/bin/oslo-config-generator --namespace node_agent \
 	  --output-file etc/node-agent.conf.sample --wrap-width 79
+
+# docs/reference/*.md from the option definitions, the argparse tree and the
+# error hierarchy (devenv/reference.py); tests/unit/test_reference_docs.py
+# fails when a committed file is stale.
+docs: install
+	$(PY) -m devenv.reference
 
 # Install the service (see systemd/README): a runtime-only virtualenv in
 # $(SERVICE_PREFIX) made with Debian's Python (the unit's ProtectHome=yes would
