@@ -6,6 +6,7 @@
 #   make run       install when needed, then the README's run (see README)
 #   make config    regenerate etc/node-agent.conf.sample (never edit it by hand)
 #   make docs-design  render docs/design/nova-differences.md from its YAML (never edit the .md)
+#   make docs      regenerate docs/reference/ (configuration, CLI, exit codes) from the code
 #   make nova-guests  regenerate tests/data/nova_guests (guest XML nova 34's libvirt driver writes)
 #   make bench     benchmarks against nova's report client -> BENCHMARKS.md (not in test)
 #   make soak      long reliability runs (not in test); see RELIABILITY.md
@@ -32,7 +33,7 @@ DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev rabbitmq-server redis-ser
 	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients $(QEMU_PACKAGE)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-packages nova-venv lint unit test test-as-user run stop config docs-design nova-guests install-service bench soak property clean
+.PHONY: install system-packages nova-venv lint unit test test-as-user run stop config docs docs-design nova-guests install-service bench soak property clean
 
 install: $(STAMP)
 
@@ -107,6 +108,11 @@ config: install
 # tests/conformance/test_differences_table.py fails when the page is stale.
 docs-design: install
 	$(PY) -m devenv.docs_design
+# docs/reference/*.md from the option definitions, the argparse tree and the
+# error hierarchy (devenv/reference.py); tests/unit/test_reference_docs.py
+# fails when a committed file is stale.
+docs: install
+	$(PY) -m devenv.reference
 
 # Install the service (see systemd/README): a runtime-only virtualenv in
 # $(SERVICE_PREFIX) made with Debian's Python (the unit's ProtectHome=yes would

@@ -1,6 +1,8 @@
 """The project's error hierarchy; the CLI maps each class to an exit code."""
 
 import os
+import re
+from typing import NamedTuple
 
 
 class NodeAgentError(Exception):
@@ -90,3 +92,39 @@ class ProviderOwned(ConfigError):
     on another machine (:mod:`node_agent.policy.root_owner`); nothing is
     written. A configuration problem: the host name, the mode or
     ``[agent] take_over_provider`` is the fix."""
+
+
+
+class ExitCode(NamedTuple):
+    """One class of the hierarchy as the CLI's exit-code reference shows it."""
+
+    code: int
+    name: str
+    parent: str
+    summary: str  # the docstring's first sentence, without reST markup
+
+    @property
+    def own_code(self) -> bool:
+        """The class brings a code of its own (its parent exits otherwise)."""
+        return self.parent == "" or self.code != _CLASSES[self.parent].exit_code
+
+
+def _first_sentence(doc: str | None) -> str:
+    text = re.sub(r":\w+:`([^`]*)`", r"\1", " ".join((doc or "").split()))
+    return text.replace("``", "`").split(". ")[0].rstrip(".") + "."
+
+
+def exit_codes() -> list[ExitCode]:
+    """Every class of this module's hierarchy with its exit code, by code
+    then name. ``node-agent --help`` and docs/reference/exit-codes.md are
+    made from it, so a new class or a changed code reaches both."""
+    return sorted(
+        (ExitCode(cls.exit_code, cls.__name__,
+                  "" if cls is NodeAgentError else cls.__mro__[1].__name__,
+                  _first_sentence(cls.__doc__))
+         for cls in _CLASSES.values()),
+        key=lambda row: (row.code, row.name))
+
+
+_CLASSES = {name: cls for name, cls in dict(globals()).items()
+            if isinstance(cls, type) and issubclass(cls, NodeAgentError)}

@@ -6,7 +6,8 @@
     node-agent ctl --host H maintenance off
 
 The bus comes from the config files (``[DEFAULT] transport_url``) or
-``--transport-url``. Answers are printed as JSON. Exit codes: 0 answered;
+``--transport-url``; the arguments are parsed in :mod:`node_agent.cli.parser`.
+Answers are printed as JSON. Exit codes: 0 answered;
 78 no transport configured; 75 the agent did not answer in time.
 """
 
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Optional, Sequence
 
 from node_agent.remote import messaging
 from node_agent.config.files import load_conf, oslo_args
@@ -24,26 +24,7 @@ from node_agent.errors import ConfigError
 EX_TEMPFAIL = 75
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="node-agent ctl",
-                                     description="Talk to the node-agent of one host.")
-    parser.add_argument("--host", required=True, help="the agent's [DEFAULT] host")
-    parser.add_argument("--config-file", action="append", default=[], metavar="FILE")
-    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR")
-    parser.add_argument("--transport-url", help="overrides [DEFAULT] transport_url")
-    parser.add_argument("--timeout", type=float, default=150,
-                        help="seconds to wait for the answer (sync-now waits for a "
-                             "whole cycle)")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("status", help="tree summary, last sync, maintenance, warnings")
-    sub.add_parser("sync-now", help="run a cycle now and wait for it")
-    maint = sub.add_parser("maintenance", help="set or clear the maintenance flag")
-    maint.add_argument("state", choices=["on", "off"])
-    maint.add_argument("--reason", help="why, shown in status")
-    return parser
-
-
-def call(client, command: str, args) -> dict:
+def call(client, command: str, args: argparse.Namespace) -> dict:
     if command == "status":
         return client.call({}, "get_status")
     if command == "sync-now":
@@ -51,8 +32,8 @@ def call(client, command: str, args) -> dict:
     return client.call({}, "set_maintenance", on=args.state == "on", reason=args.reason)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+def run(args: argparse.Namespace) -> int:
+    """``node-agent ctl``, its arguments parsed by :mod:`node_agent.cli.parser`."""
     try:
         conf = load_conf(oslo_args(args))
         messaging.register(conf)
@@ -64,7 +45,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return exc.exit_code
     om = messaging.oslo_messaging()
     try:
-        answer = call(client, args.command, args)
+        answer = call(client, args.ctl_command, args)
     except om.MessagingTimeout:
         print(f"node-agent ctl: no answer from the agent on {args.host} within "
               f"{args.timeout:g}s (is it running, with this transport_url?)",

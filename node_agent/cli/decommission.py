@@ -17,7 +17,7 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
 from node_agent.config.files import config_args, oslo_args, placement_configured
 from node_agent.errors import ConfigError, NodeAgentError, ProviderOwned
@@ -34,19 +34,6 @@ LOG = logging.getLogger(__name__)
 EX_REFUSED = 1
 # The syncer's keys of the state file: they describe providers that are gone.
 _PROVIDER_KEYS = (ROOT_UUID, PROVIDERS, OWNED_CHILDREN, APPLIED)
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="node-agent decommission",
-        description="Remove this host's providers (the root and the agent's children) "
-                    "from Placement, when no allocation remains on them.")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="show what would be removed, or why not; remove nothing")
-    parser.add_argument("--output", choices=["text", "json"], default="text")
-    parser.add_argument("--config-file", action="append", default=[], metavar="FILE")
-    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR")
-    return parser
 
 
 def _root(client, host: str, state: dict) -> Optional[dict]:
@@ -154,8 +141,9 @@ def _print(output: str, record: dict, text: str, stream=None) -> None:
         print(text, file=stream or sys.stdout)
 
 
-def main(argv: Sequence[str]) -> int:
-    args = _parser().parse_args(list(argv))
+def run(args: argparse.Namespace) -> int:
+    """``node-agent decommission``, its arguments parsed by
+    :mod:`node_agent.cli.parser`."""
     try:
         valid = validate(config_args(oslo_args(args)), read_host=False, need_upstream=False)
         return _decommission(valid.conf, valid.settings, args.dry_run, args.output)

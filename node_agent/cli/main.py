@@ -2,30 +2,27 @@
 
     node-agent --once --dry-run [--output json]   show what would be reported
     node-agent --once                             one sync, then exit
-    node-agent --check-config                     validate and show the CPU split
+    node-agent --check-config [--connect]         validate and show the CPU split
     node-agent                                    run as a service
     node-agent maintenance on|off|status          close/reopen the host; compare records
     node-agent audit [--output json]              allocations vs. local guests (reads only)
     node-agent decommission [--dry-run]           remove this host's providers
+    node-agent ctl --host H COMMAND               ask a running agent over the bus
+
+The arguments, their help and the exit codes are in one argparse tree,
+:mod:`node_agent.cli.parser` (``node-agent --help``, docs/reference/cli.md).
 
 With ``[agent] mode = companion`` (:mod:`node_agent.cycle.companion`)
 ``--once`` reads only and reports drift, the audit and nova-compute's next
 restart instead of syncing.
 
-Exit codes: 0 success; 78 bad configuration; 69 the host could not be read;
-75 Placement refused or was unreachable, or the host was too busy to reshape
-(try again later); 1 Placement does not match the host
-after a sync, or the audit found an alarm, or (companion) Placement has no
-provider of the host's name; 3 (companion ``--once``) drift or audit alarms.
-
 Why one module over 400 lines: each command is a short function here and
-they share the argument parsing, the logging set-up and the mapping of
+they share the logging set-up and the mapping of
 errors to exit codes; read together they are the agent's table of contents.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import logging
@@ -36,6 +33,7 @@ from typing import Optional, Sequence
 
 from node_agent import logs
 from node_agent.cli import render
+from node_agent.cli.parser import EX_DRIFT, EX_NOT_IN_SYNC, parse
 from node_agent.placement.errors import NotFound
 from node_agent.config.files import config_args, log_ignored, oslo_args, placement_configured
 from node_agent.policy import maintenance as maint
@@ -45,7 +43,6 @@ from node_agent.errors import ConfigError, HostBusy, NodeAgentError
 from node_agent.policy.partition import node_split
 from node_agent.startup import validate
 from node_agent.model.settings import CycleMode
-from node_agent.version import VersionAction
 
 # Imported inside the functions that use them, and only there:
 # node_agent.placement.client and node_agent.cycle.companion (keystoneauth1,
@@ -57,122 +54,6 @@ from node_agent.version import VersionAction
 # dry-run about a third more CPU and 3 MiB (BENCHMARKS.md, start-up; checked
 # by tests/cli/test_start_cost.py).
 LOG = logging.getLogger("node_agent")
-EX_NOT_IN_SYNC = 1
-EX_DRIFT = 3  # companion mode: Placement differs from the host (drift or audit alarms)
-
-
-SUBCOMMANDS_HELP = """subcommands (--config-file, --config-dir and --debug may come before or
-after them):
-  check-config [--connect]        same as --check-config
-  maintenance on|off [--reason T] reserve (on) or release (off) every inventory
-  decommission [--dry-run]        remove this host's providers from Placement
-                                  (refused while anything is allocated on them)
-  ctl --host H COMMAND            ask a running agent over the message bus
-                                  (sync-now, status, maintenance on|off)
-  audit [--output json]           compare the allocations on this host's providers
-                                  with its guests; reads Placement, never writes it
-
-Config files: --config-file FILE (repeatable) or --config-dir DIR; default
-/etc/node-agent/node-agent.conf (exit 78 when it is missing)."""
-
-SUBCOMMANDS = ("check-config", "maintenance", "ctl", "decommission")
-# Global options that take a value, so the value is not read as a subcommand.
-_VALUE_OPTIONS = ("--config-file", "--config-dir", "--output")
-_CONFIG_OPTIONS = ("--config-file", "--config-dir")
-
-
-def split_subcommand(argv: Sequence[str]) -> tuple[list[str], Optional[str], list[str]]:
-    """(global options, subcommand or None, the subcommand's arguments).
-    ``node-agent --config-file F maintenance on`` and
-    ``node-agent maintenance on --config-file F`` mean the same."""
-    argv = list(argv)
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        if token in _VALUE_OPTIONS:
-            i += 2
-            continue
-        if token in SUBCOMMANDS:
-            return argv[:i], token, argv[i + 1:]
-        i += 1
-    return argv, None, []
-
-
-# Options of the main command a subcommand takes too, given before it.
-_PASSED_ON = {"maintenance": ("--output",), "decommission": ("--dry-run", "--output"),
-              "ctl": ()}
-
-
-def _global_options(argv: Sequence[str]) -> tuple[list[str], bool, list[str]]:
-    """(the ``--config-file``/``--config-dir`` pairs, whether ``--debug``
-    is given, the other arguments) of ``argv``, wherever they stand."""
-    configs: list[str] = []
-    debug = False
-    rest: list[str] = []
-    argv = list(argv)
-    i = 0
-    while i < len(argv):
-        token = argv[i]
-        if token in _CONFIG_OPTIONS and i + 1 < len(argv):
-            configs += argv[i:i + 2]
-            i += 2
-            continue
-        if token.split("=", 1)[0] in _CONFIG_OPTIONS and "=" in token:
-            configs.append(token)
-        elif token == "--debug":
-            debug = True
-        else:
-            rest.append(token)
-        i += 1
-    return configs, debug, rest
-
-
-def _subcommand_argv(command: str, before: Sequence[str],
-                     after: Sequence[str]) -> tuple[list[str], bool, list[str]]:
-    """(``command``'s arguments, ``--debug``, options it cannot take). The
-    global options, before or after the subcommand, come first: ``ctl``'s
-    own subcommands take none."""
-    configs, debug, before = _global_options(before)
-    more_configs, more_debug, after = _global_options(after)
-    passed: list[str] = []
-    refused: list[str] = []
-    i = 0
-    while i < len(before):
-        token = before[i]
-        width = 2 if token in _VALUE_OPTIONS else 1
-        (passed if token.split("=", 1)[0] in _PASSED_ON[command] else refused).extend(
-            before[i:i + width])
-        i += width
-    return configs + more_configs + passed + after, debug or more_debug, refused
-
-
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="node-agent",
-        description="Report this compute node's resources to OpenStack Placement.",
-        epilog=SUBCOMMANDS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action=VersionAction)
-    parser.add_argument("--config-file", action="append", default=[], metavar="FILE",
-                        help="config file; repeat to layer several (later ones win)")
-    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR",
-                        help="directory of *.conf files, read after --config-file")
-    parser.add_argument("--once", action="store_true", help="run one cycle and exit")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="write nothing anywhere; print the tree and the planned requests")
-    parser.add_argument("--output", choices=["text", "json"], default="text",
-                        help="output format of --dry-run and --check-config")
-    parser.add_argument("--check-config", action="store_true",
-                        help="validate the configuration against this host and print "
-                             "the CPU partition per NUMA node")
-    parser.add_argument("--connect", action="store_true",
-                        help="with --check-config: also check that Placement answers "
-                             "(endpoint, credentials, microversion), or with "
-                             "[agent] upstream = messaging that the broker does")
-    parser.add_argument("--debug", action="store_true", help="log at DEBUG level")
-    parser.add_argument("command", nargs="?", choices=["audit"],
-                        help="audit: compare the allocations on this host's providers "
-                             "with its guests; reads Placement, never writes it")
-    return parser
 
 
 def _setup_logging(debug: bool, reporting: bool) -> None:
@@ -395,7 +276,7 @@ def _companion_audit(conf, settings, desired, output: str) -> int:
     return EX_NOT_IN_SYNC if found.alarms else 0
 
 
-def _maintenance(argv: list[str]) -> int:
+def _maintenance(args) -> int:
     """``node-agent maintenance on|off|status``. ``on``/``off`` ask the
     running service over its control channel when one answers (it records
     the wish in its state file and applies it in a cycle at once); else they
@@ -403,14 +284,6 @@ def _maintenance(argv: list[str]) -> int:
     ``--once``) applies it to Placement, so the agent stays the one writer of
     its tree. ``status`` compares the state file with Placement."""
 
-    parser = argparse.ArgumentParser(prog="node-agent maintenance")
-    parser.add_argument("switch", choices=["on", "off", "status"])
-    parser.add_argument("--reason", default="")
-    parser.add_argument("--output", choices=["text", "json"], default="text",
-                        help="output format of status")
-    parser.add_argument("--config-file", action="append", default=[], metavar="FILE")
-    parser.add_argument("--config-dir", action="append", default=[], metavar="DIR")
-    args = parser.parse_args(argv)
     try:
         valid = validate(config_args(oslo_args(args)), read_host=False,
                          need_upstream=False)
@@ -556,35 +429,19 @@ def _error_text(exc: NodeAgentError) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    before, command, rest = split_subcommand(argv)
-    if any(a in ("-h", "--help", "--version") for a in before):
-        _parser().parse_args(before)  # prints the whole command's help, exits 0
-    if command in ("ctl", "maintenance", "decommission"):
-        sub_argv, debug, refused = _subcommand_argv(command, before, rest)
-        if refused:
-            takes = ", ".join(("--config-file", "--config-dir", "--debug")
-                              + _PASSED_ON[command])
-            print(f"node-agent: error: {' '.join(refused)} cannot be used with "
-                  f"`{command}`; only {takes} can", file=sys.stderr)
-            return 2
-        if debug:
+    args = parse(sys.argv[1:] if argv is None else argv)  # exits 2 on bad arguments
+    if args.command in ("ctl", "maintenance", "decommission"):
+        if args.debug:
             _setup_logging(True, reporting=True)
-        if command == "ctl":
+        if args.command == "ctl":
             from node_agent.cli import ctl
 
-            return ctl.main(sub_argv)
-        if command == "decommission":
+            return ctl.run(args)
+        if args.command == "decommission":
             from node_agent.cli import decommission
 
-            return decommission.main(sub_argv)
-        return _maintenance(sub_argv)
-    elif command == "check-config":
-        argv = before + rest + ["--check-config"]
-    args = _parser().parse_args(argv)
-    if args.connect and not args.check_config:
-        print("node-agent: error: --connect goes with --check-config", file=sys.stderr)
-        return 2
+            return decommission.run(args)
+        return _maintenance(args)
     _setup_logging(args.debug, reporting=bool(args.once or args.dry_run or args.check_config
                                               or args.command))
     try:
