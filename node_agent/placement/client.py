@@ -13,10 +13,13 @@ Failures come back as typed errors a caller can act on:
 * ``Unavailable``: no answer (refused, timeout, TLS) or 5xx, after a bounded
   number of retries. A retried POST may have been applied the first time, so
   its retry can end in a 409 the caller already handles.
+* ``BadAnswer``: a 2xx whose body is not Placement's (not JSON, empty for a
+  read, a read's fields missing): something else answers at the endpoint.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import Counter
 from dataclasses import dataclass, field
@@ -32,9 +35,10 @@ from keystoneauth1 import token_endpoint
 from node_agent import errors
 from node_agent.placement import microversions, routes
 # The gateway raises these; callers catch them from here.
-from node_agent.placement.errors import (AuthError, DuplicateName,  # noqa: F401
-                                         GenerationConflict, InventoryInUse, NotFound,
-                                         PlacementError, Unavailable, error_for)
+from node_agent.placement.errors import (AuthError, BadAnswer,  # noqa: F401
+                                         DuplicateName, GenerationConflict, InventoryInUse,
+                                         NotFound, PlacementError, Unavailable, error_for,
+                                         shown)
 from node_agent.placement.microversions import version_refusal
 
 if TYPE_CHECKING:
@@ -49,6 +53,9 @@ SERVICE_TYPE = "placement"
 # the name, not the table, so placement/ does not import config/ (issue 25).
 CONF_GROUP = "placement"
 NO_RESPONSE = 0  # status recorded in RequestStats when nothing came back
+# Fields of Placement's read answers the typed reads check for.
+_PROVIDERS = "resource_providers"
+_GENERATION = "resource_provider_generation"
 
 
 @dataclass
@@ -124,38 +131,52 @@ class PlacementReads:
     def get(self, path: str, microversion: str | None = None) -> dict:
         raise NotImplementedError
 
+    def _read(self, path: str, *fields: str, microversion: str | None = None) -> dict:
+        """``GET path``, whose answer must hold ``fields``; BadAnswer otherwise
+        (a KeyError deep in a caller would say nothing of the request)."""
+        body = self.get(path, microversion=microversion)
+        missing = [f for f in fields if not isinstance(body, dict) or f not in body]
+        if missing:
+            raise BadAnswer(
+                f"GET {path}: the answer lacks {', '.join(missing)}, so it is not "
+                f"Placement's: {shown(json.dumps(body))}. Check that the endpoint "
+                f"({getattr(self, 'endpoint', '?')}) is Placement.",
+                method="GET", path=path)
+        return body
+
     def providers_named(self, name: str) -> list[dict]:
         """The providers called ``name`` (none or one)."""
-        return self.get(routes.providers_named(name))["resource_providers"]
+        return self._read(routes.providers_named(name), _PROVIDERS)[_PROVIDERS]
 
     def providers_with_trait(self, trait: str) -> list[dict]:
-        return self.get(routes.providers_with_trait(trait))["resource_providers"]
+        return self._read(routes.providers_with_trait(trait), _PROVIDERS)[_PROVIDERS]
 
     def providers_in_tree(self, root_uuid: str) -> list[dict]:
-        return self.get(routes.providers_in_tree(root_uuid))["resource_providers"]
+        return self._read(routes.providers_in_tree(root_uuid), _PROVIDERS)[_PROVIDERS]
 
     def provider(self, uuid: str) -> dict:
-        return self.get(routes.provider(uuid))
+        return self._read(routes.provider(uuid), "uuid", "generation")
 
     def inventories(self, uuid: str) -> dict:
         """``{resource_provider_generation, inventories}`` of one provider."""
-        return self.get(routes.inventories(uuid))
+        return self._read(routes.inventories(uuid), _GENERATION, "inventories")
 
     def traits(self, uuid: str) -> dict:
         """``{resource_provider_generation, traits}`` of one provider."""
-        return self.get(routes.traits(uuid))
+        return self._read(routes.traits(uuid), _GENERATION, "traits")
 
     def usages(self, uuid: str) -> dict:
         """``{resource_provider_generation, usages}`` of one provider."""
-        return self.get(routes.usages(uuid))
+        return self._read(routes.usages(uuid), _GENERATION, "usages")
 
     def provider_allocations(self, uuid: str) -> dict:
         """``{resource_provider_generation, allocations}``: every consumer's
         resources on one provider."""
-        return self.get(routes.provider_allocations(uuid))
+        return self._read(routes.provider_allocations(uuid), _GENERATION, "allocations")
 
     def consumer_allocations(self, consumer: str, microversion: str | None = None) -> dict:
-        return self.get(routes.consumer_allocations(consumer), microversion=microversion)
+        return self._read(routes.consumer_allocations(consumer), "allocations",
+                          microversion=microversion)
 
 
 class PlacementClient(PlacementReads):
@@ -248,9 +269,9 @@ class PlacementClient(PlacementReads):
             server_min, server_max = (version["min_version"],
                                       version["max_version"])
         except (StopIteration, KeyError, TypeError) as exc:
-            raise PlacementError(
+            raise BadAnswer(
                 f"{self.endpoint} does not look like Placement: GET / "
-                f"answered {root!r}", method="GET", path="/") from exc
+                f"answered {shown(json.dumps(root))}", method="GET", path="/") from exc
         refusal = version_refusal(self.endpoint, server_min, server_max,
                                   self.MICROVERSION)
         if refusal:
@@ -351,12 +372,38 @@ class PlacementClient(PlacementReads):
         self.stats.record(method, path, status)
         LOG.debug("%s %s -> %s (%s)", method, path, status, request_id)
         if status < 400:
-            return response.json() if response.content else None
+            return self._decoded(method, path, status, response)
         code, detail = _error_fields(response)
         error = error_for(status, code, detail, method, path, request_id)
         if status >= 500:
             raise _Retryable(error)
         raise error
+
+    def _decoded(self, method: str, path: str, status: int, response) -> Any:
+        """The JSON of a success answer. Placement answers a read with a JSON
+        object and a write with JSON or nothing (204); anything else is
+        BadAnswer, naming the request and the start of the body, not a
+        ValueError or a TypeError in the caller."""
+        where = f"{method} {path} -> {status} from {self._where()}"
+        kind = response.headers.get("content-type") or "no content type"
+        if not response.content:
+            if method == "GET":
+                raise BadAnswer(f"{where}: empty answer ({kind}); Placement answers "
+                                "every read with a JSON object. Check that the "
+                                "endpoint is Placement, not a proxy.",
+                                status=status, method=method, path=path)
+            return None
+        try:
+            body = response.json()
+        except ValueError:
+            raise BadAnswer(f"{where}: not JSON ({kind}): {shown(response.text)}. Check "
+                            "that the endpoint is Placement, not a proxy's page.",
+                            status=status, method=method, path=path) from None
+        if method == "GET" and not isinstance(body, dict):
+            raise BadAnswer(f"{where}: a JSON {type(body).__name__}, not the object "
+                            f"Placement answers: {shown(response.text)}.",
+                            status=status, method=method, path=path)
+        return body
 
     def _log_retry(self, state: tenacity.RetryCallState) -> None:
         # DEBUG: the caller reports the outcome once; an outage must not
