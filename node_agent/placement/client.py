@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import tenacity
 from keystoneauth1 import adapter as ks_adapter
@@ -53,6 +55,14 @@ SERVICE_TYPE = "placement"
 # the name, not the table, so placement/ does not import config/ (issue 25).
 CONF_GROUP = "placement"
 NO_RESPONSE = 0  # status recorded in RequestStats when nothing came back
+# A cycle's phase (the reshape, the tree sync) ends within this many
+# [placement] timeouts, whatever its number of requests (issue 28): a
+# Placement that answers each read just under the timeout would otherwise
+# hold a reshape of N consumers for N timeouts. 20 x 30 s is 10 minutes; a
+# reshape of 1,000 consumers takes seconds (BENCHMARKS.md). The next cycle
+# starts over from what Placement shows.
+PHASE_TIMEOUTS = 20
+DEFAULT_TIMEOUT = 30  # seconds: [placement] timeout's default (config/options.py)
 # Fields of Placement's read answers the typed reads check for.
 _PROVIDERS = "resource_providers"
 _GENERATION = "resource_provider_generation"
@@ -194,6 +204,8 @@ class PlacementClient(PlacementReads):
         self._backoff = backoff
         self.stats = RequestStats()
         self.last_request_id: str | None = None
+        # (monotonic end, what, seconds) of the phase under way, if any.
+        self._deadline: tuple[float, str, float] | None = None
         # The server's newest microversion, once check_version() asked.
         self.server_max: str | None = None
 
@@ -314,6 +326,44 @@ class PlacementClient(PlacementReads):
         """Send one planned change as it was planned (its body, if any)."""
         return self._request(change.method, change.path, change.body)
 
+    @property
+    def timeout(self) -> float | None:
+        """The session's per-request timeout ([placement] timeout)."""
+        return getattr(self._adapter.session, "timeout", None)
+
+    @contextmanager
+    def deadline(self, what: str, seconds: float | None = None) -> Iterator[None]:
+        """Every request in the block ends within ``seconds`` (default
+        :data:`PHASE_TIMEOUTS` request timeouts) of the block's start: each
+        request's timeout is cut to what is left, and one that would start
+        later is not sent (Unavailable naming ``what``). A nested block
+        keeps the tighter end."""
+        if seconds is None:
+            seconds = PHASE_TIMEOUTS * (self.timeout or DEFAULT_TIMEOUT)
+        outer = self._deadline
+        end = time.monotonic() + seconds
+        if outer is not None and outer[0] < end:
+            end, what, seconds = outer
+        self._deadline = (end, what, seconds)
+        try:
+            yield
+        finally:
+            self._deadline = outer
+
+    def _time_left(self, method: str, path: str) -> float | None:
+        """The timeout of the next request under the phase's deadline (None:
+        the session's); Unavailable when the phase has no time left."""
+        if self._deadline is None:
+            return None
+        end, what, seconds = self._deadline
+        left = end - time.monotonic()
+        if left <= 0:
+            raise Unavailable(
+                f"{method} {path} not sent: {what} did not finish within its deadline "
+                f"of {seconds:g}s ({PHASE_TIMEOUTS} x [{self._group}] timeout); Placement "
+                f"at {self._where()} answers too slowly", method=method, path=path)
+        return min(left, self.timeout) if self.timeout else left
+
     def _where(self) -> str:
         return (getattr(self._adapter, "endpoint_override", None)
                 or "the catalog endpoint")
@@ -339,16 +389,23 @@ class PlacementClient(PlacementReads):
             kwargs["microversion"] = microversion or self.MICROVERSION
         if body is not None:
             kwargs["json"] = body
+        left = self._time_left(method, path)
+        if left is not None:
+            kwargs["timeout"] = left
         try:
             response = self._adapter.request(path, method, **kwargs)
         except ks_exc.ConnectTimeout as exc:
             # Not retried: a server that accepts and never answers would
             # hold the cycle for (retries + 1) timeouts.
             self.stats.record(method, path, NO_RESPONSE)
-            timeout = getattr(self._adapter.session, "timeout", None)
+            timeout = self.timeout
+            why = f"[{self._group}] timeout"
+            if left is not None and (timeout is None or left < timeout):
+                assert self._deadline is not None
+                timeout, why = round(left, 1), f"what was left of {self._deadline[1]}'s deadline"
             raise Unavailable(
                 f"{method} {path}: Placement at {self._where()} did not answer "
-                f"within {timeout or '?'}s ([{self._group}] timeout): {exc}",
+                f"within {timeout or '?'}s ({why}): {exc}",
                 method=method, path=path) from exc
         except (ks_exc.ConnectionError, ks_exc.RequestTimeout,
                 ks_exc.DiscoveryFailure) as exc:

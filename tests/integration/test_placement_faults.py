@@ -1,6 +1,7 @@
-"""Placement dies or freezes in the middle of a reshape's consumer reads
-(issue 28): the cycle ends after the reads already in flight, not after one
-``[placement] timeout`` per remaining consumer.
+"""Placement dies, freezes or crawls in the middle of a cycle (issue 28):
+the reshape's consumer reads end after the reads already in flight, not
+after one ``[placement] timeout`` per remaining consumer, and a phase of
+slow answers ends at its deadline.
 
 Against the real embedded Placement: a root in the legacy shape with many
 pinned guests (as :mod:`tests.integration.reshape_bench` builds it), then
@@ -10,10 +11,13 @@ starts reading the consumers, after the providers' view.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import threading
 import time
 import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -95,3 +99,54 @@ def test_killed_placement_ends_the_reshape_reads_within_two_timeouts(fresh_place
     assert "connection refused" in str(error)
     consumer_reads = {e[1] for e in agent.stats.log if e[1].startswith("/allocations/")}
     assert len(consumer_reads) < GUESTS // 2, consumer_reads
+
+
+def _slow_placement(delay: float):
+    """A server that answers every read as Placement would (an empty
+    provider's inventories), each after ``delay`` seconds: alive, but slow."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            time.sleep(delay)
+            data = json.dumps({"resource_provider_generation": 1, "inventories": {}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            try:
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up waiting, as it should
+
+        def log_message(self, format, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_phase_of_slow_reads_ends_at_its_deadline_not_after_every_read():
+    server = _slow_placement(0.7)
+    try:
+        agent = PlacementClient.for_endpoint(
+            f"http://127.0.0.1:{server.server_address[1]}", timeout=TIMEOUT)
+
+        def phase():
+            with agent.deadline("the tree sync", 1.0):
+                for _ in range(20):  # 14 s of reads, each well within the timeout
+                    agent.inventories(str(uuid.uuid4()))
+
+        start = time.monotonic()
+        with pytest.raises(Unavailable) as caught:
+            phase()
+        elapsed = time.monotonic() - start
+    finally:
+        server.shutdown()
+        server.server_close()
+    # The second read's timeout is cut to the 0.3 s left: not 1.4 s.
+    assert elapsed < 1.25, elapsed
+    assert "what was left of the tree sync's deadline" in str(caught.value)
+    assert caught.value.exit_code == 75
+    assert agent.stats.reads == 2, agent.stats.log
+    # Outside the block the session's timeout is back.
+    assert agent._deadline is None
