@@ -26,17 +26,22 @@ VERSIONS = json.dumps({"versions": [{"id": "v1.0", "min_version": "1.0",
 SECRET = "s3cret-token-value"
 
 
-def _serve(root: str | None, body: str, kind: str):
-    """A server answering 200 with ``body`` to every request, and with
-    ``root`` (when given) to ``GET /``."""
+NO_PROVIDERS = json.dumps({"resource_providers": []})
+
+
+def _serve(root: str | None, body: str, kind: str, reads: str | None = None):
+    """A server answering 200 with ``body`` to every request, with ``root``
+    (when given) to ``GET /`` and with ``reads`` (when given) to the other
+    reads."""
 
     class Handler(BaseHTTPRequestHandler):
         def _answer(self):
             text = root if self.path == "/" and root is not None else body
+            if self.command == "GET" and self.path != "/" and reads is not None:
+                text = reads
             data = text.encode()
             self.send_response(200)
-            self.send_header("Content-Type", "application/json"
-                             if text is root else kind)
+            self.send_header("Content-Type", kind if text is body else "application/json")
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -51,16 +56,18 @@ def _serve(root: str | None, body: str, kind: str):
     return server
 
 
-@pytest.mark.parametrize("root, body, kind, said", [
-    (None, LOGIN_PAGE, "text/html", "GET / -> 200"),           # the proxy answers everything
-    (VERSIONS, LOGIN_PAGE, "text/html", "not JSON (text/html)"),
-    (VERSIONS, "", "application/json", "empty answer"),
-    (VERSIONS, "{}", "application/json", "lacks resource_providers"),
-    (VERSIONS, "[]", "application/json", "a JSON list"),
-], ids=["html-everywhere", "html", "empty", "empty-object", "list"])
+@pytest.mark.parametrize("root, body, kind, said, reads", [
+    (None, LOGIN_PAGE, "text/html", "GET / -> 200", None),  # the proxy answers everything
+    (VERSIONS, LOGIN_PAGE, "text/html", "not JSON (text/html)", None),
+    (VERSIONS, "", "application/json", "empty answer", None),
+    (VERSIONS, "{}", "application/json", "lacks resource_providers", None),
+    (VERSIONS, "[]", "application/json", "a JSON list", None),
+    # Reads pass (no provider yet), writes get the page: the first write ends the sync.
+    (VERSIONS, LOGIN_PAGE, "text/html", "-> 200 from", NO_PROVIDERS),
+], ids=["html-everywhere", "html", "empty", "empty-object", "list", "html-to-writes"])
 def test_once_against_a_non_placement_answer_exits_75_naming_it(tmp_path, root, body, kind,
-                                                                said):
-    server = _serve(root, body, kind)
+                                                                said, reads):
+    server = _serve(root, body, kind, reads)
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
         config = write_config(tmp_path, TEST6, extra=(
@@ -77,3 +84,4 @@ def test_once_against_a_non_placement_answer_exits_75_naming_it(tmp_path, root, 
     if body == LOGIN_PAGE:
         assert "<title>Sign in</title>" in result.stderr  # the start of what came back
         assert "x" * 300 not in result.stderr             # not all of it
+        assert result.stderr.count("not JSON") == 1         # one error, then it stops
