@@ -77,7 +77,10 @@ def _placement_keys(conf: cfg.ConfigOpts) -> Optional[set[str]]:
     names: set[str] = set()
     for opt in conf_mod.placement_base_opts():
         names |= _opt_names(opt, group)
-    auth_type = conf[group].auth_type
+    try:
+        auth_type = conf[group].auth_type
+    except cfg.Error:  # a bad $reference in it: unresolved_references reports it
+        auth_type = None
     if auth_type:
         try:
             plugin_opts = ks_loading.get_plugin_options(auth_type)
@@ -370,15 +373,115 @@ def parse_conf(args: Sequence[str]) -> cfg.ConfigOpts:
                           f"{', '.join(exc.config_files)}. Make it readable by the service "
                           "user (for example chmod 0640 and chgrp node-agent).") from None
     except cfg.ConfigFileParseError as exc:
-        raise ConfigError(f"config file {exc.config_file} cannot be parsed: {exc.msg}") from None
+        raise ConfigError(f"config file {exc.config_file} cannot be parsed: "
+                          f"{_without_line(exc.msg or '')}") from None
     except cfg.Error as exc:
         raise ConfigError(f"configuration error: {exc}") from None
     except OSError as exc:  # a directory given as a file, an I/O error
         raise ConfigError(f"config file {exc.filename} cannot be read: "
                           f"{exc.strerror or exc}. Give the path of a readable "
                           "file.") from None
+    problems = unresolved_references(conf)
+    if problems:
+        raise ConfigError(problems)
     _logging_from_own_files(conf)
     return conf
+
+
+# oslo.config's parse errors end with the offending line, quoted: a
+# ``password`` line missing its ``=`` would be echoed whole.
+_QUOTED_LINE = re.compile(r""": (?:'.*'|".*")$""", re.DOTALL)
+
+
+def _without_line(message: str) -> str:
+    """oslo.config's parse error without the line it quotes (its file and
+    line number stay): the line may hold a secret."""
+    if not _QUOTED_LINE.search(message):
+        return message
+    return _QUOTED_LINE.sub("", message) + (
+        " (the line is not shown: it may hold a secret). Write it as `name = value`.")
+
+
+# Option names that hold or may hold secrets (a transport_url's password): a
+# message names the option, never a part of its value.
+_SECRET_WORDS = ("password", "secret", "token", "passcode", "key", "credential", "url",
+                 "connection")
+
+
+def _references(value: str) -> list[str]:
+    r"""The option names oslo.config substitutes in ``value`` (``$name``,
+    ``${name}``, ``${group.name}``); ``$$`` and ``\$`` are a literal ``$``."""
+    value = value.replace(r"\$", "$$")  # as oslo.config does
+    return [m.group("named") or m.group("braced")
+            for m in cfg.ConfigOpts.Template.pattern.finditer(value)
+            if m.group("named") or m.group("braced")]
+
+
+def _reference_problem(conf: cfg.ConfigOpts, known, section: str, name: str
+                       ) -> Optional[str]:
+    """Why oslo.config cannot substitute ``$name`` in an option of
+    ``section``, or None when it can. Its order: ``group.name`` in that
+    group; else ``name`` in ``section``, then ``[DEFAULT]``, where a
+    section of that name comes first (and cannot be substituted)."""
+    def has(group: str, option: str) -> bool:
+        names = known.get(group)
+        if names is not None and option in names:
+            return True
+        if group == "DEFAULT":
+            return option in conf
+        return group in conf and option in conf[group]
+
+    if "." in name and has(*name.split(".", 1)):
+        return None
+    if section != "DEFAULT" and has(section, name):
+        return None
+    if name in known and name != "DEFAULT":
+        return f"${name} names the section [{name}], which oslo.config cannot substitute"
+    if has("DEFAULT", name):
+        return None
+    return f"${name} names no option"
+
+
+def unresolved_references(conf: cfg.ConfigOpts) -> list[str]:
+    """Problems: values of the agent's options holding a ``$name`` that
+    names no option. oslo.config substitutes ``$name`` with the option of
+    that name when the value is read, and raises NoSuchOptError (a
+    traceback, far from the file) when there is none: ``password =
+    pa$word``. The message names the file, section and option, and the
+    fix: ``$$`` is a literal ``$``. A secret's value is never shown."""
+    known = _known_keys(conf)
+    problems = []
+    for path in _files(conf):
+        parser = _parsed(path)
+        if parser is None:
+            continue
+        for section in ["DEFAULT", *parser.sections()]:
+            names = known.get(section)
+            if names is None:
+                continue  # not the agent's section: never read
+            keys = parser.defaults() if section == "DEFAULT" else {
+                k: v for k, v in parser[section].items() if k not in parser.defaults()}
+            for key, value in keys.items():
+                if "$" not in (value or ""):
+                    continue
+                if key.replace("-", "_") not in names and section == "DEFAULT":
+                    # oslo.messaging's (transport_url), imported only when needed
+                    names = names | _names(conf_mod.messaging_default_opts())
+                if key.replace("-", "_") not in names:
+                    continue  # not read by the agent
+                why = [w for w in (_reference_problem(conf, known, section, r)
+                                   for r in _references(value)) if w]
+                if not why:
+                    continue
+                secret = any(word in key.lower() for word in _SECRET_WORDS)
+                what = ("a `$`, which oslo.config reads as a reference to another option "
+                        "(not shown: it may be a secret)" if secret else
+                        f"a `$`, which oslo.config reads as a reference to another "
+                        f"option: {'; '.join(why)}")
+                problems.append(
+                    f"{path}: [{section}] {key}: the value has {what}. Write $$ for a "
+                    "literal $ (for example p$$ss for p$ss).")
+    return problems
 
 
 def _logging_from_own_files(conf: cfg.ConfigOpts) -> None:

@@ -280,14 +280,17 @@ class Reconciler:
         refused = guests_refused(desired, CPU_KEPT)
         if refused is not None:
             LOG.error("%s", refused)
-            report = self.syncer.sync(self._cpu_held(desired), limits_of(desired),
-                                      guest_names(desired.host.guests))
+            with self.client.deadline("the tree sync"):
+                report = self.syncer.sync(self._cpu_held(desired), limits_of(desired),
+                                          guest_names(desired.host.guests))
             return CycleOutcome(report, refused=ReshapeRefused(str(refused)))
         shape = shape_of(desired)
         tree, outcome, refusal = desired.tree, None, None
         if shape != self._applied_shape:
-            outcome, refusal, tree = self._reshape(desired, before_post)
-        report = self.syncer.sync(tree, limits_of(desired), guest_names(desired.host.guests))
+            with self.client.deadline("the reshape"):
+                outcome, refusal, tree = self._reshape(desired, before_post)
+        with self.client.deadline("the tree sync"):
+            report = self.syncer.sync(tree, limits_of(desired), guest_names(desired.host.guests))
         result = CycleOutcome(report, outcome, refusal)
         if result.ok:
             self._applied_shape = shape

@@ -13,14 +13,19 @@ Failures come back as typed errors a caller can act on:
 * ``Unavailable``: no answer (refused, timeout, TLS) or 5xx, after a bounded
   number of retries. A retried POST may have been applied the first time, so
   its retry can end in a 409 the caller already handles.
+* ``BadAnswer``: a 2xx whose body is not Placement's (not JSON, empty for a
+  read, a read's fields missing): something else answers at the endpoint.
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 import tenacity
 from keystoneauth1 import adapter as ks_adapter
@@ -32,9 +37,10 @@ from keystoneauth1 import token_endpoint
 from node_agent import errors
 from node_agent.placement import microversions, routes
 # The gateway raises these; callers catch them from here.
-from node_agent.placement.errors import (AuthError, DuplicateName,  # noqa: F401
-                                         GenerationConflict, InventoryInUse, NotFound,
-                                         PlacementError, Unavailable, error_for)
+from node_agent.placement.errors import (AuthError, BadAnswer,  # noqa: F401
+                                         DuplicateName, GenerationConflict, InventoryInUse,
+                                         NotFound, PlacementError, Unavailable, error_for,
+                                         shown)
 from node_agent.placement.microversions import version_refusal
 
 if TYPE_CHECKING:
@@ -49,6 +55,17 @@ SERVICE_TYPE = "placement"
 # the name, not the table, so placement/ does not import config/ (issue 25).
 CONF_GROUP = "placement"
 NO_RESPONSE = 0  # status recorded in RequestStats when nothing came back
+# A cycle's phase (the reshape, the tree sync) ends within this many
+# [placement] timeouts, whatever its number of requests (issue 28): a
+# Placement that answers each read just under the timeout would otherwise
+# hold a reshape of N consumers for N timeouts. 20 x 30 s is 10 minutes; a
+# reshape of 1,000 consumers takes seconds (BENCHMARKS.md). The next cycle
+# starts over from what Placement shows.
+PHASE_TIMEOUTS = 20
+DEFAULT_TIMEOUT = 30  # seconds: [placement] timeout's default (config/options.py)
+# Fields of Placement's read answers the typed reads check for.
+_PROVIDERS = "resource_providers"
+_GENERATION = "resource_provider_generation"
 
 
 @dataclass
@@ -124,38 +141,52 @@ class PlacementReads:
     def get(self, path: str, microversion: str | None = None) -> dict:
         raise NotImplementedError
 
+    def _read(self, path: str, *fields: str, microversion: str | None = None) -> dict:
+        """``GET path``, whose answer must hold ``fields``; BadAnswer otherwise
+        (a KeyError deep in a caller would say nothing of the request)."""
+        body = self.get(path, microversion=microversion)
+        missing = [f for f in fields if not isinstance(body, dict) or f not in body]
+        if missing:
+            raise BadAnswer(
+                f"GET {path}: the answer lacks {', '.join(missing)}, so it is not "
+                f"Placement's: {shown(json.dumps(body))}. Check that the endpoint "
+                f"({getattr(self, 'endpoint', '?')}) is Placement.",
+                method="GET", path=path)
+        return body
+
     def providers_named(self, name: str) -> list[dict]:
         """The providers called ``name`` (none or one)."""
-        return self.get(routes.providers_named(name))["resource_providers"]
+        return self._read(routes.providers_named(name), _PROVIDERS)[_PROVIDERS]
 
     def providers_with_trait(self, trait: str) -> list[dict]:
-        return self.get(routes.providers_with_trait(trait))["resource_providers"]
+        return self._read(routes.providers_with_trait(trait), _PROVIDERS)[_PROVIDERS]
 
     def providers_in_tree(self, root_uuid: str) -> list[dict]:
-        return self.get(routes.providers_in_tree(root_uuid))["resource_providers"]
+        return self._read(routes.providers_in_tree(root_uuid), _PROVIDERS)[_PROVIDERS]
 
     def provider(self, uuid: str) -> dict:
-        return self.get(routes.provider(uuid))
+        return self._read(routes.provider(uuid), "uuid", "generation")
 
     def inventories(self, uuid: str) -> dict:
         """``{resource_provider_generation, inventories}`` of one provider."""
-        return self.get(routes.inventories(uuid))
+        return self._read(routes.inventories(uuid), _GENERATION, "inventories")
 
     def traits(self, uuid: str) -> dict:
         """``{resource_provider_generation, traits}`` of one provider."""
-        return self.get(routes.traits(uuid))
+        return self._read(routes.traits(uuid), _GENERATION, "traits")
 
     def usages(self, uuid: str) -> dict:
         """``{resource_provider_generation, usages}`` of one provider."""
-        return self.get(routes.usages(uuid))
+        return self._read(routes.usages(uuid), _GENERATION, "usages")
 
     def provider_allocations(self, uuid: str) -> dict:
         """``{resource_provider_generation, allocations}``: every consumer's
         resources on one provider."""
-        return self.get(routes.provider_allocations(uuid))
+        return self._read(routes.provider_allocations(uuid), _GENERATION, "allocations")
 
     def consumer_allocations(self, consumer: str, microversion: str | None = None) -> dict:
-        return self.get(routes.consumer_allocations(consumer), microversion=microversion)
+        return self._read(routes.consumer_allocations(consumer), "allocations",
+                          microversion=microversion)
 
 
 class PlacementClient(PlacementReads):
@@ -173,6 +204,8 @@ class PlacementClient(PlacementReads):
         self._backoff = backoff
         self.stats = RequestStats()
         self.last_request_id: str | None = None
+        # (monotonic end, what, seconds) of the phase under way, if any.
+        self._deadline: tuple[float, str, float] | None = None
         # The server's newest microversion, once check_version() asked.
         self.server_max: str | None = None
 
@@ -248,9 +281,9 @@ class PlacementClient(PlacementReads):
             server_min, server_max = (version["min_version"],
                                       version["max_version"])
         except (StopIteration, KeyError, TypeError) as exc:
-            raise PlacementError(
+            raise BadAnswer(
                 f"{self.endpoint} does not look like Placement: GET / "
-                f"answered {root!r}", method="GET", path="/") from exc
+                f"answered {shown(json.dumps(root))}", method="GET", path="/") from exc
         refusal = version_refusal(self.endpoint, server_min, server_max,
                                   self.MICROVERSION)
         if refusal:
@@ -293,6 +326,44 @@ class PlacementClient(PlacementReads):
         """Send one planned change as it was planned (its body, if any)."""
         return self._request(change.method, change.path, change.body)
 
+    @property
+    def timeout(self) -> float | None:
+        """The session's per-request timeout ([placement] timeout)."""
+        return getattr(self._adapter.session, "timeout", None)
+
+    @contextmanager
+    def deadline(self, what: str, seconds: float | None = None) -> Iterator[None]:
+        """Every request in the block ends within ``seconds`` (default
+        :data:`PHASE_TIMEOUTS` request timeouts) of the block's start: each
+        request's timeout is cut to what is left, and one that would start
+        later is not sent (Unavailable naming ``what``). A nested block
+        keeps the tighter end."""
+        if seconds is None:
+            seconds = PHASE_TIMEOUTS * (self.timeout or DEFAULT_TIMEOUT)
+        outer = self._deadline
+        end = time.monotonic() + seconds
+        if outer is not None and outer[0] < end:
+            end, what, seconds = outer
+        self._deadline = (end, what, seconds)
+        try:
+            yield
+        finally:
+            self._deadline = outer
+
+    def _time_left(self, method: str, path: str) -> float | None:
+        """The timeout of the next request under the phase's deadline (None:
+        the session's); Unavailable when the phase has no time left."""
+        if self._deadline is None:
+            return None
+        end, what, seconds = self._deadline
+        left = end - time.monotonic()
+        if left <= 0:
+            raise Unavailable(
+                f"{method} {path} not sent: {what} did not finish within its deadline "
+                f"of {seconds:g}s ({PHASE_TIMEOUTS} x [{self._group}] timeout); Placement "
+                f"at {self._where()} answers too slowly", method=method, path=path)
+        return min(left, self.timeout) if self.timeout else left
+
     def _where(self) -> str:
         return (getattr(self._adapter, "endpoint_override", None)
                 or "the catalog endpoint")
@@ -318,16 +389,23 @@ class PlacementClient(PlacementReads):
             kwargs["microversion"] = microversion or self.MICROVERSION
         if body is not None:
             kwargs["json"] = body
+        left = self._time_left(method, path)
+        if left is not None:
+            kwargs["timeout"] = left
         try:
             response = self._adapter.request(path, method, **kwargs)
         except ks_exc.ConnectTimeout as exc:
             # Not retried: a server that accepts and never answers would
             # hold the cycle for (retries + 1) timeouts.
             self.stats.record(method, path, NO_RESPONSE)
-            timeout = getattr(self._adapter.session, "timeout", None)
+            timeout = self.timeout
+            why = f"[{self._group}] timeout"
+            if left is not None and (timeout is None or left < timeout):
+                assert self._deadline is not None
+                timeout, why = round(left, 1), f"what was left of {self._deadline[1]}'s deadline"
             raise Unavailable(
                 f"{method} {path}: Placement at {self._where()} did not answer "
-                f"within {timeout or '?'}s ([{self._group}] timeout): {exc}",
+                f"within {timeout or '?'}s ({why}): {exc}",
                 method=method, path=path) from exc
         except (ks_exc.ConnectionError, ks_exc.RequestTimeout,
                 ks_exc.DiscoveryFailure) as exc:
@@ -351,12 +429,38 @@ class PlacementClient(PlacementReads):
         self.stats.record(method, path, status)
         LOG.debug("%s %s -> %s (%s)", method, path, status, request_id)
         if status < 400:
-            return response.json() if response.content else None
+            return self._decoded(method, path, status, response)
         code, detail = _error_fields(response)
         error = error_for(status, code, detail, method, path, request_id)
         if status >= 500:
             raise _Retryable(error)
         raise error
+
+    def _decoded(self, method: str, path: str, status: int, response) -> Any:
+        """The JSON of a success answer. Placement answers a read with a JSON
+        object and a write with JSON or nothing (204); anything else is
+        BadAnswer, naming the request and the start of the body, not a
+        ValueError or a TypeError in the caller."""
+        where = f"{method} {path} -> {status} from {self._where()}"
+        kind = response.headers.get("content-type") or "no content type"
+        if not response.content:
+            if method == "GET":
+                raise BadAnswer(f"{where}: empty answer ({kind}); Placement answers "
+                                "every read with a JSON object. Check that the "
+                                "endpoint is Placement, not a proxy.",
+                                status=status, method=method, path=path)
+            return None
+        try:
+            body = response.json()
+        except ValueError:
+            raise BadAnswer(f"{where}: not JSON ({kind}): {shown(response.text)}. Check "
+                            "that the endpoint is Placement, not a proxy's page.",
+                            status=status, method=method, path=path) from None
+        if method == "GET" and not isinstance(body, dict):
+            raise BadAnswer(f"{where}: a JSON {type(body).__name__}, not the object "
+                            f"Placement answers: {shown(response.text)}.",
+                            status=status, method=method, path=path)
+        return body
 
     def _log_retry(self, state: tenacity.RetryCallState) -> None:
         # DEBUG: the caller reports the outcome once; an outage must not

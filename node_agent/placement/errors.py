@@ -49,6 +49,24 @@ class Unavailable(PlacementError):
     """No usable answer after the bounded retries."""
 
 
+class BadAnswer(PlacementError):
+    """A success status whose body is not what Placement sends: not JSON,
+    empty where a read needs a body, or without the fields asked for (a
+    proxy's HTML login page, another service at the endpoint). The message
+    names the request and shows the start of what came back."""
+
+
+SHOWN_CHARS = 200  # how much of an unexpected body a message shows
+
+
+def shown(text: str) -> str:
+    """The start of an unexpected body for a message: one line, at most
+    :data:`SHOWN_CHARS` characters (the request's headers, where the token
+    is, are never shown)."""
+    flat = " ".join(text.split())
+    return repr(flat if len(flat) <= SHOWN_CHARS else flat[:SHOWN_CHARS] + "...")
+
+
 _CONFLICTS: dict[str, type[PlacementError]] = {
     "placement.concurrent_update": GenerationConflict,
     "placement.inventory.inuse": InventoryInUse,

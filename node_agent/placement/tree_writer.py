@@ -24,8 +24,8 @@ from typing import Callable
 
 import tenacity
 
-from node_agent.placement.errors import (DuplicateName, GenerationConflict, InventoryInUse,
-                                         NotFound, PlacementError)
+from node_agent.placement.errors import (BadAnswer, DuplicateName, GenerationConflict,
+                                         InventoryInUse, NotFound, PlacementError)
 from node_agent.model.provider_state import ProviderState, inventories_equal
 from node_agent.placement.planner import Change, merged_traits
 from node_agent.placement.sync_context import Replan, SyncContext, SyncReport, body_of
@@ -86,7 +86,9 @@ class TreeWriter:
                 applied, errors = False, [f"{change.summary}: {exc}"]
             except PlacementError as exc:
                 status = getattr(exc, "status", None)
-                if status is None or status >= 500 or status in (401, 403):
+                # BadAnswer: not Placement at the endpoint; no other change will fare better.
+                if (status is None or status >= 500 or status in (401, 403)
+                        or isinstance(exc, BadAnswer)):
                     raise
                 applied, errors = False, [f"{change.summary}: {exc}"]
             if applied:
