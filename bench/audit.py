@@ -30,34 +30,58 @@ from node_agent.state import StateStore
 
 REPETITIONS = 5
 SIZES = (100, 1000)
-ORPHAN_EVERY = (0, 10)      # 0: no orphan; 10: every tenth consumer
+ORPHAN_EVERY = (0, 10)  # 0: no orphan; 10: every tenth consumer
 PROJECT, USER = "bench-project", "bench-user"
-BATCH = 250                 # consumers per POST /allocations of the set-up
+BATCH = 250  # consumers per POST /allocations of the set-up
 
 
 def _place(client: PlacementClient, root: str, consumers: list[str]) -> None:
     for start in range(0, len(consumers), BATCH):
-        client.post("/allocations", {
-            c: {"allocations": {root: {"resources": {"VCPU": 2, "MEMORY_MB": 1024}}},
-                "project_id": PROJECT, "user_id": USER, "consumer_generation": None}
-            for c in consumers[start:start + BATCH]})
+        client.post(
+            "/allocations",
+            {
+                c: {
+                    "allocations": {root: {"resources": {"VCPU": 2, "MEMORY_MB": 1024}}},
+                    "project_id": PROJECT,
+                    "user_id": USER,
+                    "consumer_generation": None,
+                }
+                for c in consumers[start : start + BATCH]
+            },
+        )
 
 
-def measure(url: str, log: common.RequestLog, n: int, work: Path,
-            orphan_every: int, repetitions: int = REPETITIONS) -> dict:
+def measure(
+    url: str,
+    log: common.RequestLog,
+    n: int,
+    work: Path,
+    orphan_every: int,
+    repetitions: int = REPETITIONS,
+) -> dict:
     """One host with ``n`` consumers; ``repetitions`` audits."""
     name = f"audit-bench-{n}-{orphan_every}-{uuid.uuid4().hex[:6]}"
     client = PlacementClient.for_endpoint(url)
     syncer = TreeSyncer(client, StateStore(work / name))
-    tree = ProviderTree((Provider(name, inventories={
-        "VCPU": Inventory(128, allocation_ratio=float(n)),
-        "MEMORY_MB": Inventory(2048 * n)}),))
+    tree = ProviderTree(
+        (
+            Provider(
+                name,
+                inventories={
+                    "VCPU": Inventory(128, allocation_ratio=float(n)),
+                    "MEMORY_MB": Inventory(2048 * n),
+                },
+            ),
+        )
+    )
     syncer.sync(tree)
     consumers = [str(uuid.uuid4()) for _ in range(n)]
     _place(PlacementClient.for_endpoint(url), syncer.state["root_uuid"], consumers)
-    guests = tuple(Guest(c, f"instance-{i}", vcpus=2, running=True, memory_kb=1024 * 1024)
-                   for i, c in enumerate(consumers)
-                   if not orphan_every or i % orphan_every)  # else an orphan
+    guests = tuple(
+        Guest(c, f"instance-{i}", vcpus=2, running=True, memory_kb=1024 * 1024)
+        for i, c in enumerate(consumers)
+        if not orphan_every or i % orphan_every
+    )  # else an orphan
     desired = SimpleNamespace(host=SimpleNamespace(guests=guests))
     auditor = Auditor(syncer)
     runs = []
@@ -71,15 +95,23 @@ def measure(url: str, log: common.RequestLog, n: int, work: Path,
         requests = log.since(mark)
         if result.consumers != n:
             raise RuntimeError(f"the audit saw {result.consumers} consumers, not {n}")
-        runs.append({"seconds": seconds, "requests": len(requests),
-                     "auditor_requests": auditor.requests,
-                     "orphans": sum(1 for f in result.findings if f.kind == "orphan"),
-                     "paths": [common.shape(r) for r in requests]})
-    return {"consumers": n, "orphans": runs[0]["orphans"],
-            "requests": common.summary([r["requests"] for r in runs]),
-            "auditor_requests": common.summary([r["auditor_requests"] for r in runs]),
-            "seconds": common.summary([r["seconds"] for r in runs]),
-            "paths": runs[0]["paths"]}
+        runs.append(
+            {
+                "seconds": seconds,
+                "requests": len(requests),
+                "auditor_requests": auditor.requests,
+                "orphans": sum(1 for f in result.findings if f.kind == "orphan"),
+                "paths": [common.shape(r) for r in requests],
+            }
+        )
+    return {
+        "consumers": n,
+        "orphans": runs[0]["orphans"],
+        "requests": common.summary([r["requests"] for r in runs]),
+        "auditor_requests": common.summary([r["auditor_requests"] for r in runs]),
+        "seconds": common.summary([r["seconds"] for r in runs]),
+        "paths": runs[0]["paths"],
+    }
 
 
 def run(work: Path, sizes: tuple[int, ...] = SIZES) -> dict:
@@ -87,8 +119,7 @@ def run(work: Path, sizes: tuple[int, ...] = SIZES) -> dict:
     server = start_subprocess(work / "placement")
     try:
         log = common.RequestLog(server.workdir / LOG_FILE)
-        rows = [measure(server.url, log, n, work, every)
-                for n in sizes for every in ORPHAN_EVERY]
+        rows = [measure(server.url, log, n, work, every) for n in sizes for every in ORPHAN_EVERY]
     finally:
         server.stop()
     return {"rows": rows, "repetitions": REPETITIONS}

@@ -50,8 +50,9 @@ SIDES = ("before", "after")
 
 def _extract(commit: str, where: Path) -> Path:
     where.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(REPO), "archive", commit],
-                             capture_output=True, check=True).stdout
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", commit], capture_output=True, check=True
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
     return where
 
@@ -63,8 +64,13 @@ class Checkout:
         self.source = source
         env = dict(os.environ, PYTHONPATH=str(source))
         # -P: the driver's own directory (bench/) is not put on sys.path.
-        self.proc = subprocess.Popen([sys.executable, "-P", str(DRIVER)], env=env,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-P", str(DRIVER)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
 
     def call(self, op: str, **args) -> dict:
         self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
@@ -92,15 +98,22 @@ def _by_side(runs: dict, key: str) -> dict:
     return {side: common.summary([r[key] for r in runs[side]]) for side in SIDES}
 
 
-def recovery(drivers: dict, proxy: FaultProxy, log: common.RequestLog, host_root: Path,
-             work: Path) -> dict:
+def recovery(
+    drivers: dict, proxy: FaultProxy, log: common.RequestLog, host_root: Path, work: Path
+) -> dict:
     specs = list(synthetic_host.device_specs(synthetic_host.Shape()))
     runs: dict = {side: [] for side in SIDES}
     for i in range(REPETITIONS):
         for side in _order(i):
             driver = drivers[side]
-            driver.call("init", url=proxy.url, host=f"bench-recover-{side}-{i}",
-                        sysfs_root=str(host_root), work=str(work), specs=specs)
+            driver.call(
+                "init",
+                url=proxy.url,
+                host=f"bench-recover-{side}-{i}",
+                sysfs_root=str(host_root),
+                work=str(work),
+                specs=specs,
+            )
             registered = driver.call("register")
             if not registered["ok"]:
                 raise RuntimeError(f"{side}: registration failed: {registered['error']}")
@@ -112,11 +125,18 @@ def recovery(drivers: dict, proxy: FaultProxy, log: common.RequestLog, host_root
             mark = log.mark()
             healed = driver.call("cycle", advance=0)
             requests = log.since(mark)
-            runs[side].append({"requests": len(requests), "ok": healed["ok"],
-                               "paths": [common.shape(r) for r in requests]})
-    return {**_by_side(runs, "requests"),
-            "paths": {side: runs[side][0]["paths"] for side in SIDES},
-            "healed": {side: all(r["ok"] for r in runs[side]) for side in SIDES}}
+            runs[side].append(
+                {
+                    "requests": len(requests),
+                    "ok": healed["ok"],
+                    "paths": [common.shape(r) for r in requests],
+                }
+            )
+    return {
+        **_by_side(runs, "requests"),
+        "paths": {side: runs[side][0]["paths"] for side in SIDES},
+        "healed": {side: all(r["ok"] for r in runs[side]) for side in SIDES},
+    }
 
 
 def dry_run(sources: dict, synthetic_root: Path, work: Path) -> dict:
@@ -124,23 +144,35 @@ def dry_run(sources: dict, synthetic_root: Path, work: Path) -> dict:
     # The old commit has the agent's state_path in [DEFAULT] only (today that
     # name is nova's): the same run, spelled as it reads it.
     config["before"] = work / "dry-run" / "dry-run-before.conf"
-    config["before"].write_text(config["after"].read_text().replace(
-        "[DEFAULT]\n", f"[DEFAULT]\nstate_path = {work / 'dry-run' / 'state'}\n", 1))
+    config["before"].write_text(
+        config["after"]
+        .read_text()
+        .replace("[DEFAULT]\n", f"[DEFAULT]\nstate_path = {work / 'dry-run' / 'state'}\n", 1)
+    )
     entry = {  # the console script each checkout installs, as a file of its own
         "before": "from node_agent.cli import main",
-        "after": "from node_agent.cli.main import main"}
+        "after": "from node_agent.cli.main import main",
+    }
     commands = {"baseline": [sys.executable, "-c", "pass"]}
     envs = {"baseline": dict(os.environ)}
     for side in SIDES:
         script = work / f"node-agent-{side}"
         script.write_text(f"import sys\n{entry[side]}\nsys.exit(main())\n")
-        commands[side] = [sys.executable, str(script), "--config-file", str(config[side]),
-                          "--once", "--dry-run", "--output", "json"]
+        commands[side] = [
+            sys.executable,
+            str(script),
+            "--config-file",
+            str(config[side]),
+            "--once",
+            "--dry-run",
+            "--output",
+            "json",
+        ]
         envs[side] = dict(os.environ, PYTHONPATH=str(sources[side]))
     runs: dict = {name: [] for name in commands}
     for i in range(REPETITIONS):
         names = ("baseline",) + _order(i)
-        for name in (names if i % 2 == 0 else names[::-1]):
+        for name in names if i % 2 == 0 else names[::-1]:
             runs[name].append(memory._child(commands[name], envs[name]))
     for side in SIDES:
         exits = sorted({r[3] for r in runs[side]})
@@ -149,34 +181,46 @@ def dry_run(sources: dict, synthetic_root: Path, work: Path) -> dict:
             raise RuntimeError(f"the {side} dry run exited {exits}, not 0")
     result: dict = {}
     for name, rows in runs.items():
-        result[name] = {"seconds": common.summary([r[0] for r in rows]),
-                        "cpu": common.summary([r[1] for r in rows]),
-                        "rss_mib": common.summary([r[2] for r in rows]),
-                        "exits": sorted({r[3] for r in rows})}
+        result[name] = {
+            "seconds": common.summary([r[0] for r in rows]),
+            "cpu": common.summary([r[1] for r in rows]),
+            "rss_mib": common.summary([r[2] for r in rows]),
+            "exits": sorted({r[3] for r in rows}),
+        }
         if name != "baseline":
             result[name]["ratio_cpu"] = common.summary(
-                [a[1] / b[1] for a, b in zip(rows, runs["baseline"])])
+                [a[1] / b[1] for a, b in zip(rows, runs["baseline"])]
+            )
             result[name]["ratio_rss_mib"] = common.summary(
-                [a[2] / b[2] for a, b in zip(rows, runs["baseline"])])
+                [a[2] / b[2] for a, b in zip(rows, runs["baseline"])]
+            )
     result["after_vs_before_cpu"] = common.summary(
-        [a[1] / b[1] for a, b in zip(runs["after"], runs["before"])])
+        [a[1] / b[1] for a, b in zip(runs["after"], runs["before"])]
+    )
     result["after_vs_before_rss_mib"] = common.summary(
-        [a[2] / b[2] for a, b in zip(runs["after"], runs["before"])])
+        [a[2] / b[2] for a, b in zip(runs["after"], runs["before"])]
+    )
     return result
 
 
-def reshape(drivers: dict, url: str, log: common.RequestLog, host_root: Path,
-            work: Path) -> dict:
+def reshape(drivers: dict, url: str, log: common.RequestLog, host_root: Path, work: Path) -> dict:
     specs = list(synthetic_host.device_specs(RESHAPE_SHAPE))
     scheduler = Scheduler(url)
     runs: dict = {side: [] for side in SIDES}
     for i in range(REPETITIONS):
         for side in _order(i):
             driver = drivers[side]
-            driver.call("init", url=url, host=f"bench-reshape-{side}-{i}",
-                        sysfs_root=str(host_root), work=str(work), specs=specs,
-                        dedicated=list(RESHAPE_DEDICATED), shared=list(RESHAPE_SHARED),
-                        retries=3)
+            driver.call(
+                "init",
+                url=url,
+                host=f"bench-reshape-{side}-{i}",
+                sysfs_root=str(host_root),
+                work=str(work),
+                specs=specs,
+                dedicated=list(RESHAPE_DEDICATED),
+                shared=list(RESHAPE_SHARED),
+                retries=3,
+            )
             root = driver.call("register")["root_uuid"]
             guests = [[str(uuidlib.uuid4()), cpu] for cpu in range(RESHAPE_CONSUMERS)]
             scheduler.place(root, [g for g, _ in guests])
@@ -184,23 +228,33 @@ def reshape(drivers: dict, url: str, log: common.RequestLog, host_root: Path,
             mark = log.mark()
             done = driver.call("reshape", guests=guests)
             requests = log.since(mark)
-            runs[side].append({"requests": len(requests), "ok": done["ok"],
-                               "error": done.get("error"),
-                               "pcpu": scheduler.usages(root).get("PCPU"),
-                               "paths": [common.shape(r) for r in requests]})
-    return {**_by_side(runs, "requests"),
-            "pcpu": {side: sorted({r["pcpu"] for r in runs[side]}, key=str)
-                     for side in SIDES},
-            "errors": {side: [r["error"] for r in runs[side] if r["error"]][:1]
-                       for side in SIDES},
-            "paths": {side: runs[side][0]["paths"] for side in SIDES}}
+            runs[side].append(
+                {
+                    "requests": len(requests),
+                    "ok": done["ok"],
+                    "error": done.get("error"),
+                    "pcpu": scheduler.usages(root).get("PCPU"),
+                    "paths": [common.shape(r) for r in requests],
+                }
+            )
+    return {
+        **_by_side(runs, "requests"),
+        "pcpu": {side: sorted({r["pcpu"] for r in runs[side]}, key=str) for side in SIDES},
+        "errors": {side: [r["error"] for r in runs[side] if r["error"]][:1] for side in SIDES},
+        "paths": {side: runs[side][0]["paths"] for side in SIDES},
+    }
 
 
 def discovery(drivers: dict, synthetic_root: Path, work: Path) -> dict:
     for side in SIDES:
-        drivers[side].call("init", url="http://127.0.0.1:9", host="bench-discover",
-                           sysfs_root=str(synthetic_root), work=str(work), specs=list(
-                               synthetic_host.device_specs(synthetic_host.Shape())))
+        drivers[side].call(
+            "init",
+            url="http://127.0.0.1:9",
+            host="bench-discover",
+            sysfs_root=str(synthetic_root),
+            work=str(work),
+            specs=list(synthetic_host.device_specs(synthetic_host.Shape())),
+        )
         drivers[side].call("discover")  # warm: imports, first touch of the files
     runs: dict = {side: [] for side in SIDES}
     for i in range(DISCOVERY_REPETITIONS):
@@ -219,7 +273,7 @@ def sign_test_threshold(n: int, level: float = 0.05) -> int:
     slower for a one-sided sign test to call it a regression at ``level``."""
     tail = 0.0
     for k in range(n, -1, -1):
-        tail += math.comb(n, k) / 2 ** n
+        tail += math.comb(n, k) / 2**n
         if tail > level:
             return k + 1
     return 0
@@ -246,9 +300,12 @@ def run(work: Path) -> dict:
         proxy.stop()
         server.stop()
     result["dry_run"] = dry_run(sources, synthetic_root, work)
-    result.update(before=BEFORE, repetitions=REPETITIONS,
-                  discovery_repetitions=DISCOVERY_REPETITIONS,
-                  consumers=RESHAPE_CONSUMERS)
+    result.update(
+        before=BEFORE,
+        repetitions=REPETITIONS,
+        discovery_repetitions=DISCOVERY_REPETITIONS,
+        consumers=RESHAPE_CONSUMERS,
+    )
     return result
 
 

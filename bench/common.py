@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from node_agent.model.device_spec import parse_device_specs
 from node_agent.config.settings import Settings
+from node_agent.model.device_spec import parse_device_specs
 
 # placement's request log: one INFO line per request, written when the
 # response is ready (placement/requestlog.py).
@@ -18,8 +18,12 @@ _REQUEST = re.compile(r'placement\.requestlog .*"(\w+) ([^ "]+)[^"]*" status: (\
 
 def summary(values: Sequence[float]) -> dict:
     """median, min, max (and n) of ``values``."""
-    return {"median": statistics.median(values), "min": min(values),
-            "max": max(values), "n": len(values)}
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+    }
 
 
 def percentile(values: Sequence[float], pct: float) -> float:
@@ -38,14 +42,25 @@ def timed(fn: Callable, repeats: int) -> tuple[list[float], object]:
     return times, result
 
 
-def settings(host: str, sysfs_root: str, instances_path: str, state_path: str,
-             **overrides) -> Settings:
+def settings(
+    host: str, sysfs_root: str, instances_path: str, state_path: str, **overrides
+) -> Settings:
     values = dict(
-        host=host, state_path=state_path, sysfs_root=sysfs_root, libvirt_uri="",
-        cpu_dedicated_set=None, cpu_shared_set=None, vcpu_pin_set=None,
-        reserved_host_cpus=0, reserved_host_memory_mb=512, reserved_host_disk_mb=0,
-        cpu_allocation_ratio=4.0, ram_allocation_ratio=1.0, disk_allocation_ratio=1.0,
-        instances_path=instances_path)
+        host=host,
+        state_path=state_path,
+        sysfs_root=sysfs_root,
+        libvirt_uri="",
+        cpu_dedicated_set=None,
+        cpu_shared_set=None,
+        vcpu_pin_set=None,
+        reserved_host_cpus=0,
+        reserved_host_memory_mb=512,
+        reserved_host_disk_mb=0,
+        cpu_allocation_ratio=4.0,
+        ram_allocation_ratio=1.0,
+        disk_allocation_ratio=1.0,
+        instances_path=instances_path,
+    )
     values.update(overrides)
     return Settings(**values)
 
@@ -99,8 +114,12 @@ class RequestLog:
 def count(requests: Sequence[tuple[str, str, int]]) -> dict:
     gets = sum(1 for method, _, _ in requests if method == "GET")
     conflicts = sum(1 for _, _, status in requests if status == 409)
-    return {"total": len(requests), "gets": gets, "writes": len(requests) - gets,
-            "conflicts": conflicts}
+    return {
+        "total": len(requests),
+        "gets": gets,
+        "writes": len(requests) - gets,
+        "conflicts": conflicts,
+    }
 
 
 def fmt_ms(seconds: float) -> str:
@@ -117,8 +136,10 @@ def fmt_stat(stat: dict, scale: Callable[[float], str] = fmt_ms) -> str:
 
 def fmt_ratio(stat: dict) -> str:
     """A ratio's median (min–max), e.g. ``1.13× (0.79–1.53)``."""
+
     def one(v: float) -> str:
         return f"{v:.0f}" if v >= 10 else f"{v:.2f}"
+
     text = f"{one(stat['median'])}×"
     if stat.get("n", 2) > 1 and stat["min"] != stat["max"]:
         text += f" ({one(stat['min'])}–{one(stat['max'])})"

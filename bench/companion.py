@@ -29,8 +29,10 @@ from tests.integration.test_companion import DEDICATED, LEGACY, NovaHost
 REPETITIONS = 5
 CONFIGS = (("legacy (no CPU sets)", LEGACY), ("new `cpu_dedicated_set`", DEDICATED))
 STEADY, NOTHING_MOVED, NOVA_WROTE = (
-    "steady cycle, no verify due", "verify, nothing moved",
-    "verify after nova-compute wrote the provider")
+    "steady cycle, no verify due",
+    "verify, nothing moved",
+    "verify after nova-compute wrote the provider",
+)
 
 
 class Clock:
@@ -50,12 +52,20 @@ def _measure(companion, desired, settings, log: common.RequestLog, before=None) 
         report = companion.check(desired, settings)
         seconds = time.perf_counter() - start
         requests = log.since(mark)
-        runs.append({"seconds": seconds, "requests": len(requests),
-                     "own": report.requests, "paths": [common.shape(r) for r in requests]})
-    return {"requests": common.summary([r["requests"] for r in runs]),
-            "own_requests": common.summary([r["own"] for r in runs]),
-            "seconds": common.summary([r["seconds"] for r in runs]),
-            "paths": runs[0]["paths"]}
+        runs.append(
+            {
+                "seconds": seconds,
+                "requests": len(requests),
+                "own": report.requests,
+                "paths": [common.shape(r) for r in requests],
+            }
+        )
+    return {
+        "requests": common.summary([r["requests"] for r in runs]),
+        "own_requests": common.summary([r["own"] for r in runs]),
+        "seconds": common.summary([r["seconds"] for r in runs]),
+        "paths": runs[0]["paths"],
+    }
 
 
 def measure(url: str, log: common.RequestLog, tmp: Path, compute: str) -> dict:
@@ -65,9 +75,12 @@ def measure(url: str, log: common.RequestLog, tmp: Path, compute: str) -> dict:
     settings = host.settings(compute)
     desired = compute_desired(settings)
     clock = Clock()
-    companion = Companion(PlacementClient.for_endpoint(url),
-                          StateStore(Path(settings.state_path)),
-                          full_verify_interval=300, clock=clock)
+    companion = Companion(
+        PlacementClient.for_endpoint(url),
+        StateStore(Path(settings.state_path)),
+        full_verify_interval=300,
+        clock=clock,
+    )
     companion.check(desired, settings)  # the first read
 
     def due():
@@ -80,9 +93,11 @@ def measure(url: str, log: common.RequestLog, tmp: Path, compute: str) -> dict:
         body["traits"] = sorted(set(body["traits"]) ^ {"COMPUTE_VOLUME_EXTEND"})
         host.nova.put(f"/resource_providers/{host.root}/traits", body)
 
-    return {STEADY: _measure(companion, desired, settings, log),
-            NOTHING_MOVED: _measure(companion, desired, settings, log, due),
-            NOVA_WROTE: _measure(companion, desired, settings, log, nova_writes)}
+    return {
+        STEADY: _measure(companion, desired, settings, log),
+        NOTHING_MOVED: _measure(companion, desired, settings, log, due),
+        NOVA_WROTE: _measure(companion, desired, settings, log, nova_writes),
+    }
 
 
 def run(work: Path) -> dict:

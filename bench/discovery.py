@@ -8,30 +8,37 @@ from pathlib import Path
 from bench import common, synthetic_host
 from node_agent.cycle.desired import desired_from
 from node_agent.host.discover import discover
-from node_agent.host.sysfs_pci import read_pci
-from node_agent.model.provider_tree import ProviderTree
-from node_agent.model.provider_state import ProviderState
-from node_agent.placement.planner import plan_changes, wanted_inventories
 from node_agent.host.sysfs import SysFS
+from node_agent.host.sysfs_pci import read_pci
 from node_agent.host.sysfs_topology import read_topology
+from node_agent.model.provider_state import ProviderState
+from node_agent.model.provider_tree import ProviderTree
+from node_agent.placement.planner import plan_changes, wanted_inventories
 from tests.hostdata import HOSTDATA, sysfs_root_for
 
-FIXTURES = ("virhostcpudata/linux-test3", "virhostcpudata/linux-test8",
-            "virhostcpudata/linux-subcores1")
+FIXTURES = (
+    "virhostcpudata/linux-test3",
+    "virhostcpudata/linux-test8",
+    "virhostcpudata/linux-subcores1",
+)
 REPEATS = 25
 
 
 def with_uuids(tree: ProviderTree) -> ProviderTree:
-    return tree.with_uuids({p.name: str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, p.name))
-                            for p in tree.providers})
+    return tree.with_uuids(
+        {p.name: str(uuidlib.uuid5(uuidlib.NAMESPACE_DNS, p.name)) for p in tree.providers}
+    )
 
 
 def in_sync_state(tree: ProviderTree) -> dict[str, ProviderState]:
     """What Placement holds when it already matches ``tree``."""
     parents = {p.name: p.uuid for p in tree.providers}
-    return {p.uuid: ProviderState(p.uuid, p.name, 3, parents.get(p.parent),
-                                  wanted_inventories(p), p.wanted_traits)
-            for p in tree.providers}
+    return {
+        p.uuid: ProviderState(
+            p.uuid, p.name, 3, parents.get(p.parent), wanted_inventories(p), p.wanted_traits
+        )
+        for p in tree.providers
+    }
 
 
 def measure_host(label: str, settings, cpus: int) -> dict:
@@ -43,11 +50,18 @@ def measure_host(label: str, settings, cpus: int) -> dict:
     steady_t, steady = common.timed(lambda: plan_changes(tree, actual, owned), REPEATS)
     first_t, first = common.timed(lambda: plan_changes(tree, {}, set()), REPEATS)
     cycle = [d + b + s for d, b, s in zip(discover_t, build_t, steady_t)]
-    return {"host": label, "cpus": cpus, "providers": len(tree.providers),
-            "discover": common.summary(discover_t), "build": common.summary(build_t),
-            "plan_steady": common.summary(steady_t), "plan_first": common.summary(first_t),
-            "steady_changes": len(steady), "first_changes": len(first),
-            "cycle": common.summary(cycle)}
+    return {
+        "host": label,
+        "cpus": cpus,
+        "providers": len(tree.providers),
+        "discover": common.summary(discover_t),
+        "build": common.summary(build_t),
+        "plan_steady": common.summary(steady_t),
+        "plan_first": common.summary(first_t),
+        "steady_changes": len(steady),
+        "first_changes": len(first),
+        "cycle": common.summary(cycle),
+    }
 
 
 def _fixture_settings(tree: str, work: Path):
@@ -56,13 +70,19 @@ def _fixture_settings(tree: str, work: Path):
     return common.settings("fixture", str(root), str(work), str(work / "state"))
 
 
-def synthetic_settings(root: Path, shape: synthetic_host.Shape, work: Path,
-                       host: str = "synthetic", **overrides):
+def synthetic_settings(
+    root: Path, shape: synthetic_host.Shape, work: Path, host: str = "synthetic", **overrides
+):
     return common.settings(
-        host, str(root), str(work), str(work / "state"), numa_in_placement=True,
+        host,
+        str(root),
+        str(work),
+        str(work / "state"),
+        numa_in_placement=True,
         enabled_mdev_types=synthetic_host.enabled_mdev_types(shape),
         pci_device_specs=common.device_specs(synthetic_host.device_specs(shape)),
-        **overrides)
+        **overrides,
+    )
 
 
 def _breakdown(root: Path) -> dict:
@@ -84,10 +104,15 @@ def run(work: Path) -> dict:
         shape = synthetic_host.scaled(factor)
         root = synthetic_host.build(work / f"synthetic-{factor}x", shape)
         settings = synthetic_settings(root, shape, work / f"synthetic-{factor}x")
-        scaling.append({"factor": factor,
-                        **measure_host(f"synthetic {factor}x", settings, shape.cpus)})
+        scaling.append(
+            {"factor": factor, **measure_host(f"synthetic {factor}x", settings, shape.cpus)}
+        )
         full_root = root
     full = dict(scaling[-1], host="synthetic (2×96×SMT2, 8 NUMA, 16 GPU, 4×128 VF)")
     hosts.append(full)
-    return {"hosts": hosts, "scaling": scaling, "breakdown": _breakdown(full_root),
-            "repeats": REPEATS}
+    return {
+        "hosts": hosts,
+        "scaling": scaling,
+        "breakdown": _breakdown(full_root),
+        "repeats": REPEATS,
+    }

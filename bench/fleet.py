@@ -18,12 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bench import common, synthetic_host
+from devenv.embedded_placement import LOG_FILE, start_subprocess
 from node_agent.cycle.desired import desired_from
 from node_agent.host.discover import discover
-from devenv.embedded_placement import LOG_FILE, start_subprocess
 from node_agent.placement.client import PlacementClient
-from node_agent.state import StateStore
 from node_agent.placement.sync import TreeSyncer
+from node_agent.state import StateStore
 
 CYCLES = 10
 INTERVAL = 60
@@ -65,8 +65,12 @@ class FleetAgent:
         self.snapshot = snapshot
         self.client = PlacementClient.for_endpoint(url)
         self.now = 0.0
-        self.syncer = TreeSyncer(self.client, StateStore(state_dir),
-                                 full_verify_interval=FULL_VERIFY, clock=lambda: self.now)
+        self.syncer = TreeSyncer(
+            self.client,
+            StateStore(state_dir),
+            full_verify_interval=FULL_VERIFY,
+            clock=lambda: self.now,
+        )
 
     def cycle(self) -> tuple[float, int, bool]:
         """(seconds, requests, ok) of one cycle."""
@@ -81,11 +85,18 @@ class FleetAgent:
         return time.perf_counter() - start, self.client.stats.total - before, ok
 
 
-def _run_fleet(size: int, url: str, work: Path, root: Path, shape, snapshot,
-               log: common.RequestLog) -> dict:
-    agents = [FleetAgent(url, work / f"fleet{size}" / str(i),
-                         _settings(work, root, shape, f"fleet{size}-{i:04d}"), snapshot)
-              for i in range(size)]
+def _run_fleet(
+    size: int, url: str, work: Path, root: Path, shape, snapshot, log: common.RequestLog
+) -> dict:
+    agents = [
+        FleetAgent(
+            url,
+            work / f"fleet{size}" / str(i),
+            _settings(work, root, shape, f"fleet{size}-{i:04d}"),
+            snapshot,
+        )
+        for i in range(size)
+    ]
     waves = []
     with ThreadPoolExecutor(WORKERS) as pool:
         for number in range(1, CYCLES + 1):
@@ -95,24 +106,37 @@ def _run_fleet(size: int, url: str, work: Path, root: Path, shape, snapshot,
             wall = time.perf_counter() - start
             served = len(log.since(mark))
             latencies = [r[0] for r in results]
-            waves.append({"cycle": number, "wall": wall, "requests": served,
-                          "client_requests": sum(r[1] for r in results),
-                          "failed": sum(1 for r in results if not r[2]),
-                          "rps": served / wall if wall else 0.0,
-                          "p50": common.percentile(latencies, 50),
-                          "p99": common.percentile(latencies, 99)})
+            waves.append(
+                {
+                    "cycle": number,
+                    "wall": wall,
+                    "requests": served,
+                    "client_requests": sum(r[1] for r in results),
+                    "failed": sum(1 for r in results if not r[2]),
+                    "rps": served / wall if wall else 0.0,
+                    "p50": common.percentile(latencies, 50),
+                    "p99": common.percentile(latencies, 99),
+                }
+            )
     steady = waves[1:]
-    return {"size": size, "waves": waves,
-            "steady_requests_per_agent_cycle":
-                sum(w["requests"] for w in steady) / (size * len(steady)),
-            "steady_p50": common.summary([w["p50"] for w in steady])["median"],
-            "steady_p99": max(w["p99"] for w in steady)}
+    return {
+        "size": size,
+        "waves": waves,
+        "steady_requests_per_agent_cycle": sum(w["requests"] for w in steady)
+        / (size * len(steady)),
+        "steady_p50": common.summary([w["p50"] for w in steady])["median"],
+        "steady_p99": max(w["p99"] for w in steady),
+    }
 
 
 def _settings(work: Path, root: Path, shape, host: str):
     return common.settings(
-        host, str(root), str(work), str(work / "state" / host),
-        pci_device_specs=common.device_specs(synthetic_host.device_specs(shape)))
+        host,
+        str(root),
+        str(work),
+        str(work / "state" / host),
+        pci_device_specs=common.device_specs(synthetic_host.device_specs(shape)),
+    )
 
 
 def run(work: Path, budget_seconds: float) -> dict:
@@ -127,8 +151,9 @@ def run(work: Path, budget_seconds: float) -> dict:
     fleets, skipped = [], []
     started = time.monotonic()
     try:
-        server = start_subprocess(work / "placement-postgres", timeout=120,
-                                  database_url=DATABASE_URL)
+        server = start_subprocess(
+            work / "placement-postgres", timeout=120, database_url=DATABASE_URL
+        )
         log = common.RequestLog(server.workdir / LOG_FILE)
         per_agent = None
         for size in SIZES:
@@ -143,5 +168,10 @@ def run(work: Path, budget_seconds: float) -> dict:
         if server is not None:
             server.stop()
         admin(f"DROP DATABASE IF EXISTS {DATABASE}")
-    return {"fleets": fleets, "skipped": skipped, "workers": WORKERS, "cycles": CYCLES,
-            "postgres": postgres_version()}
+    return {
+        "fleets": fleets,
+        "skipped": skipped,
+        "workers": WORKERS,
+        "cycles": CYCLES,
+        "postgres": postgres_version(),
+    }

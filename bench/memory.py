@@ -35,9 +35,11 @@ took = time.perf_counter() - start
 rss = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmRSS:'))
 print(took, rss)
 """
-NODE_AGENT_IMPORTS = ("import node_agent.cli.main, node_agent.cycle.desired, node_agent.placement.sync, "
-                      "node_agent.placement.client, node_agent.placement.reshaper, node_agent.service.daemon")
-NOVA_IMPORTS = ("import nova.scheduler.client.report, nova.compute.provider_tree")
+NODE_AGENT_IMPORTS = (
+    "import node_agent.cli.main, node_agent.cycle.desired, node_agent.placement.sync, "
+    "node_agent.placement.client, node_agent.placement.reshaper, node_agent.service.daemon"
+)
+NOVA_IMPORTS = "import nova.scheduler.client.report, nova.compute.provider_tree"
 FIXTURE = "virhostcpudata/linux-test8"
 GNU_TIME = "/usr/bin/time"  # Debian's package "time"
 
@@ -48,8 +50,12 @@ def rss_kib() -> int:
 
 
 def _probe_once(python: Path, imports: str) -> tuple[float, float]:
-    out = subprocess.run([str(python), "-c", _PROBE.format(imports=imports)],
-                         capture_output=True, text=True, check=True).stdout.split()
+    out = subprocess.run(
+        [str(python), "-c", _PROBE.format(imports=imports)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     return float(out[0]), int(out[1]) / 1024
 
 
@@ -57,18 +63,25 @@ def import_probes(nova_python: Path) -> dict:
     """node-agent's and nova's imports, interleaved (alternating order), with
     the per-repetition ratios nova / node-agent."""
     runs: dict[str, list[tuple[float, float]]] = {"node_agent": [], "nova": []}
-    probes = [("node_agent", Path(sys.executable), NODE_AGENT_IMPORTS),
-              ("nova", nova_python, NOVA_IMPORTS)]
+    probes = [
+        ("node_agent", Path(sys.executable), NODE_AGENT_IMPORTS),
+        ("nova", nova_python, NOVA_IMPORTS),
+    ]
     for i in range(IMPORT_REPEATS):
-        for name, python, imports in (probes if i % 2 == 0 else probes[::-1]):
+        for name, python, imports in probes if i % 2 == 0 else probes[::-1]:
             runs[name].append(_probe_once(python, imports))
-    result = {f"{name}_import": {"seconds": common.summary([s for s, _ in r]),
-                                 "rss_mib": common.summary([m for _, m in r])}
-              for name, r in runs.items()}
+    result = {
+        f"{name}_import": {
+            "seconds": common.summary([s for s, _ in r]),
+            "rss_mib": common.summary([m for _, m in r]),
+        }
+        for name, r in runs.items()
+    }
     pairs = list(zip(runs["node_agent"], runs["nova"]))
     result["import_ratio"] = {
         "seconds": common.summary([b[0] / a[0] for a, b in pairs]),
-        "rss_mib": common.summary([b[1] / a[1] for a, b in pairs])}
+        "rss_mib": common.summary([b[1] / a[1] for a, b in pairs]),
+    }
     return result
 
 
@@ -84,8 +97,12 @@ def _child(command: list[str], env: dict | None = None) -> tuple[float, float, f
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     with tempfile.NamedTemporaryFile("r", suffix=".time") as out:
-        done = subprocess.run([GNU_TIME, "-f", "%M", "-o", out.name] + command,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        done = subprocess.run(
+            [GNU_TIME, "-f", "%M", "-o", out.name] + command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
         rss_kib = out.read().split()[-1]
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -99,7 +116,8 @@ def _config(work: Path, sysfs_root: Path) -> Path:
     config.write_text(
         f"[DEFAULT]\nhost = bench-dry-run\n[agent]\nstate_path = {work / 'state'}\n"
         f"[host]\nsysfs_root = {sysfs_root}\n[libvirt]\nconnection_uri =\n"
-        f"[compute]\ninstances_path = {work}\n")
+        f"[compute]\ninstances_path = {work}\n"
+    )
     return config
 
 
@@ -108,19 +126,29 @@ def dry_run(work: Path, sysfs_root: Path, label: str) -> dict:
     interpreter): wall, CPU and peak RSS, and their per-repetition ratios."""
     agent = Path(sys.executable).with_name("node-agent")
     config = _config(work, sysfs_root)
-    commands = {"agent": [str(agent), "--config-file", str(config), "--once",
-                          "--dry-run", "--output", "json"],
-                "baseline": [sys.executable, "-c", "pass"]}
+    commands = {
+        "agent": [
+            str(agent),
+            "--config-file",
+            str(config),
+            "--once",
+            "--dry-run",
+            "--output",
+            "json",
+        ],
+        "baseline": [sys.executable, "-c", "pass"],
+    }
     runs: dict[str, list] = {"agent": [], "baseline": []}
     for i in range(DRY_RUN_REPEATS):
-        for name in (("agent", "baseline") if i % 2 == 0 else ("baseline", "agent")):
+        for name in ("agent", "baseline") if i % 2 == 0 else ("baseline", "agent"):
             runs[name].append(_child(commands[name]))
     result: dict = {"host": label, "exit": runs["agent"][-1][3]}
     for index, key in enumerate(("seconds", "cpu", "rss_mib")):
         result[key] = common.summary([r[index] for r in runs["agent"]])
         result[f"baseline_{key}"] = common.summary([r[index] for r in runs["baseline"]])
         result[f"ratio_{key}"] = common.summary(
-            [a[index] / b[index] for a, b in zip(runs["agent"], runs["baseline"])])
+            [a[index] / b[index] for a, b in zip(runs["agent"], runs["baseline"])]
+        )
     return result
 
 
@@ -130,15 +158,16 @@ def soak(url: str, sysfs_root: str, work: str, cycles: int) -> dict:
 
     from node_agent.cycle.desired import compute_desired
     from node_agent.placement.client import PlacementClient
-    from node_agent.state import StateStore
     from node_agent.placement.sync import TreeSyncer
+    from node_agent.state import StateStore
 
     logging.disable(logging.WARNING)
     settings = common.settings("bench-soak", sysfs_root, work, f"{work}/state")
     clock = [0.0]
     client = PlacementClient.for_endpoint(url)
-    syncer = TreeSyncer(client, StateStore(Path(work) / "state"),
-                        full_verify_interval=300, clock=lambda: clock[0])
+    syncer = TreeSyncer(
+        client, StateStore(Path(work) / "state"), full_verify_interval=300, clock=lambda: clock[0]
+    )
     samples = {0: rss_kib()}
     start = time.perf_counter()
     for cycle in range(1, cycles + 1):
@@ -146,26 +175,43 @@ def soak(url: str, sysfs_root: str, work: str, cycles: int) -> dict:
         syncer.sync(compute_desired(settings).tree)
         if cycle in SOAK_SAMPLES:
             samples[cycle] = rss_kib()
-    return {"samples_kib": samples, "seconds": time.perf_counter() - start,
-            "requests": client.stats.total, "cycles": cycles}
+    return {
+        "samples_kib": samples,
+        "seconds": time.perf_counter() - start,
+        "requests": client.stats.total,
+        "cycles": cycles,
+    }
 
 
 def run_soak(work: Path, url: str, sysfs_root: Path, cycles: int = SOAK_CYCLES) -> dict:
-    out = subprocess.run([sys.executable, "-m", "bench.memory", "soak", url,
-                          str(sysfs_root), str(work), str(cycles)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.memory",
+            "soak",
+            url,
+            str(sysfs_root),
+            str(work),
+            str(cycles),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     result["samples_kib"] = {int(k): v for k, v in result["samples_kib"].items()}
     return result
 
 
-def run(work: Path, nova_python: Path, fixture_root: Path, synthetic_root: Path,
-        url: str) -> dict:
+def run(work: Path, nova_python: Path, fixture_root: Path, synthetic_root: Path, url: str) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     return {
         **import_probes(nova_python),
-        "dry_run": [dry_run(work / "dry-fixture", fixture_root, FIXTURE.split("/")[-1]),
-                    dry_run(work / "dry-synthetic", synthetic_root, "synthetic 384 CPUs")],
+        "dry_run": [
+            dry_run(work / "dry-fixture", fixture_root, FIXTURE.split("/")[-1]),
+            dry_run(work / "dry-synthetic", synthetic_root, "synthetic 384 CPUs"),
+        ],
         "soak": dict(run_soak(work / "soak", url, fixture_root), fixture=FIXTURE),
     }
 

@@ -37,26 +37,24 @@ from typing import Callable
 
 from bench import common, fleet, synthetic_host
 from bench.phases import Scheduler
-from node_agent.remote import messaging
-from node_agent.remote import signing, upstream
-from node_agent.remote import wire
+from devenv.embedded_placement import LOG_FILE, start_subprocess
 from node_agent.cycle.desired import desired_from
 from node_agent.host.discover import discover
-from devenv.embedded_placement import LOG_FILE, start_subprocess
 from node_agent.placement.client import PlacementClient, Unavailable
-from node_agent.state import StateStore
 from node_agent.placement.sync import TreeSyncer
+from node_agent.remote import messaging, signing, upstream, wire
+from node_agent.state import StateStore
 from tests.integration.rabbit import CTL, SERVER, Broker
 
 SIZES = (20, 100)
-VERIFY_SIZES = (20,)   # per host the same at any size; 100 would add a minute
-DIRECT_AGENTS = 20     # requests per host do not depend on the fleet's size
+VERIFY_SIZES = (20,)  # per host the same at any size; 100 would add a minute
+DIRECT_AGENTS = 20  # requests per host do not depend on the fleet's size
 APPLIERS = 2
 STEADY_CYCLES = 3
-INSTANCES = 10         # per host, before the inventory change
-FULL_VERIFY = 300      # the default [applier] full_verify_interval
-RPC_TIMEOUT = 60.0     # the default [agent] upstream_timeout
-RETRY_FOR = 120.0      # seconds an agent keeps retrying one cycle
+INSTANCES = 10  # per host, before the inventory change
+FULL_VERIFY = 300  # the default [applier] full_verify_interval
+RPC_TIMEOUT = 60.0  # the default [agent] upstream_timeout
+RETRY_FOR = 120.0  # seconds an agent keeps retrying one cycle
 APPLIER = Path(sys.executable).with_name("node-agent-applier")
 MASTER = b"bench-only master secret, not for use"  # the appliers' [applier] master_key_file
 DATABASE = "na_bench_messaging"
@@ -70,19 +68,22 @@ FRESH = "GET /resource_providers/{uuid}/allocations 200"
 
 # ---------------------------------------------------------------- servers
 
+
 class ApplierProcess:
     def __init__(self, config: Path, log: Path):
         self.log_path = log
         with open(log, "ab") as out:
-            self.proc = subprocess.Popen([str(APPLIER), "--config-file", str(config)],
-                                         stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [str(APPLIER), "--config-file", str(config)], stdout=out, stderr=subprocess.STDOUT
+            )
 
     def wait_listening(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while "listening on topic" not in self.log_path.read_text():
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"node-agent-applier did not start:\n"
-                                   f"{self.log_path.read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"node-agent-applier did not start:\n{self.log_path.read_text()[-2000:]}"
+                )
             time.sleep(0.1)
 
     def stop(self) -> None:
@@ -101,8 +102,16 @@ class Appliers:
     process has its own config and empty state directory instead, as on
     separate machines."""
 
-    def __init__(self, work: Path, transport_url: str, placement_url: str, topic: str,
-                 full_verify: int, count: int = APPLIERS, coordination: str = ""):
+    def __init__(
+        self,
+        work: Path,
+        transport_url: str,
+        placement_url: str,
+        topic: str,
+        full_verify: int,
+        count: int = APPLIERS,
+        coordination: str = "",
+    ):
         work.mkdir(parents=True, exist_ok=True)
         master = work / "master.key"
         master.write_bytes(MASTER)
@@ -117,11 +126,13 @@ class Appliers:
                 f"full_verify_interval = {full_verify}\nmaster_key_file = {master}\n"
                 f"{coordination}"
                 "[placement]\nauth_type = admin_token\ntoken = admin\n"
-                f"endpoint_override = {placement_url}\n")
+                f"endpoint_override = {placement_url}\n"
+            )
             return path
 
-        self.processes = [ApplierProcess(config(n), work / f"applier-{full_verify}-{n}.log")
-                          for n in range(count)]
+        self.processes = [
+            ApplierProcess(config(n), work / f"applier-{full_verify}-{n}.log") for n in range(count)
+        ]
 
     def __enter__(self) -> "Appliers":
         try:
@@ -142,14 +153,27 @@ class Appliers:
 
 def broker_octets(broker: Broker) -> int:
     """Octets received plus sent by the broker on all its connections now."""
-    done = subprocess.run([str(CTL), "-n", broker.node, "list_connections", "recv_oct",
-                           "send_oct", "--no-table-headers", "-q"], env=broker.env,
-                          capture_output=True, text=True, timeout=60)
-    return sum(int(n) for line in done.stdout.splitlines() for n in line.split()
-               if n.isdigit())
+    done = subprocess.run(
+        [
+            str(CTL),
+            "-n",
+            broker.node,
+            "list_connections",
+            "recv_oct",
+            "send_oct",
+            "--no-table-headers",
+            "-q",
+        ],
+        env=broker.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return sum(int(n) for line in done.stdout.splitlines() for n in line.split() if n.isdigit())
 
 
 # ---------------------------------------------------------------- agents
+
 
 class Host:
     """The synthetic host, discovered once; one desired tree per name."""
@@ -162,9 +186,13 @@ class Host:
 
     def settings(self, name: str, **overrides):
         return common.settings(
-            name, str(self.root), str(self.work), str(self.work / "state" / name),
+            name,
+            str(self.root),
+            str(self.work),
+            str(self.work / "state" / name),
             pci_device_specs=common.device_specs(synthetic_host.device_specs(self.shape)),
-            **overrides)
+            **overrides,
+        )
 
     def desired(self, name: str, **overrides):
         return desired_from(self.settings(name, **overrides), self.snapshot)
@@ -178,8 +206,7 @@ def _retrying(attempt: Callable[[], object]) -> dict:
     while True:
         try:
             result = attempt()
-            return {"seconds": time.perf_counter() - start, "retries": retries,
-                    "result": result}
+            return {"seconds": time.perf_counter() - start, "retries": retries, "result": result}
         except Unavailable:  # NoApplier is one too
             if time.monotonic() > deadline:
                 raise
@@ -190,8 +217,9 @@ def _retrying(attempt: Callable[[], object]) -> dict:
 class MessagingAgent:
     def __init__(self, conf, name: str, topic: str, host: Host):
         self.name, self.host = name, host
-        self.upstream = upstream.MessagingUpstream(conf, name, topic, RPC_TIMEOUT,
-                                                   key=signing.host_key(MASTER, name))
+        self.upstream = upstream.MessagingUpstream(
+            conf, name, topic, RPC_TIMEOUT, key=signing.host_key(MASTER, name)
+        )
         self.desired = host.desired(name)
         self.root_uuid = None
 
@@ -210,8 +238,7 @@ class MessagingAgent:
         sent = self.upstream.messages_sent
         # The agent opens with a heartbeat when the applier acknowledged
         # this digest; anything else it sends is the full message.
-        opens_with_heartbeat = (self.upstream.acked
-                                == wire.digest_of(wire.body_of(self.desired)))
+        opens_with_heartbeat = self.upstream.acked == wire.digest_of(wire.body_of(self.desired))
         done = _retrying(lambda: self.upstream.send(self.desired))
         report = done.pop("result")
         if report.errors:
@@ -219,11 +246,16 @@ class MessagingAgent:
         self.root_uuid = report.uuids.get(self.name, self.root_uuid)
         full, beat = self._payloads()
         messages = self.upstream.messages_sent - sent
-        sent_bytes = (beat + full * (messages - 1) if opens_with_heartbeat
-                      else full * messages)
-        return {**done, "messages": messages, "status": report.status,
-                "applier_requests": report.requests, "payload": sent_bytes / messages,
-                "full": full, "heartbeat": beat}
+        sent_bytes = beat + full * (messages - 1) if opens_with_heartbeat else full * messages
+        return {
+            **done,
+            "messages": messages,
+            "status": report.status,
+            "applier_requests": report.requests,
+            "payload": sent_bytes / messages,
+            "full": full,
+            "heartbeat": beat,
+        }
 
 
 class DirectAgent:
@@ -233,8 +265,9 @@ class DirectAgent:
         self.name, self.host = name, host
         self.client = PlacementClient.for_endpoint(url)
         self.now = 0.0
-        self.syncer = TreeSyncer(self.client, StateStore(state),
-                                 full_verify_interval=FULL_VERIFY, clock=lambda: self.now)
+        self.syncer = TreeSyncer(
+            self.client, StateStore(state), full_verify_interval=FULL_VERIFY, clock=lambda: self.now
+        )
         self.desired = host.desired(name)
         self.root_uuid = None
 
@@ -259,14 +292,16 @@ class DirectAgent:
 
 # ---------------------------------------------------------------- waves
 
+
 class Waves:
     def __init__(self, log: common.RequestLog, broker: Broker):
         self.log = log
         self.broker = broker
         self.rows: dict[str, dict] = {}
 
-    def run(self, phase: str, agents: list, work: Callable[[object], dict],
-            messaging_side: bool) -> dict:
+    def run(
+        self, phase: str, agents: list, work: Callable[[object], dict], messaging_side: bool
+    ) -> dict:
         octets = broker_octets(self.broker) if messaging_side else 0
         mark = self.log.mark()
         start = time.perf_counter()
@@ -275,24 +310,31 @@ class Waves:
         wall = time.perf_counter() - start
         requests = self.log.since(mark)
         n = len(agents)
-        row = {"agents": n, "wall": wall,
-               "requests_per_host": len(requests) / n, "counted": common.count(requests),
-               "paths": [common.shape(r) for r in requests],
-               "fresh": sum(1 for r in requests if common.shape(r) == FRESH),
-               "retries": sum(r["retries"] for r in results),
-               "messages_total": sum(r.get("messages", 1) for r in results),
-               "p50": common.percentile([r["seconds"] for r in results], 50),
-               "p99": common.percentile([r["seconds"] for r in results], 99)}
+        row = {
+            "agents": n,
+            "wall": wall,
+            "requests_per_host": len(requests) / n,
+            "counted": common.count(requests),
+            "paths": [common.shape(r) for r in requests],
+            "fresh": sum(1 for r in requests if common.shape(r) == FRESH),
+            "retries": sum(r["retries"] for r in results),
+            "messages_total": sum(r.get("messages", 1) for r in results),
+            "p50": common.percentile([r["seconds"] for r in results], 50),
+            "p99": common.percentile([r["seconds"] for r in results], 99),
+        }
         if messaging_side:
             # The log has settled (mark/since); so has the broker by then.
-            row.update({
-                "broker_bytes_per_agent": (broker_octets(self.broker) - octets) / n,
-                "messages": common.summary([r["messages"] for r in results]),
-                "payload": common.summary([r["payload"] for r in results]),
-                "statuses": sorted({r["status"] for r in results}),
-                "applier_requests_per_host":
-                    sum(r["applier_requests"] for r in results) / n,
-                "full_bytes": results[0]["full"], "heartbeat_bytes": results[0]["heartbeat"]})
+            row.update(
+                {
+                    "broker_bytes_per_agent": (broker_octets(self.broker) - octets) / n,
+                    "messages": common.summary([r["messages"] for r in results]),
+                    "payload": common.summary([r["payload"] for r in results]),
+                    "statuses": sorted({r["status"] for r in results}),
+                    "applier_requests_per_host": sum(r["applier_requests"] for r in results) / n,
+                    "full_bytes": results[0]["full"],
+                    "heartbeat_bytes": results[0]["heartbeat"],
+                }
+            )
         self.rows.setdefault(phase, []).append(row)
         return row
 
@@ -308,6 +350,7 @@ def _scheduler_activity(scheduler: Scheduler, agents: list) -> None:
 
 def _phases(waves: Waves, agents: list, scheduler: Scheduler, messaging_side: bool) -> None:
     """First apply, steady cycles, an inventory change: the same for both modes."""
+
     def cycle(agent):
         return agent.cycle()
 
@@ -329,13 +372,13 @@ def _close(agents: list[MessagingAgent]) -> None:
         thread.join(30)
 
 
-def _messaging_size(size: int, work: Path, broker: Broker, url: str, host: Host,
-                    log: common.RequestLog) -> dict:
+def _messaging_size(
+    size: int, work: Path, broker: Broker, url: str, host: Host, log: common.RequestLog
+) -> dict:
     topic = f"bench-applier-{size}-{uuidlib.uuid4().hex[:6]}"
     base = work / f"appliers-{size}"
     conf = messaging_conf(broker.url)
-    agents = [MessagingAgent(conf, f"bench-msg{size}-{n:03d}", topic, host)
-              for n in range(size)]
+    agents = [MessagingAgent(conf, f"bench-msg{size}-{n:03d}", topic, host) for n in range(size)]
     waves = Waves(log, broker)
     try:
         with Appliers(base, broker.url, url, topic, full_verify=FULL_VERIFY):
@@ -355,10 +398,11 @@ def _messaging_size(size: int, work: Path, broker: Broker, url: str, host: Host,
     return {"size": size, "rows": waves.rows}
 
 
-def _direct(work: Path, url: str, host: Host, broker: Broker,
-            log: common.RequestLog) -> dict:
-    agents = [DirectAgent(url, f"bench-direct-{n:03d}", host, work / "direct" / str(n))
-              for n in range(DIRECT_AGENTS)]
+def _direct(work: Path, url: str, host: Host, broker: Broker, log: common.RequestLog) -> dict:
+    agents = [
+        DirectAgent(url, f"bench-direct-{n:03d}", host, work / "direct" / str(n))
+        for n in range(DIRECT_AGENTS)
+    ]
     waves = Waves(log, broker)
     _phases(waves, agents, Scheduler(url), False)
     waves.run(VERIFY, agents, lambda a: a.full_verify(), False)
@@ -376,8 +420,9 @@ def messaging_conf(transport_url: str):
 
 
 def rabbitmq_version() -> str:
-    done = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "rabbitmq-server"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["dpkg-query", "-W", "-f", "${Version}", "rabbitmq-server"], capture_output=True, text=True
+    )
     return done.stdout.strip() or "unknown"
 
 
@@ -397,8 +442,10 @@ def _database(name: str = DATABASE) -> tuple[str | None, str]:
     try:
         fleet.admin(f"DROP DATABASE IF EXISTS {name}")
         fleet.admin(f"CREATE DATABASE {name}")
-        return (f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}",
-                f"PostgreSQL {fleet.postgres_version()}")
+        return (
+            f"postgresql+psycopg2://postgres@127.0.0.1:5432/{name}",
+            f"PostgreSQL {fleet.postgres_version()}",
+        )
     except Exception:  # noqa: BLE001 - no server, no driver: fall back
         return None, "SQLite (no PostgreSQL on 127.0.0.1:5432)"
 
@@ -414,24 +461,31 @@ def run(work: Path) -> dict:
     server = None
     database_url, database = _database()
     try:
-        server = start_subprocess(work / "placement-messaging", timeout=120,
-                                  database_url=database_url)
+        server = start_subprocess(
+            work / "placement-messaging", timeout=120, database_url=database_url
+        )
         log = common.RequestLog(server.workdir / LOG_FILE)
         direct = _direct(work, server.url, host, broker, log)
-        sizes = [_messaging_size(size, work, broker, server.url, host, log)
-                 for size in SIZES]
+        sizes = [_messaging_size(size, work, broker, server.url, host, log) for size in SIZES]
     finally:
         if server is not None:
             server.stop()
         broker.stop()
         if database_url:
             fleet.admin(f"DROP DATABASE IF EXISTS {DATABASE}")
-    return {"direct": direct, "sizes": sizes, "appliers": APPLIERS,
-            "instances": INSTANCES, "steady_cycles": STEADY_CYCLES,
-            "full_verify": FULL_VERIFY, "database": database,
-            "rpc_timeout": RPC_TIMEOUT, "rabbitmq": rabbitmq_version(),
-            "oslo_messaging": metadata.version("oslo.messaging"),
-            "providers": len(host.desired("probe").tree.providers)}
+    return {
+        "direct": direct,
+        "sizes": sizes,
+        "appliers": APPLIERS,
+        "instances": INSTANCES,
+        "steady_cycles": STEADY_CYCLES,
+        "full_verify": FULL_VERIFY,
+        "database": database,
+        "rpc_timeout": RPC_TIMEOUT,
+        "rabbitmq": rabbitmq_version(),
+        "oslo_messaging": metadata.version("oslo.messaging"),
+        "providers": len(host.desired("probe").tree.providers),
+    }
 
 
 if __name__ == "__main__":  # a quick look without the report

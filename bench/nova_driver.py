@@ -49,8 +49,9 @@ def _client(url):
     auth = token_endpoint.Token(url, "admin")
     # raise_exc=False: nova's own adapter factory does the same; the report
     # client reads status codes itself.
-    ksa = adapter.Adapter(session.Session(auth=auth), service_type="placement",
-                          endpoint_override=url, raise_exc=False)
+    ksa = adapter.Adapter(
+        session.Session(auth=auth), service_type="placement", endpoint_override=url, raise_exc=False
+    )
     return report.SchedulerReportClient(adapter=ksa)
 
 
@@ -59,8 +60,7 @@ def _apply_tree(prov_tree, providers):
     set every provider's inventory and traits."""
     for provider in providers[1:]:
         if not prov_tree.exists(provider["uuid"]):
-            prov_tree.new_child(provider["name"], provider["parent_uuid"],
-                                uuid=provider["uuid"])
+            prov_tree.new_child(provider["name"], provider["parent_uuid"], uuid=provider["uuid"])
     for provider in providers:
         prov_tree.update_inventory(provider["uuid"], provider["inventories"])
         prov_tree.update_traits(provider["uuid"], provider["traits"])
@@ -89,15 +89,15 @@ class Driver:
     def _once(self, providers, reshape):
         root = providers[0]
         prov_tree = self.client.get_provider_subtree_and_ensure_root(
-            self.context, root["uuid"], name=root["name"])
-        allocs = self.client.get_allocations_for_provider_tree(
-            self.context, root["name"])
+            self.context, root["uuid"], name=root["name"]
+        )
+        allocs = self.client.get_allocations_for_provider_tree(self.context, root["name"])
         if reshape:
-            _move(allocs, root["uuid"], reshape["consumers"], reshape["from"],
-                  reshape["to"])
+            _move(allocs, root["uuid"], reshape["consumers"], reshape["from"], reshape["to"])
         _apply_tree(prov_tree, providers)
         self.client.update_from_provider_tree(
-            self.context, prov_tree, allocations=allocs if reshape else None)
+            self.context, prov_tree, allocations=allocs if reshape else None
+        )
 
     def _advance(self, seconds):
         stamps = self.client._association_refresh_time
@@ -111,8 +111,7 @@ class Driver:
     def _with_retries(self, providers, reshape=None):
         from nova import exception
 
-        conflicts = (exception.ResourceProviderUpdateConflict,
-                     exception.PlacementReshapeConflict)
+        conflicts = (exception.ResourceProviderUpdateConflict, exception.PlacementReshapeConflict)
         for attempt in range(1, 5):
             try:
                 self._once(providers, reshape)

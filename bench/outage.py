@@ -32,7 +32,7 @@ from bench import common, production, synthetic_host
 AGENTS = 60
 SETTLE = 30
 OUTAGE = 30
-HEAL_LIMIT = 300   # seconds after the restart to wait for every agent
+HEAL_LIMIT = 300  # seconds after the restart to wait for every agent
 PREFIX = "outage-"
 
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d[.,]\d+)")
@@ -48,8 +48,10 @@ def _stamp(line: str) -> float | None:
     if not match:
         return None
     # Local-time log stamps of this machine; only their differences are used.
-    return datetime.datetime.strptime(match.group(1).replace(",", "."),  # noqa: DTZ007
-                                      "%Y-%m-%d %H:%M:%S.%f").timestamp()
+    return datetime.datetime.strptime(  # noqa: DTZ007
+        match.group(1).replace(",", "."),
+        "%Y-%m-%d %H:%M:%S.%f",
+    ).timestamp()
 
 
 def _config(work: Path, root: Path, shape, host: str, url: str, agent_opts: str) -> Path:
@@ -61,7 +63,8 @@ def _config(work: Path, root: Path, shape, host: str, url: str, agent_opts: str)
         f"[host]\nsysfs_root = {root}\n[libvirt]\nconnection_uri =\n"
         f"[compute]\ninstances_path = {work}\n[pci]\n{specs}"
         f"[placement]\nauth_type = admin_token\ntoken = admin\n"
-        f"endpoint_override = {url}\n")
+        f"endpoint_override = {url}\n"
+    )
     return config
 
 
@@ -83,8 +86,11 @@ def _owners(server_url: str) -> dict[str, str]:
     client = PlacementClient.for_endpoint(server_url)
     providers = client.get("/resource_providers")["resource_providers"]
     names = {p["uuid"]: p["name"] for p in providers}
-    return {p["uuid"]: names[p["root_provider_uuid"]] for p in providers
-            if names.get(p["root_provider_uuid"], "").startswith(PREFIX)}
+    return {
+        p["uuid"]: names[p["root_provider_uuid"]]
+        for p in providers
+        if names.get(p["root_provider_uuid"], "").startswith(PREFIX)
+    }
 
 
 def _owner(path: str, owners: dict[str, str]) -> str | None:
@@ -109,17 +115,24 @@ def _events(log: Path) -> dict[str, list[float]]:
 
 
 def _registered(work: Path, hosts: list[str]) -> int:
-    return sum(1 for h in hosts if any((work / "state" / h).glob("*"))
-               and "root_uuid" in _state_text(work / "state" / h))
+    return sum(
+        1
+        for h in hosts
+        if any((work / "state" / h).glob("*")) and "root_uuid" in _state_text(work / "state" / h)
+    )
 
 
 def _state_text(directory: Path) -> str:
-    return "".join(p.read_text(errors="replace") for p in directory.glob("*")
-                   if p.is_file())
+    return "".join(p.read_text(errors="replace") for p in directory.glob("*") if p.is_file())
 
 
-def run(work: Path, agents: int = AGENTS, settle: float = SETTLE,
-        outage: float = OUTAGE, agent_opts: str = "") -> dict:
+def run(
+    work: Path,
+    agents: int = AGENTS,
+    settle: float = SETTLE,
+    outage: float = OUTAGE,
+    agent_opts: str = "",
+) -> dict:
     """``agent_opts``: extra ``[agent]`` lines (a quicker timing to try it)."""
     work.mkdir(parents=True, exist_ok=True)
     shape = synthetic_host.Shape()
@@ -135,9 +148,14 @@ def run(work: Path, agents: int = AGENTS, settle: float = SETTLE,
         for host in hosts:
             config = _config(work, root, shape, host, server.url, agent_opts)
             with open(work / f"{host}.log", "wb") as out:
-                procs.append(subprocess.Popen(
-                    [str(agent_bin), "--config-file", str(config)], stdout=out,
-                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL))
+                procs.append(
+                    subprocess.Popen(
+                        [str(agent_bin), "--config-file", str(config)],
+                        stdout=out,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                    )
+                )
         deadline = time.monotonic() + 600
         while _registered(work, hosts) < agents and time.monotonic() < deadline:
             time.sleep(2)
@@ -182,20 +200,29 @@ def run(work: Path, agents: int = AGENTS, settle: float = SETTLE,
                 unattributed += 1
         recovering = [per_agent.get(h, 0) for h in noticed]
         return {
-            "agents": agents, "registered": registered,
-            "registered_after": registered_after, "settle": settle, "outage": outage,
-            "boot_seconds": up - restarted, "agent_opts": agent_opts,
-            "noticed": len(noticed), "healed": sum(1 for h in noticed if h in healed),
-            "heal_seconds": (common.summary([healed[h] - up for h in noticed if h in healed])
-                             if healed else None),
+            "agents": agents,
+            "registered": registered,
+            "registered_after": registered_after,
+            "settle": settle,
+            "outage": outage,
+            "boot_seconds": up - restarted,
+            "agent_opts": agent_opts,
+            "noticed": len(noticed),
+            "healed": sum(1 for h in noticed if h in healed),
+            "heal_seconds": (
+                common.summary([healed[h] - up for h in noticed if h in healed]) if healed else None
+            ),
             "last_healed_after": end - up,
             "peak_rps": max(per_second.values(), default=0),
             "requests_after_restart": len(window),
             "unattributed": unattributed,
             "per_recovering_agent": common.summary(recovering) if recovering else None,
-            "shapes": Counter(common.shape((m, p, s)) for _, m, p, s in window
-                              if _owner(p, owners) in noticed).most_common(),
-            "workers": server.workers, "postgres": cluster.version()}
+            "shapes": Counter(
+                common.shape((m, p, s)) for _, m, p, s in window if _owner(p, owners) in noticed
+            ).most_common(),
+            "workers": server.workers,
+            "postgres": cluster.version(),
+        }
     finally:
         for proc in procs:
             proc.terminate()

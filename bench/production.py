@@ -60,21 +60,41 @@ class PostgresCluster:
             shutil.chown(self.dir, "postgres")
 
     def _run(self, *command: str) -> str:
-        done = subprocess.run(self.as_user + list(command), capture_output=True,
-                              text=True, cwd=self.dir)
+        done = subprocess.run(
+            self.as_user + list(command), capture_output=True, text=True, cwd=self.dir
+        )
         if done.returncode != 0:
             raise RuntimeError(f"{command[0]} failed: {done.stderr.strip() or done.stdout}")
         return done.stdout
 
     def start(self) -> "PostgresCluster":
         data = self.dir / "data"
-        self._run(_pg_bin("initdb"), "-D", str(data), "-A", "trust", "-U", "postgres",
-                  "-E", "UTF8", "--no-sync")
-        self._run(_pg_bin("pg_ctl"), "-D", str(data), "-l", str(self.dir / "server.log"),
-                  "-w", "-o", f"-p {self.port} -c listen_addresses=127.0.0.1 "
-                  f"-k {self.dir} -c max_connections=200", "start")
-        self._run(_pg_bin("createdb"), "-h", "127.0.0.1", "-p", str(self.port),
-                  "-U", "postgres", DATABASE)
+        self._run(
+            _pg_bin("initdb"),
+            "-D",
+            str(data),
+            "-A",
+            "trust",
+            "-U",
+            "postgres",
+            "-E",
+            "UTF8",
+            "--no-sync",
+        )
+        self._run(
+            _pg_bin("pg_ctl"),
+            "-D",
+            str(data),
+            "-l",
+            str(self.dir / "server.log"),
+            "-w",
+            "-o",
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c max_connections=200",
+            "start",
+        )
+        self._run(
+            _pg_bin("createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", DATABASE
+        )
         return self
 
     @property
@@ -86,8 +106,7 @@ class PostgresCluster:
 
     def stop(self) -> None:
         try:
-            self._run(_pg_bin("pg_ctl"), "-D", str(self.dir / "data"), "-m", "fast",
-                      "-w", "stop")
+            self._run(_pg_bin("pg_ctl"), "-D", str(self.dir / "data"), "-m", "fast", "-w", "stop")
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -113,14 +132,28 @@ class UwsgiPlacement:
     def start(self, timeout: float = 120) -> "UwsgiPlacement":
         uwsgi = Path(sys.executable).with_name("uwsgi")
         command = [
-            str(uwsgi), "--http", f"127.0.0.1:{self.port}", "--http-keepalive",
-            "--master", "--processes", str(self.workers), "--lazy-apps",
-            "--module", "placement.wsgi.api:application", "--need-app",
-            "--die-on-term", "--disable-logging"]  # placement's own request log counts requests
+            str(uwsgi),
+            "--http",
+            f"127.0.0.1:{self.port}",
+            "--http-keepalive",
+            "--master",
+            "--processes",
+            str(self.workers),
+            "--lazy-apps",
+            "--module",
+            "placement.wsgi.api:application",
+            "--need-app",
+            "--die-on-term",
+            "--disable-logging",
+        ]  # placement's own request log counts requests
         with open(self.workdir / "uwsgi.out", "ab") as out:
             self.proc = subprocess.Popen(
-                command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=dict(os.environ, OS_PLACEMENT_CONFIG_DIR=str(self.workdir)))
+                command,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=dict(os.environ, OS_PLACEMENT_CONFIG_DIR=str(self.workdir)),
+            )
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -129,8 +162,9 @@ class UwsgiPlacement:
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 if self.proc.poll() is not None or time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError(f"uWSGI placement did not answer; see "
-                                       f"{self.workdir / 'uwsgi.out'}") from None
+                    raise RuntimeError(
+                        f"uWSGI placement did not answer; see {self.workdir / 'uwsgi.out'}"
+                    ) from None
                 time.sleep(0.1)
 
     def stop(self, timeout: float = 30) -> None:
@@ -146,8 +180,7 @@ class UwsgiPlacement:
 
 def uwsgi_version() -> str:
     uwsgi = Path(sys.executable).with_name("uwsgi")
-    return subprocess.run([str(uwsgi), "--version"], capture_output=True,
-                          text=True).stdout.strip()
+    return subprocess.run([str(uwsgi), "--version"], capture_output=True, text=True).stdout.strip()
 
 
 def run(work: Path, nova_python: Path) -> dict:
@@ -159,10 +192,10 @@ def run(work: Path, nova_python: Path) -> dict:
         server = UwsgiPlacement(work / "placement-uwsgi", cluster.url).start()
         # Registration, steady cycles and the reshape; the inventory change
         # is section 2's only, to keep the run short on a shared machine.
-        result = phases.run_phases(work, nova_python, server.url, server.log,
-                                   inventory=False)
-        return dict(result, workers=server.workers, postgres=cluster.version(),
-                    uwsgi=uwsgi_version())
+        result = phases.run_phases(work, nova_python, server.url, server.log, inventory=False)
+        return dict(
+            result, workers=server.workers, postgres=cluster.version(), uwsgi=uwsgi_version()
+        )
     finally:
         if server is not None:
             server.stop()

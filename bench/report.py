@@ -27,13 +27,17 @@ for _n in (100, 1000):
     _phase = f"reshape, {_n} consumers (VCPU → PCPU), after a restart"
     TARGETS[_phase] = f"≤ {_n + 4} + 2 per provider moved, without the audit"
     TARGETS[_phase + ", nothing moved since the agent's last read"] = (
-        f"≤ {_n + 4} without the audit")
-LABELS = ("Every figure is labelled: *measured* (counted or timed in this run), "
-          "*computed* (arithmetic on figures measured in this run: ratios, rates, "
-          "counts of a plan that was not sent) or *extrapolated* (measured figures "
-          "projected to a fleet, interval or scale that was not run). A ratio is the "
-          "median (min–max) of per-repetition ratios from interleaved runs; a single "
-          "run is never shown as a range.")
+        f"≤ {_n + 4} without the audit"
+    )
+LABELS = (
+    "Every figure is labelled: *measured* (counted or timed in this run), "
+    "*computed* (arithmetic on figures measured in this run: ratios, rates, "
+    "counts of a plan that was not sent) or *extrapolated* (measured figures "
+    "projected to a fleet, interval or scale that was not run). A ratio is the "
+    "median (min–max) of per-repetition ratios from interleaved runs; a single "
+    "run is never shown as a range."
+)
+
 
 def _version(package: str) -> str:
     try:
@@ -55,27 +59,44 @@ def _cpu_model() -> str:
 
 def _git_commit() -> str:
     """HEAD's short hash, marked when the code measured is not HEAD's."""
-    done = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True)
-    changed = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--",
-                              "bench", "node_agent", "devenv"],
-                             capture_output=True, text=True).stdout.strip()
+    done = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    )
+    changed = subprocess.run(
+        ["git", "-C", str(REPO), "status", "--porcelain", "--", "bench", "node_agent", "devenv"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     return (done.stdout.strip() or "unknown") + (" + uncommitted changes" if changed else "")
 
 
 def machine(nova_python: Path) -> dict:
     nova = subprocess.run(
-        [str(nova_python), "-c", "from importlib import metadata as m; "
-         "print(m.version('nova'), m.version('keystoneauth1'))"],
-        capture_output=True, text=True)
+        [
+            str(nova_python),
+            "-c",
+            "from importlib import metadata as m; "
+            "print(m.version('nova'), m.version('keystoneauth1'))",
+        ],
+        capture_output=True,
+        text=True,
+    )
     nova_versions = nova.stdout.split() or ["not installed", "?"]
-    mem_kib = next((int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
-                    if line.startswith("MemTotal:")), 0)
+    mem_kib = next(
+        (
+            int(line.split()[1])
+            for line in Path("/proc/meminfo").read_text().splitlines()
+            if line.startswith("MemTotal:")
+        ),
+        0,
+    )
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": _cpu_model(), "cores": os.cpu_count(),
+        "cpu": _cpu_model(),
+        "cores": os.cpu_count(),
         "memory_gib": round(mem_kib / 1024 / 1024, 1),
-        "kernel": platform.release(), "python": platform.python_version(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
         "commit": _git_commit(),
         "versions": {
             "node-agent": _version("node-agent"),
@@ -100,10 +121,13 @@ def _failed(section: dict) -> str | None:
 
 
 def _machine(m: dict) -> list[str]:
-    lines = [MACHINE, "",
-             f"- measured {m['date']} at commit `{m['commit']}`",
-             f"- {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB RAM, "
-             f"Linux {m['kernel']}, Python {m['python']}"]
+    lines = [
+        MACHINE,
+        "",
+        f"- measured {m['date']} at commit `{m['commit']}`",
+        f"- {m['cpu']}, {m['cores']} cores, {m['memory_gib']} GiB RAM, "
+        f"Linux {m['kernel']}, Python {m['python']}",
+    ]
     lines += [f"- {name} {version}" for name, version in m["versions"].items()]
     return lines + [""]
 
@@ -119,33 +143,45 @@ def _discovery(d: dict) -> list[str]:
         "matches (a steady cycle) and against an empty one (first registration). "
         "*cycle* = discover + build + steady plan, timed as one. *requests planned* "
         "is the length of the first registration's plan, which is not sent "
-        "(computed). Target: cycle < 50 ms.", "",
+        "(computed). Target: cycle < 50 ms.",
+        "",
         "| host | CPUs | providers (measured) | discover ms (measured) "
         "| build ms (measured) | plan (steady) ms (measured) "
         "| plan (first) ms (measured) | requests planned, first registration (computed) "
         "| cycle ms (measured) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for h in d["hosts"]:
         lines.append(
             f"| {h['host']} | {h['cpus']} | {h['providers']} | {fmt_stat(h['discover'])} "
             f"| {fmt_stat(h['build'])} | {fmt_stat(h['plan_steady'])} "
             f"| {fmt_stat(h['plan_first'])} | {h['first_changes']} "
-            f"| **{fmt_stat(h['cycle'])}** |")
+            f"| **{fmt_stat(h['cycle'])}** |"
+        )
     base = d["scaling"][0]["cycle"]["median"]
-    lines += ["", "Growth with the CPU count (synthetic host, same 16 GPUs and 4 PFs × "
-              "128 VFs, NUMA nodes grow with the CPUs):", "",
-              "| scale | CPUs | NUMA nodes | providers | discover (measured) "
-              "| cycle (measured) | cycle vs 1×, medians (computed) |",
-              "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "",
+        "Growth with the CPU count (synthetic host, same 16 GPUs and 4 PFs × "
+        "128 VFs, NUMA nodes grow with the CPUs):",
+        "",
+        "| scale | CPUs | NUMA nodes | providers | discover (measured) "
+        "| cycle (measured) | cycle vs 1×, medians (computed) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for s in d["scaling"]:
         lines.append(
             f"| {s['factor']}× | {s['cpus']} | {2 * s['factor']} | {s['providers']} "
             f"| {fmt_stat(s['discover'])} | {fmt_stat(s['cycle'])} "
-            f"| {s['cycle']['median'] / base:.2f}× |")
+            f"| {s['cycle']['median'] / base:.2f}× |"
+        )
     b = d["breakdown"]
-    lines += ["", f"Where discovery of the 384-CPU synthetic host goes (measured): CPU/NUMA "
-              f"topology {fmt_stat(b['topology'])} ms, PCI devices (16 GPUs, 4 PFs, 512 VFs: "
-              f"every device directory is visited) {fmt_stat(b['pci'])} ms.", ""]
+    lines += [
+        "",
+        f"Where discovery of the 384-CPU synthetic host goes (measured): CPU/NUMA "
+        f"topology {fmt_stat(b['topology'])} ms, PCI devices (16 GPUs, 4 PFs, 512 VFs: "
+        f"every device directory is visited) {fmt_stat(b['pci'])} ms.",
+        "",
+    ]
     return lines
 
 
@@ -175,9 +211,11 @@ def _request_ratio(row: dict) -> str:
     return f"{na['requests']['median']:g} vs {nova['requests']['median']:g}"
 
 
-def _phases(p: dict, title: str = "## 2. Placement requests and wall time per phase",
-            server: str = "Same embedded Placement (one process, threaded WSGI server, "
-                          "SQLite, loopback)") -> list[str]:
+def _phases(
+    p: dict,
+    title: str = "## 2. Placement requests and wall time per phase",
+    server: str = "Same embedded Placement (one process, threaded WSGI server, SQLite, loopback)",
+) -> list[str]:
     lines = [title, ""]
     if _failed(p):
         return lines + [_failed(p)]
@@ -201,12 +239,14 @@ def _phases(p: dict, title: str = "## 2. Placement requests and wall time per ph
         "the root's allocations; its clock is simulated the same way, so its "
         "300 s association refresh fires where nova's would. The *periodic re-read* row "
         "is the cycle every 300 s on both sides: node-agent's full verify, nova's "
-        "association refresh; a stand-in scheduler resized one instance before it.", "",
+        "association refresh; a stand-in scheduler resized one instance before it.",
+        "",
         "| phase | node-agent requests (measured) | nova requests (measured) "
         "| nova / node-agent requests (computed) | node-agent target "
         "| node-agent ms (measured) | nova ms (measured) "
         "| nova / node-agent time, per repetition (computed) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for phase, row in p["rows"].items():
         na, nova = row.get("node-agent"), row.get("nova")
         ratio = fmt_ratio(row["ratio"]["seconds"]) if "ratio" in row else "–"
@@ -214,13 +254,23 @@ def _phases(p: dict, title: str = "## 2. Placement requests and wall time per ph
             f"| {phase} | {_req(na)} | {_req(nova)} | {_request_ratio(row)} "
             f"| {TARGETS.get(phase, '–')} "
             f"| {fmt_stat(na['seconds']) if na else '–'} "
-            f"| {fmt_stat(nova['seconds']) if nova else '–'} | {ratio} |")
-    lines += [""] + _reshape_breakdown(p) + _cli(p) + [
-        "Reshape check (PCPU used on the root after each repetition, should equal the "
-        "consumers; measured): " + "; ".join(
-            f"{n} consumers: node-agent {sorted({c['node-agent'] for c in checks})}, "
-            f"nova {sorted({c['nova'] for c in checks})}"
-            for n, checks in p["reshape_check"].items()), ""]
+            f"| {fmt_stat(nova['seconds']) if nova else '–'} | {ratio} |"
+        )
+    lines += (
+        [""]
+        + _reshape_breakdown(p)
+        + _cli(p)
+        + [
+            "Reshape check (PCPU used on the root after each repetition, should equal the "
+            "consumers; measured): "
+            + "; ".join(
+                f"{n} consumers: node-agent {sorted({c['node-agent'] for c in checks})}, "
+                f"nova {sorted({c['nova'] for c in checks})}"
+                for n, checks in p["reshape_check"].items()
+            ),
+            "",
+        ]
+    )
     lines += _errors(p) + _request_detail(p)
     return lines
 
@@ -257,23 +307,33 @@ def _reshape_breakdown(p: dict) -> list[str]:
         floor = consumers + 3 + recheck + 2 * moved
         verdict = "met" if path <= floor else "missed"
         base = consumers + 3 + recheck
-        literal = (f"within consumers + 3 and the re-check itself, {base}" if path <= base
-                   else f"consumers + 3 and the re-check = {base} plus the "
-                        f"{path - base} reads of the moved root")
+        literal = (
+            f"within consumers + 3 and the re-check itself, {base}"
+            if path <= base
+            else f"consumers + 3 and the re-check = {base} plus the "
+            f"{path - base} reads of the moved root"
+        )
         lines.append(
             f"Where the node-agent reshape's {first['total']} requests go ({phase}; first "
             f"repetition; measured, split by the reshaper's and the auditor's own counts "
             f"and by path, the rest computed): the restart's verify before any write "
             f"{listing + 2 * moved} (the listing {listing}, "
-            + (f"then {2 * moved} for the {moved} provider(s) whose generation moved "
-               f"while the agent was down: inventories for the ratios Placement holds, "
-               f"traits for whose root it is); " if moved else
-               "no provider moved since the agent's last read); ")
+            + (
+                f"then {2 * moved} for the {moved} provider(s) whose generation moved "
+                f"while the agent was down: inventories for the ratios Placement holds, "
+                f"traits for whose root it is); "
+                if moved
+                else "no provider moved since the agent's last read); "
+            )
             + f"the reshape itself {reshaper} ({looked_up} consumer reads "
             f"`GET /allocations/{{uuid}}`, the root's allocations, `POST /reshaper`"
-            + (f", then the root's allocations read {recheck} more time(s) after the POST: "
-               "a pinned guest nova's fallback query placed on VCPU meanwhile moves in "
-               "the same cycle, issue 24's re-check" if recheck else "")
+            + (
+                f", then the root's allocations read {recheck} more time(s) after the POST: "
+                "a pinned guest nova's fallback query placed on VCPU meanwhile moves in "
+                "the same cycle, issue 24's re-check"
+                if recheck
+                else ""
+            )
             + "); "
             + (f"{other} other; " if other else "nothing else; ")
             + f"then the allocation audit {audit} (one `GET /resource_providers/{{uuid}}/"
@@ -283,7 +343,8 @@ def _reshape_breakdown(p: dict) -> list[str]:
             f"and the verify's own cost for the "
             f"providers that moved while the agent was down (2 reads each, as the issue "
             f"counts a verify) it is {floor} here: the cycle without the audit costs "
-            f"{path}, **{verdict}** ({literal}).")
+            f"{path}, **{verdict}** ({literal})."
+        )
         lines.append("")
     return lines
 
@@ -294,37 +355,53 @@ def _cli(p: dict) -> list[str]:
     row = p["rows"].get("first registration", {}).get("node-agent")
     if not cli or not row:
         return []
+
     def requests(paths):  # statuses folded: a trait may exist already (204, not 201)
         return Counter(p.rsplit(" ", 1)[0] for p in paths)
 
     extra = requests(cli["first"]["paths"]) - requests(row["first"]["paths"])
     missing = requests(row["first"]["paths"]) - requests(cli["first"]["paths"])
     listed = "; ".join(f"{n}× {s}" if n > 1 else s for s, n in extra.items()) or "nothing"
-    text = (f"The real `node-agent --once` process registering the same host "
-            f"({cli['requests']['n']} runs, a fresh host each; measured): "
-            f"{_req(dict(cli, errors=[]))} requests, "
-            f"{fmt_stat(cli['seconds'], lambda v: f'{v:.2f}')} s for the whole process "
-            f"(exit {', '.join(map(str, cli['exits']))}). Against the in-process cycle "
-            f"above ({row['requests']['median']:g}; `--once` runs no audit) it also "
-            f"sends: {listed}")
+    text = (
+        f"The real `node-agent --once` process registering the same host "
+        f"({cli['requests']['n']} runs, a fresh host each; measured): "
+        f"{_req(dict(cli, errors=[]))} requests, "
+        f"{fmt_stat(cli['seconds'], lambda v: f'{v:.2f}')} s for the whole process "
+        f"(exit {', '.join(map(str, cli['exits']))}). Against the in-process cycle "
+        f"above ({row['requests']['median']:g}; `--once` runs no audit) it also "
+        f"sends: {listed}"
+    )
     if missing:
         text += "; and not: " + "; ".join(f"{n}× {s}" for s, n in missing.items())
-    return [text + ". (Earlier versions of this file counted `TreeSyncer.sync` alone, "
-            "without the cycle's maintenance and reshape checks.)", ""]
+    return [
+        text + ". (Earlier versions of this file counted `TreeSyncer.sync` alone, "
+        "without the cycle's maintenance and reshape checks.)",
+        "",
+    ]
 
 
 def _errors(p: dict) -> list[str]:
-    found = [(phase, side, e) for phase, sides in p["rows"].items()
-             for side, v in sides.items() if side != "ratio" for e in v["errors"][:1]]
+    found = [
+        (phase, side, e)
+        for phase, sides in p["rows"].items()
+        for side, v in sides.items()
+        if side != "ratio"
+        for e in v["errors"][:1]
+    ]
     if not found:
         return []
-    return ["Errors reported by a side (first of each phase):", ""] + [
-        f"- {phase}, {side}: `{e[:300]}`" for phase, side, e in found] + [""]
+    return (
+        ["Errors reported by a side (first of each phase):", ""]
+        + [f"- {phase}, {side}: `{e[:300]}`" for phase, side, e in found]
+        + [""]
+    )
 
 
 def _request_detail(p: dict) -> list[str]:
-    lines = ["<details><summary>Requests of each phase (first repetition), uuids folded"
-             "</summary>", ""]
+    lines = [
+        "<details><summary>Requests of each phase (first repetition), uuids folded</summary>",
+        "",
+    ]
     for phase, sides in p["rows"].items():
         for side, v in sides.items():
             if side == "ratio":
@@ -332,8 +409,11 @@ def _request_detail(p: dict) -> list[str]:
             shapes = Counter(v["first"]["paths"])
             listed = "; ".join(f"{n}× {s}" if n > 1 else s for s, n in shapes.items())
             extra = v["first"].get("reply") or {}
-            note = (f" (reshaper part: {extra['reshaper_requests']})"
-                    if "reshaper_requests" in extra else "")
+            note = (
+                f" (reshaper part: {extra['reshaper_requests']})"
+                if "reshaper_requests" in extra
+                else ""
+            )
             lines.append(f"- **{phase}, {side}**{note}: {listed or 'none'}")
     return lines + ["", "</details>", ""]
 
@@ -354,61 +434,80 @@ def _memory(m: dict) -> list[str]:
     lines += [
         "Fresh interpreter each time, node-agent and nova interleaved (alternating "
         f"order), median (min–max) of {na['seconds']['n']} runs; the ratio is the "
-        "median (min–max) of per-repetition ratios.", "",
+        "median (min–max) of per-repetition ratios.",
+        "",
         "| | import time (s, measured) | RSS after import (MiB, measured) |",
         "|---|---:|---:|",
         f"| node-agent (cli, cycle, sync, placement, reshaper, daemon) "
         f"| {fmt_stat(na['seconds'], sec)} | {fmt_stat(na['rss_mib'], mib)} |",
         f"| nova report client + ProviderTree | {fmt_stat(nova['seconds'], sec)} "
-        f"| {fmt_stat(nova['rss_mib'], mib)} |"]
+        f"| {fmt_stat(nova['rss_mib'], mib)} |",
+    ]
     if ratio:
-        lines.append(f"| nova / node-agent (computed) | {fmt_ratio(ratio['seconds'])} "
-                     f"| {fmt_ratio(ratio['rss_mib'])} |")
+        lines.append(
+            f"| nova / node-agent (computed) | {fmt_ratio(ratio['seconds'])} "
+            f"| {fmt_ratio(ratio['rss_mib'])} |"
+        )
     lines += [
-        "", "`node-agent --once --dry-run --output json` (whole process, no libvirt, no "
+        "",
+        "`node-agent --once --dry-run --output json` (whole process, no libvirt, no "
         "Placement), interleaved with `python -c pass` on the same interpreter; wall "
         "and CPU (user + system, the kernel's account, GNU time's own 1.5 ms or so "
         "included) seconds and peak RSS of the process (measured), and "
         "the per-repetition ratio to `python -c pass` (computed). Issue 19's target "
-        "for the synthetic host: ≤ 0.20 s CPU and ≤ 32 MiB.", "",
+        "for the synthetic host: ≤ 0.20 s CPU and ≤ 32 MiB.",
+        "",
         "| host | wall s (measured) | CPU s (measured) | peak RSS MiB (measured) "
         "| CPU vs `python -c pass` (computed) | RSS vs `python -c pass` (computed) "
-        "| exit (measured) |", "|---|---:|---:|---:|---:|---:|---:|"]
+        "| exit (measured) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for d in m["dry_run"]:
         if "cpu" not in d:
-            lines.append(f"| {d['host']} | {fmt_stat(d['seconds'], sec)} | – | – | – | – "
-                         f"| {d['exit']} |")
+            lines.append(
+                f"| {d['host']} | {fmt_stat(d['seconds'], sec)} | – | – | – | – | {d['exit']} |"
+            )
             continue
         lines.append(
             f"| {d['host']} | {fmt_stat(d['seconds'], sec)} | {fmt_stat(d['cpu'], sec)} "
             f"| {fmt_stat(d['rss_mib'], mib)} | {fmt_ratio(d['ratio_cpu'])} "
-            f"| {fmt_ratio(d['ratio_rss_mib'])} | {d['exit']} |")
-    synthetic = next((d for d in m["dry_run"] if "cpu" in d and "synthetic" in d["host"]),
-                     None)
+            f"| {fmt_ratio(d['ratio_rss_mib'])} | {d['exit']} |"
+        )
+    synthetic = next((d for d in m["dry_run"] if "cpu" in d and "synthetic" in d["host"]), None)
     if synthetic:
-        lines += ["", "Issue 19's targets on the synthetic host, as measured here: CPU "
-                  f"{_verdict(synthetic['cpu'], 0.20, sec)} against ≤ 0.20 s; peak RSS "
-                  f"{_verdict(synthetic['rss_mib'], 32, mib)} against ≤ 32 MiB. Section "
-                  "11 measures the same command against the pre-change commit."]
+        lines += [
+            "",
+            "Issue 19's targets on the synthetic host, as measured here: CPU "
+            f"{_verdict(synthetic['cpu'], 0.20, sec)} against ≤ 0.20 s; peak RSS "
+            f"{_verdict(synthetic['rss_mib'], 32, mib)} against ≤ 32 MiB. Section "
+            "11 measures the same command against the pre-change commit.",
+        ]
     base = next((d for d in m["dry_run"] if "baseline_cpu" in d), None)
     if base:
-        lines += ["", f"`python -c pass` itself (measured): {fmt_stat(base['baseline_cpu'], sec)}"
-                  f" s CPU, {fmt_stat(base['baseline_rss_mib'], mib)} MiB."]
+        lines += [
+            "",
+            f"`python -c pass` itself (measured): {fmt_stat(base['baseline_cpu'], sec)}"
+            f" s CPU, {fmt_stat(base['baseline_rss_mib'], mib)} MiB.",
+        ]
     s = m["soak"]
     samples = {int(k): v for k, v in s["samples_kib"].items()}  # JSON keys are text
     start = samples[0]
-    lines += ["", f"Soak (measured): {s['cycles']:,} cycles in one process against "
-              f"{s['fixture']} (discovery + partition + tree + steady sync against the "
-              f"embedded Placement, full verify every 5th cycle: {s['requests']} requests "
-              f"in all), {s['seconds']:.0f} s, "
-              f"{s['seconds'] / s['cycles'] * 1000:.1f} ms per cycle:", "",
-              "| cycles | " + " | ".join(f"{k:,}" for k in sorted(samples)) + " |",
-              "|---|" + "---:|" * len(samples),
-              "| RSS (MiB) | " + " | ".join(f"{samples[k] / 1024:.1f}"
-                                          for k in sorted(samples)) + " |",
-              "| growth since start (MiB) | " + " | ".join(
-                  f"{(samples[k] - start) / 1024:+.1f}" for k in sorted(samples)) + " |",
-              ""]
+    lines += [
+        "",
+        f"Soak (measured): {s['cycles']:,} cycles in one process against "
+        f"{s['fixture']} (discovery + partition + tree + steady sync against the "
+        f"embedded Placement, full verify every 5th cycle: {s['requests']} requests "
+        f"in all), {s['seconds']:.0f} s, "
+        f"{s['seconds'] / s['cycles'] * 1000:.1f} ms per cycle:",
+        "",
+        "| cycles | " + " | ".join(f"{k:,}" for k in sorted(samples)) + " |",
+        "|---|" + "---:|" * len(samples),
+        "| RSS (MiB) | " + " | ".join(f"{samples[k] / 1024:.1f}" for k in sorted(samples)) + " |",
+        "| growth since start (MiB) | "
+        + " | ".join(f"{(samples[k] - start) / 1024:+.1f}" for k in sorted(samples))
+        + " |",
+        "",
+    ]
     return lines
 
 
@@ -424,13 +523,15 @@ def _fleet(f: dict, phases: dict) -> list[str]:
         "worker threads; a cycle is the pure pipeline plus the sync (discovery is "
         "section 1). Cycles are 60 s apart on a simulated clock, so cycle 6 is a full "
         "verify. Latency includes waiting for Placement behind the other agents of "
-        "the wave.", "",
+        "the wave.",
+        "",
         "| agents | cycle 1 (registration): requests, wall s (measured), req/s "
         "(computed), p50 / p99 s (measured) "
         "| cycles 2–10: requests per agent-cycle (computed) "
         "| cycles 2–10: p50 / p99 s (measured) "
         "| full-verify wave: req/s (computed) | failed cycles (measured) |",
-        "|---:|---|---:|---|---:|---:|"]
+        "|---:|---|---:|---|---:|---:|",
+    ]
     for fl in f["fleets"]:
         first = fl["waves"][0]
         verify = max(fl["waves"][1:], key=lambda w: w["requests"])
@@ -440,19 +541,21 @@ def _fleet(f: dict, phases: dict) -> list[str]:
             f"{first['rps']:.0f}, {first['p50']:.2f} / {first['p99']:.2f} "
             f"| {fl['steady_requests_per_agent_cycle']:.2f} "
             f"| {fl['steady_p50']:.4f} / {fl['steady_p99']:.2f} "
-            f"| {verify['rps']:.0f} | {failed} |")
+            f"| {verify['rps']:.0f} | {failed} |"
+        )
     for skipped in f["skipped"]:
-        lines.append(f"\n{skipped['size']:,} agents were skipped: the smaller fleet "
-                     f"projected {skipped['estimate']:.0f} s, more than the "
-                     f"{skipped['left']:.0f} s left of the fleet budget.")
+        lines.append(
+            f"\n{skipped['size']:,} agents were skipped: the smaller fleet "
+            f"projected {skipped['estimate']:.0f} s, more than the "
+            f"{skipped['left']:.0f} s left of the fleet budget."
+        )
     lines += [""] + _fleet_comparison(f, phases)
     return lines
 
 
 def _nova_steady(phases: dict, instances: int):
     try:
-        return phases["rows"][f"steady cycle, {instances} instances"]["nova"][
-            "requests"]["median"]
+        return phases["rows"][f"steady cycle, {instances} instances"]["nova"]["requests"]["median"]
     except (KeyError, TypeError):
         return None
 
@@ -461,20 +564,26 @@ def _fleet_comparison(f: dict, phases: dict) -> list[str]:
     if not f["fleets"]:
         return []
     capacity = max(fl["waves"][0]["rps"] for fl in f["fleets"])
-    counts = [int(phase.split(", ")[1].split()[0]) for phase in phases.get("rows", {})
-              if phase.startswith("steady cycle, ")]
+    counts = [
+        int(phase.split(", ")[1].split()[0])
+        for phase in phases.get("rows", {})
+        if phase.startswith("steady cycle, ")
+    ]
     most = max(counts, default=100)
-    lines = ["Steady state at the default 60 s report interval, requests per second "
-             "Placement must serve. node-agent: computed from the requests measured "
-             "over cycles 2–10, full verify included, spread over 60 s cycles. nova: "
-             "extrapolated, its steady cycle measured in section 2 times the fleet "
-             "over 60 s (no nova fleet ran; its 300 s association refresh is left "
-             f"out). This Placement served up to {capacity:.0f} req/s here (computed "
-             "from the registration wave).", "",
-             "| agents | node-agent req/s (computed) | nova req/s, 0 instances/host "
-             f"(extrapolated) | nova req/s, {most} instances/host (extrapolated) "
-             "| nova / node-agent, 0 instances (extrapolated) |",
-             "|---:|---:|---:|---:|---:|"]
+    lines = [
+        "Steady state at the default 60 s report interval, requests per second "
+        "Placement must serve. node-agent: computed from the requests measured "
+        "over cycles 2–10, full verify included, spread over 60 s cycles. nova: "
+        "extrapolated, its steady cycle measured in section 2 times the fleet "
+        "over 60 s (no nova fleet ran; its 300 s association refresh is left "
+        f"out). This Placement served up to {capacity:.0f} req/s here (computed "
+        "from the registration wave).",
+        "",
+        "| agents | node-agent req/s (computed) | nova req/s, 0 instances/host "
+        f"(extrapolated) | nova req/s, {most} instances/host (extrapolated) "
+        "| nova / node-agent, 0 instances (extrapolated) |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     nova0, nova100 = _nova_steady(phases, 0), _nova_steady(phases, most)
     for fl in f["fleets"]:
         n = fl["size"]
@@ -484,13 +593,18 @@ def _fleet_comparison(f: dict, phases: dict) -> list[str]:
         lines.append(
             f"| {n:,} | {na:.2f} | {'–' if n0 is None else f'{n0:.0f}'} "
             f"| {'–' if n100 is None else f'{n100:.0f}'} "
-            f"| {'–' if n0 is None or not na else f'{n0 / na:.0f}×'} |")
+            f"| {'–' if n0 is None or not na else f'{n0 / na:.0f}×'} |"
+        )
     return lines + [""]
 
 
-MESSAGING_PHASES = ("first apply", "steady cycle",
-                    "inventory change after scheduler activity",
-                    "first heartbeat after the appliers restart", "full verify (every 300 s)")
+MESSAGING_PHASES = (
+    "first apply",
+    "steady cycle",
+    "inventory change after scheduler activity",
+    "first heartbeat after the appliers restart",
+    "full verify (every 300 s)",
+)
 FLEET_HOSTS = 1000  # the fleet the steady-state figures are projected to
 
 
@@ -501,8 +615,11 @@ def _num(value: float) -> str:
 def _spread(values: list[float]) -> str:
     """median, with (min–max) when the waves differ."""
     ordered = sorted(values)
-    mid = ordered[len(ordered) // 2] if len(ordered) % 2 else \
-        (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
+    mid = (
+        ordered[len(ordered) // 2]
+        if len(ordered) % 2
+        else (ordered[len(ordered) // 2 - 1] + ordered[len(ordered) // 2]) / 2
+    )
     text = _num(mid)
     if ordered[0] != ordered[-1]:
         text += f" ({_num(ordered[0])}–{_num(ordered[-1])})"
@@ -549,14 +666,20 @@ def _messaging(m: dict) -> list[str]:
         f"{m['instances']} allocations on each root and resized one; then every host's "
         "reserved memory changed. The full verify is due every "
         f"{m['full_verify']} s; to measure it now the appliers were restarted with "
-        "`[applier] full_verify_interval = 0` (direct mode: its clock moved 300 s).", "",
+        "`[applier] full_verify_interval = 0` (direct mode: its clock moved 300 s).",
+        "",
         "All figures in the two tables below are measured (per host and per agent: "
-        "a wave's count divided by its agents).", "",
+        "a wave's count divided by its agents).",
+        "",
         "| phase | direct mode: requests per host | "
-        + " | ".join(f"messaging, {s['size']} agents: messages per agent "
-                     f"| messaging, {s['size']} agents: requests per host" for s in sizes)
+        + " | ".join(
+            f"messaging, {s['size']} agents: messages per agent "
+            f"| messaging, {s['size']} agents: requests per host"
+            for s in sizes
+        )
         + " |",
-        "|---|---:|" + "---:|---:|" * len(sizes)]
+        "|---|---:|" + "---:|---:|" * len(sizes),
+    ]
     for phase in MESSAGING_PHASES:
         cells = [_per_host(direct["rows"].get(phase))]
         for s in sizes:
@@ -564,18 +687,22 @@ def _messaging(m: dict) -> list[str]:
             cells += [_messages_per_agent(rows), _per_host(rows)]
         if any(c != "–" for c in cells):
             lines.append(f"| {phase} | " + " | ".join(cells) + " |")
-    lines += ["", "Per wave: *payload* is the JSON of the agent's message; *broker* is "
-              "every octet the broker received and sent on all connections during the "
-              "wave (agent → broker → applier and the reply back, oslo.messaging's "
-              "envelope and AMQP framing included), per agent. *Requests per host* is "
-              "Placement's log, then the appliers' own count from their replies. "
-              "*Re-read* counts hosts whose message reached an applier process that "
-              "did not hold them in memory (restarted, or the other process applied "
-              "them last): it re-reads the host's tree and the root's allocations.", "",
-              "| phase | agents | payload bytes per message | broker bytes per agent "
-              "| requests per host (log / appliers) | re-read | retried cycles "
-              "| wave s | cycle p50 / p99 s |",
-              "|---|---:|---:|---:|---|---:|---:|---:|---|"]
+    lines += [
+        "",
+        "Per wave: *payload* is the JSON of the agent's message; *broker* is "
+        "every octet the broker received and sent on all connections during the "
+        "wave (agent → broker → applier and the reply back, oslo.messaging's "
+        "envelope and AMQP framing included), per agent. *Requests per host* is "
+        "Placement's log, then the appliers' own count from their replies. "
+        "*Re-read* counts hosts whose message reached an applier process that "
+        "did not hold them in memory (restarted, or the other process applied "
+        "them last): it re-reads the host's tree and the root's allocations.",
+        "",
+        "| phase | agents | payload bytes per message | broker bytes per agent "
+        "| requests per host (log / appliers) | re-read | retried cycles "
+        "| wave s | cycle p50 / p99 s |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---|",
+    ]
     for s in sizes:
         for phase in MESSAGING_PHASES:
             for n, r in enumerate(s["rows"].get(phase, [])):
@@ -586,7 +713,8 @@ def _messaging(m: dict) -> list[str]:
                     f"| {_num(r['requests_per_host'])} / "
                     f"{_num(r['applier_requests_per_host'])} | {r['fresh']} "
                     f"| {r['retries']} | {r['wall']:.1f} "
-                    f"| {r['p50']:.2f} / {r['p99']:.2f} |")
+                    f"| {r['p50']:.2f} / {r['p99']:.2f} |"
+                )
     lines += [""] + _messaging_summary(m) + _messaging_detail(m) + [_messaging_rerun()]
     return lines
 
@@ -611,30 +739,41 @@ def _messaging_summary(m: dict) -> list[str]:
         f"messaging mode against {_num(direct_rate)} in direct mode. Extrapolated to "
         f"{n:,} hosts (not run): {n / 60:.1f} messages/s, {broker * n / 60 / 1024:.0f} KiB/s "
         f"through the broker, {na_rate * n / 60:.1f} Placement requests/s in messaging "
-        f"mode against {direct_rate * n / 60:.1f} in direct mode.", ""]
+        f"mode against {direct_rate * n / 60:.1f} in direct mode.",
+        "",
+    ]
     direct_verify = direct["rows"]["full verify (every 300 s)"][0]["requests_per_host"]
     if verify["requests_per_host"] > direct_verify:
-        lines += [f"The applier's full verify costs {_num(verify['requests_per_host'])} "
-                  f"requests per host against direct mode's {_num(direct_verify)}: it "
-                  "re-reads every provider's inventories and traits where direct mode "
-                  "reads the tree once and compares generations.", ""]
-    change = [r for s in sizes
-              for r in s["rows"].get("inventory change after scheduler activity", [])]
+        lines += [
+            f"The applier's full verify costs {_num(verify['requests_per_host'])} "
+            f"requests per host against direct mode's {_num(direct_verify)}: it "
+            "re-reads every provider's inventories and traits where direct mode "
+            "reads the tree once and compares generations.",
+            "",
+        ]
+    change = [
+        r for s in sizes for r in s["rows"].get("inventory change after scheduler activity", [])
+    ]
     fresh = sum(r["fresh"] for r in change)
     if fresh:
         hosts = sum(r["agents"] for r in change)
         direct_change = direct["rows"]["inventory change after scheduler activity"][0]
-        lines += [f"In the inventory change, {fresh} of {hosts} hosts reached the applier "
-                  "process that had not applied them last (competing consumers hand "
-                  "each message to either) and paid a re-read of their tree; the others "
-                  f"cost what direct mode costs "
-                  f"({_num(direct_change['requests_per_host'])} requests).", ""]
+        lines += [
+            f"In the inventory change, {fresh} of {hosts} hosts reached the applier "
+            "process that had not applied them last (competing consumers hand "
+            "each message to either) and paid a re-read of their tree; the others "
+            f"cost what direct mode costs "
+            f"({_num(direct_change['requests_per_host'])} requests).",
+            "",
+        ]
     return lines
 
 
 def _messaging_detail(m: dict) -> list[str]:
-    lines = ["<details><summary>Requests per host of each phase (first wave), uuids "
-             "folded</summary>", ""]
+    lines = [
+        "<details><summary>Requests per host of each phase (first wave), uuids folded</summary>",
+        "",
+    ]
     sides = [("direct mode", m["direct"])] + [("messaging", s) for s in m["sizes"]]
     for phase in MESSAGING_PHASES:
         for mode, side in sides:
@@ -649,33 +788,47 @@ def _messaging_detail(m: dict) -> list[str]:
 
 
 def _messaging_rerun() -> str:
-    return ("Rerun this section alone (about 3 minutes; needs Debian's `rabbitmq-server`, "
-            "uses PostgreSQL on 127.0.0.1:5432 when it answers, SQLite otherwise): "
-            "`.venv/bin/python -m bench.run --only messaging`, which replaces just this "
-            "section of BENCHMARKS.md.\n")
+    return (
+        "Rerun this section alone (about 3 minutes; needs Debian's `rabbitmq-server`, "
+        "uses PostgreSQL on 127.0.0.1:5432 when it answers, SQLite otherwise): "
+        "`.venv/bin/python -m bench.run --only messaging`, which replaces just this "
+        "section of BENCHMARKS.md.\n"
+    )
 
 
 def _production(p: dict) -> list[str]:
     title = "## 6. Production-like Placement: uWSGI on PostgreSQL"
     if _failed(p):
         return [title, "", _failed(p)]
-    server = (f"Placement under uWSGI {p['uwsgi']} ({p['workers']} worker processes "
-              "behind its `--http` router with keep-alive) on a "
-              f"throw-away PostgreSQL cluster ({p['postgres']}: `initdb` in a temporary "
-              "directory, a free loopback port, removed afterwards), started by the "
-              "bench, the same")
+    server = (
+        f"Placement under uWSGI {p['uwsgi']} ({p['workers']} worker processes "
+        "behind its `--http` router with keep-alive) on a "
+        f"throw-away PostgreSQL cluster ({p['postgres']}: `initdb` in a temporary "
+        "directory, a free loopback port, removed afterwards), started by the "
+        "bench, the same"
+    )
     lines = _phases(p, title, server)
-    return lines[:2] + ["The phases of section 2 against a production-like server, "
-                        "node-agent and nova side by side.", ""] + lines[2:]
+    return (
+        lines[:2]
+        + [
+            "The phases of section 2 against a production-like server, "
+            "node-agent and nova side by side.",
+            "",
+        ]
+        + lines[2:]
+    )
 
 
 def _outage(o: dict) -> list[str]:
     lines = ["## 7. A fleet of agent services while Placement is down", ""]
     if _failed(o):
         return lines + [_failed(o)]
-    timing = ("default timing (60 s cycles ± 10 %, a full verify every 300 s spread "
-              "per agent, up to 30 s start-up splay, backoff from 60 s on failure)"
-              if not o.get("agent_opts") else f"timing `{o['agent_opts'].strip()}`")
+    timing = (
+        "default timing (60 s cycles ± 10 %, a full verify every 300 s spread "
+        "per agent, up to 30 s start-up splay, backoff from 60 s on failure)"
+        if not o.get("agent_opts")
+        else f"timing `{o['agent_opts'].strip()}`"
+    )
     heal = o["heal_seconds"]
     per = o["per_recovering_agent"]
     lines += [
@@ -690,23 +843,32 @@ def _outage(o: dict) -> list[str]:
         "command, loading its application in every worker). *Noticed*: the agent "
         "logged that Placement could not be used; *healed*: it logged that Placement "
         "is reachable again. Requests are Placement's request log, attributed to an "
-        "agent by the provider uuids or host name in the path.", "",
-        "| figure | value |", "|---|---:|",
+        "agent by the provider uuids or host name in the path.",
+        "",
+        "| figure | value |",
+        "|---|---:|",
         f"| agents that noticed the outage (measured) | {o['noticed']} of {o['agents']} |",
         f"| of them healed within {HEAL_LIMIT_TEXT} (measured) | {o['healed']} |",
         "| time to heal after Placement answered again, median (min–max) s (measured) | "
-        + (fmt_stat(heal, lambda v: f"{v:.1f}") if heal else "–") + " |",
+        + (fmt_stat(heal, lambda v: f"{v:.1f}") if heal else "–")
+        + " |",
         f"| last agent healed, s after Placement answered (measured) "
         f"| {o['last_healed_after']:.1f} |",
-        f"| peak requests per second after the restart, 1-s buckets (measured) "
-        f"| {o['peak_rps']} |",
+        f"| peak requests per second after the restart, 1-s buckets (measured) | {o['peak_rps']} |",
         f"| requests from the restart until the last agent healed, all agents "
         f"(measured) | {o['requests_after_restart']} |",
         "| requests per recovering agent until it healed, median (min–max) (measured) | "
-        + (fmt_stat(per, lambda v: f"{v:g}") if per else "–") + " |", ""]
+        + (fmt_stat(per, lambda v: f"{v:g}") if per else "–")
+        + " |",
+        "",
+    ]
     if o["shapes"]:
-        lines += ["Requests of the recovering agents, uuids folded (measured): " + "; ".join(
-            f"{n}× {s}" for s, n in o["shapes"]) + ".", ""]
+        lines += [
+            "Requests of the recovering agents, uuids folded (measured): "
+            + "; ".join(f"{n}× {s}" for s, n in o["shapes"])
+            + ".",
+            "",
+        ]
     return lines
 
 
@@ -721,8 +883,9 @@ def _count(stat: dict) -> str:
 
 def _folded(paths: list[str], per: int = 1) -> str:
     shapes = Counter(paths)
-    return "; ".join(f"{_num(n / per)}× {s}" if n != per else s
-                     for s, n in shapes.items()) or "none"
+    return (
+        "; ".join(f"{_num(n / per)}× {s}" if n != per else s for s, n in shapes.items()) or "none"
+    )
 
 
 def _audit(a: dict) -> list[str]:
@@ -742,17 +905,26 @@ def _audit(a: dict) -> list[str]:
         f"wall time is the median (min–max) of {reps} repetitions on the same host. A "
         "steady cycle (no full verify due) sends no request, audit included "
         "(`tests/integration/test_audit.py::test_steady_cycle_sends_no_request_and_the_"
-        "audit_runs_with_each_full_verify`).", "",
+        "audit_runs_with_each_full_verify`).",
+        "",
         "| consumers on the host | of them orphans (measured) | requests per audit "
-        "(measured) | wall ms (measured) |", "|---:|---:|---:|---:|"]
+        "(measured) | wall ms (measured) |",
+        "|---:|---:|---:|---:|",
+    ]
     for r in a["rows"]:
-        lines.append(f"| {r['consumers']:,} | {r['orphans']} | {_count(r['requests'])} "
-                     f"| {fmt_stat(r['seconds'])} |")
-    lines += ["", "Requests per audit = providers with inventory + consumers the first "
-              "read cannot explain (orphan candidates, guests with nothing here), each "
-              "looked up once with `GET /allocations/{uuid}`; a host that matches "
-              "Placement pays one read per provider. The audit runs on the full-verify "
-              "schedule (every 300 s by default) or on demand.", ""]
+        lines.append(
+            f"| {r['consumers']:,} | {r['orphans']} | {_count(r['requests'])} "
+            f"| {fmt_stat(r['seconds'])} |"
+        )
+    lines += [
+        "",
+        "Requests per audit = providers with inventory + consumers the first "
+        "read cannot explain (orphan candidates, guests with nothing here), each "
+        "looked up once with `GET /allocations/{uuid}`; a host that matches "
+        "Placement pays one read per provider. The audit runs on the full-verify "
+        "schedule (every 300 s by default) or on demand.",
+        "",
+    ]
     return lines
 
 
@@ -768,23 +940,34 @@ def _companion(c: dict) -> list[str]:
         "from Placement's request log, wall time is the median (min–max) of "
         f"{c['repetitions']} repetitions. With the new `cpu_dedicated_set` the restart "
         "preview (what nova will reshape at its next start) reads the consumers of "
-        "the pinned guests it would move.", "",
-        "| nova.conf | check | requests (measured) | wall ms (measured) | requests "
-        "|", "|---|---|---:|---:|---|"]
+        "the pinned guests it would move.",
+        "",
+        "| nova.conf | check | requests (measured) | wall ms (measured) | requests |",
+        "|---|---|---:|---:|---|",
+    ]
     for config, checks in c["rows"].items():
         for check, r in checks.items():
-            lines.append(f"| {config} | {check} | {_count(r['requests'])} "
-                         f"| {fmt_stat(r['seconds'])} | {_folded(r['paths'])} |")
-    lines += ["", "Computed from these: a verify costs 3 requests + 2 per provider whose "
-              "generation moved + 1 per consumer the audit cannot explain + 1 per "
-              "consumer the restart's reshape would move; the audit and the preview "
-              "share the root's allocations read. `--once` adds `GET /` (the version "
-              "check).", ""]
+            lines.append(
+                f"| {config} | {check} | {_count(r['requests'])} "
+                f"| {fmt_stat(r['seconds'])} | {_folded(r['paths'])} |"
+            )
+    lines += [
+        "",
+        "Computed from these: a verify costs 3 requests + 2 per provider whose "
+        "generation moved + 1 per consumer the audit cannot explain + 1 per "
+        "consumer the restart's reshape would move; the audit and the preview "
+        "share the root's allocations read. `--once` adds `GET /` (the version "
+        "check).",
+        "",
+    ]
     return lines
 
 
-APPLIER_MODES = {"file": "file mode (one shared `state_path`)",
-                 "redis": "Redis", "postgresql": "PostgreSQL"}
+APPLIER_MODES = {
+    "file": "file mode (one shared `state_path`)",
+    "redis": "Redis",
+    "postgresql": "PostgreSQL",
+}
 
 
 def _appliers(a: dict) -> list[str]:
@@ -795,15 +978,17 @@ def _appliers(a: dict) -> list[str]:
     others = [m for m in modes if m != "file"]
     backends = ["a `redis-server` the bench starts on a free loopback port"]
     if "postgresql" in modes:
-        backends.append(f"a throw-away {a['postgres']} cluster (`initdb` in a "
-                        "temporary directory, a free port)")
+        backends.append(
+            f"a throw-away {a['postgres']} cluster (`initdb` in a temporary directory, a free port)"
+        )
     lines += [
         "Issue 18's proof. One throw-away RabbitMQ, one embedded Placement on "
         f"{a['database']}, and a pair of `node-agent-applier` processes per mode, "
         "each pair on its own topic: *file* is the default (both processes share one "
         "`state_path`: tooz file locks, per-host records in JSON files); the others "
         "give each process its own empty state directory and coordinate through "
-        + " or ".join(backends) + " (tooz locks, per-host records in the backend). "
+        + " or ".join(backends)
+        + " (tooz locks, per-host records in the backend). "
         f"Each of {a['repetitions']} repetitions sends {a['agents']} fresh hosts (the "
         f"synthetic host of section 2, {a['providers']} providers) through each pair "
         "in turn, the order rotating between repetitions: the first apply (all "
@@ -811,12 +996,17 @@ def _appliers(a: dict) -> list[str]:
         "own count, Placement requests per host come from Placement's request log; "
         "per host is a wave's count divided by its hosts. Cells are the median "
         "(min–max) over the repetitions; a ratio is computed per repetition, then "
-        "summarised.", "",
-        "| per host | " + " | ".join(
-            f"{APPLIER_MODES[m]} (measured)" + ("" if m == "file" else
-                                               f" | {APPLIER_MODES[m]} / file (computed)")
-            for m in modes) + " |",
-        "|---|" + "---:|" * (len(modes) + len(others))]
+        "summarised.",
+        "",
+        "| per host | "
+        + " | ".join(
+            f"{APPLIER_MODES[m]} (measured)"
+            + ("" if m == "file" else f" | {APPLIER_MODES[m]} / file (computed)")
+            for m in modes
+        )
+        + " |",
+        "|---|" + "---:|" * (len(modes) + len(others)),
+    ]
     for phase in ("first apply", "steady cycle"):
         for key, label in (("messages", "messages"), ("requests", "Placement requests")):
             cells = []
@@ -825,24 +1015,36 @@ def _appliers(a: dict) -> list[str]:
                 cells.append(_count(cell[key]))
                 if m != "file":
                     ratio = cell["ratio"][key]
-                    cells.append(fmt_ratio(ratio) if ratio else
-                                 f"{_num(cell[key]['median'])} vs "
-                                 f"{_num(modes['file'][phase][key]['median'])}")
+                    cells.append(
+                        fmt_ratio(ratio)
+                        if ratio
+                        else f"{_num(cell[key]['median'])} vs "
+                        f"{_num(modes['file'][phase][key]['median'])}"
+                    )
             lines.append(f"| {label}, {phase} | " + " | ".join(cells) + " |")
     if "redis" in modes:
         r = modes["redis"]
-        lines += ["", "Redis commands per host (measured, from its `INFO` counters; locks "
-                  "and records, what file mode does on disk): "
-                  f"{_count(r['first apply']['redis_commands'])} on the first apply, "
-                  f"{_count(r['steady cycle']['redis_commands'])} per steady heartbeat."]
+        lines += [
+            "",
+            "Redis commands per host (measured, from its `INFO` counters; locks "
+            "and records, what file mode does on disk): "
+            f"{_count(r['first apply']['redis_commands'])} on the first apply, "
+            f"{_count(r['steady cycle']['redis_commands'])} per steady heartbeat.",
+        ]
     retried = {m: modes[m]["first apply"]["retries"]["max"] for m in modes}
-    lines += ["", "Retried agent cycles in a first-apply wave, most in a repetition "
-              "(measured): " + ", ".join(f"{m} {_num(v)}" for m, v in retried.items())
-              + ".", "", "<details><summary>Placement requests per host, first apply of "
-              "the first repetition, uuids folded</summary>", ""]
+    lines += [
+        "",
+        "Retried agent cycles in a first-apply wave, most in a repetition "
+        "(measured): " + ", ".join(f"{m} {_num(v)}" for m, v in retried.items()) + ".",
+        "",
+        "<details><summary>Placement requests per host, first apply of "
+        "the first repetition, uuids folded</summary>",
+        "",
+    ]
     for m in modes:
-        lines.append(f"- **{APPLIER_MODES[m]}**: "
-                     f"{_folded(modes[m]['first apply']['paths'], a['agents'])}")
+        lines.append(
+            f"- **{APPLIER_MODES[m]}**: {_folded(modes[m]['first apply']['paths'], a['agents'])}"
+        )
     return lines + ["", "</details>", ""]
 
 
@@ -851,8 +1053,10 @@ def _verdict(stat: dict, target: float, fmt=_num) -> str:
     if stat["max"] <= target:
         return f"**met** in every repetition (at most {fmt(stat['max'])})"
     if stat["median"] <= target:
-        return (f"**met** at the median ({fmt(stat['median'])}), not in every repetition "
-                f"(up to {fmt(stat['max'])})")
+        return (
+            f"**met** at the median ({fmt(stat['median'])}), not in every repetition "
+            f"(up to {fmt(stat['max'])})"
+        )
     return f"**missed** (median {fmt(stat['median'])})"
 
 
@@ -861,8 +1065,10 @@ def _regression(disc: dict) -> str:
     repetitions (the machine's noise is far larger than a few per cent)."""
     n, slower = disc["ratio"]["n"], disc["slower"]
     verdict = "**missed**" if slower >= disc["regression_at"] else "**met**"
-    return (f"{verdict}: after was the slower in {slower} of {n} pairs; a regression "
-            f"needs {disc['regression_at']} (one-sided sign test, 5 %)")
+    return (
+        f"{verdict}: after was the slower in {slower} of {n} pairs; a regression "
+        f"needs {disc['regression_at']} (one-sided sign test, 5 %)"
+    )
 
 
 def _before_after(b: dict) -> list[str]:
@@ -880,10 +1086,12 @@ def _before_after(b: dict) -> list[str]:
         f"alternating, the order flipping each repetition, {reps} repetitions (discovery "
         f"{b['discovery_repetitions']}). Requests are counted from Placement's request "
         "log (embedded Placement, SQLite). Cells are median (min–max); a ratio is "
-        "computed per repetition.", "",
+        "computed per repetition.",
+        "",
         "| figure | before (measured) | after (measured) | after / before (computed) "
         "| issue 19's target | after, against the target |",
-        "|---|---:|---:|---:|---:|---|"]
+        "|---|---:|---:|---:|---:|---|",
+    ]
 
     def ratio_of(a: dict, c: dict) -> str:
         if not c["median"]:
@@ -895,7 +1103,8 @@ def _before_after(b: dict) -> list[str]:
         "section 2 host: root + 4 children) "
         f"| {_count(rec['before'])} | {_count(rec['after'])} "
         f"| {ratio_of(rec['after'], rec['before'])} | 1 "
-        f"| {_verdict(rec['after'], 1)} |")
+        f"| {_verdict(rec['after'], 1)} |"
+    )
     sec = lambda v: f"{v:.2f}"  # noqa: E731
     mib = lambda v: f"{v:.1f}"  # noqa: E731
     lines += [
@@ -926,10 +1135,12 @@ def _before_after(b: dict) -> list[str]:
         "| (d) discovery of the 384-CPU synthetic host, ms "
         f"| {fmt_stat(disc['before'])} | {fmt_stat(disc['after'])} "
         f"| {fmt_ratio(disc['ratio'])} | no regression (issue 16) "
-        f"| {_regression(disc)} |"]
+        f"| {_regression(disc)} |",
+    ]
     base = dry["baseline"]
     lines += [
-        "", "CPU is the kernel's account of the process (user + system, in "
+        "",
+        "CPU is the kernel's account of the process (user + system, in "
         "microseconds), GNU time's own (about 1.5 ms; it measures the peak RSS) "
         "included, as for `python -c pass`. "
         f"`python -c pass` itself (measured, in the same repetitions): "
@@ -937,12 +1148,16 @@ def _before_after(b: dict) -> list[str]:
         f"Exit codes of the dry runs (measured): before {dry['before']['exits']}, after "
         f"{dry['after']['exits']}. PCPU used on the reshaped root after each repetition "
         f"(measured; should be {n}): before {res['pcpu']['before']}, after "
-        f"{res['pcpu']['after']}."]
+        f"{res['pcpu']['after']}.",
+    ]
     errors = [f"{side}: `{e[:200]}`" for side, es in res["errors"].items() for e in es]
     if errors:
         lines += ["", "Reshape errors (first of each side): " + "; ".join(errors) + "."]
-    lines += ["", "<details><summary>Requests of (a) and (c), first repetition, uuids "
-              "folded</summary>", ""]
+    lines += [
+        "",
+        "<details><summary>Requests of (a) and (c), first repetition, uuids folded</summary>",
+        "",
+    ]
     for label, part in (("(a)", rec), ("(c)", res)):
         for side in ("before", "after"):
             lines.append(f"- **{label} {side}**: {_folded(part['paths'][side])}")
@@ -955,24 +1170,35 @@ TOOK = "This run took"
 
 
 def _how_to_rerun(took: str) -> list[str]:
-    return [HOW_TO_RERUN, "",
-            "```", "make bench", "```", "",
-            "creates `.venv-nova` (nova from the package index) when missing and runs "
-            "`.venv/bin/python -m bench.run`, which rewrites this file. It needs a "
-            "PostgreSQL server on 127.0.0.1:5432 (user `postgres`, trust "
-            "authentication) for section 4, Debian's `rabbitmq-server` for section 5 "
-            "(started on free ports, never the machine's own broker), and PostgreSQL's "
-            "programs (`initdb`, `pg_ctl`: Debian's `postgresql`) for sections 6 and 7, "
-            "which start a throw-away cluster of their own (as root, under the "
-            "`postgres` user), Debian's `redis-server` and `rabbitmq-server` (and "
-            "`postgresql` when installed) for section 10, and git (the old commit "
-            "is extracted from this repository's history) for section 11; `--skip-fleet` "
-            "leaves section 4 out, `--json FILE` also writes the raw numbers. "
-            "`--only SECTION` (" + ", ".join(SECTION_ORDER) + "; repeatable) "
-            "runs just those sections and replaces their part of this file, keeping "
-            "the rest:", "",
-            "```", ".venv/bin/python -m bench.run --only messaging", "```", "",
-            took, ""]
+    return [
+        HOW_TO_RERUN,
+        "",
+        "```",
+        "make bench",
+        "```",
+        "",
+        "creates `.venv-nova` (nova from the package index) when missing and runs "
+        "`.venv/bin/python -m bench.run`, which rewrites this file. It needs a "
+        "PostgreSQL server on 127.0.0.1:5432 (user `postgres`, trust "
+        "authentication) for section 4, Debian's `rabbitmq-server` for section 5 "
+        "(started on free ports, never the machine's own broker), and PostgreSQL's "
+        "programs (`initdb`, `pg_ctl`: Debian's `postgresql`) for sections 6 and 7, "
+        "which start a throw-away cluster of their own (as root, under the "
+        "`postgres` user), Debian's `redis-server` and `rabbitmq-server` (and "
+        "`postgresql` when installed) for section 10, and git (the old commit "
+        "is extracted from this repository's history) for section 11; `--skip-fleet` "
+        "leaves section 4 out, `--json FILE` also writes the raw numbers. "
+        "`--only SECTION` (" + ", ".join(SECTION_ORDER) + "; repeatable) "
+        "runs just those sections and replaces their part of this file, keeping "
+        "the rest:",
+        "",
+        "```",
+        ".venv/bin/python -m bench.run --only messaging",
+        "```",
+        "",
+        took,
+        "",
+    ]
 
 
 def _sections(results: dict) -> dict[str, list[str]]:
@@ -981,18 +1207,18 @@ def _sections(results: dict) -> dict[str, list[str]]:
         "discovery": _discovery(results.get("discovery", {"failed": "not run"})),
         "phases": _phases(results.get("phases", {"failed": "not run"})),
         "memory": _memory(results.get("memory", {"failed": "not run"})),
-        "fleet": (_fleet(results["fleet"], results.get("phases", {}))
-                  if "fleet" in results else []),
-        "messaging": (_messaging(results["messaging"])
-                      if "messaging" in results else []),
-        "production": (_production(results["production"])
-                       if "production" in results else []),
+        "fleet": (
+            _fleet(results["fleet"], results.get("phases", {})) if "fleet" in results else []
+        ),
+        "messaging": (_messaging(results["messaging"]) if "messaging" in results else []),
+        "production": (_production(results["production"]) if "production" in results else []),
         "outage": _outage(results["outage"]) if "outage" in results else [],
         "audit": _audit(results["audit"]) if "audit" in results else [],
         "companion": _companion(results["companion"]) if "companion" in results else [],
         "appliers": _appliers(results["appliers"]) if "appliers" in results else [],
-        "before_after": (_before_after(results["before_after"])
-                         if "before_after" in results else []),
+        "before_after": (
+            _before_after(results["before_after"]) if "before_after" in results else []
+        ),
     }
 
 
@@ -1024,19 +1250,26 @@ def merge(existing: str, results: dict, rerun: list[str], note: str | None = Non
             continue
         took = results.get("durations", {}).get(name, 0)
         load = results.get("load", {})
-        conditions = (f", 1-minute load average {load['start']:.1f} at the start of the "
-                      f"rerun and {load['end']:.1f} at its end (on {os.cpu_count()} cores "
-                      "shared with other work: times are noisy, request counts exact)"
-                      if "start" in load and "end" in load else "")
-        new = [line for line in new] + [(note or
-            f"*This section was rerun alone (`--only {name}`) on {m['date']} at commit "
-            f"`{m['commit']}`, in {took:.0f} s{conditions}; the machine and versions "
-            "above are those of the last full run.*").format(took=took), ""]
+        conditions = (
+            f", 1-minute load average {load['start']:.1f} at the start of the "
+            f"rerun and {load['end']:.1f} at its end (on {os.cpu_count()} cores "
+            "shared with other work: times are noisy, request counts exact)"
+            if "start" in load and "end" in load
+            else ""
+        )
+        new = [line for line in new] + [
+            (
+                note
+                or f"*This section was rerun alone (`--only {name}`) on {m['date']} at commit "
+                f"`{m['commit']}`, in {took:.0f} s{conditions}; the machine and versions "
+                "above are those of the last full run.*"
+            ).format(took=took),
+            "",
+        ]
         number = _number(new[0])
         at = next((i for i, b in enumerate(blocks) if b and _number(b[0]) == number), None)
         if at is None:
-            at = next((i for i, b in enumerate(blocks) if b and b[0] == HOW_TO_RERUN),
-                      len(blocks))
+            at = next((i for i, b in enumerate(blocks) if b and b[0] == HOW_TO_RERUN), len(blocks))
             blocks.insert(at, new)
         else:
             blocks[at] = new
@@ -1065,8 +1298,10 @@ def _estimate(took: str, text: str) -> str:
     if not seconds:
         return ""
     listed = ", ".join(f"{name} {n} s" for name, n in seconds.items())
-    return (f"{ESTIMATE} takes about {sum(seconds.values()) / 60:.0f} minutes "
-            f"(computed: each section's latest time, alone or in that run: {listed}).")
+    return (
+        f"{ESTIMATE} takes about {sum(seconds.values()) / 60:.0f} minutes "
+        f"(computed: each section's latest time, alone or in that run: {listed})."
+    )
 
 
 MACHINE = "## Machine and versions"
@@ -1080,34 +1315,62 @@ def _unknown_commit(line: str) -> str:
     if not line.startswith("- measured ") or "at commit `" not in line or REBASED in line:
         return line
     commit = line.split("at commit `", 1)[1].split("`", 1)[0]
-    known = subprocess.run(["git", "-C", str(REPO), "merge-base", "--is-ancestor", commit,
-                            "HEAD"], capture_output=True).returncode == 0
+    known = (
+        subprocess.run(
+            ["git", "-C", str(REPO), "merge-base", "--is-ancestor", commit, "HEAD"],
+            capture_output=True,
+        ).returncode
+        == 0
+    )
     if known:
         return line
-    return (f"{line} ({REBASED}: rebased since; a section rerun alone names its own "
-            "date and commit, the others were measured in that run)")
+    return (
+        f"{line} ({REBASED}: rebased since; a section rerun alone names its own "
+        "date and commit, the others were measured in that run)"
+    )
 
 
-SECTION_ORDER = ("discovery", "phases", "memory", "fleet", "messaging", "production",
-                 "outage", "audit", "companion", "appliers", "before_after")
+SECTION_ORDER = (
+    "discovery",
+    "phases",
+    "memory",
+    "fleet",
+    "messaging",
+    "production",
+    "outage",
+    "audit",
+    "companion",
+    "appliers",
+    "before_after",
+)
 
 
 def render(results: dict, existing: str = "") -> str:
     m = results["machine"]
-    lines = ["# Benchmarks", "",
-             "Generated by `make bench` (`bench/run.py`); do not edit by hand. "
-             "Benchmarks report, they never fail the build. Ratios between node-agent "
-             "and nova measured in the same run are the figures to compare; absolute "
-             "times depend on this machine and its load.", "", LABELS, ""]
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `make bench` (`bench/run.py`); do not edit by hand. "
+        "Benchmarks report, they never fail the build. Ratios between node-agent "
+        "and nova measured in the same run are the figures to compare; absolute "
+        "times depend on this machine and its load.",
+        "",
+        LABELS,
+        "",
+    ]
     lines += _machine(m)
     load = results.get("load")
     if load:
-        lines.insert(len(lines) - 1, "- conditions: 1-minute load average "
-                     f"{load['start']:.1f} at the start, {load['end']:.1f} at the end "
-                     f"(on {m['cores']} cores, shared with other work)")
+        lines.insert(
+            len(lines) - 1,
+            "- conditions: 1-minute load average "
+            f"{load['start']:.1f} at the start, {load['end']:.1f} at the end "
+            f"(on {m['cores']} cores, shared with other work)",
+        )
     for section in _sections(results).values():
         lines += section
     durations = ", ".join(f"{k} {v:.0f} s" for k, v in results.get("durations", {}).items())
-    lines += _how_to_rerun(f"{TOOK} {results.get('total_seconds', 0) / 60:.1f} minutes "
-                           f"({durations}).")
+    lines += _how_to_rerun(
+        f"{TOOK} {results.get('total_seconds', 0) / 60:.1f} minutes ({durations})."
+    )
     return "\n".join(lines)

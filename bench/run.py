@@ -22,8 +22,21 @@ import time
 import traceback
 from pathlib import Path
 
-from bench import (appliers, audit, before_after, companion, discovery, fleet, memory,
-                   messaging, outage, phases, production, report, synthetic_host)
+from bench import (
+    appliers,
+    audit,
+    before_after,
+    companion,
+    discovery,
+    fleet,
+    memory,
+    messaging,
+    outage,
+    phases,
+    production,
+    report,
+    synthetic_host,
+)
 from devenv.embedded_placement import start_subprocess
 from tests.hostdata import HOSTDATA, sysfs_root_for
 
@@ -32,8 +45,19 @@ REPO = Path(__file__).resolve().parents[1]
 # past it is skipped (and the file says so).
 FLEET_BUDGET = 150
 SECTIONS = report.SECTION_ORDER
-RUN_ORDER = ("phases", "production", "outage", "before_after", "discovery", "memory",
-             "fleet", "messaging", "appliers", "audit", "companion")
+RUN_ORDER = (
+    "phases",
+    "production",
+    "outage",
+    "before_after",
+    "discovery",
+    "memory",
+    "fleet",
+    "messaging",
+    "appliers",
+    "audit",
+    "companion",
+)
 
 
 def _section(results: dict, name: str, fn) -> None:
@@ -63,9 +87,11 @@ def _render_saved(saved: Path, output: Path) -> int:
     results = json.loads(saved.read_text())
     done = [s for s in SECTIONS if s in results]
     m = results["machine"]
-    note = (f"*Measured on {m['date']} at commit `{m['commit']}` in {{took:.0f}} s, in a "
-            "full run that was stopped before its last sections; the machine line above "
-            "is that of an earlier full run.*")
+    note = (
+        f"*Measured on {m['date']} at commit `{m['commit']}` in {{took:.0f}} s, in a "
+        "full run that was stopped before its last sections; the machine line above "
+        "is that of an earlier full run.*"
+    )
     output.write_text(report.merge(output.read_text(), results, done, note))
     print(f"[bench] merged {', '.join(done)} from {saved} into {output}")
     return 0
@@ -78,30 +104,44 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
     parser.add_argument("--output", type=Path, default=REPO / "BENCHMARKS.md")
-    parser.add_argument("--nova-python", type=Path,
-                        default=REPO / ".venv-nova" / "bin" / "python")
+    parser.add_argument("--nova-python", type=Path, default=REPO / ".venv-nova" / "bin" / "python")
     parser.add_argument("--skip-fleet", action="store_true")
-    parser.add_argument("--only", action="append", choices=SECTIONS, metavar="SECTION",
-                        help="run only this section (repeatable; one of "
-                             f"{', '.join(SECTIONS)}) and merge it into --output")
+    parser.add_argument(
+        "--only",
+        action="append",
+        choices=SECTIONS,
+        metavar="SECTION",
+        help="run only this section (repeatable; one of "
+        f"{', '.join(SECTIONS)}) and merge it into --output",
+    )
     parser.add_argument("--json", type=Path, help="also write the raw results here")
-    parser.add_argument("--render-json", type=Path, metavar="FILE",
-                        help="run nothing: merge the sections a (possibly interrupted) "
-                             "run wrote to FILE with --json into --output")
+    parser.add_argument(
+        "--render-json",
+        type=Path,
+        metavar="FILE",
+        help="run nothing: merge the sections a (possibly interrupted) "
+        "run wrote to FILE with --json into --output",
+    )
     args = parser.parse_args(argv)
     if args.render_json:
         return _render_saved(args.render_json, args.output)
     # The processes the bench starts (node-agent, the probes) run this
     # checkout's code, not whatever the venv's editable install points at.
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+        p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p
+    )
     logging.disable(logging.WARNING)  # the agents' per-cycle lines would drown the output
-    chosen = [s for s in SECTIONS if s in (args.only or SECTIONS)
-              and not (s == "fleet" and args.skip_fleet and not args.only)]
+    chosen = [
+        s
+        for s in SECTIONS
+        if s in (args.only or SECTIONS) and not (s == "fleet" and args.skip_fleet and not args.only)
+    ]
 
     started = time.monotonic()
-    results: dict = {"machine": report.machine(args.nova_python),
-                     "load": {"start": os.getloadavg()[0]}}
+    results: dict = {
+        "machine": report.machine(args.nova_python),
+        "load": {"start": os.getloadavg()[0]},
+    }
     # Not a context manager: the report is written before the (slow) removal
     # of the synthetic hosts' many small files.
     tmp = tempfile.TemporaryDirectory(prefix="node-agent-bench-")
@@ -131,8 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and args.output.exists():
             text = report.merge(args.output.read_text(), results, chosen)
         else:
-            text = report.render(results,
-                                 args.output.read_text() if args.output.exists() else "")
+            text = report.render(results, args.output.read_text() if args.output.exists() else "")
         args.output.write_text(text)
         if args.json:
             args.json.write_text(json.dumps(results, indent=1, default=str))

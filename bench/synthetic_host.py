@@ -18,8 +18,7 @@ NODE_MEMORY_KB = 64 * 1024 * 1024  # 64 GiB per NUMA node
 HUGEPAGES_2M = 1024
 GPU_VENDOR, GPU_DEVICE = "0x10de", "0x2236"
 NIC_VENDOR, NIC_DEVICE, VF_DEVICE = "0x8086", "0x1593", "0x1889"
-MDEV_TYPES = (("nvidia-1001", 16), ("nvidia-1002", 8),
-              ("nvidia-1003", 4), ("nvidia-1004", 2))
+MDEV_TYPES = (("nvidia-1001", 16), ("nvidia-1002", 8), ("nvidia-1003", 4), ("nvidia-1004", 2))
 
 
 @dataclass(frozen=True)
@@ -87,8 +86,9 @@ def _cpus(root: Path, shape: Shape) -> None:
 def node_cpus(shape: Shape, node: int) -> CpuSet:
     per_node = shape.cores // shape.nodes
     first = node * per_node
-    return CpuSet(first + core + t * shape.cores
-                  for core in range(per_node) for t in range(shape.threads))
+    return CpuSet(
+        first + core + t * shape.cores for core in range(per_node) for t in range(shape.threads)
+    )
 
 
 def _nodes(root: Path, shape: Shape) -> None:
@@ -99,14 +99,17 @@ def _nodes(root: Path, shape: Shape) -> None:
         base = node_dir / f"node{node}"
         _write(base / "cpulist", f"{node_cpus(shape, node)}\n")
         free = NODE_MEMORY_KB - 2 * 1024 * 1024
-        _write(base / "meminfo",
-               f"Node {node} MemTotal:       {NODE_MEMORY_KB} kB\n"
-               f"Node {node} MemFree:        {free} kB\n"
-               f"Node {node} HugePages_Total:  {HUGEPAGES_2M}\n"
-               f"Node {node} HugePages_Free:   {HUGEPAGES_2M}\n")
-        distances = [10 if other == node else
-                     (12 if other // per_socket == node // per_socket else 32)
-                     for other in range(shape.nodes)]
+        _write(
+            base / "meminfo",
+            f"Node {node} MemTotal:       {NODE_MEMORY_KB} kB\n"
+            f"Node {node} MemFree:        {free} kB\n"
+            f"Node {node} HugePages_Total:  {HUGEPAGES_2M}\n"
+            f"Node {node} HugePages_Free:   {HUGEPAGES_2M}\n",
+        )
+        distances = [
+            10 if other == node else (12 if other // per_socket == node // per_socket else 32)
+            for other in range(shape.nodes)
+        ]
         _write(base / "distance", " ".join(map(str, distances)) + "\n")
         pool = base / "hugepages/hugepages-2048kB"
         _write(pool / "nr_hugepages", f"{HUGEPAGES_2M}\n")
@@ -124,7 +127,7 @@ def _gpus(root: Path, shape: Shape) -> None:
     for i in range(shape.gpus):
         base = devices / gpu_address(i)
         _device(base, GPU_VENDOR, GPU_DEVICE, i % shape.nodes)
-        for type_id, available in MDEV_TYPES[:shape.mdev_types]:
+        for type_id, available in MDEV_TYPES[: shape.mdev_types]:
             mdev = base / "mdev_supported_types" / type_id
             _write(mdev / "available_instances", f"{available}\n")
             _write(mdev / "name", f"GRID {type_id}\n")
@@ -159,9 +162,10 @@ def build(root: Path, shape: Shape = Shape()) -> Path:
 
 def device_specs(shape: Shape) -> tuple[str, ...]:
     """``[pci] device_spec`` values: every PF on physnet ``bench``."""
-    return tuple(f'{{"address": "{pf_address(i)}", "physical_network": "bench"}}'
-                 for i in range(shape.pfs))
+    return tuple(
+        f'{{"address": "{pf_address(i)}", "physical_network": "bench"}}' for i in range(shape.pfs)
+    )
 
 
 def enabled_mdev_types(shape: Shape) -> tuple[str, ...]:
-    return tuple(t for t, _ in MDEV_TYPES[:shape.mdev_types][:1])
+    return tuple(t for t, _ in MDEV_TYPES[: shape.mdev_types][:1])

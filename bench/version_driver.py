@@ -40,15 +40,17 @@ def _first(*candidates: str):
 
 
 TreeSyncer = _first("node_agent.placement.sync:TreeSyncer", "node_agent.sync:TreeSyncer")
-PlacementClient = _first("node_agent.placement.client:PlacementClient",
-                         "node_agent.placement:PlacementClient")
+PlacementClient = _first(
+    "node_agent.placement.client:PlacementClient", "node_agent.placement:PlacementClient"
+)
 StateStore = _first("node_agent.state:StateStore")
 Settings = _first("node_agent.config.settings:Settings", "node_agent.settings:Settings")
 discover = _first("node_agent.host.discover:discover", "node_agent.discover:discover")
 desired_from = _first("node_agent.cycle.desired:desired_from", "node_agent.cycle:desired_from")
 Reconciler = _first("node_agent.cycle.reconcile:Reconciler", "node_agent.reconcile:Reconciler")
-parse_device_specs = _first("node_agent.model.device_spec:parse_device_specs",
-                            "node_agent.device_spec:parse_device_specs")
+parse_device_specs = _first(
+    "node_agent.model.device_spec:parse_device_specs", "node_agent.device_spec:parse_device_specs"
+)
 CpuSet = _first("node_agent.model.cpuset:CpuSet", "node_agent.cpuset:CpuSet")
 Guest = _first("node_agent.model.snapshot:Guest", "node_agent.topology:Guest")
 restore_cache = _first("node_agent.cycle.provider_cache:restore")  # new only
@@ -58,24 +60,47 @@ FULL_VERIFY = 300
 
 
 class Driver:
-    def init(self, url: str, host: str, sysfs_root: str, work: str, specs: list,
-             dedicated: list | None = None, shared: list | None = None,
-             retries: int = 0) -> dict:
+    def init(
+        self,
+        url: str,
+        host: str,
+        sysfs_root: str,
+        work: str,
+        specs: list,
+        dedicated: list | None = None,
+        shared: list | None = None,
+        retries: int = 0,
+    ) -> dict:
         problems: list = []
         self.url, self.retries = url, retries
         self.state = Path(work) / "state" / host
         values = dict(
-            host=host, state_path=str(self.state), sysfs_root=sysfs_root, libvirt_uri="",
-            cpu_dedicated_set=None, cpu_shared_set=None, vcpu_pin_set=None,
-            reserved_host_cpus=0, reserved_host_memory_mb=512, reserved_host_disk_mb=0,
-            cpu_allocation_ratio=4.0, ram_allocation_ratio=1.0, disk_allocation_ratio=1.0,
-            instances_path=work, pci_device_specs=tuple(parse_device_specs(specs, problems)))
+            host=host,
+            state_path=str(self.state),
+            sysfs_root=sysfs_root,
+            libvirt_uri="",
+            cpu_dedicated_set=None,
+            cpu_shared_set=None,
+            vcpu_pin_set=None,
+            reserved_host_cpus=0,
+            reserved_host_memory_mb=512,
+            reserved_host_disk_mb=0,
+            cpu_allocation_ratio=4.0,
+            ram_allocation_ratio=1.0,
+            disk_allocation_ratio=1.0,
+            instances_path=work,
+            pci_device_specs=tuple(parse_device_specs(specs, problems)),
+        )
         if problems:
             raise ValueError(problems)
         self.settings = Settings(**values)
-        self.after = (dataclasses.replace(self.settings, cpu_dedicated_set=CpuSet(dedicated),
-                                          cpu_shared_set=CpuSet(shared))
-                      if dedicated else None)
+        self.after = (
+            dataclasses.replace(
+                self.settings, cpu_dedicated_set=CpuSet(dedicated), cpu_shared_set=CpuSet(shared)
+            )
+            if dedicated
+            else None
+        )
         self.snapshot = None
         self.now = 0.0
         self.restart()
@@ -88,8 +113,9 @@ class Driver:
 
     def restart(self) -> dict:
         client = PlacementClient.for_endpoint(self.url, retries=self.retries)
-        self.syncer = TreeSyncer(client, StateStore(self.state),
-                                 full_verify_interval=FULL_VERIFY, clock=lambda: self.now)
+        self.syncer = TreeSyncer(
+            client, StateStore(self.state), full_verify_interval=FULL_VERIFY, clock=lambda: self.now
+        )
         if restore_cache is not None:
             restore_cache(self.syncer)  # what the service does at start (new code)
         self.reconciler = Reconciler(client, self.syncer)
@@ -111,9 +137,12 @@ class Driver:
             return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
         if keep_cache is not None:
             keep_cache(self.syncer)
-        return {"ok": bool(outcome.ok), "error": "; ".join(outcome.errors or ()),
-                "root_uuid": self.syncer.state.get("root_uuid"),
-                "reshaper_requests": getattr(outcome.reshape, "requests", None)}
+        return {
+            "ok": bool(outcome.ok),
+            "error": "; ".join(outcome.errors or ()),
+            "root_uuid": self.syncer.state.get("root_uuid"),
+            "reshaper_requests": getattr(outcome.reshape, "requests", None),
+        }
 
     def register(self) -> dict:
         return self._cycle(self._desired(self.settings), 60)
@@ -125,9 +154,17 @@ class Driver:
         return self._cycle(self._desired(self.settings), FULL_VERIFY)
 
     def reshape(self, guests: list) -> dict:
-        pinned = [Guest(uuid=u, name=f"pinned-{i}", vcpus=1, running=True,
-                        memory_kb=256 * 1024, vcpupin=((0, CpuSet([cpu])),))
-                  for i, (u, cpu) in enumerate(guests)]
+        pinned = [
+            Guest(
+                uuid=u,
+                name=f"pinned-{i}",
+                vcpus=1,
+                running=True,
+                memory_kb=256 * 1024,
+                vcpupin=((0, CpuSet([cpu])),),
+            )
+            for i, (u, cpu) in enumerate(guests)
+        ]
         return self._cycle(self._desired(self.after, pinned), 60)
 
 

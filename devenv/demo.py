@@ -45,8 +45,10 @@ def ensure_placement() -> str:
     server = start_subprocess(PLACEMENT_DIR, detach=True)
     PID_FILE.write_text(f"{server.proc.pid}\n")
     URL_FILE.write_text(server.url + "\n")
-    print(f"Started an embedded Placement at {server.url} (pid {server.proc.pid}, "
-          f"SQLite in {PLACEMENT_DIR})")
+    print(
+        f"Started an embedded Placement at {server.url} (pid {server.proc.pid}, "
+        f"SQLite in {PLACEMENT_DIR})"
+    )
     return server.url
 
 
@@ -78,7 +80,8 @@ def write_config(url: str) -> Path:
         f"[libvirt]\n# {found}\nconnection_uri = {uri}\n"
         f"[compute]\ninstances_path = {instances}\n"
         "[placement]\nauth_type = admin_token\ntoken = admin\n"
-        f"endpoint_override = {url}\n")
+        f"endpoint_override = {url}\n"
+    )
     return config
 
 
@@ -87,21 +90,35 @@ def _bin(name: str) -> str:
 
 
 def show_placement(url: str, host: str) -> None:
-    osc = [_bin("openstack"), "--os-auth-type", "admin_token", "--os-token", "admin",
-           "--os-endpoint", url, "--os-placement-api-version", "1.37"]
+    osc = [
+        _bin("openstack"),
+        "--os-auth-type",
+        "admin_token",
+        "--os-token",
+        "admin",
+        "--os-endpoint",
+        url,
+        "--os-placement-api-version",
+        "1.37",
+    ]
     if not shutil.which(osc[0]):
         print("(osc-placement is not installed; skipping the read-back)")
         return
-    listing = subprocess.run(osc + ["resource", "provider", "list", "--name", host,
-                                    "-f", "json"], capture_output=True, text=True)
+    listing = subprocess.run(
+        osc + ["resource", "provider", "list", "--name", host, "-f", "json"],
+        capture_output=True,
+        text=True,
+    )
     providers = json.loads(listing.stdout or "[]")
     if not providers:
         print(listing.stderr)
         return
     uuid = providers[0]["uuid"]
     print(f"\nWhat Placement now holds (osc-placement), provider {host} {uuid}:")
-    for args in (["resource", "provider", "inventory", "list", uuid],
-                 ["resource", "provider", "trait", "list", uuid]):
+    for args in (
+        ["resource", "provider", "inventory", "list", uuid],
+        ["resource", "provider", "trait", "list", uuid],
+    ):
         subprocess.run(osc + args, check=False)
 
 
@@ -114,9 +131,11 @@ def main() -> int:
         print(f"node-agent exited with {code}")
         return code
     show_placement(url, socket.gethostname())
-    print(f"\nThe embedded Placement keeps running at {url}. Stop it with:\n"
-          f"    make stop        (or: kill $(cat {PID_FILE}))\n"
-          f"Run the agent again: .venv/bin/node-agent --config-file {config} --once")
+    print(
+        f"\nThe embedded Placement keeps running at {url}. Stop it with:\n"
+        f"    make stop        (or: kill $(cat {PID_FILE}))\n"
+        f"Run the agent again: .venv/bin/node-agent --config-file {config} --once"
+    )
     return 0
 
 

@@ -71,8 +71,9 @@ def parse_differences(text: str, source: str = "nova-differences.yaml") -> Diffe
             if not isinstance(value, str) or not value.strip():
                 raise ValueError(f"{where}.{key}: must be non-empty text")
             if "|" in value or "\n" in value:
-                raise ValueError(f"{where}.{key}: a '|' or a line break would break the "
-                                 "rendered table")
+                raise ValueError(
+                    f"{where}.{key}: a '|' or a line break would break the rendered table"
+                )
         if not _ID.match(row["id"]):
             raise ValueError(f"{where}.id: {row['id']!r} is not lower-case words joined by '-'")
         if not _AREA.match(row["area"]):
@@ -110,8 +111,10 @@ def main(argv: list[str]) -> int:
     if argv == ["--check"]:
         current = DIFFERENCES_PAGE.read_text(encoding="utf-8") if DIFFERENCES_PAGE.exists() else ""
         if current != page:
-            print(f"{DIFFERENCES_PAGE.relative_to(REPO)} is stale: run `make docs-design`",
-                  file=sys.stderr)
+            print(
+                f"{DIFFERENCES_PAGE.relative_to(REPO)} is stale: run `make docs-design`",
+                file=sys.stderr,
+            )
             return 1
         return 0
     if argv:

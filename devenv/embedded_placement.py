@@ -69,16 +69,18 @@ def prepare(workdir: Path, database_url: str | None = None) -> Path:
     manage = Path(sys.executable).parent / "placement-manage"
     result = subprocess.run(
         [str(manage), "--config-file", str(config), "db", "sync"],
-        capture_output=True, text=True, check=False)
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if result.returncode != 0:
         raise RuntimeError(
-            f"placement-manage db sync failed ({result.returncode}):\n"
-            f"{result.stderr.strip()}")
+            f"placement-manage db sync failed ({result.returncode}):\n{result.stderr.strip()}"
+        )
     return config
 
 
-class _ThreadingWSGIServer(socketserver.ThreadingMixIn,
-                           simple_server.WSGIServer):
+class _ThreadingWSGIServer(socketserver.ThreadingMixIn, simple_server.WSGIServer):
     daemon_threads = True
 
     def server_bind(self):
@@ -96,8 +98,7 @@ class _QuietHandler(simple_server.WSGIRequestHandler):
         """Placement's request log already records every request."""
 
 
-def make_server(workdir: Path, host: str = "127.0.0.1",
-                port: int = 0) -> simple_server.WSGIServer:
+def make_server(workdir: Path, host: str = "127.0.0.1", port: int = 0) -> simple_server.WSGIServer:
     """Load placement's WSGI app from ``workdir`` (after :func:`prepare`) and
     bind a threaded server; ``port=0`` picks a free port (``server_port``)."""
     workdir = Path(workdir).resolve()
@@ -130,14 +131,13 @@ def _write_atomically(path: Path, text: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m devenv.embedded_placement",
-        description="Run a throw-away Placement (SQLite, noauth2) on loopback.")
+        description="Run a throw-away Placement (SQLite, noauth2) on loopback.",
+    )
     parser.add_argument("--workdir", required=True, type=Path)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--port-file", type=Path,
-                        help="write the chosen port here once listening")
-    parser.add_argument("--database-url",
-                        help="SQLAlchemy URL instead of the SQLite file")
+    parser.add_argument("--port-file", type=Path, help="write the chosen port here once listening")
+    parser.add_argument("--database-url", help="SQLAlchemy URL instead of the SQLite file")
     args = parser.parse_args(argv)
 
     prepare(args.workdir, args.database_url)
@@ -159,9 +159,15 @@ def main(argv: list[str] | None = None) -> int:
 class EmbeddedPlacement:
     """A placement subprocess; ``restart`` keeps its port and database."""
 
-    def __init__(self, workdir: Path, port: int = 0, host: str = "127.0.0.1",
-                 timeout: float = 90, detach: bool = False,
-                 database_url: str | None = None):
+    def __init__(
+        self,
+        workdir: Path,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        timeout: float = 90,
+        detach: bool = False,
+        database_url: str | None = None,
+    ):
         # detach: own session, so the server outlives the command that started it.
         self.detach = detach
         self.database_url = database_url
@@ -179,16 +185,29 @@ class EmbeddedPlacement:
         self.workdir.mkdir(parents=True, exist_ok=True)
         port_file = self.workdir / PORT_FILE
         port_file.unlink(missing_ok=True)
-        command = [sys.executable, "-m", "devenv.embedded_placement",
-                   "--workdir", str(self.workdir), "--host", self.host,
-                   "--port", str(self.port), "--port-file", str(port_file)]
+        command = [
+            sys.executable,
+            "-m",
+            "devenv.embedded_placement",
+            "--workdir",
+            str(self.workdir),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--port-file",
+            str(port_file),
+        ]
         if self.database_url:
             command += ["--database-url", self.database_url]
         with open(self.workdir / "server.out", "ab") as out:
             self.proc = subprocess.Popen(
                 command,
-                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                start_new_session=self.detach)
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=self.detach,
+            )
         self.port = self._wait_for_port(port_file)
         self._wait_until_answering()
         return self
@@ -197,12 +216,14 @@ class EmbeddedPlacement:
         if self.proc.poll() is not None:
             raise RuntimeError(
                 f"embedded placement exited with {self.proc.returncode} "
-                f"while {what}; see {self.workdir / 'server.out'}")
+                f"while {what}; see {self.workdir / 'server.out'}"
+            )
         if time.monotonic() > deadline:
             self.kill()
             raise RuntimeError(
                 f"embedded placement not ready after {self.timeout}s while "
-                f"{what}; see {self.workdir / 'server.out'}")
+                f"{what}; see {self.workdir / 'server.out'}"
+            )
 
     def _wait_for_port(self, port_file: Path) -> int:
         deadline = time.monotonic() + self.timeout
@@ -242,13 +263,19 @@ class EmbeddedPlacement:
         return self.start()
 
 
-def start_subprocess(workdir: Path, timeout: float = 90, port: int = 0,
-                     host: str = "127.0.0.1", detach: bool = False,
-                     database_url: str | None = None) -> EmbeddedPlacement:
+def start_subprocess(
+    workdir: Path,
+    timeout: float = 90,
+    port: int = 0,
+    host: str = "127.0.0.1",
+    detach: bool = False,
+    database_url: str | None = None,
+) -> EmbeddedPlacement:
     """Start placement in a child process and wait until ``GET /`` answers.
     ``database_url`` (SQLAlchemy URL) replaces the SQLite file."""
-    return EmbeddedPlacement(workdir, port=port, host=host, timeout=timeout,
-                             detach=detach, database_url=database_url).start()
+    return EmbeddedPlacement(
+        workdir, port=port, host=host, timeout=timeout, detach=detach, database_url=database_url
+    ).start()
 
 
 if __name__ == "__main__":

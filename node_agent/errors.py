@@ -81,10 +81,15 @@ class GuestsDoNotFit(ReshapeError):
 
     def __init__(self, reasons, kept: str = "nothing was written to Placement"):
         self.reasons = tuple(reasons)
-        super().__init__("\n".join([
-            f"CPU sets refused, {kept}: these guests do not fit the new CPU sets "
-            "and nova-compute would refuse to start:",
-            *self.reasons]))
+        super().__init__(
+            "\n".join(
+                [
+                    f"CPU sets refused, {kept}: these guests do not fit the new CPU sets "
+                    "and nova-compute would refuse to start:",
+                    *self.reasons,
+                ]
+            )
+        )
 
 
 class ProviderOwned(ConfigError):
@@ -92,7 +97,6 @@ class ProviderOwned(ConfigError):
     on another machine (:mod:`node_agent.policy.root_owner`); nothing is
     written. A configuration problem: the host name, the mode or
     ``[agent] take_over_provider`` is the fix."""
-
 
 
 class ExitCode(NamedTuple):
@@ -119,12 +123,21 @@ def exit_codes() -> list[ExitCode]:
     then name. ``node-agent --help`` and docs/reference/exit-codes.md are
     made from it, so a new class or a changed code reaches both."""
     return sorted(
-        (ExitCode(cls.exit_code, cls.__name__,
-                  "" if cls is NodeAgentError else cls.__mro__[1].__name__,
-                  _first_sentence(cls.__doc__))
-         for cls in _CLASSES.values()),
-        key=lambda row: (row.code, row.name))
+        (
+            ExitCode(
+                cls.exit_code,
+                cls.__name__,
+                "" if cls is NodeAgentError else cls.__mro__[1].__name__,
+                _first_sentence(cls.__doc__),
+            )
+            for cls in _CLASSES.values()
+        ),
+        key=lambda row: (row.code, row.name),
+    )
 
 
-_CLASSES = {name: cls for name, cls in dict(globals()).items()
-            if isinstance(cls, type) and issubclass(cls, NodeAgentError)}
+_CLASSES = {
+    name: cls
+    for name, cls in dict(globals()).items()
+    if isinstance(cls, type) and issubclass(cls, NodeAgentError)
+}

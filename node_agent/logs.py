@@ -30,9 +30,17 @@ from node_agent.errors import ConfigError
 DOMAIN = "node-agent"
 # Added to oslo.log's own list (which already quiets stevedore, keystoneauth,
 # urllib3, amqp...).
-QUIET_LIBRARIES = ("oslo_service=WARN", "oslo_concurrency=WARN", "kombu=WARN",
-                   "oslo_config=WARN", "oslo_policy=WARN", "stevedore=WARN",
-                   "keystoneauth1=WARN", "urllib3=WARN", "libvirt=WARN")
+QUIET_LIBRARIES = (
+    "oslo_service=WARN",
+    "oslo_concurrency=WARN",
+    "kombu=WARN",
+    "oslo_config=WARN",
+    "oslo_policy=WARN",
+    "stevedore=WARN",
+    "keystoneauth1=WARN",
+    "urllib3=WARN",
+    "libvirt=WARN",
+)
 
 
 def quiet_libraries() -> None:
@@ -55,9 +63,10 @@ def register(conf) -> None:
     conf.register_cli_opts(_options.logging_cli_opts)
     conf.register_opts(_options.generic_log_opts)
     conf.register_opts(_options.log_opts)
-    conf.set_default("default_log_levels",
-                     list(dict.fromkeys(list(_options.DEFAULT_LOG_LEVELS)
-                                        + list(QUIET_LIBRARIES))))
+    conf.set_default(
+        "default_log_levels",
+        list(dict.fromkeys(list(_options.DEFAULT_LOG_LEVELS) + list(QUIET_LIBRARIES))),
+    )
 
 
 def option_problems(conf) -> list[str]:
@@ -78,15 +87,23 @@ def option_problems(conf) -> list[str]:
                     written = f" = '{raw}'" + (f" in {where.detail}" if where else "")
                 except (KeyError, AttributeError):
                     written = ""
-                problems.append(f"[DEFAULT] {opt.dest}{written} is not valid: {detail}. "
-                                "See etc/node-agent.conf.sample for what it accepts.")
+                problems.append(
+                    f"[DEFAULT] {opt.dest}{written} is not valid: {detail}. "
+                    "See etc/node-agent.conf.sample for what it accepts."
+                )
     return problems
 
 
 def stderr_only(conf) -> bool:
     """The options ask for nothing but lines on stderr."""
-    return not (conf.log_file or conf.log_dir or conf.use_journal or conf.use_syslog
-                or conf.use_json or conf.log_config_append)
+    return not (
+        conf.log_file
+        or conf.log_dir
+        or conf.use_journal
+        or conf.use_syslog
+        or conf.use_json
+        or conf.log_config_append
+    )
 
 
 def setup(conf, debug: bool = False, reporting: bool = False) -> None:
@@ -129,7 +146,8 @@ def _setup_oslo_log(conf) -> None:
                 "installs them there (the `journal` extra), else "
                 f"`{sys.prefix}/bin/pip install systemd-python` (needs libsystemd-dev; "
                 "Debian's python3-systemd does not reach a virtualenv). Or remove "
-                "use_journal: under systemd, stderr already goes to the journal.") from None
+                "use_journal: under systemd, stderr already goes to the journal."
+            ) from None
     if not (conf.log_file or conf.log_dir or conf.use_journal or conf.use_syslog):
         # oslo.log would fall back to stdout, where --dry-run prints its report.
         conf.set_override("use_stderr", True)
@@ -138,8 +156,10 @@ def _setup_oslo_log(conf) -> None:
     try:
         oslo_log.setup(conf, DOMAIN)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"logging cannot be set up: {exc}. Check [DEFAULT] log_file, "
-                          "log_dir and log_config_append.") from None
+        raise ConfigError(
+            f"logging cannot be set up: {exc}. Check [DEFAULT] log_file, "
+            "log_dir and log_config_append."
+        ) from None
     for handler in logging.getLogger().handlers:
         if handler.formatter is not None:
             _say_errors_once(handler.formatter)
@@ -155,10 +175,14 @@ def _say_errors_once(formatter: logging.Formatter) -> None:
     def format(record: logging.LogRecord) -> str:
         text = plain(record)
         summary = getattr(record, "error_summary", "")
-        if (not record.exc_info and summary and summary != "-"
-                and text.endswith(": " + summary)
-                and summary.partition(": ")[2] in record.getMessage()):
-            return text[:-len(summary) - 2]
+        if (
+            not record.exc_info
+            and summary
+            and summary != "-"
+            and text.endswith(": " + summary)
+            and summary.partition(": ")[2] in record.getMessage()
+        ):
+            return text[: -len(summary) - 2]
         return text
 
     formatter.format = format  # type: ignore[method-assign]

@@ -34,8 +34,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Protocol
 
-from node_agent.cycle.desired import (Desired, file_traits_to_remember, forget_applied_off,
-                                      with_owner_mark, with_placement_maintenance)
+from node_agent.cycle.desired import (
+    Desired,
+    file_traits_to_remember,
+    forget_applied_off,
+    with_owner_mark,
+    with_placement_maintenance,
+)
 from node_agent.errors import ConfigError, NodeAgentError, StateError
 from node_agent.model.provider_tree import ProviderTree
 from node_agent.model.settings import CycleMode, Settings
@@ -63,8 +68,8 @@ class CycleReport:
     ``outcome`` is the reconciler's, when one ran (the service's reshape
     notifications read it); ``companion`` the companion check's."""
 
-    desired: Desired           # as the cycle applied it (maintenance Placement keeps)
-    tree: ProviderTree         # with the uuids Placement gave
+    desired: Desired  # as the cycle applied it (maintenance Placement keeps)
+    tree: ProviderTree  # with the uuids Placement gave
     summary: str
     ok: bool = True
     changes: Optional[list] = None
@@ -75,12 +80,12 @@ class CycleReport:
     # not refused (:attr:`node_agent.placement.sync.SyncReport.cuts`); None
     # when Placement was not consulted.
     below_usage: Optional[list] = None
-    busy: bool = False         # a reshape gave way to a busy host: try again later
-    audit: Optional[dict] = None           # an audit this cycle ran
-    companion: Optional[CompanionReport] = None   # companion mode's check
-    outcome: Optional[CycleOutcome] = None        # the reconciler's, when one ran
-    client: Any = None                     # the Placement client that was used
-    applied: list = field(default_factory=list)   # the requests sent (notifications)
+    busy: bool = False  # a reshape gave way to a busy host: try again later
+    audit: Optional[dict] = None  # an audit this cycle ran
+    companion: Optional[CompanionReport] = None  # companion mode's check
+    outcome: Optional[CycleOutcome] = None  # the reconciler's, when one ran
+    client: Any = None  # the Placement client that was used
+    applied: list = field(default_factory=list)  # the requests sent (notifications)
     # Call only when someone is told (they remember what was announced).
     drift_changed: Callable[[], bool] = _never
     audit_changed: Callable[[], bool] = _never
@@ -89,27 +94,33 @@ class CycleReport:
 class CycleRunner(Protocol):
     """One mode's cycle. ``run`` may write; ``plan`` (``--dry-run``) never does."""
 
-    def run(self, desired: Desired, before_post=None) -> CycleReport:
-        ...
+    def run(self, desired: Desired, before_post=None) -> CycleReport: ...
 
-    def plan(self, desired: Desired) -> CycleReport:
-        ...
+    def plan(self, desired: Desired) -> CycleReport: ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 def written(client, since: int = 0) -> str:
     """What was written to Placement through ``client`` after its
     ``stats.writes`` was ``since``, for an error raised after it."""
     count = client.stats.writes - since
-    writes = [f"{method} {path} -> {status}" for method, path, status in client.stats.log
-              if method != "GET"][-count:] if count > 0 else []
+    writes = (
+        [
+            f"{method} {path} -> {status}"
+            for method, path, status in client.stats.log
+            if method != "GET"
+        ][-count:]
+        if count > 0
+        else []
+    )
     if not writes:
         return "Nothing was written to Placement."
-    return (f"Placement was already written ({len(writes)} request(s): "
-            f"{'; '.join(writes)}); it is the reference, the next run rebuilds "
-            "the state from it.")
+    return (
+        f"Placement was already written ({len(writes)} request(s): "
+        f"{'; '.join(writes)}); it is the reference, the next run rebuilds "
+        "the state from it."
+    )
 
 
 def nova_scheduler_note(client, root_name: str) -> Optional[str]:
@@ -127,8 +138,9 @@ def tree_only(desired: Desired) -> CycleReport:
     on the desired tree alone."""
     from node_agent.policy.capacity import check, host_limits, published
 
-    capacity = check(published(desired.tree),
-                     host_limits(desired.host, desired.partition)).as_dict()
+    capacity = check(
+        published(desired.tree), host_limits(desired.host, desired.partition)
+    ).as_dict()
     return CycleReport(desired, desired.tree, "tree only", capacity=capacity)
 
 
@@ -142,9 +154,17 @@ class DirectRunner:
     (:mod:`node_agent.applier.service`) and the agent keeps the rest.
     ``auditor`` (the service): an allocation audit after each full verify."""
 
-    def __init__(self, syncer, reconciler, settings: Optional[Settings] = None, *,
-                 keeps_state: bool = True, auditor=None, check_version: bool = True,
-                 announce_on_run: bool = False):
+    def __init__(
+        self,
+        syncer,
+        reconciler,
+        settings: Optional[Settings] = None,
+        *,
+        keeps_state: bool = True,
+        auditor=None,
+        check_version: bool = True,
+        announce_on_run: bool = False,
+    ):
         self.syncer = syncer
         self.reconciler = reconciler
         self.client = syncer.client
@@ -162,8 +182,11 @@ class DirectRunner:
     def same_tree(self, settings: Settings) -> bool:
         """A reload that keeps the host and its state file keeps the cache."""
         mine = self.settings
-        return (mine is not None and mine.host == settings.host
-                and mine.state_path == settings.state_path)
+        return (
+            mine is not None
+            and mine.host == settings.host
+            and mine.state_path == settings.state_path
+        )
 
     def _ready(self) -> None:
         if not self._version_checked:
@@ -198,8 +221,12 @@ class DirectRunner:
                 from node_agent.cycle import provider_cache
 
                 provider_cache.keep(syncer)
-                syncer.remember(APPLIED, file_traits_to_remember(
-                    desired, syncer.state.get(APPLIED), before, clean=outcome.ok))
+                syncer.remember(
+                    APPLIED,
+                    file_traits_to_remember(
+                        desired, syncer.state.get(APPLIED), before, clean=outcome.ok
+                    ),
+                )
         except StateError as exc:
             raise StateError(f"{exc} {written(self.client, since)}") from None
         audit, changed = None, False
@@ -209,21 +236,29 @@ class DirectRunner:
             forget_applied_off(syncer.store, desired.maintenance)
         report = outcome.report
         return CycleReport(
-            desired, report.tree or desired.tree, report.summary(), ok=outcome.ok,
-            changes=report.applied, reshape=outcome.reshape_record(),
-            capacity=report.capacity, errors=outcome.errors,
+            desired,
+            report.tree or desired.tree,
+            report.summary(),
+            ok=outcome.ok,
+            changes=report.applied,
+            reshape=outcome.reshape_record(),
+            capacity=report.capacity,
+            errors=outcome.errors,
             below_usage=list(report.cuts),
             busy=outcome.refused is not None and outcome.refused.busy,
-            audit=audit, outcome=outcome, client=self.client, applied=report.applied,
-            audit_changed=lambda: changed)
+            audit=audit,
+            outcome=outcome,
+            client=self.client,
+            applied=report.applied,
+            audit_changed=lambda: changed,
+        )
 
     def _audit(self, desired: Desired) -> tuple[Optional[dict], bool]:
         """The allocation audit, after a sync that read the whole tree. A
         failed read is logged; the cycle's sync result stands."""
         assert self.settings is not None, "the agent's runner audits"
         try:
-            result = self.auditor.run(desired, self.settings.host,
-                                      self.settings.numa_in_placement)
+            result = self.auditor.run(desired, self.settings.host, self.settings.numa_in_placement)
         except NodeAgentError as exc:
             LOG.warning("allocation audit not done: %s", exc)
             return None, False
@@ -239,11 +274,22 @@ class DirectRunner:
             from node_agent.cycle.audit import Auditor
 
             settings = self.settings
-            audit = Auditor(self.syncer, in_flight_grace=settings.audit_in_flight_grace).run(
-                desired, settings.host, settings.numa_in_placement, save=False).as_dict()
-        return CycleReport(desired, tree, "plan", changes=changes, reshape=reshape,
-                           capacity=self.syncer.last_capacity, audit=audit,
-                           client=self.client, below_usage=self.syncer.last_cuts)
+            audit = (
+                Auditor(self.syncer, in_flight_grace=settings.audit_in_flight_grace)
+                .run(desired, settings.host, settings.numa_in_placement, save=False)
+                .as_dict()
+            )
+        return CycleReport(
+            desired,
+            tree,
+            "plan",
+            changes=changes,
+            reshape=reshape,
+            capacity=self.syncer.last_capacity,
+            audit=audit,
+            client=self.client,
+            below_usage=self.syncer.last_cuts,
+        )
 
     def close(self) -> None:
         pass
@@ -259,7 +305,8 @@ class ViaApplierRunner:
         self.store = StateStore(Path(settings.state_path))
         self._sender: Any = previous._sender if previous is not None else None
         self._applier_maintenance: Optional[dict] = (
-            previous._applier_maintenance if previous is not None else None)
+            previous._applier_maintenance if previous is not None else None
+        )
 
     def _upstream(self):
         if self._sender is None:
@@ -267,8 +314,12 @@ class ViaApplierRunner:
 
             settings = self.settings
             self._sender = upstream.MessagingUpstream(
-                self.conf, settings.host, settings.upstream_topic, settings.upstream_timeout,
-                key=keys.read_host_key(settings.upstream_key_file))
+                self.conf,
+                settings.host,
+                settings.upstream_topic,
+                settings.upstream_timeout,
+                key=keys.read_host_key(settings.upstream_key_file),
+            )
         return self._sender
 
     def run(self, desired: Desired, before_post=None) -> CycleReport:
@@ -281,7 +332,7 @@ class ViaApplierRunner:
         desired = with_owner_mark(desired, settings)
         report = self._upstream().send(desired, timeout=settings.upstream_timeout)
         upstream.remember(self.store, report, desired)
-        if report.maintenance is not None:   # a heartbeat's reply does not say
+        if report.maintenance is not None:  # a heartbeat's reply does not say
             self._applier_maintenance = report.maintenance
         if (self._applier_maintenance or {}).get("kept_by_placement"):
             # No record here (a lost state file), and the applier kept the
@@ -289,9 +340,16 @@ class ViaApplierRunner:
             desired = with_placement_maintenance(desired, [maint.TRAIT])
         if report.ok:
             forget_applied_off(self.store, desired.maintenance)
-        return CycleReport(desired, desired.tree.with_uuids(report.uuids), report.summary(),
-                           ok=report.ok, changes=report.applied, reshape=report.reshape,
-                           errors=list(report.errors), applied=report.applied)
+        return CycleReport(
+            desired,
+            desired.tree.with_uuids(report.uuids),
+            report.summary(),
+            ok=report.ok,
+            changes=report.applied,
+            reshape=report.reshape,
+            errors=list(report.errors),
+            applied=report.applied,
+        )
 
     def plan(self, desired: Desired) -> CycleReport:
         # The tree only: a dry-run works without the bus, and the applier,
@@ -309,8 +367,13 @@ class CompanionRunner:
     (the CLI): every run reads Placement; else (the service) on the verify
     schedule."""
 
-    def __init__(self, client, settings: Settings, on_demand: bool,
-                 previous: Optional[CompanionRunner] = None):
+    def __init__(
+        self,
+        client,
+        settings: Settings,
+        on_demand: bool,
+        previous: Optional[CompanionRunner] = None,
+    ):
         from node_agent.cycle.companion import Companion
 
         self.settings = settings
@@ -318,9 +381,12 @@ class CompanionRunner:
         # carries it on, so a missing provider is logged once).
         self._was_found: bool = previous._was_found if previous is not None else True
         self.on_demand = on_demand
-        self.companion = Companion(client, StateStore(Path(settings.state_path)),
-                                   full_verify_interval=settings.full_verify_interval,
-                                   in_flight_grace=settings.audit_in_flight_grace)
+        self.companion = Companion(
+            client,
+            StateStore(Path(settings.state_path)),
+            full_verify_interval=settings.full_verify_interval,
+            in_flight_grace=settings.audit_in_flight_grace,
+        )
         self.client = self.companion.client
         self._client = client
         self._version_checked = False
@@ -340,11 +406,16 @@ class CompanionRunner:
         if found.root_uuid is not None:
             tree = tree.with_uuids({tree.root.name: found.root_uuid})
         return CycleReport(
-            desired, tree, found.summary(), changes=[], companion=found,
-            audit=found.audit if found.verified else None, client=self.client,
+            desired,
+            tree,
+            found.summary(),
+            changes=[],
+            companion=found,
+            audit=found.audit if found.verified else None,
+            client=self.client,
             drift_changed=companion.changed,
-            audit_changed=lambda: (found.verified and found.found
-                                   and companion.auditor.changed()))
+            audit_changed=lambda: found.verified and found.found and companion.auditor.changed(),
+        )
 
     def run(self, desired: Desired, before_post=None) -> CycleReport:
         return self._check(desired, save=True)
@@ -360,8 +431,10 @@ class TreeOnlyRunner:
     """Direct mode with no ``[placement]``: only ``--dry-run`` can run."""
 
     def run(self, desired: Desired, before_post=None) -> CycleReport:
-        raise NodeAgentError("no Placement is configured ([placement] auth_type); "
-                             "use --dry-run to only show the tree")
+        raise NodeAgentError(
+            "no Placement is configured ([placement] auth_type); "
+            "use --dry-run to only show the tree"
+        )
 
     def plan(self, desired: Desired) -> CycleReport:
         return tree_only(desired)
@@ -375,12 +448,15 @@ def applier_runner(client, syncer, applied_shape=None) -> DirectRunner:
     is built from the host's record, which the applier keeps itself."""
     from node_agent.cycle.reconcile import Reconciler
 
-    return DirectRunner(syncer, Reconciler(client, syncer, applied_shape=applied_shape),
-                        keeps_state=False, check_version=False)
+    return DirectRunner(
+        syncer,
+        Reconciler(client, syncer, applied_shape=applied_shape),
+        keeps_state=False,
+        check_version=False,
+    )
 
 
-def _agent_syncer(client, settings: Settings, service: bool,
-                  previous: Optional[DirectRunner]):
+def _agent_syncer(client, settings: Settings, service: bool, previous: Optional[DirectRunner]):
     """This host's syncer, with the cache the last one kept: a reload's
     (same host and state file) as it is, else the state file's, verified
     on its first read. ``service``: spread the verifies over the fleet."""
@@ -388,9 +464,13 @@ def _agent_syncer(client, settings: Settings, service: bool,
     from node_agent.host.machine_id import identity
     from node_agent.placement.sync import TreeSyncer
 
-    syncer = TreeSyncer(client, StateStore(Path(settings.state_path)),
-                        full_verify_interval=settings.full_verify_interval,
-                        spread=service, owner=identity(settings))
+    syncer = TreeSyncer(
+        client,
+        StateStore(Path(settings.state_path)),
+        full_verify_interval=settings.full_verify_interval,
+        spread=service,
+        owner=identity(settings),
+    )
     if previous is not None and previous.same_tree(settings):
         provider_cache.carry_over(previous.syncer, syncer)
     else:
@@ -398,9 +478,16 @@ def _agent_syncer(client, settings: Settings, service: bool,
     return syncer
 
 
-def runner_for(conf, settings: Settings, client=None, *, guests_now: Optional[GuestsNow] = None,
-               service: bool = False, previous=None,
-               placement: Optional[bool] = None) -> CycleRunner:
+def runner_for(
+    conf,
+    settings: Settings,
+    client=None,
+    *,
+    guests_now: Optional[GuestsNow] = None,
+    service: bool = False,
+    previous=None,
+    placement: Optional[bool] = None,
+) -> CycleRunner:
     """The runner of ``settings.cycle_mode``: the only branch on the mode.
 
     ``client``: the Placement client validation built (not yet contacted),
@@ -413,25 +500,32 @@ def runner_for(conf, settings: Settings, client=None, *, guests_now: Optional[Gu
     configured (read from ``conf`` when None)."""
     mode = settings.cycle_mode
     if mode is CycleMode.VIA_APPLIER:
-        return ViaApplierRunner(conf, settings,
-                                previous if isinstance(previous, ViaApplierRunner) else None)
+        return ViaApplierRunner(
+            conf, settings, previous if isinstance(previous, ViaApplierRunner) else None
+        )
     if placement is None:  # a client validation built means [placement] is there
         from node_agent.config.files import placement_configured
 
         placement = client is not None or placement_configured(conf)
     if mode is CycleMode.COMPANION:
         if not placement:
-            raise ConfigError("[agent] mode = companion reads Placement, and none is "
-                              "configured: set [placement] auth_type (or endpoint_override); "
-                              "read access is enough.")
-        return CompanionRunner(_client(conf, client), settings, on_demand=not service,
-                               previous=previous if isinstance(previous, CompanionRunner)
-                               else None)
+            raise ConfigError(
+                "[agent] mode = companion reads Placement, and none is "
+                "configured: set [placement] auth_type (or endpoint_override); "
+                "read access is enough."
+            )
+        return CompanionRunner(
+            _client(conf, client),
+            settings,
+            on_demand=not service,
+            previous=previous if isinstance(previous, CompanionRunner) else None,
+        )
     if not placement:
         return TreeOnlyRunner()
     client = _client(conf, client)
-    syncer = _agent_syncer(client, settings, service,
-                           previous if isinstance(previous, DirectRunner) else None)
+    syncer = _agent_syncer(
+        client, settings, service, previous if isinstance(previous, DirectRunner) else None
+    )
     auditor = None
     if service:
         from node_agent.cycle.audit import Auditor
@@ -439,8 +533,13 @@ def runner_for(conf, settings: Settings, client=None, *, guests_now: Optional[Gu
         auditor = Auditor(syncer, in_flight_grace=settings.audit_in_flight_grace)
     from node_agent.cycle.reconcile import Reconciler
 
-    return DirectRunner(syncer, Reconciler(client, syncer, guests_now=guests_now), settings,
-                        auditor=auditor, announce_on_run=service and previous is None)
+    return DirectRunner(
+        syncer,
+        Reconciler(client, syncer, guests_now=guests_now),
+        settings,
+        auditor=auditor,
+        announce_on_run=service and previous is None,
+    )
 
 
 def _client(conf, client):

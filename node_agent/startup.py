@@ -24,9 +24,9 @@ from oslo_config import cfg
 from node_agent import logs
 from node_agent.config.files import parse_conf, placement_configured, unknown_options
 from node_agent.config.options import PLACEMENT_GROUP
+from node_agent.config.settings import check_settings
 from node_agent.errors import ConfigError, DiscoveryError
 from node_agent.model.settings import CycleMode, Settings
-from node_agent.config.settings import check_settings
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Validated:
     conf: cfg.ConfigOpts
     settings: Settings
     desired: object = None  # cycle.Desired, when the host was read
-    client: object = None   # PlacementClient (direct mode), not yet contacted
+    client: object = None  # PlacementClient (direct mode), not yet contacted
 
 
 def mode_problems(conf, settings: Settings) -> tuple[list[str], object]:
@@ -43,43 +43,61 @@ def mode_problems(conf, settings: Settings) -> tuple[list[str], object]:
     from node_agent.config.settings import _configured_value
 
     # The pair the typed setting cannot hold (CycleMode.of lets companion win).
-    if (_configured_value(conf, "mode", "agent") == "companion"
-            and _configured_value(conf, "upstream", "agent") == "messaging"):
-        return ["[agent] mode = companion reads Placement itself, so it cannot be "
-                "combined with [agent] upstream = messaging; set upstream = placement "
-                "with a [placement] section (read access is enough)."], None
+    if (
+        _configured_value(conf, "mode", "agent") == "companion"
+        and _configured_value(conf, "upstream", "agent") == "messaging"
+    ):
+        return [
+            "[agent] mode = companion reads Placement itself, so it cannot be "
+            "combined with [agent] upstream = messaging; set upstream = placement "
+            "with a [placement] section (read access is enough)."
+        ], None
     if settings.cycle_mode is CycleMode.VIA_APPLIER:
         problems = []
         if not _configured_value(conf, "transport_url", None):
-            problems.append("[agent] upstream = messaging needs [DEFAULT] transport_url "
-                            "(the broker node-agent-applier listens on); set it, or set "
-                            "upstream = placement with a [placement] section.")
+            problems.append(
+                "[agent] upstream = messaging needs [DEFAULT] transport_url "
+                "(the broker node-agent-applier listens on); set it, or set "
+                "upstream = placement with a [placement] section."
+            )
         if not settings.upstream_key_file:
-            problems.append("[agent] upstream = messaging needs [agent] upstream_key_file, "
-                            "this host's signing key: make it on the control node with "
-                            f"node-agent-applier derive-key {settings.host} --output FILE, "
-                            "copy it here with mode 0600")
+            problems.append(
+                "[agent] upstream = messaging needs [agent] upstream_key_file, "
+                "this host's signing key: make it on the control node with "
+                f"node-agent-applier derive-key {settings.host} --output FILE, "
+                "copy it here with mode 0600"
+            )
         else:
             from node_agent.remote import keys
+
             try:
                 keys.read_host_key(settings.upstream_key_file)
             except ConfigError as exc:
                 problems += exc.problems
         return problems, None
     if not placement_configured(conf):
-        return ["no Placement is configured: set [placement] auth_type (and its "
-                "credentials) or endpoint_override, or [agent] upstream = messaging "
-                "with [DEFAULT] transport_url; use --once --dry-run to only show "
-                "the tree"], None
+        return [
+            "no Placement is configured: set [placement] auth_type (and its "
+            "credentials) or endpoint_override, or [agent] upstream = messaging "
+            "with [DEFAULT] transport_url; use --once --dry-run to only show "
+            "the tree"
+        ], None
     from node_agent.placement.client import PlacementClient
+
     try:
         return [], PlacementClient.from_conf(conf, group=PLACEMENT_GROUP)
     except ConfigError as exc:
         return list(exc.problems), None
 
 
-def validate(args: Sequence[str], *, read_host: bool = True, need_upstream: bool = True,
-             state: Optional[dict] = None, lenient_files: bool = False) -> Validated:
+def validate(
+    args: Sequence[str],
+    *,
+    read_host: bool = True,
+    need_upstream: bool = True,
+    state: Optional[dict] = None,
+    lenient_files: bool = False,
+) -> Validated:
     """Parse and check the config files named by ``args`` (oslo.config
     arguments); raises ConfigError listing every problem.
 
@@ -104,6 +122,7 @@ def validate(args: Sequence[str], *, read_host: bool = True, need_upstream: bool
     if read_host:
         from node_agent.cycle.desired import compute_desired
         from node_agent.host.machine_id import identity
+
         try:
             identity(settings)  # every writer marks the root with it
         except ConfigError as exc:

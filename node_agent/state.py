@@ -44,14 +44,14 @@ FILE_MODE = 0o600
 LOG = logging.getLogger(__name__)
 
 # The file's keys, and who writes each.
-ROOT_UUID = "root_uuid"              # the syncer: the root provider's uuid
-PROVIDERS = "providers"              # the syncer (or the upstream sender): name -> uuid
-OWNED_CHILDREN = "owned_children"    # the syncer: children it created, uuids
+ROOT_UUID = "root_uuid"  # the syncer: the root provider's uuid
+PROVIDERS = "providers"  # the syncer (or the upstream sender): name -> uuid
+OWNED_CHILDREN = "owned_children"  # the syncer: children it created, uuids
 APPLIED = "provider_config_applied"  # a cycle: provider -> operator traits applied
-MAINTENANCE = "maintenance"          # the maintenance command / control RPC: the request
-AUDIT = "audit"                      # the allocation audit: its history
-APPLIER = "applier"                  # node-agent-applier: its per-host record
-PROVIDER_CACHE = "provider_cache"    # the service and --once: the syncer's cache
+MAINTENANCE = "maintenance"  # the maintenance command / control RPC: the request
+AUDIT = "audit"  # the allocation audit: its history
+APPLIER = "applier"  # node-agent-applier: its per-host record
+PROVIDER_CACHE = "provider_cache"  # the service and --once: the syncer's cache
 
 
 def _reason(exc: OSError) -> str:
@@ -78,9 +78,14 @@ def encode(data: dict) -> str:
     """The file's text for ``data``; raises TypeError/ValueError if ``data``
     is not JSON-serialisable."""
     payload = _canonical(data)
-    return json.dumps({"version": FORMAT_VERSION,
-                       "sha256": _checksum(payload),
-                       "payload": data}, sort_keys=True, indent=1) + "\n"
+    return (
+        json.dumps(
+            {"version": FORMAT_VERSION, "sha256": _checksum(payload), "payload": data},
+            sort_keys=True,
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 def decode(text: str, where: str = FILE_NAME) -> dict:
@@ -88,24 +93,30 @@ def decode(text: str, where: str = FILE_NAME) -> dict:
     try:
         envelope = json.loads(text)
     except ValueError as exc:
-        raise StateCorrupt(f"state file {where} is not valid JSON ({exc}); "
-                           "it will be rebuilt from Placement") from exc
+        raise StateCorrupt(
+            f"state file {where} is not valid JSON ({exc}); it will be rebuilt from Placement"
+        ) from exc
     if not isinstance(envelope, dict) or "version" not in envelope:
-        raise StateCorrupt(f"state file {where} has no format version; "
-                           "it will be rebuilt from Placement")
+        raise StateCorrupt(
+            f"state file {where} has no format version; it will be rebuilt from Placement"
+        )
     if envelope["version"] != FORMAT_VERSION:
         raise StateCorrupt(
             f"state file {where} has format version {envelope['version']!r}, "
             f"this agent reads version {FORMAT_VERSION}; "
-            "it will be rebuilt from Placement")
+            "it will be rebuilt from Placement"
+        )
     payload = envelope.get("payload")
     if not isinstance(payload, dict):
-        raise StateCorrupt(f"state file {where} has no payload object; "
-                           "it will be rebuilt from Placement")
+        raise StateCorrupt(
+            f"state file {where} has no payload object; it will be rebuilt from Placement"
+        )
     if envelope.get("sha256") != _checksum(_canonical(payload)):
-        raise StateCorrupt(f"state file {where} fails its sha256 checksum "
-                           "(truncated or edited); it will be rebuilt "
-                           "from Placement")
+        raise StateCorrupt(
+            f"state file {where} fails its sha256 checksum "
+            "(truncated or edited); it will be rebuilt "
+            "from Placement"
+        )
     return payload
 
 
@@ -158,8 +169,10 @@ class Store(Protocol):
 
     def put(self, key: str, value: Any) -> dict:
         """:meth:`update` that sets one key."""
+
         def set_key(state: dict) -> None:
             state[key] = value
+
         return self.update(set_key)
 
 
@@ -180,15 +193,17 @@ class StateStore(Store):
         except FileNotFoundError:
             return {}
         except UnicodeDecodeError as exc:
-            raise StateCorrupt(f"state file {self.path} is not UTF-8 text; "
-                               "it will be rebuilt from Placement") from exc
+            raise StateCorrupt(
+                f"state file {self.path} is not UTF-8 text; it will be rebuilt from Placement"
+            ) from exc
         except OSError as exc:
             self._refuse_a_file_in_the_way()
             raise StateError(
                 f"state file {self.path} cannot be read: {_reason(exc)}. Make it and "
                 f"{self.directory} readable by the user the agent runs as (a command "
                 "run with sudo may have left it owned by root: chown it to the "
-                "service user).") from None
+                "service user)."
+            ) from None
         return decode(text, str(self.path))
 
     def update(self, change: Callable[[dict], None]) -> dict:
@@ -216,7 +231,8 @@ class StateStore(Store):
             self._refuse_a_file_in_the_way()
             raise StateError(
                 f"state directory {self.directory} cannot be opened: {_reason(exc)}. "
-                "Make it readable and writable by the user the agent runs as.") from None
+                "Make it readable and writable by the user the agent runs as."
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -244,7 +260,8 @@ class StateStore(Store):
                 f"state file {self.path} cannot be written: {_reason(exc)}. Make "
                 f"{self.directory} writable by the user the agent runs as and "
                 "check the file system has free space; the previous state file, "
-                "if any, is unchanged.") from None
+                "if any, is unchanged."
+            ) from None
 
     def _refuse_a_file_in_the_way(self) -> None:
         """Raise StateError when state_path, or a directory above it, is a
@@ -256,12 +273,12 @@ class StateStore(Store):
                 raise StateError(
                     f"state_path {self.directory}: {path} is not a directory. "
                     f"state_path names the directory that holds {FILE_NAME}; point "
-                    "it at a directory (or move the file away).")
+                    "it at a directory (or move the file away)."
+                )
 
     def _write(self, text: str) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".tmp",
-                                   dir=self.directory)
+        fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".tmp", dir=self.directory)
         try:
             os.fchmod(fd, FILE_MODE)
             if os.geteuid() == 0:

@@ -6,6 +6,7 @@ import argparse
 
 def installed_version() -> str:
     import importlib.metadata
+
     try:
         return importlib.metadata.version("node-agent")
     except importlib.metadata.PackageNotFoundError:
@@ -17,8 +18,13 @@ class VersionAction(argparse.Action):
     importlib.metadata costs every other run a noticeable part of its
     start-up. Prints ``PROG VERSION``."""
 
-    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
-                 help="show the program's version number and exit"):
+    def __init__(
+        self,
+        option_strings,
+        dest=argparse.SUPPRESS,
+        default=argparse.SUPPRESS,
+        help="show the program's version number and exit",
+    ):
         super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
 
     def __call__(self, parser, namespace, values, option_string=None):

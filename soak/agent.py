@@ -59,14 +59,16 @@ class NotifyListener:
         with self._cond:
             return sum(self.counts.values())
 
-    def wait_for(self, predicate: Callable[[str], bool], since: int,
-                 timeout: float = 30) -> str:
+    def wait_for(self, predicate: Callable[[str], bool], since: int, timeout: float = 30) -> str:
         deadline = time.monotonic() + timeout
         with self._cond:
             while True:
                 total = sum(self.counts.values())
-                fresh = self._recent[max(0, len(self._recent) - (total - since)):] \
-                    if total > since else []
+                fresh = (
+                    self._recent[max(0, len(self._recent) - (total - since)) :]
+                    if total > since
+                    else []
+                )
                 for text in fresh:
                     if predicate(text):
                         return text
@@ -81,10 +83,18 @@ class NotifyListener:
         self._sock.close()
 
 
-def config_text(workdir: Path, host: str, placement_url: str, transport_url: str,
-                sysroot: Path, libvirt_uri: str, config: Config,
-                report_interval: int, full_verify_interval: int,
-                broken: Optional[tuple[str, str]] = None) -> str:
+def config_text(
+    workdir: Path,
+    host: str,
+    placement_url: str,
+    transport_url: str,
+    sysroot: Path,
+    libvirt_uri: str,
+    config: Config,
+    report_interval: int,
+    full_verify_interval: int,
+    broken: Optional[tuple[str, str]] = None,
+) -> str:
     """The agent's config file; ``broken`` = (option, raw value) written in
     place of a valid [compute] option (a reload must refuse it)."""
     compute = {
@@ -98,18 +108,19 @@ def config_text(workdir: Path, host: str, placement_url: str, transport_url: str
     if broken:
         compute[broken[0]] = broken[1]
     lines = "".join(f"{k} = {v}\n" for k, v in compute.items())
-    return (isolated_config(workdir) +
-            f"[DEFAULT]\nhost = {host}\n"
-            f"transport_url = {transport_url}\n"
-            f"[agent]\nstate_path = {workdir / 'state'}\n"
-            f"[host]\nsysfs_root = {sysroot}\n"
-            f"[libvirt]\nconnection_uri = {libvirt_uri}\n"
-            f"[compute]\ninstances_path = {workdir}\n{lines}"
-            f"[agent]\nreport_interval = {report_interval}\nstartup_splay = 0\n"
-            f"interval_jitter = 0\nretry_max_interval = 2\n"
-            f"full_verify_interval = {full_verify_interval}\n"
-            "[placement]\nauth_type = admin_token\ntoken = admin\n"
-            f"endpoint_override = {placement_url}\n")
+    return (
+        isolated_config(workdir) + f"[DEFAULT]\nhost = {host}\n"
+        f"transport_url = {transport_url}\n"
+        f"[agent]\nstate_path = {workdir / 'state'}\n"
+        f"[host]\nsysfs_root = {sysroot}\n"
+        f"[libvirt]\nconnection_uri = {libvirt_uri}\n"
+        f"[compute]\ninstances_path = {workdir}\n{lines}"
+        f"[agent]\nreport_interval = {report_interval}\nstartup_splay = 0\n"
+        f"interval_jitter = 0\nretry_max_interval = 2\n"
+        f"full_verify_interval = {full_verify_interval}\n"
+        "[placement]\nauth_type = admin_token\ntoken = admin\n"
+        f"endpoint_override = {placement_url}\n"
+    )
 
 
 def _write(path: Path, text: str) -> None:
@@ -136,9 +147,13 @@ class SoakAgent:
     def start(self) -> None:
         env = dict(os.environ, NOTIFY_SOCKET=str(self.notify.path))
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen([str(AGENT), "--config-file", str(self.config_path)],
-                                         env=env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL)
+            self.proc = subprocess.Popen(
+                [str(AGENT), "--config-file", str(self.config_path)],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
         self._ps = psutil.Process(self.proc.pid)
 
     def alive(self) -> bool:
@@ -168,8 +183,8 @@ class SoakAgent:
 
     def rpc(self):
         if self._rpc is None:
-            from node_agent.remote import messaging
             from node_agent.config.files import load_conf
+            from node_agent.remote import messaging
 
             conf = load_conf(["--config-file", str(self.config_path)])
             self._rpc = messaging.client(conf, self.host, timeout=150)
@@ -181,8 +196,11 @@ class SoakAgent:
 
     def sample(self) -> dict:
         with self._ps.oneshot():
-            return {"rss": self._ps.memory_info().rss, "fds": self._ps.num_fds(),
-                    "threads": self._ps.num_threads()}
+            return {
+                "rss": self._ps.memory_info().rss,
+                "fds": self._ps.num_fds(),
+                "threads": self._ps.num_threads(),
+            }
 
     def stop(self, timeout: float = 30) -> Optional[int]:
         if self.proc is None:

@@ -17,12 +17,15 @@ from pathlib import Path
 from soak.model import cpulist
 from tests.hostdata import HOSTDATA
 
-FIXTURE = HOSTDATA / "virhostcpudata" / "linux-test4"    # 16 CPUs, 2 nodes
+FIXTURE = HOSTDATA / "virhostcpudata" / "linux-test4"  # 16 CPUs, 2 nodes
 HOST_XML = Path(__file__).resolve().parents[1] / "tests" / "data" / "libvirt" / "host.xml"
 FIXTURE_GUEST_PREFIX = "11111111-0000-4000-8000-0000000000"
 # An unpinned, running guest of host.xml: the template of the guests that boot.
-_TEMPLATE = re.compile(r'  <domain type="test"[^>]*>\s*<name>instance-00000003</name>'
-                       r'.*?</domain>\n', re.S)
+_TEMPLATE = re.compile(
+    r'  <domain type="test"[^>]*>\s*<name>instance-00000003</name>'
+    r".*?</domain>\n",
+    re.S,
+)
 _MEMTOTAL = re.compile(r"MemTotal:\s+(\d+) kB")
 
 
@@ -52,8 +55,7 @@ class SoakHost:
         cpu_dir = self.system / "cpu"
         self.present = sorted(int(p.name[3:]) for p in cpu_dir.glob("cpu[0-9]*"))
         # cpu0 has no cpuN/online in this tree: it cannot be taken offline.
-        self.hotpluggable = [c for c in self.present
-                             if (cpu_dir / f"cpu{c}" / "online").exists()]
+        self.hotpluggable = [c for c in self.present if (cpu_dir / f"cpu{c}" / "online").exists()]
         self.online = set(self.present)
         self.set_online(self.online)
         self.memory_mb = self._node_memory_mb()

@@ -61,29 +61,37 @@ def capacity(record: Record) -> int:
 
 
 def _record(total: int, reserved: int, ratio: float) -> dict:
-    return {"total": total, "reserved": reserved, "min_unit": 1, "max_unit": total,
-            "step_size": 1, "allocation_ratio": float(ratio)}
+    return {
+        "total": total,
+        "reserved": reserved,
+        "min_unit": 1,
+        "max_unit": total,
+        "step_size": 1,
+        "allocation_ratio": float(ratio),
+    }
 
 
 def wanted(host: HostFacts, config: Config) -> dict[str, dict]:
     """The records the agent should want; raises Unfit."""
     problems = []
     if config.reserved_host_cpus and config.reserved_host_cpus >= host.online_cpus:
-        problems.append(f"reserved_host_cpus {config.reserved_host_cpus} >= "
-                        f"{host.online_cpus} online CPUs")
+        problems.append(
+            f"reserved_host_cpus {config.reserved_host_cpus} >= {host.online_cpus} online CPUs"
+        )
     if config.reserved_host_memory_mb >= host.memory_mb:
-        problems.append(f"reserved_host_memory_mb {config.reserved_host_memory_mb} >= "
-                        f"{host.memory_mb}")
+        problems.append(
+            f"reserved_host_memory_mb {config.reserved_host_memory_mb} >= {host.memory_mb}"
+        )
     disk_reserved = math.ceil(config.reserved_host_disk_mb / 1024)
     if disk_reserved >= host.disk_gb:
         problems.append(f"reserved disk {disk_reserved} GiB >= {host.disk_gb} GiB")
     if problems:
         raise Unfit("; ".join(problems))
     return {
-        "VCPU": _record(host.online_cpus, config.reserved_host_cpus,
-                        config.cpu_allocation_ratio),
-        "MEMORY_MB": _record(host.memory_mb, config.reserved_host_memory_mb,
-                             config.ram_allocation_ratio),
+        "VCPU": _record(host.online_cpus, config.reserved_host_cpus, config.cpu_allocation_ratio),
+        "MEMORY_MB": _record(
+            host.memory_mb, config.reserved_host_memory_mb, config.ram_allocation_ratio
+        ),
         "DISK_GB": _record(host.disk_gb, disk_reserved, config.disk_allocation_ratio),
     }
 
@@ -91,14 +99,18 @@ def wanted(host: HostFacts, config: Config) -> dict[str, dict]:
 @dataclass(frozen=True)
 class Expected:
     records: Mapping[str, Record]
-    outcome: str                 # "ok" or "unfit"
-    kept: tuple[str, ...] = ()   # classes held back because they are in use (none here)
+    outcome: str  # "ok" or "unfit"
+    kept: tuple[str, ...] = ()  # classes held back because they are in use (none here)
     why: str = ""
-    cut: tuple[str, ...] = ()    # classes published below their usage
+    cut: tuple[str, ...] = ()  # classes published below their usage
 
 
-def after_cycle(previous: Optional[Mapping[str, Record]], host: HostFacts,
-                config: Config, usages: Mapping[str, int]) -> Expected:
+def after_cycle(
+    previous: Optional[Mapping[str, Record]],
+    host: HostFacts,
+    config: Config,
+    usages: Mapping[str, int],
+) -> Expected:
     """What Placement holds after one cycle, given what it held before."""
     try:
         new = wanted(host, config)
@@ -106,15 +118,20 @@ def after_cycle(previous: Optional[Mapping[str, Record]], host: HostFacts,
         if previous is None:
             raise
         return Expected(previous, "unfit", why=str(exc))
-    cut = [rc for rc, record in new.items()
-           if previous is not None and rc in previous
-           and record["reserved"] < record["total"]
-           and usages.get(rc, 0) > capacity(record) < capacity(previous[rc])]
+    cut = [
+        rc
+        for rc, record in new.items()
+        if previous is not None
+        and rc in previous
+        and record["reserved"] < record["total"]
+        and usages.get(rc, 0) > capacity(record) < capacity(previous[rc])
+    ]
     return Expected(new, "ok", cut=tuple(sorted(cut)))
 
 
-def fits(records: Mapping[str, Record], usages: Mapping[str, int],
-         request: Mapping[str, int]) -> bool:
+def fits(
+    records: Mapping[str, Record], usages: Mapping[str, int], request: Mapping[str, int]
+) -> bool:
     """Would the scheduler place ``request`` on a provider holding ``records``?"""
     for rc, amount in request.items():
         record = records.get(rc)
@@ -127,8 +144,10 @@ def fits(records: Mapping[str, Record], usages: Mapping[str, int],
 
 def same_record(held: Record, expected: Record) -> bool:
     """Placement stores ratios as FLOAT: 1.1 may come back as 1.10000002."""
-    return all(held[key] == expected[key] for key in expected if key != "allocation_ratio") \
+    return (
+        all(held[key] == expected[key] for key in expected if key != "allocation_ratio")
         and abs(float(held["allocation_ratio"]) - float(expected["allocation_ratio"])) < 1e-6
+    )
 
 
 def cpulist(cpus) -> str:

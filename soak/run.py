@@ -111,22 +111,36 @@ class Soak:
     outcomes: Counter = field(default_factory=Counter)
     checks: int = 0
     samples: list = field(default_factory=list)
-    guests: list = field(default_factory=list)      # booted guest uuids
-    others: list = field(default_factory=list)      # consumers that are no guest
+    guests: list = field(default_factory=list)  # booted guest uuids
+    others: list = field(default_factory=list)  # consumers that are no guest
     cycle_seconds: list = field(default_factory=list)
 
     # -- facts and config
 
     def facts(self) -> model.HostFacts:
         import psutil
-        return model.HostFacts(len(self.host.online), self.host.memory_mb,
-                               psutil.disk_usage(str(self.work)).total // 1024 ** 3)
+
+        return model.HostFacts(
+            len(self.host.online),
+            self.host.memory_mb,
+            psutil.disk_usage(str(self.work)).total // 1024**3,
+        )
 
     def write_config(self, config: model.Config, broken=None) -> None:
-        self.agent.write_config(config_text(
-            self.work, self.agent.host, self.placement_url, self.transport_url,
-            self.host.sysroot, self.host.uri, config, self.opts.report_interval,
-            self.opts.full_verify_interval, broken))
+        self.agent.write_config(
+            config_text(
+                self.work,
+                self.agent.host,
+                self.placement_url,
+                self.transport_url,
+                self.host.sysroot,
+                self.host.uri,
+                config,
+                self.opts.report_interval,
+                self.opts.full_verify_interval,
+                broken,
+            )
+        )
 
     # -- the scheduler
 
@@ -134,9 +148,11 @@ class Soak:
         return model.fits(self.records, self.world.usages(), request)
 
     def _request(self) -> dict:
-        return {"VCPU": self.rng.randint(1, 4),
-                "MEMORY_MB": self.rng.choice((512, 1024, 2048, 4096)),
-                "DISK_GB": self.rng.randint(1, 20)}
+        return {
+            "VCPU": self.rng.randint(1, 4),
+            "MEMORY_MB": self.rng.choice((512, 1024, 2048, 4096)),
+            "DISK_GB": self.rng.randint(1, 20),
+        }
 
     def boot_guest(self) -> Optional[str]:
         if len(self.world.allocations) >= MAX_CONSUMERS:
@@ -164,8 +180,7 @@ class Soak:
         if len(self.world.allocations) >= MAX_CONSUMERS:
             return None
         idle = [g for g in self.host.fixture_guests if g not in self.world.allocations]
-        consumer = (self.rng.choice(idle) if idle and self.rng.random() < 0.5
-                    else str(uuid.uuid4()))
+        consumer = self.rng.choice(idle) if idle and self.rng.random() < 0.5 else str(uuid.uuid4())
         request = self._request()
         if not self._fits(request):
             return "allocation_refused_by_scheduler"
@@ -216,9 +231,12 @@ class Soak:
         return None
 
     def config_unfit(self) -> Optional[str]:
-        option, value = self.rng.choice((
-            ("reserved_host_memory_mb", self.host.memory_mb + 1),
-            ("reserved_host_cpus", len(self.host.present) + 4)))
+        option, value = self.rng.choice(
+            (
+                ("reserved_host_memory_mb", self.host.memory_mb + 1),
+                ("reserved_host_cpus", len(self.host.present) + 4),
+            )
+        )
         self._reload(self.running.with_value(option, value))
         return "config_unfit_for_host"
 
@@ -237,10 +255,15 @@ class Soak:
 
     # -- one step
 
-    SCHEDULER = (("boot_guest", 3), ("delete_guest", 2.5), ("allocate_other", 1),
-                 ("free_other", 1))
-    INPUTS = (("cpus_offline", 3), ("cpus_online", 3), ("config_edit", 1.5),
-              ("config_refused", 0.6), ("config_unfit", 0.3), (None, 2))
+    SCHEDULER = (("boot_guest", 3), ("delete_guest", 2.5), ("allocate_other", 1), ("free_other", 1))
+    INPUTS = (
+        ("cpus_offline", 3),
+        ("cpus_online", 3),
+        ("config_edit", 1.5),
+        ("config_refused", 0.6),
+        ("config_unfit", 0.3),
+        (None, 2),
+    )
 
     def _pick(self, table):
         names, weights = zip(*table)
@@ -266,8 +289,7 @@ class Soak:
         self.cycle_seconds.append(time.monotonic() - began)
         if status.get("triggered_cycle") is None:
             raise SoakFailure(f"sync_now did not finish a cycle: {status}")
-        expected = model.after_cycle(self.records, self.facts(), self.running,
-                                     self.world.usages())
+        expected = model.after_cycle(self.records, self.facts(), self.running, self.world.usages())
         self._check_status(status, expected)
         self.checks += self.world.check(expected.records) + 1
         self.records = dict(expected.records)
@@ -279,16 +301,19 @@ class Soak:
         problem = status.get("problem")
         if expected.outcome == "unfit":
             if not problem or problem["kind"] != "config":
-                raise SoakFailure(f"config does not fit ({expected.why}) but the agent "
-                                  f"reports {problem}")
+                raise SoakFailure(
+                    f"config does not fit ({expected.why}) but the agent reports {problem}"
+                )
             return
         if problem:
             raise SoakFailure(f"the agent reports a problem: {problem}")
         ok = status["last_sync"]["ok"]
         if ok != (expected.outcome == "ok"):
-            raise SoakFailure(f"agent says ok={ok}, model says {expected.outcome} "
-                              f"(kept {expected.kept}); errors: "
-                              f"{status['last_sync']['errors']}")
+            raise SoakFailure(
+                f"agent says ok={ok}, model says {expected.outcome} "
+                f"(kept {expected.kept}); errors: "
+                f"{status['last_sync']['errors']}"
+            )
 
     def sample(self, number: int) -> None:
         self.samples.append({"cycle": number, **self.agent.sample()})
@@ -297,11 +322,15 @@ class Soak:
 def flatness(samples: list[dict], key: str, total_cycles: int) -> dict:
     warm = [s for s in samples if s["cycle"] >= total_cycles * WARMUP_FRACTION] or samples
     values = [s[key] for s in warm]
-    return {"first": samples[0][key], "after_warmup": values[0], "last": samples[-1][key],
-            "max": max(s[key] for s in samples), "min_after_warmup": min(values),
-            "growth_after_warmup": values[-1] - values[0],
-            "slope_per_1000_cycles": round(model.trend(
-                [(s["cycle"], s[key]) for s in warm]), 2)}
+    return {
+        "first": samples[0][key],
+        "after_warmup": values[0],
+        "last": samples[-1][key],
+        "max": max(s[key] for s in samples),
+        "min_after_warmup": min(values),
+        "growth_after_warmup": values[-1] - values[0],
+        "slope_per_1000_cycles": round(model.trend([(s["cycle"], s[key]) for s in warm]), 2),
+    }
 
 
 def run(opts: Options) -> dict:
@@ -310,8 +339,12 @@ def run(opts: Options) -> dict:
     started = time.monotonic()
     work = Path(opts.workdir or tempfile.mkdtemp(prefix="node-agent-soak-"))
     work.mkdir(parents=True, exist_ok=True)
-    result: dict = {"cycles_requested": opts.cycles, "seed": opts.seed,
-                    "workdir": str(work), "failure": None}
+    result: dict = {
+        "cycles_requested": opts.cycles,
+        "seed": opts.seed,
+        "workdir": str(work),
+        "failure": None,
+    }
     placement = broker = None
     if opts.placement_url is None:
         placement = start_subprocess(work / "placement")
@@ -326,15 +359,22 @@ def run(opts: Options) -> dict:
         host = SoakHost(work / "host")
         name = f"soak-{uuid.uuid4().hex[:8]}"
         agent = SoakAgent(work / "host", name)
-        soak = Soak(opts, work / "host", random.Random(opts.seed), host,
-                    World(placement_url, name), agent, placement_url, transport_url)
+        soak = Soak(
+            opts,
+            work / "host",
+            random.Random(opts.seed),
+            host,
+            World(placement_url, name),
+            agent,
+            placement_url,
+            transport_url,
+        )
         soak.write_config(soak.running)
         agent.start()
         agent.notify.wait_for(lambda d: d.startswith("STATUS=ok:"), 0, timeout=60)
         try:
             soak.world.find_root()
-            soak.records = dict(model.after_cycle(None, soak.facts(), soak.running,
-                                                  {}).records)
+            soak.records = dict(model.after_cycle(None, soak.facts(), soak.running, {}).records)
             soak.world.remember_traits()
             soak.world.add_operator_trait()
             soak.checks += soak.world.check(soak.records)
@@ -349,9 +389,12 @@ def run(opts: Options) -> dict:
                 if number % opts.sample_every == 0 or number == opts.cycles:
                     soak.sample(number)
                 if number % 100 == 0:
-                    print(f"[soak] {number} cycles, {soak.checks} checks, "
-                          f"rss {soak.samples[-1]['rss'] / 2**20:.1f} MiB, "
-                          f"fds {soak.samples[-1]['fds']}", flush=True)
+                    print(
+                        f"[soak] {number} cycles, {soak.checks} checks, "
+                        f"rss {soak.samples[-1]['rss'] / 2**20:.1f} MiB, "
+                        f"fds {soak.samples[-1]['fds']}",
+                        flush=True,
+                    )
         except (SoakFailure, TimeoutError, NodeAgentError) as exc:
             result["failure"] = f"{type(exc).__name__}: {exc}"
         status = agent.rpc().call({}, "get_status")
@@ -363,8 +406,11 @@ def run(opts: Options) -> dict:
             if server is not None:
                 server.stop()
     result["wall_seconds"] = round(time.monotonic() - started, 1)
-    result["passed"] = (result["failure"] is None and result.get("flat", False)
-                        and result.get("agent_exit_code") == 0)
+    result["passed"] = (
+        result["failure"] is None
+        and result.get("flat", False)
+        and result.get("agent_exit_code") == 0
+    )
     return result
 
 
@@ -375,9 +421,11 @@ def _summary(soak: Soak, done: int, status: dict) -> dict:
     rss = flatness(soak.samples, "rss", done)
     fds = flatness(soak.samples, "fds", done)
     threads = flatness(soak.samples, "threads", done)
-    flat = (rss["growth_after_warmup"] < RSS_GROWTH_LIMIT_MIB * 2 ** 20
-            and fds["growth_after_warmup"] <= FD_GROWTH_LIMIT
-            and threads["growth_after_warmup"] <= FD_GROWTH_LIMIT)
+    flat = (
+        rss["growth_after_warmup"] < RSS_GROWTH_LIMIT_MIB * 2**20
+        and fds["growth_after_warmup"] <= FD_GROWTH_LIMIT
+        and threads["growth_after_warmup"] <= FD_GROWTH_LIMIT
+    )
     return {
         "cycles_checked": done,
         "agent_cycles_total": status.get("cycles"),
@@ -385,11 +433,14 @@ def _summary(soak: Soak, done: int, status: dict) -> dict:
         "changes": dict(sorted(soak.changes.items())),
         "outcomes": dict(soak.outcomes),
         "checks_passed": soak.checks,
-        "cycle_seconds": {"median": round(seconds[len(seconds) // 2], 3),
-                          "p99": round(seconds[min(len(seconds) - 1,
-                                                   math.ceil(len(seconds) * 0.99) - 1)], 3),
-                          "max": round(seconds[-1], 3)},
-        "rss_bytes": rss, "open_fds": fds, "threads": threads,
+        "cycle_seconds": {
+            "median": round(seconds[len(seconds) // 2], 3),
+            "p99": round(seconds[min(len(seconds) - 1, math.ceil(len(seconds) * 0.99) - 1)], 3),
+            "max": round(seconds[-1], 3),
+        },
+        "rss_bytes": rss,
+        "open_fds": fds,
+        "threads": threads,
         "limits": {"rss_growth_mib": RSS_GROWTH_LIMIT_MIB, "fd_growth": FD_GROWTH_LIMIT},
         "flat": flat,
         "notify": dict(soak.agent.notify.counts),
@@ -398,10 +449,12 @@ def _summary(soak: Soak, done: int, status: dict) -> dict:
 
 
 def summary_text(result: dict) -> str:
-    mib = 2 ** 20
-    lines = [f"soak: {'PASSED' if result['passed'] else 'FAILED'} -- "
-             f"{result.get('cycles_checked', 0)} of {result['cycles_requested']} cycles "
-             f"checked, seed {result['seed']}, {result['wall_seconds']} s"]
+    mib = 2**20
+    lines = [
+        f"soak: {'PASSED' if result['passed'] else 'FAILED'} -- "
+        f"{result.get('cycles_checked', 0)} of {result['cycles_requested']} cycles "
+        f"checked, seed {result['seed']}, {result['wall_seconds']} s"
+    ]
     if "checks_passed" in result:
         rss, fds = result["rss_bytes"], result["open_fds"]
         lines += [
@@ -418,26 +471,34 @@ def summary_text(result: dict) -> str:
             f"  open fds: first {fds['first']}, after warm-up {fds['after_warmup']}, "
             f"last {fds['last']}, max {fds['max']}",
             f"  threads: last {result['threads']['last']}, max {result['threads']['max']}",
-            f"  flat: {result['flat']}, agent exit code {result.get('agent_exit_code')}"]
+            f"  flat: {result['flat']}, agent exit code {result.get('agent_exit_code')}",
+        ]
     if result["failure"]:
         lines.append(f"  FAILURE: {result['failure']}")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m soak.run", description=__doc__.split(
-        "\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m soak.run", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--cycles", type=int, default=2000)
-    parser.add_argument("--seed", type=int, default=None,
-                        help="random seed (default: chosen and printed)")
+    parser.add_argument(
+        "--seed", type=int, default=None, help="random seed (default: chosen and printed)"
+    )
     parser.add_argument("--report", type=Path, help="write the results as JSON here")
     parser.add_argument("--sample-every", type=int, default=20)
-    parser.add_argument("--workdir", type=Path, help="keep everything here (default: a "
-                        "new temporary directory, left in place for inspection)")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="keep everything here (default: a "
+        "new temporary directory, left in place for inspection)",
+    )
     args = parser.parse_args(argv)
-    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10 ** 6)
-    result = run(Options(cycles=args.cycles, seed=seed, sample_every=args.sample_every,
-                         workdir=args.workdir))
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
+    result = run(
+        Options(cycles=args.cycles, seed=seed, sample_every=args.sample_every, workdir=args.workdir)
+    )
     print(summary_text(result))
     if args.report:
         args.report.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")

@@ -44,9 +44,15 @@ class World:
     # -- the scheduler
 
     def allocate(self, consumer: str, resources: Mapping[str, int]) -> None:
-        self.client.put(f"/allocations/{consumer}", {
-            "allocations": {self.root: {"resources": dict(resources)}},
-            "project_id": PROJECT, "user_id": USER, "consumer_generation": None})
+        self.client.put(
+            f"/allocations/{consumer}",
+            {
+                "allocations": {self.root: {"resources": dict(resources)}},
+                "project_id": PROJECT,
+                "user_id": USER,
+                "consumer_generation": None,
+            },
+        )
         self.allocations[consumer] = dict(resources)
         if consumer in self.freed:  # a fixture guest placed again
             self.freed.remove(consumer)
@@ -66,9 +72,13 @@ class World:
         for _ in range(10):
             got = self.client.get(f"/resource_providers/{self.root}/traits")
             try:
-                self.client.put(f"/resource_providers/{self.root}/traits", {
-                    "resource_provider_generation": got["resource_provider_generation"],
-                    "traits": sorted(set(got["traits"]) | {OPERATOR_TRAIT})})
+                self.client.put(
+                    f"/resource_providers/{self.root}/traits",
+                    {
+                        "resource_provider_generation": got["resource_provider_generation"],
+                        "traits": sorted(set(got["traits"]) | {OPERATOR_TRAIT}),
+                    },
+                )
                 return
             except GenerationConflict:
                 continue
@@ -96,15 +106,18 @@ class World:
             checked += 1
         traits = set(self.client.get(f"/resource_providers/{self.root}/traits")["traits"])
         if traits != self.traits | {OPERATOR_TRAIT}:
-            raise SoakFailure(f"traits {sorted(traits)} != agent's {sorted(self.traits)} "
-                              f"+ {OPERATOR_TRAIT}")
+            raise SoakFailure(
+                f"traits {sorted(traits)} != agent's {sorted(self.traits)} + {OPERATOR_TRAIT}"
+            )
         checked += 1
         usages = self.client.get(f"/resource_providers/{self.root}/usages")["usages"]
         expected_use = self.usages()
         for rc in set(usages) | set(expected_use):
             if usages.get(rc, 0) != expected_use.get(rc, 0):
-                raise SoakFailure(f"usage of {rc}: Placement {usages.get(rc, 0)} != "
-                                  f"allocations made {expected_use.get(rc, 0)}")
+                raise SoakFailure(
+                    f"usage of {rc}: Placement {usages.get(rc, 0)} != "
+                    f"allocations made {expected_use.get(rc, 0)}"
+                )
             checked += 1
         for consumer, resources in self.allocations.items():
             got = self.client.get(f"/allocations/{consumer}")["allocations"]

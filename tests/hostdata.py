@@ -12,9 +12,9 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-HOSTDATA = Path(os.environ.get(
-    "NODE_AGENT_HOSTDATA",
-    Path(__file__).resolve().parent / "data" / "hostdata"))
+HOSTDATA = Path(
+    os.environ.get("NODE_AGENT_HOSTDATA", Path(__file__).resolve().parent / "data" / "hostdata")
+)
 
 GROUND_TRUTH = HOSTDATA / "ground_truth_sysfs.json"
 

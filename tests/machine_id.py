@@ -34,5 +34,7 @@ def isolated_config(directory: Path) -> str:
     """Config text setting ``[agent] machine_id_path`` to a file in
     ``directory`` and ``[compute] provider_config_location`` to a directory
     there (none need exist). Put it first: a test's own later lines win."""
-    return (f"[agent]\nmachine_id_path = {machine_id_file(directory)}\n"
-            f"[compute]\nprovider_config_location = {Path(directory) / 'provider_config'}\n")
+    return (
+        f"[agent]\nmachine_id_path = {machine_id_file(directory)}\n"
+        f"[compute]\nprovider_config_location = {Path(directory) / 'provider_config'}\n"
+    )

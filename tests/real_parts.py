@@ -17,6 +17,5 @@ REQUIRE_REAL = "NODE_AGENT_REQUIRE_REAL"
 
 def skip_or_fail(reason: str) -> NoReturn:
     if os.environ.get(REQUIRE_REAL) == "1":
-        pytest.fail(f"{reason} ({REQUIRE_REAL}=1: a real part must not be skipped)",
-                    pytrace=False)
+        pytest.fail(f"{reason} ({REQUIRE_REAL}=1: a real part must not be skipped)", pytrace=False)
     pytest.skip(reason)

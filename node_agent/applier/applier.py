@@ -81,23 +81,27 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-from node_agent.remote import signing, wire
 from node_agent import logs
+from node_agent.applier import metrics as applier_metrics
 from node_agent.config.files import load_conf, oslo_args, placement_configured
-from node_agent.policy import maintenance as maint
+from node_agent.cycle.reconcile import Shape, shape_of
+from node_agent.errors import (
+    ConfigError,
+    NodeAgentError,
+    PlacementError,
+    ProviderOwned,
+    ReshapeError,
+)
 from node_agent.placement.client import PlacementClient
 from node_agent.placement.errors import NotFound
 from node_agent.placement.sync import TreeSyncer
-from node_agent.applier import metrics as applier_metrics
-from node_agent.remote import keys, messaging, schema
-from node_agent.service.loop import systemd_notifier
-from node_agent.remote.coordination import Busy, Coordination
-from node_agent.errors import (ConfigError, NodeAgentError, PlacementError, ProviderOwned,
-                               ReshapeError)
 from node_agent.policy import capacity
+from node_agent.policy import maintenance as maint
 from node_agent.policy.root_owner import identity_of_tree
-from node_agent.cycle.reconcile import Shape, shape_of
+from node_agent.remote import keys, messaging, schema, signing, wire
+from node_agent.remote.coordination import Busy, Coordination
 from node_agent.runner import DirectRunner, applier_runner
+from node_agent.service.loop import systemd_notifier
 from node_agent.state import APPLIER, PROVIDERS, ROOT_UUID, Store
 from node_agent.version import VersionAction
 
@@ -109,7 +113,7 @@ CACHE_KEY, SHAPE_KEY = "cache", "shape"
 # The marks of the host's last applied messages (replay_mark), newest last.
 APPLIED_KEY = "applied_marks"
 APPLIED_KEPT = 32
-REPLAYED = "replayed"   # refusal reason
+REPLAYED = "replayed"  # refusal reason
 
 
 def replay_mark(raw) -> Optional[str]:
@@ -141,8 +145,10 @@ class _Local:
 
 
 def _changes(changes) -> list[dict]:
-    return [{"method": c.method, "path": c.path, "summary": c.summary,
-             "provider": c.provider} for c in changes]
+    return [
+        {"method": c.method, "path": c.path, "summary": c.summary, "provider": c.provider}
+        for c in changes
+    ]
 
 
 def shape_digest(shape: Shape) -> str:
@@ -157,10 +163,18 @@ class Applier:
     each message gets its own, so request counts stay per host.
     """
 
-    def __init__(self, client_factory: Callable[[], PlacementClient], state_path: Path,
-                 full_verify_interval: float = 300, lock_timeout: float = 20,
-                 clock: Callable[[], float] = time.time, token: Optional[str] = None,
-                 *, keyring: signing.Keyring, coordination: Optional[Coordination] = None):
+    def __init__(
+        self,
+        client_factory: Callable[[], PlacementClient],
+        state_path: Path,
+        full_verify_interval: float = 300,
+        lock_timeout: float = 20,
+        clock: Callable[[], float] = time.time,
+        token: Optional[str] = None,
+        *,
+        keyring: signing.Keyring,
+        coordination: Optional[Coordination] = None,
+    ):
         self.client_factory = client_factory
         self.keyring = keyring
         self.state_path = Path(state_path)
@@ -183,8 +197,8 @@ class Applier:
         # Every message by the status of its reply (applied, unchanged,
         # stale, refused, busy, error, ...).
         self.outcomes: Counter[str] = Counter()
-        self.lock_waits = 0           # messages that found their host locked
-        self.placement_requests = 0   # requests sent to Placement, all hosts
+        self.lock_waits = 0  # messages that found their host locked
+        self.placement_requests = 0  # requests sent to Placement, all hosts
         self._counting = threading.Lock()
         # Messages applied closed, by host: a 2.0 agent sends no limits
         # (wire 2.1's body.limits), so the invariant cannot be checked.
@@ -202,8 +216,9 @@ class Applier:
         with self._counting:
             self.refused[reason] += 1
             total = sum(self.refused.values())
-        LOG.warning("refused a message from %s (%s; %d refused so far): %s",
-                    sender, reason, total, text)
+        LOG.warning(
+            "refused a message from %s (%s; %d refused so far): %s", sender, reason, total, text
+        )
         return {"status": wire.REFUSED, "error": f"message refused: {text}"}
 
     def _reply(self, raw) -> dict:
@@ -220,16 +235,20 @@ class Applier:
             lock = self.coordination.lock(message.host, self.lock_timeout)
         except Exception as exc:  # noqa: BLE001 - the backend is down: the agent retries
             LOG.error("%s seq %d: %s", message.host, message.seq, exc)
-            return {"status": wire.ERROR, "seq": message.seq,
-                    "error": f"the appliers' coordination backend cannot be used: "
-                             f"{type(exc).__name__}"}
+            return {
+                "status": wire.ERROR,
+                "seq": message.seq,
+                "error": f"the appliers' coordination backend cannot be used: {type(exc).__name__}",
+            }
         try:
             with lock:
                 return self._handle(message, replay_mark(raw))
         except Busy:
-            return {"status": wire.BUSY, "seq": message.seq,
-                    "error": f"another applier has held {message.host} for "
-                             f"{self.lock_timeout:g}s"}
+            return {
+                "status": wire.BUSY,
+                "seq": message.seq,
+                "error": f"another applier has held {message.host} for {self.lock_timeout:g}s",
+            }
         except wire.Malformed as exc:
             with self._counting:
                 self.refused["tree"] += 1
@@ -245,14 +264,21 @@ class Applier:
             return {"status": wire.ERROR, "seq": message.seq, "error": str(exc)}
         except Exception as exc:  # one host's bug must not stop the others
             LOG.exception("%s seq %d: unexpected failure", message.host, message.seq)
-            return {"status": wire.ERROR, "seq": message.seq,
-                    "error": f"applier failure: {type(exc).__name__}: {exc}"}
+            return {
+                "status": wire.ERROR,
+                "seq": message.seq,
+                "error": f"applier failure: {type(exc).__name__}: {exc}",
+            }
         finally:
             if lock.waited:
                 with self._counting:
                     self.lock_waits += 1
-                LOG.info("%s seq %d waited %.1fs for the host's lock (another applier "
-                         "held it)", message.host, message.seq, lock.waited_for)
+                LOG.info(
+                    "%s seq %d waited %.1fs for the host's lock (another applier held it)",
+                    message.host,
+                    message.seq,
+                    lock.waited_for,
+                )
 
     # -- one message, under the host's lock
 
@@ -263,20 +289,33 @@ class Applier:
         marks = record.get(APPLIED_KEY)
         marks = marks if isinstance(marks, list) else []
         if message.seq <= last and mark is not None and mark in marks:
-            return self._refuse(REPLAYED, message.host, (
-                f"seq {message.seq} of {message.host} was applied already: this is a "
-                "copy of it (replayed)"))
+            return self._refuse(
+                REPLAYED,
+                message.host,
+                (
+                    f"seq {message.seq} of {message.host} was applied already: this is a "
+                    "copy of it (replayed)"
+                ),
+            )
         if message.seq <= last:
-            LOG.warning("%s seq %d ignored: not above %d, the last applied (an "
-                        "out-of-order message, or a replay of one older than the last %d "
-                        "applied: stale)", message.host, message.seq, last, APPLIED_KEPT)
+            LOG.warning(
+                "%s seq %d ignored: not above %d, the last applied (an "
+                "out-of-order message, or a replay of one older than the last %d "
+                "applied: stale)",
+                message.host,
+                message.seq,
+                last,
+                APPLIED_KEPT,
+            )
             return {"status": wire.STALE, "seq": message.seq, "last_seq": last}
         if record.get("signed") and not message.signed:
             # accept_unsigned is for agents not upgraded yet: one that signed
             # has been, and an unsigned message in its name is someone else's.
-            return self._refuse(signing.UNSIGNED, message.host,
-                                f"{message.host} has sent signed messages: an unsigned "
-                                "one in its name is refused")
+            return self._refuse(
+                signing.UNSIGNED,
+                message.host,
+                f"{message.host} has sent signed messages: an unsigned one in its name is refused",
+            )
         body = message.body
         if body is None:
             if record.get("digest") != message.digest or "body" not in record:
@@ -296,8 +335,16 @@ class Applier:
             with self._counting:
                 self.placement_requests += local.client.stats.total - start
 
-    def _apply(self, message: wire.Message, store: Store, record: dict, body: dict,
-               desired, local: _Local, mark: Optional[str] = None) -> dict:
+    def _apply(
+        self,
+        message: wire.Message,
+        store: Store,
+        record: dict,
+        body: dict,
+        desired,
+        local: _Local,
+        mark: Optional[str] = None,
+    ) -> dict:
         start = local.client.stats.total
         marks = record.get(APPLIED_KEY)
         marks = marks if isinstance(marks, list) else []
@@ -305,10 +352,13 @@ class Applier:
         if problems:
             with self._counting:
                 self.refused["tree"] += 1
-            LOG.error("refused the tree of %s (seq %d): %s", message.host, message.seq,
-                      "; ".join(problems))
-            return {"status": wire.REFUSED, "seq": message.seq,
-                    "error": "; ".join(problems)}
+            LOG.error(
+                "refused the tree of %s (seq %d): %s",
+                message.host,
+                message.seq,
+                "; ".join(problems),
+            )
+            return {"status": wire.REFUSED, "seq": message.seq, "error": "; ".join(problems)}
         self._take(store, record)
         # The direct mode's cycle: a lost state file on the host cannot end
         # maintenance, the root's disabled trait in Placement keeps it on.
@@ -319,26 +369,42 @@ class Applier:
         shape: Optional[str] = shape_digest(shape_of(desired))
         if not (report.ok or record.get(SHAPE_KEY) == shape):
             shape = None
-        self._save(store, {
-            "seq": message.seq, "digest": message.digest, "body": body,
-            "ok": report.ok, "by": self.token, SHAPE_KEY: shape,
-            "signed": message.signed or bool(record.get("signed")),
-            APPLIED_KEY: (marks + ([mark] if mark else []))[-APPLIED_KEPT:],
-            CACHE_KEY: local.syncer.export_cache()})
+        self._save(
+            store,
+            {
+                "seq": message.seq,
+                "digest": message.digest,
+                "body": body,
+                "ok": report.ok,
+                "by": self.token,
+                SHAPE_KEY: shape,
+                "signed": message.signed or bool(record.get("signed")),
+                APPLIED_KEY: (marks + ([mark] if mark else []))[-APPLIED_KEPT:],
+                CACHE_KEY: local.syncer.export_cache(),
+            },
+        )
         requests = local.client.stats.total - start
         log = LOG.warning if not report.ok else LOG.info if report.applied else LOG.debug
         log("%s seq %d: %s", message.host, message.seq, report.summary)
-        return {"status": wire.APPLIED, "seq": message.seq, "ok": report.ok,
-                "summary": report.summary, "errors": report.errors,
-                "applied": _changes(report.applied),
-                "reshape": report.reshape, "requests": requests,
-                # What was applied, when the host's own record did not say
-                # (a lost state file): the agent's status shows it.
-                "maintenance": {"on": maint.is_on(desired.maintenance),
-                                "kept_by_placement": (desired.maintenance or {}).get(
-                                    "source") == "placement"},
-                "uuids": {p.name: p.uuid for p in report.outcome.report.tree.providers}
-                if report.outcome is not None and report.outcome.report.tree else {}}
+        return {
+            "status": wire.APPLIED,
+            "seq": message.seq,
+            "ok": report.ok,
+            "summary": report.summary,
+            "errors": report.errors,
+            "applied": _changes(report.applied),
+            "reshape": report.reshape,
+            "requests": requests,
+            # What was applied, when the host's own record did not say
+            # (a lost state file): the agent's status shows it.
+            "maintenance": {
+                "on": maint.is_on(desired.maintenance),
+                "kept_by_placement": (desired.maintenance or {}).get("source") == "placement",
+            },
+            "uuids": {p.name: p.uuid for p in report.outcome.report.tree.providers}
+            if report.outcome is not None and report.outcome.report.tree
+            else {},
+        }
 
     def _unchecked(self, host: str, desired):
         """A body without the host's limits (a 2.0 agent): the invariant
@@ -348,11 +414,14 @@ class Applier:
         until it sends 2.1 or later; no allocation is touched."""
         self.unchecked[host] += 1
         if self.unchecked[host] == 1:
-            LOG.warning("%s sends wire format 2.0, without the host's limits: the "
-                        "capacity invariant cannot be checked, so its inventories are "
-                        "published closed (reserved = total) until it sends 2.1 or later "
-                        "(upgrade node-agent on it); %d host(s) closed so far",
-                        host, len(self.unchecked))
+            LOG.warning(
+                "%s sends wire format 2.0, without the host's limits: the "
+                "capacity invariant cannot be checked, so its inventories are "
+                "published closed (reserved = total) until it sends 2.1 or later "
+                "(upgrade node-agent on it); %d host(s) closed so far",
+                host,
+                len(self.unchecked),
+            )
         return replace(desired, tree=capacity.closed_unchecked(desired.tree))
 
     def _verify_due(self, record: dict) -> bool:
@@ -381,9 +450,13 @@ class Applier:
         client = self.client_factory()
         # The agent's machine is the one whose mark it sent: a tree for a
         # root that nova-compute or another machine manages is refused.
-        syncer = TreeSyncer(client, self.coordination.store(host),
-                            full_verify_interval=self.full_verify_interval, clock=self.clock,
-                            owner=identity_of_tree(desired.tree))
+        syncer = TreeSyncer(
+            client,
+            self.coordination.store(host),
+            full_verify_interval=self.full_verify_interval,
+            clock=self.clock,
+            owner=identity_of_tree(desired.tree),
+        )
         syncer.import_cache(record.get(CACHE_KEY))
         shape = shape_of(desired)
         # The allocations were checked for this shape when it was applied.
@@ -421,16 +494,20 @@ class Applier:
         if looked_up:
             found = self._by_name(client, tree.root.name)
             if found and found.get("parent_provider_uuid"):
-                return [f"{tree.root.name}: a provider of that name is a child in "
-                        f"another tree (root {found.get('root_provider_uuid')})"]
+                return [
+                    f"{tree.root.name}: a provider of that name is a child in "
+                    f"another tree (root {found.get('root_provider_uuid')})"
+                ]
             root = found["uuid"] if found else None
         ours = set(known.values()) | ({root} if root else set())
         for provider in tree.providers:
             if provider.uuid and provider.uuid not in ours:
                 found = self._by_uuid(client, provider.uuid)
                 if found and found.get("root_provider_uuid") != root:
-                    problems.append(f"{provider.name}: uuid {provider.uuid} is provider "
-                                    f"{found['name']!r} of another host's tree")
+                    problems.append(
+                        f"{provider.name}: uuid {provider.uuid} is provider "
+                        f"{found['name']!r} of another host's tree"
+                    )
         unknown = [p.name for p in tree.providers[1:] if p.name not in known]
         if root is None or not unknown:
             return problems
@@ -440,8 +517,10 @@ class Applier:
                 continue
             found = self._by_name(client, name)
             if found and found.get("root_provider_uuid") != root:
-                problems.append(f"{name}: a provider of that name belongs to another "
-                                f"tree (root {found.get('root_provider_uuid')})")
+                problems.append(
+                    f"{name}: a provider of that name belongs to another "
+                    f"tree (root {found.get('root_provider_uuid')})"
+                )
         return problems
 
     @staticmethod
@@ -475,25 +554,33 @@ class Endpoint:
 
 # ---------------------------------------------------------------- main
 
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="node-agent-applier",
-        description="Apply node-agent trees received over oslo.messaging to Placement.")
+        description="Apply node-agent trees received over oslo.messaging to Placement.",
+    )
     parser.add_argument("--version", action=VersionAction)
     parser.add_argument("--config-file", action="append", default=[], metavar="FILE")
     parser.add_argument("--config-dir", action="append", default=[], metavar="DIR")
     parser.add_argument("--debug", action="store_true", help="log at DEBUG level")
-    parser.add_argument("--check-config", action="store_true",
-                        help="check the configuration (transport_url, Placement, the "
-                             "master key files) and exit: 0 usable, 78 not, 75 when a "
-                             "service it needs does not answer")
+    parser.add_argument(
+        "--check-config",
+        action="store_true",
+        help="check the configuration (transport_url, Placement, the "
+        "master key files) and exit: 0 usable, 78 not, 75 when a "
+        "service it needs does not answer",
+    )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     derive = commands.add_parser(
-        "derive-key", help="the signing key of HOST, derived from [applier] "
-                           "master_key_file: what HOST's [agent] upstream_key_file holds")
+        "derive-key",
+        help="the signing key of HOST, derived from [applier] "
+        "master_key_file: what HOST's [agent] upstream_key_file holds",
+    )
     derive.add_argument("host", metavar="HOST", help="the host's name, as its agent sends it")
-    derive.add_argument("--output", metavar="FILE",
-                        help="write the key to FILE (mode 0600) instead of printing it")
+    derive.add_argument(
+        "--output", metavar="FILE", help="write the key to FILE (mode 0600) instead of printing it"
+    )
     return parser
 
 
@@ -501,13 +588,17 @@ def derive_key(conf, host: str, output: Optional[str]) -> int:
     """``derive-key HOST``: the key under the current master."""
 
     if schema.first_error(host, 2, at="host") is not None:
-        raise ConfigError(f"derive-key: {host!r} is not a host name (letters, digits, "
-                          "'.', '_', '-'), so no agent can send it")
+        raise ConfigError(
+            f"derive-key: {host!r} is not a host name (letters, digits, "
+            "'.', '_', '-'), so no agent can send it"
+        )
     key = signing.host_key(keys.read_master(conf.applier.master_key_file or ""), host)
     if output:
         keys.write_host_key(output, key)
-        print(f"wrote the key of {host} to {output} (mode 0600): copy it to {host} "
-              "as its [agent] upstream_key_file, owned by the agent's user, mode 0600")
+        print(
+            f"wrote the key of {host} to {output} (mode 0600): copy it to {host} "
+            "as its [agent] upstream_key_file, owned by the agent's user, mode 0600"
+        )
     else:
         print(key.hex())
     return 0
@@ -519,8 +610,9 @@ def check_config(conf) -> int:
     problems: list[str] = []
     rpc_url, _ = messaging.urls(conf)
     if not rpc_url:
-        problems.append("node-agent-applier needs [DEFAULT] transport_url (the bus the "
-                        "agents send to)")
+        problems.append(
+            "node-agent-applier needs [DEFAULT] transport_url (the bus the agents send to)"
+        )
     try:
         _placement_client(conf)
     except ConfigError as exc:
@@ -531,26 +623,37 @@ def check_config(conf) -> int:
         problems += exc.problems
     group = conf.applier
     try:
-        coordination = Coordination(group.coordination_url, Path(group.state_path),
-                                    f"check-config-{os.getpid()}", group.lock_timeout)
+        coordination = Coordination(
+            group.coordination_url,
+            Path(group.state_path),
+            f"check-config-{os.getpid()}",
+            group.lock_timeout,
+        )
     except ConfigError as exc:
         problems += exc.problems
     if problems:
         raise ConfigError(problems)
     coordination.start()  # CoordinationError: exit 75, naming the backend
     coordination.stop()
-    print(f"configuration is usable: {len(ring.masters)} master key(s)"
-          + ("; unsigned messages (wire 2.0, 2.1) accepted" if ring.accept_unsigned else "")
-          + f"; coordination backend answers: {coordination.where()}"
-          + ("" if coordination.lock_expiry is None else
-             f" (a killed applier's host locks expire after {coordination.lock_expiry}s)"))
+    print(
+        f"configuration is usable: {len(ring.masters)} master key(s)"
+        + ("; unsigned messages (wire 2.0, 2.1) accepted" if ring.accept_unsigned else "")
+        + f"; coordination backend answers: {coordination.where()}"
+        + (
+            ""
+            if coordination.lock_expiry is None
+            else f" (a killed applier's host locks expire after {coordination.lock_expiry}s)"
+        )
+    )
     return 0
 
 
 def _placement_client(conf):
     if not placement_configured(conf):
-        raise ConfigError("node-agent-applier needs Placement: set [placement] auth_type "
-                          "(and its credentials) or endpoint_override")
+        raise ConfigError(
+            "node-agent-applier needs Placement: set [placement] auth_type "
+            "(and its credentials) or endpoint_override"
+        )
     return PlacementClient.from_conf(conf)
 
 
@@ -559,24 +662,33 @@ def serve(conf) -> int:
 
     rpc_url, _ = messaging.urls(conf)
     if not rpc_url:
-        raise ConfigError("node-agent-applier needs [DEFAULT] transport_url (the bus the "
-                          "agents send to)")
+        raise ConfigError(
+            "node-agent-applier needs [DEFAULT] transport_url (the bus the agents send to)"
+        )
 
     group = conf.applier
     keyring = keys.keyring(group)
     base = _placement_client(conf)
     base.check_version()
     token = f"{socket.gethostname()}:{os.getpid()}:{uuidlib.uuid4().hex[:8]}"
-    coordination = Coordination(group.coordination_url, Path(group.state_path), token,
-                                group.lock_timeout).start()
-    applier = Applier(lambda: PlacementClient(base.adapter), Path(group.state_path),
-                      full_verify_interval=group.full_verify_interval,
-                      lock_timeout=group.lock_timeout, token=token, keyring=keyring,
-                      coordination=coordination)
+    coordination = Coordination(
+        group.coordination_url, Path(group.state_path), token, group.lock_timeout
+    ).start()
+    applier = Applier(
+        lambda: PlacementClient(base.adapter),
+        Path(group.state_path),
+        full_verify_interval=group.full_verify_interval,
+        lock_timeout=group.lock_timeout,
+        token=token,
+        keyring=keyring,
+        coordination=coordination,
+    )
     if keyring.accept_unsigned:
-        LOG.warning("[applier] accept_unsigned is on: messages of wire format 2.0 and "
-                    "2.1 carry no signature and can name any host; turn it off once "
-                    "every agent signs")
+        LOG.warning(
+            "[applier] accept_unsigned is on: messages of wire format 2.0 and "
+            "2.1 carry no signature and can name any host; turn it off once "
+            "every agent signs"
+        )
 
     metrics = applier_metrics.serve(applier, group.metrics_port, group.metrics_host)
     om = messaging.oslo_messaging()
@@ -592,10 +704,14 @@ def serve(conf) -> int:
     notifier = systemd_notifier()
     notifier.notify("READY=1")
     notifier.notify(f"STATUS=listening on topic {group.topic}")
-    LOG.info("node-agent-applier listening on topic %s (coordination: %s%s)", group.topic,
-             coordination.where(),
-             "" if coordination.lock_expiry is None else
-             f"; a killed applier's host locks expire after {coordination.lock_expiry}s")
+    LOG.info(
+        "node-agent-applier listening on topic %s (coordination: %s%s)",
+        group.topic,
+        coordination.where(),
+        ""
+        if coordination.lock_expiry is None
+        else f"; a killed applier's host locks expire after {coordination.lock_expiry}s",
+    )
     while not stop.wait(5):
         notifier.notify("WATCHDOG=1")
     notifier.notify("STOPPING=1")

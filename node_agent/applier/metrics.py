@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily
 
 from node_agent.errors import ResourceError
-from node_agent.service.metrics import listen_problem
 from node_agent.remote import signing
+from node_agent.service.metrics import listen_problem
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -37,31 +37,46 @@ class ApplierCollector:
             refused = dict(applier.refused)
             lock_waits, requests = applier.lock_waits, applier.placement_requests
         messages = CounterMetricFamily(
-            f"{PREFIX}_messages", "Agent messages handled, by the status of the reply "
+            f"{PREFIX}_messages",
+            "Agent messages handled, by the status of the reply "
             "(applied, unchanged, stale: not above the last applied sequence number "
             "and never applied, i.e. out of order; refused, busy, error, unknown_digest).",
-            labels=["status"])
-        for status in ("applied", "unchanged", "stale", "refused", "busy", "error",
-                       "unknown_digest"):
+            labels=["status"],
+        )
+        for status in (
+            "applied",
+            "unchanged",
+            "stale",
+            "refused",
+            "busy",
+            "error",
+            "unknown_digest",
+        ):
             messages.add_metric([status], outcomes.get(status, 0))
         yield messages
         refusals = CounterMetricFamily(
-            f"{PREFIX}_refused", "Messages refused, by reason: format (wire schema, "
+            f"{PREFIX}_refused",
+            "Messages refused, by reason: format (wire schema, "
             "version, digest), tree (another host's providers), owner (a root another "
             "machine or nova-compute manages), unsigned, forged "
             "(signature does not verify for the named host), expired_key (previous "
             "master after its overlap), replayed (a copy of a message already "
-            "applied).", labels=["reason"])
+            "applied).",
+            labels=["reason"],
+        )
         for reason in sorted(set(REFUSAL_REASONS) | set(refused)):
             refusals.add_metric([reason], refused.get(reason, 0))
         yield refusals
-        waits = CounterMetricFamily(f"{PREFIX}_lock_waits",
-                                    "Messages that found their host locked by another "
-                                    "message (this process or another applier).")
+        waits = CounterMetricFamily(
+            f"{PREFIX}_lock_waits",
+            "Messages that found their host locked by another "
+            "message (this process or another applier).",
+        )
         waits.add_metric([], lock_waits)
         yield waits
-        sent = CounterMetricFamily(f"{PREFIX}_placement_requests",
-                                   "Requests sent to Placement while handling messages.")
+        sent = CounterMetricFamily(
+            f"{PREFIX}_placement_requests", "Requests sent to Placement while handling messages."
+        )
         sent.add_metric([], requests)
         yield sent
 

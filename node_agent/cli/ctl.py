@@ -17,9 +17,9 @@ import argparse
 import json
 import sys
 
-from node_agent.remote import messaging
 from node_agent.config.files import load_conf, oslo_args
 from node_agent.errors import ConfigError
+from node_agent.remote import messaging
 
 EX_TEMPFAIL = 75
 
@@ -47,9 +47,11 @@ def run(args: argparse.Namespace) -> int:
     try:
         answer = call(client, args.ctl_command, args)
     except om.MessagingTimeout:
-        print(f"node-agent ctl: no answer from the agent on {args.host} within "
-              f"{args.timeout:g}s (is it running, with this transport_url?)",
-              file=sys.stderr)
+        print(
+            f"node-agent ctl: no answer from the agent on {args.host} within "
+            f"{args.timeout:g}s (is it running, with this transport_url?)",
+            file=sys.stderr,
+        )
         return EX_TEMPFAIL
     print(json.dumps(answer, indent=2, sort_keys=True))
     return 0

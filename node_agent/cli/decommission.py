@@ -21,14 +21,14 @@ from typing import Optional
 
 from node_agent.config.files import config_args, oslo_args, placement_configured
 from node_agent.errors import ConfigError, NodeAgentError, ProviderOwned
-from node_agent.model.settings import CycleMode
 from node_agent.host.machine_id import identity
+from node_agent.model.settings import CycleMode
 from node_agent.placement.errors import NotFound, PlacementError
 from node_agent.policy import root_owner
-from node_agent.policy.decommission import plan
-from node_agent.state import APPLIED, OWNED_CHILDREN, PROVIDERS, ROOT_UUID, StateStore
 from node_agent.policy.child_owner import ListedChild
+from node_agent.policy.decommission import plan
 from node_agent.startup import validate
+from node_agent.state import APPLIED, OWNED_CHILDREN, PROVIDERS, ROOT_UUID, StateStore
 
 LOG = logging.getLogger(__name__)
 EX_REFUSED = 1
@@ -51,8 +51,7 @@ def _listed(client, root_uuid: str) -> tuple[list[ListedChild], dict]:
     listed, consumers = [], {}
     for rp in listing:
         traits = frozenset(client.traits(rp["uuid"])["traits"])
-        listed.append(ListedChild(rp["uuid"], rp["name"], rp.get("parent_provider_uuid"),
-                                  traits))
+        listed.append(ListedChild(rp["uuid"], rp["name"], rp.get("parent_provider_uuid"), traits))
         allocations = client.provider_allocations(rp["uuid"])["allocations"]
         consumers[rp["uuid"]] = {c: a["resources"] for c, a in allocations.items()}
     return listed, consumers
@@ -63,13 +62,17 @@ def _decommission(conf, settings, dry_run: bool, output: str) -> int:
     from node_agent.placement.client import PlacementClient
 
     if settings.cycle_mode is CycleMode.COMPANION:
-        raise ConfigError("decommission: [agent] mode = companion never writes this host's "
-                          "providers; nova-compute owns them. Delete the compute service "
-                          f"(`openstack compute service delete` for {settings.host}) instead.")
+        raise ConfigError(
+            "decommission: [agent] mode = companion never writes this host's "
+            "providers; nova-compute owns them. Delete the compute service "
+            f"(`openstack compute service delete` for {settings.host}) instead."
+        )
     if not placement_configured(conf):
-        raise ConfigError("node-agent decommission removes providers from Placement, and "
-                          "none is configured: set [placement] auth_type (or "
-                          "endpoint_override) with credentials that may delete providers.")
+        raise ConfigError(
+            "node-agent decommission removes providers from Placement, and "
+            "none is configured: set [placement] auth_type (or "
+            "endpoint_override) with credentials that may delete providers."
+        )
     owner = identity(settings)
     client = PlacementClient.from_conf(conf)
     client.check_version()
@@ -78,13 +81,18 @@ def _decommission(conf, settings, dry_run: bool, output: str) -> int:
     host = settings.host
     root = _root(client, host, state)
     if root is None:
-        _print(output, {"host": host, "root": None, "deleted": [], "refused": []},
-               f"{host} has no provider in Placement at {client.endpoint}: nothing to remove.")
+        _print(
+            output,
+            {"host": host, "root": None, "deleted": [], "refused": []},
+            f"{host} has no provider in Placement at {client.endpoint}: nothing to remove.",
+        )
         return 0
     if root.get("parent_provider_uuid"):
-        raise ProviderOwned(f"provider {host} ({root['uuid']}) is a child in another tree "
-                            f"(root {root.get('root_provider_uuid')}), not this host's root; "
-                            "nothing was removed.")
+        raise ProviderOwned(
+            f"provider {host} ({root['uuid']}) is a child in another tree "
+            f"(root {root.get('root_provider_uuid')}), not this host's root; "
+            "nothing was removed."
+        )
     traits = client.traits(root["uuid"])["traits"]
     verdict = root_owner.judge(traits, owner)
     if not verdict.may_write:
@@ -92,18 +100,34 @@ def _decommission(conf, settings, dry_run: bool, output: str) -> int:
     listed, consumers = _listed(client, root["uuid"])
     owned = set(state.get(OWNED_CHILDREN, [])) | set(state.get(PROVIDERS, {}).values())
     decision = plan(host, root["uuid"], listed, consumers, owned)
-    record = {"host": host, "root": root["uuid"], "dry_run": dry_run,
-              "deletes": [{"uuid": u, "name": n} for u, n in decision.deletes],
-              "refused": list(decision.blocking), "deleted": []}
+    record = {
+        "host": host,
+        "root": root["uuid"],
+        "dry_run": dry_run,
+        "deletes": [{"uuid": u, "name": n} for u, n in decision.deletes],
+        "refused": list(decision.blocking),
+        "deleted": [],
+    }
     if not decision.ok:
-        _print(output, record, "\n".join(
-            [f"node-agent: decommission of {host} refused, nothing was removed:"]
-            + [f"  - {why}" for why in decision.blocking]), stream=sys.stderr)
+        _print(
+            output,
+            record,
+            "\n".join(
+                [f"node-agent: decommission of {host} refused, nothing was removed:"]
+                + [f"  - {why}" for why in decision.blocking]
+            ),
+            stream=sys.stderr,
+        )
         return EX_REFUSED
     if dry_run:
-        _print(output, record, "\n".join(
-            [f"Would remove {len(decision.deletes)} provider(s) of {host}, in order:"]
-            + [f"  delete provider {n} ({u})" for u, n in decision.deletes]))
+        _print(
+            output,
+            record,
+            "\n".join(
+                [f"Would remove {len(decision.deletes)} provider(s) of {host}, in order:"]
+                + [f"  delete provider {n} ({u})" for u, n in decision.deletes]
+            ),
+        )
         return 0
     for uuid, name in decision.deletes:
         try:
@@ -114,23 +138,40 @@ def _decommission(conf, settings, dry_run: bool, output: str) -> int:
             if getattr(exc, "status", None) != 409:
                 raise
             record["refused"].append(f"cannot delete provider {name}: {exc}")
-            _print(output, record, "\n".join(
-                [f"node-agent: decommission of {host} stopped: provider {name} ({uuid}) "
-                 f"could not be deleted ({exc}); something was allocated or created on "
-                 "it meanwhile. Removed so far: "
-                 + (", ".join(d["name"] for d in record["deleted"]) or "nothing")
-                 + ". Run it again once that is gone."]), stream=sys.stderr)
+            _print(
+                output,
+                record,
+                "\n".join(
+                    [
+                        f"node-agent: decommission of {host} stopped: provider {name} ({uuid}) "
+                        f"could not be deleted ({exc}); something was allocated or created on "
+                        "it meanwhile. Removed so far: "
+                        + (", ".join(d["name"] for d in record["deleted"]) or "nothing")
+                        + ". Run it again once that is gone."
+                    ]
+                ),
+                stream=sys.stderr,
+            )
             return EX_REFUSED
         record["deleted"].append({"uuid": uuid, "name": name})
+
     def forget_providers(saved: dict) -> None:
         for key in _PROVIDER_KEYS:
             saved.pop(key, None)
+
     store.update(forget_providers)
-    _print(output, record, "\n".join(
-        [f"Removed {len(record['deleted'])} provider(s) of {host}:"]
-        + [f"  deleted provider {d['name']} ({d['uuid']})" for d in record["deleted"]]
-        + ["Stop and disable the node-agent service on this host, or it creates them "
-           "again at its next cycle."]))
+    _print(
+        output,
+        record,
+        "\n".join(
+            [f"Removed {len(record['deleted'])} provider(s) of {host}:"]
+            + [f"  deleted provider {d['name']} ({d['uuid']})" for d in record["deleted"]]
+            + [
+                "Stop and disable the node-agent service on this host, or it creates them "
+                "again at its next cycle."
+            ]
+        ),
+    )
     return 0
 
 

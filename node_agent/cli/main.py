@@ -34,15 +34,15 @@ from typing import Optional, Sequence
 from node_agent import logs
 from node_agent.cli import render
 from node_agent.cli.parser import EX_DRIFT, EX_NOT_IN_SYNC, parse
-from node_agent.placement.errors import NotFound
 from node_agent.config.files import config_args, log_ignored, oslo_args, placement_configured
-from node_agent.policy import maintenance as maint
 from node_agent.cycle.desired import compute_desired
-from node_agent.state import MAINTENANCE, PROVIDERS, ROOT_UUID, StateCorrupt, StateStore
 from node_agent.errors import ConfigError, HostBusy, NodeAgentError
+from node_agent.model.settings import CycleMode
+from node_agent.placement.errors import NotFound
+from node_agent.policy import maintenance as maint
 from node_agent.policy.partition import node_split
 from node_agent.startup import validate
-from node_agent.model.settings import CycleMode
+from node_agent.state import MAINTENANCE, PROVIDERS, ROOT_UUID, StateCorrupt, StateStore
 
 # Imported inside the functions that use them, and only there:
 # node_agent.placement.client and node_agent.cycle.companion (keystoneauth1,
@@ -60,7 +60,8 @@ def _setup_logging(debug: bool, reporting: bool) -> None:
     logging.basicConfig(
         level=logging.DEBUG if debug else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr)
+        stream=sys.stderr,
+    )
 
     logs.quiet_libraries()
     if not debug:
@@ -101,14 +102,19 @@ def _check_config(valid, output: str) -> int:
     desired = valid.desired or compute_desired(valid.settings)  # raises what the host read hit
     split = node_split(desired.partition, desired.host)
     if output == "json":
-        print(json.dumps({"nodes": split, "warnings": list(desired.warnings)},
-                         indent=2, sort_keys=True))
+        print(
+            json.dumps(
+                {"nodes": split, "warnings": list(desired.warnings)}, indent=2, sort_keys=True
+            )
+        )
         return 0
     print("Configuration is valid for this host. CPU partition of online CPUs:")
     for row in split:
         where = "host" if row["node"] is None else f"NUMA node {row['node']}"
-        print(f"  {where}: dedicated [{row['dedicated']}]  shared [{row['shared']}]  "
-              f"unused [{row['unused']}]")
+        print(
+            f"  {where}: dedicated [{row['dedicated']}]  shared [{row['shared']}]  "
+            f"unused [{row['unused']}]"
+        )
     for warning in desired.warnings:
         print(f"warning: {warning}")
     return 0
@@ -128,8 +134,10 @@ def _connect(valid) -> int:
     newest = client.check_version()
     # GET / needs no credentials; this one does (and admin rights).
     client.providers_named(valid.settings.host)
-    print(f"Placement answers: {client.endpoint} (microversion up to {newest}); "
-          "the credentials are accepted.")
+    print(
+        f"Placement answers: {client.endpoint} (microversion up to {newest}); "
+        "the credentials are accepted."
+    )
     return 0
 
 
@@ -144,8 +152,11 @@ def _reading_syncer(conf, settings):
 
     client = PlacementClient.from_conf(conf)
     client.check_version()
-    syncer = TreeSyncer(client, StateStore(Path(settings.state_path)),
-                        full_verify_interval=settings.full_verify_interval)
+    syncer = TreeSyncer(
+        client,
+        StateStore(Path(settings.state_path)),
+        full_verify_interval=settings.full_verify_interval,
+    )
     provider_cache.restore(syncer)  # its first read verifies it
     return syncer
 
@@ -165,8 +176,9 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
     started = time.monotonic()
     # --once reports everything but a bad provider file, then exits 78 naming
     # it; --dry-run refuses the run, so the bad file is not missed.
-    desired = compute_desired(settings, state=_state_store(settings).load_or_empty(LOG),
-                              lenient_files=not dry_run)
+    desired = compute_desired(
+        settings, state=_state_store(settings).load_or_empty(LOG), lenient_files=not dry_run
+    )
     runner = runner_for(conf, settings, client, guests_now=lambda: _guests(settings))
     try:
         report = runner.plan(desired) if dry_run else runner.run(desired)
@@ -177,20 +189,35 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
     if not dry_run:
         for cut in report.below_usage or ():
             # Written, not refused: a warning, and no effect on the exit code.
-            print(f"node-agent: warning: capacity published below usage: {cut}",
-                  file=sys.stderr)
+            print(f"node-agent: warning: capacity published below usage: {cut}", file=sys.stderr)
     companion = report.companion
     if not dry_run and report.client is not None:
         from node_agent.service import metrics
 
-        metrics.write_once(conf, report.desired, report.client, time.monotonic() - started,
-                           report.errors, audit=report.audit,
-                           companion=None if companion is None else companion.as_dict())
+        metrics.write_once(
+            conf,
+            report.desired,
+            report.client,
+            time.monotonic() - started,
+            report.errors,
+            audit=report.audit,
+            companion=None if companion is None else companion.as_dict(),
+        )
     desired = report.desired
-    shown = render.report_dict(report.tree, desired.warnings, report.changes, report.reshape,
-                               report.capacity, report.errors, report.below_usage)
-    shown = (render.with_audit(shown, report.audit) if companion is None
-             else render.with_companion(shown, companion))
+    shown = render.report_dict(
+        report.tree,
+        desired.warnings,
+        report.changes,
+        report.reshape,
+        report.capacity,
+        report.errors,
+        report.below_usage,
+    )
+    shown = (
+        render.with_audit(shown, report.audit)
+        if companion is None
+        else render.with_companion(shown, companion)
+    )
     shown = render.with_guests(shown, desired.host.guests)
     print(render.as_json(shown) if output == "json" else render.as_text(shown), end="")
     if desired.refused_files:
@@ -214,8 +241,7 @@ def _companion_code(found, client, dry_run: bool) -> int:
     from node_agent.cycle.companion import not_found_message
 
     if not found.found:
-        print(f"node-agent: {not_found_message(found.host, client.endpoint)}",
-              file=sys.stderr)
+        print(f"node-agent: {not_found_message(found.host, client.endpoint)}", file=sys.stderr)
         return 0 if dry_run else EX_NOT_IN_SYNC
     if dry_run or found.in_sync:
         return 0
@@ -226,8 +252,11 @@ def _audit_of(syncer, desired, settings, save: bool) -> dict:
     """The allocation audit against the tree the syncer has just read."""
     from node_agent.cycle.audit import Auditor
 
-    return Auditor(syncer, in_flight_grace=settings.audit_in_flight_grace).run(
-        desired, settings.host, settings.numa_in_placement, save=save).as_dict()
+    return (
+        Auditor(syncer, in_flight_grace=settings.audit_in_flight_grace)
+        .run(desired, settings.host, settings.numa_in_placement, save=save)
+        .as_dict()
+    )
 
 
 def _audit(conf, settings, output: str) -> int:
@@ -235,17 +264,22 @@ def _audit(conf, settings, output: str) -> int:
     with the local guests, print the findings. Keeps its observations (first
     seen times) in the state file; never writes to Placement."""
     if not placement_configured(conf):
-        raise ConfigError("node-agent audit reads Placement, and none is configured: "
-                          "set [placement] auth_type (or endpoint_override).")
+        raise ConfigError(
+            "node-agent audit reads Placement, and none is configured: "
+            "set [placement] auth_type (or endpoint_override)."
+        )
     desired = compute_desired(settings, state=_state_store(settings).load_or_empty(LOG))
     if settings.cycle_mode is CycleMode.COMPANION:
         return _companion_audit(conf, settings, desired, output)
     syncer = _reading_syncer(conf, settings)
     syncer.plan(desired.tree)  # reads the tree (and writes nothing)
     if not syncer.cached_tree():
-        print(f"node-agent: error: {settings.host} has no provider in Placement at "
-              f"{syncer.client.endpoint} yet, so nothing can be allocated on it; "
-              "run `node-agent --once` (or start the service) first.", file=sys.stderr)
+        print(
+            f"node-agent: error: {settings.host} has no provider in Placement at "
+            f"{syncer.client.endpoint} yet, so nothing can be allocated on it; "
+            "run `node-agent --once` (or start the service) first.",
+            file=sys.stderr,
+        )
         return EX_NOT_IN_SYNC
     audit = _audit_of(syncer, desired, settings, save=True)
     if output == "json":
@@ -266,8 +300,10 @@ def _companion_audit(conf, settings, desired, output: str) -> int:
     found = report.companion
     assert found is not None, "the companion runner reports its check"
     if not found.found or found.audit is None:
-        print(f"node-agent: error: {not_found_message(settings.host, report.client.endpoint)}",
-              file=sys.stderr)
+        print(
+            f"node-agent: error: {not_found_message(settings.host, report.client.endpoint)}",
+            file=sys.stderr,
+        )
         return EX_NOT_IN_SYNC
     if output == "json":
         print(render.as_json({"host": settings.host, "audit": found.audit}))
@@ -285,8 +321,7 @@ def _maintenance(args) -> int:
     its tree. ``status`` compares the state file with Placement."""
 
     try:
-        valid = validate(config_args(oslo_args(args)), read_host=False,
-                         need_upstream=False)
+        valid = validate(config_args(oslo_args(args)), read_host=False, need_upstream=False)
         conf, settings = valid.conf, valid.settings
         if args.switch == "status":
             return _maintenance_status(conf, settings, args.output)
@@ -295,11 +330,14 @@ def _maintenance(args) -> int:
                 f"maintenance {args.switch}: [agent] mode = companion never writes this "
                 "host's provider, so node-agent has no maintenance to switch. Disable "
                 "the compute service instead (`openstack compute service set --disable "
-                f"{settings.host} nova-compute`), which sets COMPUTE_STATUS_DISABLED.")
+                f"{settings.host} nova-compute`), which sets COMPUTE_STATUS_DISABLED."
+            )
         answer = _maintenance_via_service(conf, settings, args.switch == "on", args.reason)
         if answer is not None:
-            print(f"maintenance {args.switch} for {settings.host}: the running service "
-                  f"recorded it and applied it in a cycle: {json.dumps(answer, sort_keys=True)}")
+            print(
+                f"maintenance {args.switch} for {settings.host}: the running service "
+                f"recorded it and applied it in a cycle: {json.dumps(answer, sort_keys=True)}"
+            )
             return 0
         store = _state_store(settings)
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
@@ -307,11 +345,15 @@ def _maintenance(args) -> int:
     except (NodeAgentError, OSError) as exc:
         print(f"node-agent: error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)
-    what = ("every inventory gets reserved = total and the root "
-            f"{maint.TRAIT}" if args.switch == "on" else
-            f"the configured reservations come back and {maint.TRAIT} is removed")
-    print(f"maintenance {args.switch} for {settings.host}: {what} at the next cycle "
-          "(run `node-agent --once` to apply it now)")
+    what = (
+        f"every inventory gets reserved = total and the root {maint.TRAIT}"
+        if args.switch == "on"
+        else f"the configured reservations come back and {maint.TRAIT} is removed"
+    )
+    print(
+        f"maintenance {args.switch} for {settings.host}: {what} at the next cycle "
+        "(run `node-agent --once` to apply it now)"
+    )
     return 0
 
 
@@ -333,7 +375,8 @@ def _service_status(conf, settings) -> tuple[Optional[dict], Optional[str]]:
     try:
         messaging.check_broker(conf, timeout=SERVICE_PROBE_TIMEOUT)
         answer = messaging.client(conf, settings.host, timeout=SERVICE_PROBE_TIMEOUT).call(
-            {}, "get_status")
+            {}, "get_status"
+        )
     except (messaging.MessagingUnavailable, om.MessagingTimeout) as exc:
         return None, str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return answer, None
@@ -349,11 +392,15 @@ def _maintenance_via_service(conf, settings, on: bool, reason: str) -> Optional[
     answer, why = _service_status(conf, settings)
     if answer is None:
         if why:
-            LOG.info("no running service answered for %s (%s); writing the state file",
-                     settings.host, why)
+            LOG.info(
+                "no running service answered for %s (%s); writing the state file",
+                settings.host,
+                why,
+            )
         return None
     return messaging.client(conf, settings.host, timeout=SERVICE_CYCLE_TIMEOUT).call(
-        {}, "set_maintenance", on=on, reason=reason or None)
+        {}, "set_maintenance", on=on, reason=reason or None
+    )
 
 
 def _maintenance_status(conf, settings, output: str) -> int:
@@ -366,8 +413,9 @@ def _maintenance_status(conf, settings, output: str) -> int:
     configured = placement_configured(conf)
     seen = _root_in_placement(conf, settings, state) if configured else None
     service = None if configured else _service_maintenance(conf, settings)
-    report = maint.status(settings.host, str(store.path), state.get(MAINTENANCE),
-                          error, seen, service)
+    report = maint.status(
+        settings.host, str(store.path), state.get(MAINTENANCE), error, seen, service
+    )
     print(render.as_json(report) + "\n" if output == "json" else maint.status_text(report), end="")
     return 0
 
@@ -412,11 +460,20 @@ def _root_in_placement(conf, settings, state) -> dict:
                 held = client.inventories(rp["uuid"])["inventories"]
             except NotFound:
                 continue  # deleted since the listing
-            children.append({"name": rp["name"], "uuid": rp["uuid"],
-                             "agent": marked or rp["uuid"] in reported,
-                             "inventories": held})
-        return {"root_uuid": uuid, "traits": traits, "inventories": inventories,
-                "children": children}
+            children.append(
+                {
+                    "name": rp["name"],
+                    "uuid": rp["uuid"],
+                    "agent": marked or rp["uuid"] in reported,
+                    "inventories": held,
+                }
+            )
+        return {
+            "root_uuid": uuid,
+            "traits": traits,
+            "inventories": inventories,
+            "children": children,
+        }
     return {"root_uuid": None, "traits": [], "inventories": {}, "children": []}
 
 
@@ -442,8 +499,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             return decommission.run(args)
         return _maintenance(args)
-    _setup_logging(args.debug, reporting=bool(args.once or args.dry_run or args.check_config
-                                              or args.command))
+    _setup_logging(
+        args.debug, reporting=bool(args.once or args.dry_run or args.check_config or args.command)
+    )
     try:
         files = config_args(oslo_args(args))
         if args.check_config:
@@ -458,8 +516,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.once or args.dry_run:
             valid = validate(files, read_host=False, need_upstream=not args.dry_run)
             _setup_logging_from(valid.conf, args.debug, reporting=True)
-            return _run_once(valid.conf, valid.settings, args.dry_run, args.output,
-                             valid.client)
+            return _run_once(valid.conf, valid.settings, args.dry_run, args.output, valid.client)
         from node_agent.service import daemon
 
         early = _setup_logging_before_the_host_is_read(files, args.debug)

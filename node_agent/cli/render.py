@@ -54,10 +54,15 @@ def change_as_dict(change) -> dict:
     return {"method": change.method, "path": change.path, "summary": change.summary}
 
 
-def report_dict(tree: ProviderTree, warnings: Sequence[str],
-                changes: Optional[Sequence] = None, reshape: Optional[dict] = None,
-                capacity: Optional[dict] = None, errors: Sequence[str] = (),
-                below_usage: Optional[Sequence] = None) -> dict:
+def report_dict(
+    tree: ProviderTree,
+    warnings: Sequence[str],
+    changes: Optional[Sequence] = None,
+    reshape: Optional[dict] = None,
+    capacity: Optional[dict] = None,
+    errors: Sequence[str] = (),
+    below_usage: Optional[Sequence] = None,
+) -> dict:
     """``below_usage``: the capacity cuts published (``--once``) or planned
     (``--dry-run``) below usage (:class:`node_agent.placement.usage_guard.Cut`);
     the key is there only when Placement was consulted."""
@@ -81,10 +86,18 @@ def with_guests(report: dict, guests: Iterable[Guest]) -> dict:
     found = []
     for guest in sorted(guests, key=lambda g: (g.name, g.uuid)):
         cpu = classify(guest)
-        found.append({"name": guest.name, "uuid": guest.uuid, "policy": cpu.policy,
-                      "rule": cpu.rule, "VCPU": cpu.vcpu, "PCPU": cpu.pcpu,
-                      "dedicated_vcpus": sorted(cpu.dedicated_vcpus),
-                      "emulator_isolate": cpu.emulator_isolate})
+        found.append(
+            {
+                "name": guest.name,
+                "uuid": guest.uuid,
+                "policy": cpu.policy,
+                "rule": cpu.rule,
+                "VCPU": cpu.vcpu,
+                "PCPU": cpu.pcpu,
+                "dedicated_vcpus": sorted(cpu.dedicated_vcpus),
+                "emulator_isolate": cpu.emulator_isolate,
+            }
+        )
     return {**report, "guests": found}
 
 
@@ -94,8 +107,10 @@ def as_json(report: dict) -> str:
 
 def _inventory_line(rc: str, inv: dict, width: int) -> str:
     ratio = inv["allocation_ratio"]
-    return (f"{rc:<{width}}  total {inv['total']:>7}  reserved {inv['reserved']:>5}"
-            f"  ratio {float(ratio)}  units {inv['min_unit']}-{inv['max_unit']}/{inv['step_size']}")
+    return (
+        f"{rc:<{width}}  total {inv['total']:>7}  reserved {inv['reserved']:>5}"
+        f"  ratio {float(ratio)}  units {inv['min_unit']}-{inv['max_unit']}/{inv['step_size']}"
+    )
 
 
 def _provider_lines(provider: dict, depth: int) -> list[str]:
@@ -126,16 +141,20 @@ def companion_lines(companion: dict) -> list[str]:
     """The ``Companion mode`` section: the provider, drift, next restart."""
     lines = ["Companion mode (read-only: nothing is written to Placement):"]
     if not companion["found"]:
-        return lines + [f"  Placement has no provider named {companion['host']}; "
-                        "companion mode never creates one."]
+        return lines + [
+            f"  Placement has no provider named {companion['host']}; "
+            "companion mode never creates one."
+        ]
     owner = companion["owner"] or "unknown (no OWNER_* trait)"
-    lines.append(f"  provider {companion['host']} [{companion['root_uuid']}], "
-                 f"owned by {owner}")
+    lines.append(f"  provider {companion['host']} [{companion['root_uuid']}], owned by {owner}")
     drift = companion["drift"]
     if drift:
         lines.append(f"  Drift ({len(drift)} differences between Placement and this host):")
-        lines += [f"    - {d['provider']}: {d['subject']}: Placement {d['placement']}, "
-                  f"this host {d['host']} -- {d['explained_by']}" for d in drift]
+        lines += [
+            f"    - {d['provider']}: {d['subject']}: Placement {d['placement']}, "
+            f"this host {d['host']} -- {d['explained_by']}"
+            for d in drift
+        ]
     else:
         lines.append("  Drift: none, Placement holds what node-agent would publish.")
     restart = companion["next_restart"]
@@ -148,16 +167,21 @@ def companion_lines(companion: dict) -> list[str]:
 def audit_lines(audit: dict) -> list[str]:
     """The ``Audit`` section: alarms first, then in-flight and pending cases."""
     findings = audit["findings"]
-    head = (f"Allocation audit ({audit['consumers']} consumers on {audit['providers']} "
-            f"providers): ")
+    head = f"Allocation audit ({audit['consumers']} consumers on {audit['providers']} providers): "
     if not findings:
         return [head + "every allocation matches a local guest of its size."]
     lines = [head + f"{audit['alarms']} alarm(s)."]
-    for state, title in (("alarm", "ALARM"), ("in_flight", "in flight (not an alarm)"),
-                         ("pending", "pending")):
+    for state, title in (
+        ("alarm", "ALARM"),
+        ("in_flight", "in flight (not an alarm)"),
+        ("pending", "pending"),
+    ):
         for f in (f for f in findings if f["state"] == state):
-            who = f"guest {f['guest']} ({f['consumer']})" if f["guest"] else \
-                f"consumer {f['consumer']}"
+            who = (
+                f"guest {f['guest']} ({f['consumer']})"
+                if f["guest"]
+                else f"consumer {f['consumer']}"
+            )
             extra = [f"type {f['consumer_type']}"] if f["consumer_type"] else []
             if f["orphaned_for_s"]:
                 extra.append(f"orphaned for {int(f['orphaned_for_s'])} s")
@@ -181,12 +205,13 @@ def as_text(report: dict) -> str:
         lines += companion_lines(report["companion"])
     elif report["changes"] is None:
         lines.append("Changes: Placement not consulted.")
-    elif not report["changes"] and not errors and (report.get("capacity") or {}).get(
-            "ok", True):
+    elif not report["changes"] and not errors and (report.get("capacity") or {}).get("ok", True):
         lines.append("Changes: none, Placement already matches this host.")
     elif not report["changes"]:
-        lines.append("Changes: none that can be sent; Placement does not match this host "
-                     "(see Capacity and Errors).")
+        lines.append(
+            "Changes: none that can be sent; Placement does not match this host "
+            "(see Capacity and Errors)."
+        )
     else:
         lines.append(f"Changes ({len(report['changes'])} requests, in order):")
         for n, change in enumerate(report["changes"], 1):
@@ -194,7 +219,9 @@ def as_text(report: dict) -> str:
     if report.get("guests"):
         lines += ["", "Guests, as nova counts them:"] + [
             f"  {g['name']} ({g['uuid']}): {g['policy']} by {g['rule']}: "
-            f"VCPU {g['VCPU']}, PCPU {g['PCPU']}" for g in report["guests"]]
+            f"VCPU {g['VCPU']}, PCPU {g['PCPU']}"
+            for g in report["guests"]
+        ]
     if report["reshape"]:
         lines += ["", "Reshape:"] + [f"  {line}" for line in report["reshape"].get("lines", [])]
     lines += _capacity_lines(report.get("capacity"))
@@ -213,14 +240,22 @@ def _below_usage_lines(cuts: Optional[Sequence[dict]]) -> list[str]:
     refuses new claims of the class until usage falls."""
     if not cuts:
         return []
-    lines = ["", "Capacity cuts below usage (Placement takes them, as from nova; no new "
-                 "claim of the class fits until usage falls under the new capacity):"]
+    lines = [
+        "",
+        "Capacity cuts below usage (Placement takes them, as from nova; no new "
+        "claim of the class fits until usage falls under the new capacity):",
+    ]
     for c in cuts:
-        lines.append(f"  - {c['class']} on {c['provider']}: capacity {c['capacity']} "
-                     f"(was {c['old_capacity']}), {c['used']} in use, {c['over']} over")
+        lines.append(
+            f"  - {c['class']} on {c['provider']}: capacity {c['capacity']} "
+            f"(was {c['old_capacity']}), {c['used']} in use, {c['over']} over"
+        )
         for h in c["holders"]:
-            who = (f"guest {h['guest']} ({h['consumer']})" if h.get("guest") else
-                   f"consumer {h['consumer']} (not a guest of this host)")
+            who = (
+                f"guest {h['guest']} ({h['consumer']})"
+                if h.get("guest")
+                else f"consumer {h['consumer']} (not a guest of this host)"
+            )
             lines.append(f"      held by {who}: {h['amount']}")
     return lines
 
@@ -231,18 +266,23 @@ def _capacity_lines(capacity: Optional[dict]) -> list[str]:
     if capacity["ok"]:
         return ["", "Capacity: the tree stays within what the host has."]
     lines = ["", "Capacity: the planned tree would overstate the host; it is not sent whole:"]
-    lines += [f"  - {v['resource']}: {v['published']} units published on "
-              f"{', '.join(v['where'])}, the host has {v['host_has']}"
-              if v["host_has"] is not None else
-              f"  - {v['resource']} offered on the root and its children "
-              f"({', '.join(v['where'])})" for v in capacity["violations"]]
+    lines += [
+        f"  - {v['resource']}: {v['published']} units published on "
+        f"{', '.join(v['where'])}, the host has {v['host_has']}"
+        if v["host_has"] is not None
+        else f"  - {v['resource']} offered on the root and its children ({', '.join(v['where'])})"
+        for v in capacity["violations"]
+    ]
     if capacity.get("kept"):
         lines.append(f"  Kept as Placement holds them: {', '.join(capacity['kept'])}")
     if capacity.get("closed"):
         lines.append(f"  Published fully reserved: {', '.join(capacity['closed'])}")
     for b in capacity.get("blocking") or []:
-        who = f"guest {b['guest']} ({b['consumer']})" if b.get("guest") else \
-            f"consumer {b['consumer']} (not a guest of this host)"
+        who = (
+            f"guest {b['guest']} ({b['consumer']})"
+            if b.get("guest")
+            else f"consumer {b['consumer']} (not a guest of this host)"
+        )
         held = " ".join(f"{rc}={n}" for rc, n in sorted(b["resources"].items()))
         lines.append(f"  Blocked by {who}: {held} on {b['provider']}")
     return lines

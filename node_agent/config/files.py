@@ -27,9 +27,8 @@ from oslo_config import cfg
 
 from node_agent import logs
 from node_agent.config import options as conf_mod
+from node_agent.config.nova_options import NOVA_DYNAMIC_SECTION_PREFIXES, NOVA_OPTIONS, NOVA_VERSION
 from node_agent.errors import ConfigError
-from node_agent.config.nova_options import (NOVA_DYNAMIC_SECTION_PREFIXES,
-                                             NOVA_OPTIONS, NOVA_VERSION)
 
 LOG = logging.getLogger(__name__)
 
@@ -141,9 +140,11 @@ def _parsed(path: str) -> Optional[configparser.RawConfigParser]:
 
 def _agent_only_sections() -> set[str]:
     """Sections only the agent has ([agent], [host], [node], [applier])."""
-    return {group for group, _opts in conf_mod.list_opts(with_messaging=False,
-                                                          with_placement=False)
-            if group not in NOVA_OPTIONS}
+    return {
+        group
+        for group, _opts in conf_mod.list_opts(with_messaging=False, with_placement=False)
+        if group not in NOVA_OPTIONS
+    }
 
 
 def _is_novas(parser: configparser.RawConfigParser, known) -> bool:
@@ -202,15 +203,20 @@ def _classify_keys(conf: cfg.ConfigOpts) -> tuple[list[str], list[str]]:
                 if _is_nova_section(section) or novas:
                     ignored.append(f"[{section}]")
                 elif not section.startswith(_LIBRARY_SECTION_PREFIXES):
-                    problems.append(f"{path}: unknown section [{section}]. Check the "
-                                    "spelling against etc/node-agent.conf.sample.")
+                    problems.append(
+                        f"{path}: unknown section [{section}]. Check the "
+                        "spelling against etc/node-agent.conf.sample."
+                    )
                 continue
             names = known[section]
             if names is None:
                 continue
             keys = parser.defaults() if section == "DEFAULT" else parser[section]
-            own = keys.keys() if section == "DEFAULT" else (
-                set(keys.keys()) - set(parser.defaults().keys()))
+            own = (
+                keys.keys()
+                if section == "DEFAULT"
+                else (set(keys.keys()) - set(parser.defaults().keys()))
+            )
             unknown = [key for key in own if key.replace("-", "_") not in names]
             if unknown and section == "DEFAULT":
                 names = names | _names(conf_mod.messaging_default_opts())
@@ -225,8 +231,10 @@ def _classify_keys(conf: cfg.ConfigOpts) -> tuple[list[str], list[str]]:
                     # nova had): so does the agent, in nova's file.
                     ignored.append(f"[{section}] {key} (unknown to nova {NOVA_VERSION})")
                 else:
-                    problems.append(f"{path}: unknown option [{section}] {key}. Check the "
-                                    "spelling against etc/node-agent.conf.sample.")
+                    problems.append(
+                        f"{path}: unknown option [{section}] {key}. Check the "
+                        "spelling against etc/node-agent.conf.sample."
+                    )
     return problems, list(dict.fromkeys(ignored))
 
 
@@ -244,10 +252,12 @@ def config_args(args: Sequence[str], default: str = DEFAULT_CONFIG_FILE) -> list
     if any(a in ("--config-file", "--config-dir") for a in args):
         return args
     if not os.path.exists(default):
-        raise ConfigError(f"no configuration: {default} does not exist and no "
-                          "--config-file or --config-dir was given. Create it (see "
-                          "etc/node-agent.conf.sample) or name a file with "
-                          "--config-file FILE.")
+        raise ConfigError(
+            f"no configuration: {default} does not exist and no "
+            "--config-file or --config-dir was given. Create it (see "
+            "etc/node-agent.conf.sample) or name a file with "
+            "--config-file FILE."
+        )
     return ["--config-file", default]
 
 
@@ -321,9 +331,11 @@ def undecodable_files(paths: Sequence[str]) -> list[str]:
 def not_utf8(what: str, data: bytes, exc: UnicodeDecodeError) -> str:
     """The problem of a file that is not UTF-8 text: where, and the fix."""
     line = data.count(b"\n", 0, exc.start) + 1
-    return (f"{what} is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset "
-            f"{exc.start} (line {line}) cannot be decoded. Re-save the file as UTF-8 "
-            "(for example iconv -f latin1 -t utf-8).")
+    return (
+        f"{what} is not UTF-8 text: byte 0x{data[exc.start]:02x} at offset "
+        f"{exc.start} (line {line}) cannot be decoded. Re-save the file as UTF-8 "
+        "(for example iconv -f latin1 -t utf-8)."
+    )
 
 
 class _ConfigOpts(cfg.ConfigOpts):
@@ -363,24 +375,30 @@ def parse_conf(args: Sequence[str]) -> cfg.ConfigOpts:
     conf = _ConfigOpts()
     conf_mod.register_opts(conf, placement=_has_section(paths, conf_mod.PLACEMENT_GROUP))
     try:
-        conf(list(args), project=PROJECT, default_config_files=None,
-             use_env=False)
+        conf(list(args), project=PROJECT, default_config_files=None, use_env=False)
     except cfg.ConfigFilesNotFoundError as exc:
-        raise ConfigError(f"config file not found or unreadable: {', '.join(exc.config_files)}. "
-                          "Check the path and that the service user can read it.") from None
+        raise ConfigError(
+            f"config file not found or unreadable: {', '.join(exc.config_files)}. "
+            "Check the path and that the service user can read it."
+        ) from None
     except cfg.ConfigFilesPermissionDeniedError as exc:
-        raise ConfigError(f"permission denied reading config file "
-                          f"{', '.join(exc.config_files)}. Make it readable by the service "
-                          "user (for example chmod 0640 and chgrp node-agent).") from None
+        raise ConfigError(
+            f"permission denied reading config file "
+            f"{', '.join(exc.config_files)}. Make it readable by the service "
+            "user (for example chmod 0640 and chgrp node-agent)."
+        ) from None
     except cfg.ConfigFileParseError as exc:
-        raise ConfigError(f"config file {exc.config_file} cannot be parsed: "
-                          f"{_without_line(exc.msg or '')}") from None
+        raise ConfigError(
+            f"config file {exc.config_file} cannot be parsed: {_without_line(exc.msg or '')}"
+        ) from None
     except cfg.Error as exc:
         raise ConfigError(f"configuration error: {exc}") from None
     except OSError as exc:  # a directory given as a file, an I/O error
-        raise ConfigError(f"config file {exc.filename} cannot be read: "
-                          f"{exc.strerror or exc}. Give the path of a readable "
-                          "file.") from None
+        raise ConfigError(
+            f"config file {exc.filename} cannot be read: "
+            f"{exc.strerror or exc}. Give the path of a readable "
+            "file."
+        ) from None
     problems = unresolved_references(conf)
     if problems:
         raise ConfigError(problems)
@@ -399,30 +417,41 @@ def _without_line(message: str) -> str:
     if not _QUOTED_LINE.search(message):
         return message
     return _QUOTED_LINE.sub("", message) + (
-        " (the line is not shown: it may hold a secret). Write it as `name = value`.")
+        " (the line is not shown: it may hold a secret). Write it as `name = value`."
+    )
 
 
 # Option names that hold or may hold secrets (a transport_url's password): a
 # message names the option, never a part of its value.
-_SECRET_WORDS = ("password", "secret", "token", "passcode", "key", "credential", "url",
-                 "connection")
+_SECRET_WORDS = (
+    "password",
+    "secret",
+    "token",
+    "passcode",
+    "key",
+    "credential",
+    "url",
+    "connection",
+)
 
 
 def _references(value: str) -> list[str]:
     r"""The option names oslo.config substitutes in ``value`` (``$name``,
     ``${name}``, ``${group.name}``); ``$$`` and ``\$`` are a literal ``$``."""
     value = value.replace(r"\$", "$$")  # as oslo.config does
-    return [m.group("named") or m.group("braced")
-            for m in cfg.ConfigOpts.Template.pattern.finditer(value)
-            if m.group("named") or m.group("braced")]
+    return [
+        m.group("named") or m.group("braced")
+        for m in cfg.ConfigOpts.Template.pattern.finditer(value)
+        if m.group("named") or m.group("braced")
+    ]
 
 
-def _reference_problem(conf: cfg.ConfigOpts, known, section: str, name: str
-                       ) -> Optional[str]:
+def _reference_problem(conf: cfg.ConfigOpts, known, section: str, name: str) -> Optional[str]:
     """Why oslo.config cannot substitute ``$name`` in an option of
     ``section``, or None when it can. Its order: ``group.name`` in that
     group; else ``name`` in ``section``, then ``[DEFAULT]``, where a
     section of that name comes first (and cannot be substituted)."""
+
     def has(group: str, option: str) -> bool:
         names = known.get(group)
         if names is not None and option in names:
@@ -459,8 +488,11 @@ def unresolved_references(conf: cfg.ConfigOpts) -> list[str]:
             names = known.get(section)
             if names is None:
                 continue  # not the agent's section: never read
-            keys = parser.defaults() if section == "DEFAULT" else {
-                k: v for k, v in parser[section].items() if k not in parser.defaults()}
+            keys = (
+                parser.defaults()
+                if section == "DEFAULT"
+                else {k: v for k, v in parser[section].items() if k not in parser.defaults()}
+            )
             for key, value in keys.items():
                 if "$" not in (value or ""):
                     continue
@@ -469,18 +501,27 @@ def unresolved_references(conf: cfg.ConfigOpts) -> list[str]:
                     names = names | _names(conf_mod.messaging_default_opts())
                 if key.replace("-", "_") not in names:
                     continue  # not read by the agent
-                why = [w for w in (_reference_problem(conf, known, section, r)
-                                   for r in _references(value)) if w]
+                why = [
+                    w
+                    for w in (
+                        _reference_problem(conf, known, section, r) for r in _references(value)
+                    )
+                    if w
+                ]
                 if not why:
                     continue
                 secret = any(word in key.lower() for word in _SECRET_WORDS)
-                what = ("a `$`, which oslo.config reads as a reference to another option "
-                        "(not shown: it may be a secret)" if secret else
-                        f"a `$`, which oslo.config reads as a reference to another "
-                        f"option: {'; '.join(why)}")
+                what = (
+                    "a `$`, which oslo.config reads as a reference to another option "
+                    "(not shown: it may be a secret)"
+                    if secret
+                    else f"a `$`, which oslo.config reads as a reference to another "
+                    f"option: {'; '.join(why)}"
+                )
                 problems.append(
                     f"{path}: [{section}] {key}: the value has {what}. Write $$ for a "
-                    "literal $ (for example p$$ss for p$ss).")
+                    "literal $ (for example p$$ss for p$ss)."
+                )
     return problems
 
 
@@ -493,14 +534,16 @@ def _logging_from_own_files(conf: cfg.ConfigOpts) -> None:
     novas = novas_files(conf)
     if not novas:
         return
-    dest = {name: opt.dest for opt in conf_mod.log_opts()
-            for name in _opt_names(opt, "DEFAULT")}
+    dest = {name: opt.dest for opt in conf_mod.log_opts() for name in _opt_names(opt, "DEFAULT")}
     taken = set()
     for path in novas:
         parser = _parsed(path)
         if parser is not None:
-            taken |= {dest[key.replace("-", "_")] for key in parser.defaults()
-                      if key.replace("-", "_") in dest}
+            taken |= {
+                dest[key.replace("-", "_")]
+                for key in parser.defaults()
+                if key.replace("-", "_") in dest
+            }
     if not taken:
         return
     own = cfg.ConfigOpts()

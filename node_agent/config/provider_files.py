@@ -10,8 +10,7 @@ from pathlib import Path
 
 from node_agent.config.files import not_utf8
 from node_agent.errors import ConfigError
-from node_agent.policy.provider_config import (ProviderConfig, check_unique,
-                                               parse_provider_config)
+from node_agent.policy.provider_config import ProviderConfig, check_unique, parse_provider_config
 
 
 def load_provider_configs(location: str) -> tuple[ProviderConfig, ...]:
@@ -35,8 +34,10 @@ def load_provider_files(location: str) -> tuple[tuple[ProviderConfig, ...], tupl
             return (), ()
         paths = sorted(directory.glob("*.yaml"))
     except OSError as exc:
-        raise ConfigError(f"[compute] provider_config_location = '{location}': cannot "
-                          f"read it: {exc}. Fix its permissions.") from exc
+        raise ConfigError(
+            f"[compute] provider_config_location = '{location}': cannot "
+            f"read it: {exc}. Fix its permissions."
+        ) from exc
     configs: list[ProviderConfig] = []
     problems: list[str] = []
     for path in paths:

@@ -20,16 +20,16 @@ import os_resource_classes as orc
 from oslo_config import cfg
 
 from node_agent.config import options as conf_mod
+from node_agent.errors import ConfigError
 from node_agent.model.cpuset import CpuSet, CpuSetSyntaxError, parse_cpu_spec
 from node_agent.model.device_spec import parse_device_specs
-from node_agent.errors import ConfigError
-from node_agent.model.settings import CycleMode, Settings
 from node_agent.model.hugepages import parse_reserved_huge_pages
+from node_agent.model.settings import CycleMode, Settings
 from node_agent.state import FILE_NAME as STATE_FILE_NAME
 
 LOG = logging.getLogger(__name__)
 
-CPU_SPEC_HELP = ("a comma list of N, A-B, ^N or ^A-B, for example '2-7,^4'")
+CPU_SPEC_HELP = "a comma list of N, A-B, ^N or ^A-B, for example '2-7,^4'"
 
 
 class _Group:
@@ -43,11 +43,18 @@ class _Group:
         return self._get(self._group, name, fallback=_FALLBACKS.get(name))
 
 
-_FALLBACKS = {"reserved_host_cpus": 0, "reserved_host_memory_mb": 0,
-              "reserved_host_disk_mb": 0, "report_interval": 60,
-              "full_verify_interval": 300, "pcpu_transition_mode": False,
-              "startup_splay": 30, "interval_jitter": 0.1,
-              "retry_max_interval": 300, "audit_in_flight_grace": 3600}
+_FALLBACKS = {
+    "reserved_host_cpus": 0,
+    "reserved_host_memory_mb": 0,
+    "reserved_host_disk_mb": 0,
+    "report_interval": 60,
+    "full_verify_interval": 300,
+    "pcpu_transition_mode": False,
+    "startup_splay": 30,
+    "interval_jitter": 0.1,
+    "retry_max_interval": 300,
+    "audit_in_flight_grace": 3600,
+}
 
 
 def _cpu_spec(group: str, name: str, value: Optional[str], problems: list) -> Optional[CpuSet]:
@@ -56,25 +63,31 @@ def _cpu_spec(group: str, name: str, value: Optional[str], problems: list) -> Op
     try:
         cpus = parse_cpu_spec(value)
     except CpuSetSyntaxError as exc:
-        problems.append(f"[{group}] {name} = '{value}' is not a CPU spec: {exc}. "
-                        f"Write {CPU_SPEC_HELP}, or remove the option.")
+        problems.append(
+            f"[{group}] {name} = '{value}' is not a CPU spec: {exc}. "
+            f"Write {CPU_SPEC_HELP}, or remove the option."
+        )
         return None
     if not cpus:
-        problems.append(f"[{group}] {name} = '{value}' leaves no CPU after exclusions. "
-                        "List at least one CPU, or remove the option.")
+        problems.append(
+            f"[{group}] {name} = '{value}' leaves no CPU after exclusions. "
+            "List at least one CPU, or remove the option."
+        )
         return None
     return cpus
 
 
-def _ratio(group: str, name: str, value: Optional[float], initial_name: str,
-           initial: float, problems: list) -> float:
+def _ratio(
+    group: str, name: str, value: Optional[float], initial_name: str, initial: float, problems: list
+) -> float:
     # nova reads 0.0 as unset (its default before Stein), so nova.conf
     # files that still carry it mean the initial ratio.
     chosen, chosen_name = (value, name) if value else (initial, initial_name)
     # NaN compares false with everything, so "<= 0" alone would let it in.
     if chosen is None or not math.isfinite(chosen) or chosen <= 0:
-        problems.append(f"[{group}] {chosen_name} = {chosen} must be greater than 0 "
-                        "(1.0 means no overcommit).")
+        problems.append(
+            f"[{group}] {chosen_name} = {chosen} must be greater than 0 (1.0 means no overcommit)."
+        )
         return 1.0
     return float(chosen)
 
@@ -93,9 +106,11 @@ class _Reader:
             return getattr(getattr(self._conf, group), name)
         except (cfg.ConfigFileValueError, ValueError) as exc:
             detail = str(exc).split(" is not valid: ")[-1]
-            self._problems.append(f"[{group or 'DEFAULT'}] {name} has an invalid value"
-                                  f"{self._shown(group, name)}: {detail}. See "
-                                  "etc/node-agent.conf.sample for what it accepts.")
+            self._problems.append(
+                f"[{group or 'DEFAULT'}] {name} has an invalid value"
+                f"{self._shown(group, name)}: {detail}. See "
+                "etc/node-agent.conf.sample for what it accepts."
+            )
             return fallback
 
     def compute_or_nova_default(self, name: str, fallback=None):
@@ -126,15 +141,19 @@ def _node_resource_class(value: Optional[str], problems: list) -> Optional[str]:
         return None
     value = value.strip()
     if len(value) > 255:
-        problems.append(f"[node] resource_class = '{value[:40]}...' is {len(value)} "
-                        "characters long; Placement takes at most 255. Shorten it.")
+        problems.append(
+            f"[node] resource_class = '{value[:40]}...' is {len(value)} "
+            "characters long; Placement takes at most 255. Shorten it."
+        )
         return None
     if not _CUSTOM_NAME.match(value):
         suggestion = value if value.startswith("CUSTOM_") else orc.normalize_name(value)
         suggestion = "CUSTOM_" + re.sub("[^A-Z0-9_]", "_", suggestion[7:].upper())
-        problems.append(f"[node] resource_class = '{value}' is not a custom resource "
-                        "class (CUSTOM_ followed by A-Z, 0-9 and _). "
-                        f"Write it as '{suggestion}'.")
+        problems.append(
+            f"[node] resource_class = '{value}' is not a custom resource "
+            "class (CUSTOM_ followed by A-Z, 0-9 and _). "
+            f"Write it as '{suggestion}'."
+        )
         return None
     return value
 
@@ -143,12 +162,12 @@ def _nested_provider_values(get: "_Reader", problems: list) -> dict:
     compute = _Group(get, "compute")
     return dict(
         numa_in_placement=bool(compute.numa_in_placement),
-        reserved_huge_pages=parse_reserved_huge_pages(
-            compute.reserved_huge_pages or (), problems),
+        reserved_huge_pages=parse_reserved_huge_pages(compute.reserved_huge_pages or (), problems),
         provider_config_location=compute.provider_config_location
         or "/etc/node-agent/provider_config/",
         enabled_mdev_types=tuple(
-            t.strip() for t in (get("devices", "enabled_mdev_types") or ()) if t.strip()),
+            t.strip() for t in (get("devices", "enabled_mdev_types") or ()) if t.strip()
+        ),
         pci_device_specs=parse_device_specs(get("pci", "device_spec") or (), problems),
         report_sriov_numvfs=bool(get("pci", "report_sriov_numvfs")),
         node_resource_class=_node_resource_class(get("node", "resource_class"), problems),
@@ -175,10 +194,10 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
     compute = _Group(get, "compute")
     agent = _Group(get, "agent")
     values = dict(
-        cpu_dedicated_set=_cpu_spec("compute", "cpu_dedicated_set",
-                                    compute.cpu_dedicated_set, problems),
-        cpu_shared_set=_cpu_spec("compute", "cpu_shared_set",
-                                 compute.cpu_shared_set, problems),
+        cpu_dedicated_set=_cpu_spec(
+            "compute", "cpu_dedicated_set", compute.cpu_dedicated_set, problems
+        ),
+        cpu_shared_set=_cpu_spec("compute", "cpu_shared_set", compute.cpu_shared_set, problems),
         vcpu_pin_set=_cpu_spec("compute", "vcpu_pin_set", compute.vcpu_pin_set, problems),
         reserved_host_cpus=compute.reserved_host_cpus,
         reserved_host_memory_mb=compute.reserved_host_memory_mb,
@@ -205,25 +224,29 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
         **_guest_cpu(get, problems),
         virt_type=get("libvirt", "virt_type") or "kvm",
         swtpm_enabled=bool(get("libvirt", "swtpm_enabled")),
-        supported_tpm_secret_security=tuple(
-            get("libvirt", "supported_tpm_secret_security") or ()),
+        supported_tpm_secret_security=tuple(get("libvirt", "supported_tpm_secret_security") or ()),
         domain_capabilities=bool(get("libvirt", "domain_capabilities")),
         num_memory_encrypted_guests=get("libvirt", "num_memory_encrypted_guests"),
     )
     values["explicit_ratios"] = frozenset(
-        kind for kind in ("cpu", "ram", "disk")
-        if getattr(compute, f"{kind}_allocation_ratio"))
+        kind for kind in ("cpu", "ram", "disk") if getattr(compute, f"{kind}_allocation_ratio")
+    )
     for kind in ("cpu", "ram", "disk"):
         values[f"{kind}_allocation_ratio"] = _ratio(
-            "compute", f"{kind}_allocation_ratio",
+            "compute",
+            f"{kind}_allocation_ratio",
             getattr(compute, f"{kind}_allocation_ratio"),
             f"initial_{kind}_allocation_ratio",
-            getattr(compute, f"initial_{kind}_allocation_ratio"), problems)
+            getattr(compute, f"initial_{kind}_allocation_ratio"),
+            problems,
+        )
     values.update(_nested_provider_values(get, problems))
     host = conf_mod.default_host(conf)
     if not host or not host.strip():
-        problems.append("[DEFAULT] host is empty. Set it to this node's name, "
-                        "or remove it to use the machine's hostname.")
+        problems.append(
+            "[DEFAULT] host is empty. Set it to this node's name, "
+            "or remove it to use the machine's hostname."
+        )
     _read_every_option(get, conf)
     problems.extend(transport_url_problems(conf))
     return Settings(host=(host or "").strip(), **values), list(dict.fromkeys(problems))
@@ -235,15 +258,20 @@ def _guest_cpu(get: "_Reader", problems: list[str]) -> dict:
     Whether a model exists is checked against libvirt, at discovery."""
     mode = get("libvirt", "cpu_mode")
     models = tuple(m.strip() for m in get("libvirt", "cpu_models") or () if m.strip())
-    flags = tuple(f.strip().lower() for f in get("libvirt", "cpu_model_extra_flags") or ()
-                  if f.strip())
+    flags = tuple(
+        f.strip().lower() for f in get("libvirt", "cpu_model_extra_flags") or () if f.strip()
+    )
     if mode == "custom" and not models:
-        problems.append("[libvirt] cpu_mode = custom needs [libvirt] cpu_models (the "
-                        "guest CPU models, e.g. 'Haswell-noTSX'); nova refuses it too.")
+        problems.append(
+            "[libvirt] cpu_mode = custom needs [libvirt] cpu_models (the "
+            "guest CPU models, e.g. 'Haswell-noTSX'); nova refuses it too."
+        )
     if mode != "custom" and models:
-        problems.append(f"[libvirt] cpu_models = {','.join(models)} is only used with "
-                        f"cpu_mode = custom (cpu_mode is {mode or 'unset'}); nova refuses "
-                        "it too. Set cpu_mode = custom or remove cpu_models.")
+        problems.append(
+            f"[libvirt] cpu_models = {','.join(models)} is only used with "
+            f"cpu_mode = custom (cpu_mode is {mode or 'unset'}); nova refuses "
+            "it too. Set cpu_mode = custom or remove cpu_models."
+        )
     return {"cpu_mode": mode, "cpu_models": models, "cpu_model_extra_flags": flags}
 
 
@@ -263,18 +291,22 @@ def _state_path(get: "_Reader", problems: list[str]) -> str:
     if not novas:
         return chosen
     if os.path.normpath(chosen) == os.path.normpath(novas):
-        problems.append(f"[agent] state_path = {chosen} is nova's [DEFAULT] state_path: "
-                        "the agent never keeps its state in nova's directory. Choose "
-                        f"another directory, for example {DEFAULT_STATE_PATH}.")
+        problems.append(
+            f"[agent] state_path = {chosen} is nova's [DEFAULT] state_path: "
+            "the agent never keeps its state in nova's directory. Choose "
+            f"another directory, for example {DEFAULT_STATE_PATH}."
+        )
     elif not own and os.path.exists(os.path.join(novas, STATE_FILE_NAME)):
         # An older agent read its directory from [DEFAULT] state_path; its
         # state (maintenance among it) is not silently left behind.
-        problems.append(f"[DEFAULT] state_path = {novas} holds node-agent's "
-                        f"{STATE_FILE_NAME}, written by an older agent that read its "
-                        "directory from that option. [DEFAULT] state_path is nova's "
-                        "option; the agent's is [agent] state_path. Rename the option "
-                        "to [agent] state_path to keep that state there, or move the "
-                        f"file to {DEFAULT_STATE_PATH}.")
+        problems.append(
+            f"[DEFAULT] state_path = {novas} holds node-agent's "
+            f"{STATE_FILE_NAME}, written by an older agent that read its "
+            "directory from that option. [DEFAULT] state_path is nova's "
+            "option; the agent's is [agent] state_path. Rename the option "
+            "to [agent] state_path to keep that state there, or move the "
+            f"file to {DEFAULT_STATE_PATH}."
+        )
     return chosen
 
 
@@ -289,8 +321,16 @@ def _instances_path(compute: "_Group", get: "_Reader") -> str:
 
 
 # Groups whose options are all ours (or keystoneauth's) to type-check.
-_CHECKED_GROUPS = ("host", "libvirt", "compute", "agent", "devices", "pci", "node",
-                   conf_mod.PLACEMENT_GROUP)
+_CHECKED_GROUPS = (
+    "host",
+    "libvirt",
+    "compute",
+    "agent",
+    "devices",
+    "pci",
+    "node",
+    conf_mod.PLACEMENT_GROUP,
+)
 
 
 def _read_every_option(get: "_Reader", conf) -> None:
@@ -305,9 +345,10 @@ def _read_every_option(get: "_Reader", conf) -> None:
 
 
 # Where oslo.messaging reads transport URLs: (group, label in messages).
-_TRANSPORT_URL_OPTS = ((None, "[DEFAULT] transport_url"),
-                       ("oslo_messaging_notifications",
-                        "[oslo_messaging_notifications] transport_url"))
+_TRANSPORT_URL_OPTS = (
+    (None, "[DEFAULT] transport_url"),
+    ("oslo_messaging_notifications", "[oslo_messaging_notifications] transport_url"),
+)
 
 
 def _masked_url(url: str) -> str:
@@ -335,15 +376,18 @@ def transport_url_problems(conf) -> list[str]:
             continue
         why = _transport_url_error(url)
         if why:
-            problems.append(f"{label} = '{_masked_url(url)}' is not a valid transport "
-                            f"URL: {why}. Write driver://user:password@host:port/vhost, "
-                            "for example rabbit://node-agent:SECRET@rabbit1:5672/.")
+            problems.append(
+                f"{label} = '{_masked_url(url)}' is not a valid transport "
+                f"URL: {why}. Write driver://user:password@host:port/vhost, "
+                "for example rabbit://node-agent:SECRET@rabbit1:5672/."
+            )
     return problems
 
 
 def _transport_url_error(url: str) -> Optional[str]:
     import importlib.metadata
     import warnings
+
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # oslo.service's eventlet notice
         import oslo_messaging
@@ -351,11 +395,9 @@ def _transport_url_error(url: str) -> Optional[str]:
         parsed = oslo_messaging.TransportURL.parse(cfg.ConfigOpts(), url)
     except (oslo_messaging.InvalidTransportURL, ValueError) as exc:
         return _masked_url(str(exc))
-    drivers = {e.name for e in importlib.metadata.entry_points(
-        group="oslo.messaging.drivers")}
+    drivers = {e.name for e in importlib.metadata.entry_points(group="oslo.messaging.drivers")}
     if parsed.transport not in drivers:
-        return (f"no messaging driver '{parsed.transport}' "
-                f"(installed: {', '.join(sorted(drivers))})")
+        return f"no messaging driver '{parsed.transport}' (installed: {', '.join(sorted(drivers))})"
     for host in parsed.hosts:
         if host.port is not None and not 0 < host.port < 65536:
             return f"port {host.port} is outside 1-65535"

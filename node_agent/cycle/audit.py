@@ -38,8 +38,9 @@ def valid_history(record) -> bool:
     for key in ("guests", "orphans", "unallocated"):
         seen = record.get(key, {})
         if not isinstance(seen, dict) or not all(
-                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
-                for k, v in seen.items()):
+            isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool)
+            for k, v in seen.items()
+        ):
             return False
     notified = record.get("notified")
     return notified is None or isinstance(notified, list)
@@ -48,8 +49,12 @@ def valid_history(record) -> bool:
 class Auditor:
     """Reads the allocations on the host's providers and audits them."""
 
-    def __init__(self, syncer, clock: Callable[[], float] = time.time,
-                 in_flight_grace: float = policy.IN_FLIGHT_GRACE):
+    def __init__(
+        self,
+        syncer,
+        clock: Callable[[], float] = time.time,
+        in_flight_grace: float = policy.IN_FLIGHT_GRACE,
+    ):
         self.syncer = syncer
         self.clock = clock
         self.in_flight_grace = in_flight_grace  # [agent] audit_in_flight_grace
@@ -65,9 +70,12 @@ class Auditor:
             return {}
         if valid_history(record):
             return dict(record)
-        LOG.warning("state file: the '%s' record is not as expected (%.80r); the audit's "
-                    "observations start again (alarms wait for a second audit)",
-                    STATE_KEY, record)
+        LOG.warning(
+            "state file: the '%s' record is not as expected (%.80r); the audit's "
+            "observations start again (alarms wait for a second audit)",
+            STATE_KEY,
+            record,
+        )
         return {}
 
     def run(self, desired, host: str, numa: bool, save: bool = True) -> policy.AuditResult:
@@ -82,15 +90,21 @@ class Auditor:
         details = audit_read.read_consumers(client, policy.to_look_up(guests, allocations))
         history = self._history()
         result = policy.audit(
-            guests, allocations, history, self.clock(), details,
+            guests,
+            allocations,
+            history,
+            self.clock(),
+            details,
             host_providers=[s.uuid for s in states],
             pcpu_offered=any("PCPU" in s.inventories for s in states),
             numa_nodes=policy.numa_provider_nodes(((s.uuid, s.name) for s in states), host)
-            if numa else None, in_flight_grace=self.in_flight_grace)
+            if numa
+            else None,
+            in_flight_grace=self.in_flight_grace,
+        )
         self.requests = client.stats.total - start
         if save:
-            self.syncer.remember(STATE_KEY, {**result.history,
-                                             "notified": history.get("notified")})
+            self.syncer.remember(STATE_KEY, {**result.history, "notified": history.get("notified")})
         self.last = result
         LOG.info("%s (%d requests)", policy.summary_line(result), self.requests)
         return result

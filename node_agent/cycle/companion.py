@@ -35,14 +35,14 @@ from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from node_agent.cycle.audit import Auditor
-from node_agent.policy.guest_fit import guests_refused
 from node_agent.errors import ReshapeError
+from node_agent.model.provider_state import ProviderState
 from node_agent.placement.readonly import ReadOnlyPlacement
 from node_agent.placement.reshape_host import host_reshape_inputs
 from node_agent.placement.reshape_reads import plan_reshape
-from node_agent.model.provider_state import ProviderState
 from node_agent.policy import drift as drift_policy
 from node_agent.policy.audit import IN_FLIGHT_GRACE
+from node_agent.policy.guest_fit import guests_refused
 
 LOG = logging.getLogger(__name__)
 
@@ -58,11 +58,11 @@ class CompanionReport:
     root_uuid: Optional[str] = None
     owner: Optional[str] = None
     differences: tuple[drift_policy.Difference, ...] = ()
-    audit: Optional[dict] = None          # AuditResult.as_dict()
-    next_restart: Optional[dict] = None   # {"reshape", "blocking", "lines"}
-    verified: bool = False                # this check read Placement
-    requests: int = 0                     # ... with this many requests
-    read_at: Optional[float] = None       # when Placement was last read (clock)
+    audit: Optional[dict] = None  # AuditResult.as_dict()
+    next_restart: Optional[dict] = None  # {"reshape", "blocking", "lines"}
+    verified: bool = False  # this check read Placement
+    requests: int = 0  # ... with this many requests
+    read_at: Optional[float] = None  # when Placement was last read (clock)
 
     @property
     def found(self) -> bool:
@@ -78,24 +78,33 @@ class CompanionReport:
         return self.found and not self.differences and not self.alarms
 
     def as_dict(self) -> dict:
-        return {"host": self.host, "root_uuid": self.root_uuid, "owner": self.owner,
-                "found": self.found,
-                "drift": [d.as_dict() for d in self.differences],
-                "next_restart": self.next_restart, "verified": self.verified,
-                "requests": self.requests}
+        return {
+            "host": self.host,
+            "root_uuid": self.root_uuid,
+            "owner": self.owner,
+            "found": self.found,
+            "drift": [d.as_dict() for d in self.differences],
+            "next_restart": self.next_restart,
+            "verified": self.verified,
+            "requests": self.requests,
+        }
 
     def summary(self) -> str:
         if not self.found:
             return f"companion: no provider named {self.host} in Placement"
-        return (f"companion: {len(self.differences)} difference(s) with Placement, "
-                f"{self.alarms} audit alarm(s)")
+        return (
+            f"companion: {len(self.differences)} difference(s) with Placement, "
+            f"{self.alarms} audit alarm(s)"
+        )
 
 
 def not_found_message(host: str, endpoint: str) -> str:
-    return (f"Placement at {endpoint} has no resource provider named {host}. "
-            "Companion mode never creates one: start nova-compute (or whatever "
-            "owns this host's provider) first, or check [DEFAULT] host against "
-            "the provider's name (`openstack resource provider list`).")
+    return (
+        f"Placement at {endpoint} has no resource provider named {host}. "
+        "Companion mode never creates one: start nova-compute (or whatever "
+        "owns this host's provider) first, or check [DEFAULT] host against "
+        "the provider's name (`openstack resource provider list`)."
+    )
 
 
 class Companion:
@@ -103,10 +112,15 @@ class Companion:
     desired one. Quacks like a syncer for :class:`Auditor` (``client``,
     ``cached_tree``, ``state``, ``remember``), with a read-only client."""
 
-    def __init__(self, client, store, full_verify_interval: float = 300,
-                 clock: Callable[[], float] = time.monotonic,
-                 wall_clock: Callable[[], float] = time.time,
-                 in_flight_grace: float = IN_FLIGHT_GRACE):
+    def __init__(
+        self,
+        client,
+        store,
+        full_verify_interval: float = 300,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+        in_flight_grace: float = IN_FLIGHT_GRACE,
+    ):
         self.client = ReadOnlyPlacement(client)
         self.store = store
         self.full_verify_interval = full_verify_interval
@@ -139,8 +153,12 @@ class Companion:
     # -- reading
 
     def verify_due(self) -> bool:
-        return (self._held is None or self._due_at is None
-                or self.full_verify_interval <= 0 or self.clock() >= self._due_at)
+        return (
+            self._held is None
+            or self._due_at is None
+            or self.full_verify_interval <= 0
+            or self.clock() >= self._due_at
+        )
 
     def _read(self, host: str) -> None:
         """The root by name, its tree, and the inventories and traits of
@@ -156,19 +174,23 @@ class Companion:
         for rp in tree:
             known = old.get(rp["uuid"])
             if known is not None and known.generation == rp["generation"]:
-                held[rp["uuid"]] = replace(known, name=rp["name"],
-                                           parent_uuid=rp.get("parent_provider_uuid"))
+                held[rp["uuid"]] = replace(
+                    known, name=rp["name"], parent_uuid=rp.get("parent_provider_uuid")
+                )
                 continue
             inventories = self.client.inventories(rp["uuid"])
             traits = self.client.traits(rp["uuid"])
             held[rp["uuid"]] = ProviderState(
-                rp["uuid"], rp["name"], traits["resource_provider_generation"],
-                rp.get("parent_provider_uuid"), inventories["inventories"],
-                frozenset(traits["traits"]))
+                rp["uuid"],
+                rp["name"],
+                traits["resource_provider_generation"],
+                rp.get("parent_provider_uuid"),
+                inventories["inventories"],
+                frozenset(traits["traits"]),
+            )
         self._root_uuid, self._held = root, held
 
-    def check(self, desired, settings, force: bool = False,
-              save: bool = True) -> CompanionReport:
+    def check(self, desired, settings, force: bool = False, save: bool = True) -> CompanionReport:
         """Compare ``desired`` (a cycle's :class:`~node_agent.cycle.desired.Desired`)
         with Placement. Reads Placement when ``force`` or a verify is due;
         else compares with the last read (no request). ``save``: keep the
@@ -188,15 +210,18 @@ class Companion:
             tree = desired.tree.with_uuids({desired.tree.root.name: self._root_uuid})
             by_name = {s.name: s for s in (self._held or {}).values()}
             if verified:
-                self._audit = self.auditor.run(desired, settings.host,
-                                               settings.numa_in_placement,
-                                               save=save).as_dict()
+                self._audit = self.auditor.run(
+                    desired, settings.host, settings.numa_in_placement, save=save
+                ).as_dict()
                 self._next_restart = self._preview(desired, by_name)
             report = replace(
-                report, root_uuid=self._root_uuid,
+                report,
+                root_uuid=self._root_uuid,
                 owner=drift_policy.owner_of((self._held or {})[self._root_uuid].traits),
                 differences=drift_policy.drift(tree, by_name, settings),
-                audit=self._audit, next_restart=self._next_restart)
+                audit=self._audit,
+                next_restart=self._next_restart,
+            )
         report = replace(report, requests=self.client.stats.total - start)
         self.last = report
         LOG.info("%s (%d requests)", report.summary(), report.requests)
@@ -215,12 +240,20 @@ class Companion:
         else:
             known = {name: s.uuid for name, s in by_name.items()}
             try:
-                inputs = host_reshape_inputs(self.client, desired, known,
-                                             listed=self.cached_tree())
+                inputs = host_reshape_inputs(self.client, desired, known, listed=self.cached_tree())
                 held = {u: (s.generation, s.inventories) for u, s in (self._held or {}).items()}
-                plan = (plan_reshape(self.client, inputs.tree, desired.host.guests,
-                                     inputs.rule, inputs.absent, held)
-                        if inputs is not None else None)
+                plan = (
+                    plan_reshape(
+                        self.client,
+                        inputs.tree,
+                        desired.host.guests,
+                        inputs.rule,
+                        inputs.absent,
+                        held,
+                    )
+                    if inputs is not None
+                    else None
+                )
             except ReshapeError as exc:
                 plan, blocking = None, [str(exc)]
             if plan is not None and (plan.needed or plan.refusals):
@@ -243,4 +276,3 @@ class Companion:
             return False
         self.remember(NOTIFIED_KEY, signature)
         return True
-

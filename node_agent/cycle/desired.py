@@ -11,20 +11,24 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
-from node_agent.tree.build import build_tree, mem_encryption
-from node_agent.host.discover import discover
-from node_agent.policy import maintenance as maint
-from node_agent.policy.partition import CpuPartition, partition_cpus
-from node_agent.tree.pci import unmatched_device_options
-from node_agent.policy.provider_config import (ProviderConfig, applied_traits,
-                                               apply_provider_configs, file_added_traits,
-                                               unmatched)
 from node_agent.config.provider_files import load_provider_configs, load_provider_files
+from node_agent.host.discover import discover
 from node_agent.model.provider_tree import ProviderTree
 from node_agent.model.settings import Settings
 from node_agent.model.snapshot import HostSnapshot
 from node_agent.policy import guest_fit
+from node_agent.policy import maintenance as maint
+from node_agent.policy.partition import CpuPartition, partition_cpus
+from node_agent.policy.provider_config import (
+    ProviderConfig,
+    applied_traits,
+    apply_provider_configs,
+    file_added_traits,
+    unmatched,
+)
 from node_agent.state import APPLIED, MAINTENANCE, PROVIDERS
+from node_agent.tree.build import build_tree, mem_encryption
+from node_agent.tree.pci import unmatched_device_options
 
 LOG = logging.getLogger(__name__)
 
@@ -50,12 +54,15 @@ class Desired:
         return self.host.warnings + self.partition.warnings + self.notes
 
 
-def desired_from(settings: Settings, host: HostSnapshot,
-                 configs: Sequence[ProviderConfig] = (),
-                 previously_applied: Optional[Mapping[str, Sequence[str]]] = None,
-                 maintenance: Optional[Mapping] = None,
-                 known_uuids: Optional[Mapping[str, str]] = None,
-                 refused_files: Sequence[str] = ()) -> Desired:
+def desired_from(
+    settings: Settings,
+    host: HostSnapshot,
+    configs: Sequence[ProviderConfig] = (),
+    previously_applied: Optional[Mapping[str, Sequence[str]]] = None,
+    maintenance: Optional[Mapping] = None,
+    known_uuids: Optional[Mapping[str, str]] = None,
+    refused_files: Sequence[str] = (),
+) -> Desired:
     """Pure: the tree this host should have under these settings.
 
     ``known_uuids`` (provider name -> uuid, from the state file) lets
@@ -67,29 +74,37 @@ def desired_from(settings: Settings, host: HostSnapshot,
     previous = {name: set(traits) for name, traits in (previously_applied or {}).items()}
     tree = build_tree(settings, host, partition).with_uuids(known_uuids or {})
     tree = apply_provider_configs(tree, configs, {} if refused_files else previous)
-    notes = [f"provider file entry {c.source} names a provider that is not on this "
-             f"host: {c.identity}" for c in unmatched(tree, configs)]
+    notes = [
+        f"provider file entry {c.source} names a provider that is not on this host: {c.identity}"
+        for c in unmatched(tree, configs)
+    ]
     notes += unmatched_device_options(settings, host)
-    notes += guest_fit.warnings(host.guests, partition.dedicated,
-                                getattr(partition, "shared", None))
+    notes += guest_fit.warnings(
+        host.guests, partition.dedicated, getattr(partition, "shared", None)
+    )
     offered = mem_encryption(settings, host)
     notes += offered.warnings if offered else ()
     tree, maintenance_notes = maint.apply(tree, maintenance)
     notes += maintenance_notes
     now = applied_traits(configs, tree)
     if refused_files:
-        notes += [f"provider file refused, the other files and the rest of the tree are "
-                  f"reported: {problem}" for problem in refused_files]
+        notes += [
+            f"provider file refused, the other files and the rest of the tree are "
+            f"reported: {problem}"
+            for problem in refused_files
+        ]
         for name, traits in previous.items():  # still remembered: not removed
             now.setdefault(name, set()).update(traits)
     applied = {name: sorted(traits) for name, traits in now.items()}
-    return Desired(host, partition, tree, applied, maintenance, tuple(notes),
-                   tuple(refused_files))
+    return Desired(host, partition, tree, applied, maintenance, tuple(notes), tuple(refused_files))
 
 
-def file_traits_to_remember(desired: Desired, previous: Optional[Mapping],
-                            before: Mapping[str, frozenset],
-                            clean: bool = True) -> dict[str, list[str]]:
+def file_traits_to_remember(
+    desired: Desired,
+    previous: Optional[Mapping],
+    before: Mapping[str, frozenset],
+    clean: bool = True,
+) -> dict[str, list[str]]:
     """Pure: the operator-file traits to remember after a sync
     (:func:`node_agent.policy.provider_config.file_added_traits`); ``before``
     is what Placement held before it (provider name -> traits). After a sync
@@ -122,14 +137,20 @@ def forget_applied_off(store, record: Optional[Mapping]) -> None:
     the root's disabled trait alone means maintenance again."""
     if maint.requested(record) is not False:
         return
+
     def drop_if_unchanged(state: dict) -> None:
         if state.get(MAINTENANCE) == record:
             del state[MAINTENANCE]
+
     store.update(drop_if_unchanged)
 
 
-def compute_desired(settings: Settings, hypervisor=None,
-                    state: Optional[Mapping] = None, lenient_files: bool = False) -> Desired:
+def compute_desired(
+    settings: Settings,
+    hypervisor=None,
+    state: Optional[Mapping] = None,
+    lenient_files: bool = False,
+) -> Desired:
     """Read the host and the operator files; ``state`` is the agent's state file.
 
     A bad provider file raises ConfigError, or with ``lenient_files`` (the
@@ -140,9 +161,15 @@ def compute_desired(settings: Settings, hypervisor=None,
         configs, refused = load_provider_files(settings.provider_config_location)
     else:
         configs, refused = load_provider_configs(settings.provider_config_location), ()
-    return desired_from(settings, discover(settings, hypervisor), configs,
-                        state.get(APPLIED), state.get(MAINTENANCE),
-                        state.get(PROVIDERS), refused)
+    return desired_from(
+        settings,
+        discover(settings, hypervisor),
+        configs,
+        state.get(APPLIED),
+        state.get(MAINTENANCE),
+        state.get(PROVIDERS),
+        refused,
+    )
 
 
 def with_owner_mark(desired: Desired, settings: Settings) -> Desired:

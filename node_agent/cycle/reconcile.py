@@ -33,24 +33,23 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Callable, Generic, Iterable, Mapping, Optional, Protocol, TypeVar
 
-from node_agent.policy.capacity import Published, as_published, check, limits_of
 from node_agent.cycle.desired import Desired, with_placement_maintenance
-from node_agent.model.snapshot import Guest
-from node_agent.state import PROVIDERS
 from node_agent.errors import HostBusy, ReshapeError
-from node_agent.policy.guest_cpu import classify
-from node_agent.policy.guest_fit import guests_refused
-from node_agent.model.provider_tree import (PlacedTree, ProviderTree,
-                                          with_held_ratios)
-from node_agent.tree.mem_encryption import keep_as_held, undecided
-from node_agent.policy.child_owner import ListedChild
+from node_agent.model.provider_tree import PlacedTree, ProviderTree, with_held_ratios
+from node_agent.model.snapshot import Guest
+from node_agent.placement.planner import Change
 from node_agent.placement.reshape_engine import Reshape, hold_inventories
-from node_agent.placement.reshape_rules import guest_names
 from node_agent.placement.reshape_host import HostReshape, host_reshape_inputs
 from node_agent.placement.reshape_reads import plan_reshape, read_inventories, uuid_of_root
+from node_agent.placement.reshape_rules import guest_names
 from node_agent.placement.reshaper import ReshapeOutcome, ensure_reshaped
-from node_agent.placement.planner import Change
 from node_agent.placement.sync import SyncReport, TreeSyncer
+from node_agent.policy.capacity import Published, as_published, check, limits_of
+from node_agent.policy.child_owner import ListedChild
+from node_agent.policy.guest_cpu import classify
+from node_agent.policy.guest_fit import guests_refused
+from node_agent.state import PROVIDERS
+from node_agent.tree.mem_encryption import keep_as_held, undecided
 
 LOG = logging.getLogger(__name__)
 
@@ -61,6 +60,7 @@ def _chain(*hooks):
     def call(body):
         for hook in present:
             hook(body)
+
     return call
 
 
@@ -74,16 +74,16 @@ def shape_of(desired: Desired) -> Shape:
     that appears counts: while controllers run nova's fallback query a
     pinned guest can be claimed as VCPU on a host that offers PCPU, and the
     check that moves it costs one read."""
-    return (tuple((p.name, p.parent, tuple(sorted(p.inventories)))
-                  for p in desired.tree.providers),
-            str(desired.partition.dedicated),
-            tuple(sorted(g.uuid for g in desired.host.guests if classify(g).dedicated)))
+    return (
+        tuple((p.name, p.parent, tuple(sorted(p.inventories))) for p in desired.tree.providers),
+        str(desired.partition.dedicated),
+        tuple(sorted(g.uuid for g in desired.host.guests if classify(g).dedicated)),
+    )
 
 
 # What a refusal of the CPU sets keeps as Placement holds it.
 CPU_CLASSES = ("VCPU", "PCPU")
-CPU_KEPT = ("VCPU and PCPU were kept as Placement holds them and the rest of "
-            "the tree was written")
+CPU_KEPT = "VCPU and PCPU were kept as Placement holds them and the rest of the tree was written"
 
 
 @dataclass(frozen=True)
@@ -158,15 +158,21 @@ class CycleOutcome(Generic[Report]):
         if outcome.response_lost:
             record["lines"] = record["lines"] + [
                 "POST /reshaper was committed but its answer was lost; the moves above "
-                "were read back from Placement"]
+                "were read back from Placement"
+            ]
         return record
 
 
 class Reconciler:
     """Keeps one host's tree in Placement, reshaping first when needed."""
 
-    def __init__(self, client, syncer: TreeSyncer, applied_shape: Optional[Shape] = None,
-                 guests_now: Optional[Callable[[], Iterable[Guest]]] = None):
+    def __init__(
+        self,
+        client,
+        syncer: TreeSyncer,
+        applied_shape: Optional[Shape] = None,
+        guests_now: Optional[Callable[[], Iterable[Guest]]] = None,
+    ):
         """``applied_shape``: the shape (:func:`shape_of`) a previous process
         applied and checked the allocations for, when the caller kept it (the
         applier, in its per-host record); its reshape check is then skipped
@@ -186,8 +192,9 @@ class Reconciler:
         rule = inputs.rule
         held = sorted(set(getattr(rule, "providers", ())) - inputs.absent)
         current = read_inventories(self.client, held)
-        return hold_inventories(inputs.tree, current, getattr(rule, "classes", ()),
-                                getattr(rule, "providers", None))
+        return hold_inventories(
+            inputs.tree, current, getattr(rule, "classes", ()), getattr(rule, "providers", None)
+        )
 
     def _inputs(self, desired: Desired) -> Optional[HostReshape]:
         known = dict(self._known_uuids())
@@ -198,26 +205,36 @@ class Reconciler:
             known = {**{s.name: u for u, s in cached.items()}, **known}
             if desired.tree.root.name not in known:
                 return None  # no root in Placement: nothing to reshape
-        return host_reshape_inputs(self.client, desired, known,
-                                   self.syncer.owned_children, self.syncer.cached_tree())
+        return host_reshape_inputs(
+            self.client, desired, known, self.syncer.owned_children, self.syncer.cached_tree()
+        )
 
-    def _reshape(self, desired: Desired, before_post=None
-                 ) -> tuple[Optional[ReshapeOutcome], Optional[ReshapeRefused], ProviderTree]:
+    def _reshape(
+        self, desired: Desired, before_post=None
+    ) -> tuple[Optional[ReshapeOutcome], Optional[ReshapeRefused], ProviderTree]:
         inputs = self._inputs(desired)
         if inputs is None:
             return ReshapeOutcome(False, Reshape(None)), None, desired.tree
         guard = self._capacity_guard(desired, inputs.tree)
         kw = {"before_post": _chain(guard, before_post)} if guard or before_post else {}
         try:
-            outcome = ensure_reshaped(self.client, inputs.tree, desired.host.guests,
-                                      inputs.rule, absent=inputs.absent,
-                                      known=self.syncer.known_inventories(),
-                                      guests_now=self._guests_now, **kw)
+            outcome = ensure_reshaped(
+                self.client,
+                inputs.tree,
+                desired.host.guests,
+                inputs.rule,
+                absent=inputs.absent,
+                known=self.syncer.known_inventories(),
+                guests_now=self._guests_now,
+                **kw,
+            )
         except ReshapeError as exc:
-            LOG.error("reshape refused, the inventory it would move is kept as it is: %s",
-                      exc)
-            return (None, ReshapeRefused(str(exc), busy=isinstance(exc, HostBusy)),
-                    self._held_tree(inputs))
+            LOG.error("reshape refused, the inventory it would move is kept as it is: %s", exc)
+            return (
+                None,
+                ReshapeRefused(str(exc), busy=isinstance(exc, HostBusy)),
+                self._held_tree(inputs),
+            )
         if outcome.created:
             self.syncer.invalidate()  # the sync re-reads the tree and adopts them
         elif outcome.reshaped:
@@ -250,15 +267,21 @@ class Reconciler:
 
         def guard(body: dict) -> None:
             planned = {u: e["inventories"] for u, e in body["inventories"].items()}
-            untouched = [Published(s.name, s.parent_uuid is None, s.inventories)
-                         for u, s in (self.syncer.cached() or {}).items() if u not in planned]
+            untouched = [
+                Published(s.name, s.parent_uuid is None, s.inventories)
+                for u, s in (self.syncer.cached() or {}).items()
+                if u not in planned
+            ]
             names = {p.uuid: p.name for p in tree.providers if p.uuid is not None}
             verdict = check(as_published(planned, names, uuid_of_root(tree), untouched), limits)
             if not verdict.ok:
                 raise ReshapeError(
                     "reshape not sent: the tree it would leave overstates the host ("
-                    + "; ".join(verdict.lines()) + "); the classes it would move are kept "
-                    "as Placement holds them")
+                    + "; ".join(verdict.lines())
+                    + "); the classes it would move are kept "
+                    "as Placement holds them"
+                )
+
         return guard
 
     def _undecided_kept(self, desired: Desired) -> Desired:
@@ -267,8 +290,7 @@ class Reconciler:
         if not undecided(desired.host):
             return desired
         root, held = self.syncer.held_children(desired.tree)
-        listed = [ListedChild(s.uuid, s.name, s.parent_uuid, s.traits, s.inventories)
-                  for s in held]
+        listed = [ListedChild(s.uuid, s.name, s.parent_uuid, s.traits, s.inventories) for s in held]
         tree = keep_as_held(desired.tree, root, listed)
         return desired if tree is desired.tree else replace(desired, tree=tree)
 
@@ -281,8 +303,9 @@ class Reconciler:
         if refused is not None:
             LOG.error("%s", refused)
             with self.client.deadline("the tree sync"):
-                report = self.syncer.sync(self._cpu_held(desired), limits_of(desired),
-                                          guest_names(desired.host.guests))
+                report = self.syncer.sync(
+                    self._cpu_held(desired), limits_of(desired), guest_names(desired.host.guests)
+                )
             return CycleOutcome(report, refused=ReshapeRefused(str(refused)))
         shape = shape_of(desired)
         tree, outcome, refusal = desired.tree, None, None
@@ -303,12 +326,16 @@ class Reconciler:
         closes what is held too (:func:`hold_inventories`)."""
         root_uuid, children = self.syncer.held_children(desired.tree)
         held = [u for u in [root_uuid, *(c.uuid for c in children)] if u]
-        tree = ProviderTree(tuple(
-            replace(p, uuid=root_uuid) if p.parent is None and root_uuid else p
-            for p in desired.tree.providers))
+        tree = ProviderTree(
+            tuple(
+                replace(p, uuid=root_uuid) if p.parent is None and root_uuid else p
+                for p in desired.tree.providers
+            )
+        )
         # Every provider: a child Placement does not have yet gets no CPU class.
-        return hold_inventories(tree, read_inventories(self.client, held) if held else {},
-                                CPU_CLASSES)
+        return hold_inventories(
+            tree, read_inventories(self.client, held) if held else {}, CPU_CLASSES
+        )
 
     def plan(self, desired: Desired) -> tuple[ProviderTree, list[Change], Optional[dict]]:
         """For ``--dry-run``: the tree with uuids, the sync's requests, the reshape plan.
@@ -318,27 +345,44 @@ class Reconciler:
         refused = guests_refused(desired)
         if refused is not None:
             desired = replace(desired, tree=self._cpu_held(desired))
-        tree, changes = self.syncer.plan_with_tree(desired.tree, limits_of(desired),
-                                                   guest_names(desired.host.guests))
+        tree, changes = self.syncer.plan_with_tree(
+            desired.tree, limits_of(desired), guest_names(desired.host.guests)
+        )
         # Shown with the ratios nova's rule keeps from Placement, as they would be published.
         held = {u: s.inventories for u, s in (self.syncer.cached() or {}).items()}
-        tree = PlacedTree(tuple(replace(p, inventories=with_held_ratios(
-            p.inventories, held.get(p.uuid or ""))) for p in tree.providers))
+        tree = PlacedTree(
+            tuple(
+                replace(p, inventories=with_held_ratios(p.inventories, held.get(p.uuid or "")))
+                for p in tree.providers
+            )
+        )
         if refused is not None:
-            return tree, changes, {
-                "refused": list(refused.reasons),
-                "lines": [f"REFUSED: {r}" for r in refused.reasons]
-                + ["VCPU and PCPU would be kept as Placement holds them; the requests "
-                   "above would write the rest of the tree"]}
+            return (
+                tree,
+                changes,
+                {
+                    "refused": list(refused.reasons),
+                    "lines": [f"REFUSED: {r}" for r in refused.reasons]
+                    + [
+                        "VCPU and PCPU would be kept as Placement holds them; the requests "
+                        "above would write the rest of the tree"
+                    ],
+                },
+            )
         inputs = self._inputs(desired)
         if inputs is None:
             return tree, changes, None
-        reshape = plan_reshape(self.client, inputs.tree, desired.host.guests, inputs.rule,
-                               inputs.absent, self.syncer.known_inventories())
+        reshape = plan_reshape(
+            self.client,
+            inputs.tree,
+            desired.host.guests,
+            inputs.rule,
+            inputs.absent,
+            self.syncer.known_inventories(),
+        )
         if not reshape.refusals:
             changes = changes + _retired_deletes(inputs, changes)
-        return tree, changes, (reshape.as_dict() if reshape.needed or reshape.refusals
-                               else None)
+        return tree, changes, (reshape.as_dict() if reshape.needed or reshape.refusals else None)
 
 
 def _retired_deletes(inputs: HostReshape, planned: list[Change]) -> list[Change]:
@@ -346,7 +390,10 @@ def _retired_deletes(inputs: HostReshape, planned: list[Change]) -> list[Change]
     state file does not list (so the sync's own plan does not show them)."""
     # An update or a delete of that provider is already planned.
     deleted = {c.target for c in planned if c.kind in ("update", "delete")}
-    return [Change("delete", p.uuid, f"delete provider {p.name} (no longer on the host)",
-                   provider=p.name)
-            for p in inputs.tree.providers
-            if p.uuid and p.uuid in inputs.retired and p.uuid not in deleted]
+    return [
+        Change(
+            "delete", p.uuid, f"delete provider {p.name} (no longer on the host)", provider=p.name
+        )
+        for p in inputs.tree.providers
+        if p.uuid and p.uuid in inputs.retired and p.uuid not in deleted
+    ]

@@ -11,9 +11,9 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from typing import Optional
 
-from node_agent.model.cpuset import CpuSet
 from node_agent.errors import ParseError
 from node_agent.host.libvirt_xml import cpulist, load, optional_int, text_of, to_int, to_kib
+from node_agent.model.cpuset import CpuSet
 from node_agent.model.snapshot import HostCpuModel
 
 # Feature policies meaning "the CPU has it" (libvirt formatdomain, <cpu>
@@ -117,13 +117,15 @@ def _guest(guest: ET.Element) -> Optional[CapsGuest]:
         else:
             default_type = domain.get("type") or default_type
     default = _guest_domain(default_type, arch)
-    return CapsGuest(arch.get("name") or "", default,
-                     tuple(domains) + (default,))
+    return CapsGuest(arch.get("name") or "", default, tuple(domains) + (default,))
 
 
 def _guest_domain(domain_type: str, parent: ET.Element) -> CapsGuestDomain:
-    aliases = tuple(machine.text.strip() for machine in parent.findall("machine")
-                    if machine.get("canonical") and machine.text)
+    aliases = tuple(
+        machine.text.strip()
+        for machine in parent.findall("machine")
+        if machine.get("canonical") and machine.text
+    )
     return CapsGuestDomain(domain_type, text_of(parent, "emulator"), aliases)
 
 
@@ -167,11 +169,15 @@ def _cell(cell: ET.Element) -> CapsCell:
     memory_kb = None
     if memory is not None:
         memory_kb = to_kib(memory.text, memory.get("unit"), f"{what} <memory>")
-    pages = tuple(sorted(
-        (to_kib(p.get("size"), p.get("unit"), f"{what} <pages size>"),
-         to_int(p.text, f"{what} <pages> count"))
-        for p in cell.findall("pages")
-    ))
+    pages = tuple(
+        sorted(
+            (
+                to_kib(p.get("size"), p.get("unit"), f"{what} <pages size>"),
+                to_int(p.text, f"{what} <pages> count"),
+            )
+            for p in cell.findall("pages")
+        )
+    )
     cpus = tuple(_caps_cpu(cpu, what) for cpu in cell.findall("cpus/cpu"))
     return CapsCell(id=cell_id, cpus=cpus, memory_kb=memory_kb, pages=pages)
 

@@ -21,15 +21,15 @@ from node_agent.errors import ConfigError, DiscoveryError
 from node_agent.host.capabilities import parse_capabilities, parse_cpu_model_xml
 from node_agent.host.domain import parse_domain
 from node_agent.host.hypervisor_info import hypervisor_info
-from node_agent.host.sysfs_pci import read_pci, with_mdev_parents
-from node_agent.model.settings import Settings
 from node_agent.host.sysfs import SysFS
+from node_agent.host.sysfs_pci import read_pci, with_mdev_parents
 from node_agent.host.sysfs_topology import SysfsTopology, read_topology
 from node_agent.host.warn_once import log_once
+from node_agent.model.settings import Settings
 from node_agent.model.snapshot import Guest, HostCpuModel, HostSnapshot
 from node_agent.tree.cpu_traits import X86_ARCHES, split_extra_flags
 
-GIB = 1024 ** 3
+GIB = 1024**3
 
 
 def _existing_ancestor(path: str) -> Path:
@@ -40,8 +40,10 @@ def _existing_ancestor(path: str) -> Path:
 
 
 # nova's [libvirt] images_type values whose disks are not under instances_path.
-_POOL_SIZED = {"lvm": "the volume group's ([libvirt] images_volume_group)",
-               "rbd": "the Ceph pool's ([libvirt] images_rbd_pool)"}
+_POOL_SIZED = {
+    "lvm": "the volume group's ([libvirt] images_volume_group)",
+    "rbd": "the Ceph pool's ([libvirt] images_rbd_pool)",
+}
 
 
 def disk_gb(instances_path: str, images_type: str = "default") -> tuple[int, list[str]]:
@@ -49,14 +51,18 @@ def disk_gb(instances_path: str, images_type: str = "default") -> tuple[int, lis
     where = _existing_ancestor(instances_path)
     warnings = []
     if images_type in _POOL_SIZED:
-        warnings.append(f"[libvirt] images_type = {images_type}: nova reports "
-                        f"{_POOL_SIZED[images_type]} size as DISK_GB; the agent does not "
-                        "read it and reports the size of the filesystem holding "
-                        f"instances_path '{instances_path}'. Correct it with [compute] "
-                        "reserved_host_disk_mb or a provider file.")
+        warnings.append(
+            f"[libvirt] images_type = {images_type}: nova reports "
+            f"{_POOL_SIZED[images_type]} size as DISK_GB; the agent does not "
+            "read it and reports the size of the filesystem holding "
+            f"instances_path '{instances_path}'. Correct it with [compute] "
+            "reserved_host_disk_mb or a provider file."
+        )
     if str(where) != str(Path(instances_path).absolute()):
-        warnings.append(f"instances_path '{instances_path}' does not exist; DISK_GB is the "
-                        f"size of the filesystem holding '{where}'.")
+        warnings.append(
+            f"instances_path '{instances_path}' does not exist; DISK_GB is the "
+            f"size of the filesystem holding '{where}'."
+        )
 
     try:
         return psutil.disk_usage(str(where)).total // GIB, warnings
@@ -78,8 +84,10 @@ def memory_mb(topology: SysfsTopology, real_host: bool) -> tuple[int, list[str]]
 
     total_mb = psutil.virtual_memory().total // (1024 * 1024)
     if nodes_mb is not None and abs(nodes_mb - total_mb) > total_mb // 10:
-        return total_mb, [f"NUMA node meminfo sums to {nodes_mb} MiB but the kernel's "
-                          f"MemTotal is {total_mb} MiB; reporting MemTotal."]
+        return total_mb, [
+            f"NUMA node meminfo sums to {nodes_mb} MiB but the kernel's "
+            f"MemTotal is {total_mb} MiB; reporting MemTotal."
+        ]
     return total_mb, []
 
 
@@ -87,8 +95,15 @@ class LibvirtFacts:
     """What one libvirt read gives: CPU model, page sizes, guests, cells, the
     static-trait facts and the guest CPU models' features."""
 
-    def __init__(self, cpu_model=HostCpuModel(), page_sizes_kb=(), guests=(), cells=(),
-                 hypervisor_info=None, guest_cpu_models=()):
+    def __init__(
+        self,
+        cpu_model=HostCpuModel(),
+        page_sizes_kb=(),
+        guests=(),
+        cells=(),
+        hypervisor_info=None,
+        guest_cpu_models=(),
+    ):
         self.cpu_model = cpu_model
         self.page_sizes_kb = tuple(page_sizes_kb)
         self.guests = tuple(guests)
@@ -105,8 +120,7 @@ def read_libvirt(hypervisor, settings: Optional[Settings] = None) -> LibvirtFact
     if settings is not None:
         info = hypervisor_info(hypervisor, caps, settings)
         models = guest_cpu_models(hypervisor, cpu_model, settings)
-    return LibvirtFacts(cpu_model, caps.page_sizes_kb, guests, caps.cells,
-                        info, models or ())
+    return LibvirtFacts(cpu_model, caps.page_sizes_kb, guests, caps.cells, info, models or ())
 
 
 def read_guests(settings: Settings, hypervisor=None) -> tuple[Guest, ...]:
@@ -118,6 +132,7 @@ def read_guests(settings: Settings, hypervisor=None) -> tuple[Guest, ...]:
     own = hypervisor is None
     if own:
         from node_agent.host.hypervisor import Hypervisor
+
         hypervisor = Hypervisor(settings.libvirt_uri, settings.domain_capabilities)
     try:
         return tuple(parse_domain(xml, running) for xml, running in hypervisor.domain_xmls())
@@ -141,8 +156,7 @@ def guest_cpu_models(hypervisor, host: HostCpuModel, settings: Settings):
     if settings.cpu_mode == "custom":
         names = resolve_cpu_models(hypervisor, host.arch, settings.cpu_models)
         if settings.virt_type == "kvm":
-            check_cpu_models_run_here(hypervisor, host, names,
-                                      settings.cpu_model_extra_flags)
+            check_cpu_models_run_here(hypervisor, host, names, settings.cpu_model_extra_flags)
     elif settings.cpu_mode == "none":
         names = (_DEFAULT_CPU_MODEL.get(host.arch or "", "qemu64"),)
     else:
@@ -165,7 +179,8 @@ def resolve_cpu_models(hypervisor, arch: Optional[str], models) -> tuple[str, ..
         raise ConfigError(
             f"[libvirt] cpu_models: {', '.join(unknown)} is not a CPU model libvirt "
             f"knows for {arch} (see 'virsh cpu-models {arch}'); nova refuses it too. "
-            f"Correct the name.")
+            f"Correct the name."
+        )
     return tuple(known[model.lower()] for model in models)
 
 
@@ -185,23 +200,30 @@ def check_cpu_models_run_here(hypervisor, host: HostCpuModel, models, flags) -> 
         if key not in _COMPARED:
             cpu = ET.Element("cpu", match="exact")
             ET.SubElement(cpu, "model").text = model
-            for name, policy in ([(f, "require") for f in sorted(enabled)]
-                                 + [(f, "disable") for f in sorted(disabled)]):
+            for name, policy in [(f, "require") for f in sorted(enabled)] + [
+                (f, "disable") for f in sorted(disabled)
+            ]:
                 ET.SubElement(cpu, "feature", policy=policy, name=name)
             _COMPARED[key] = hypervisor.compare_cpu(ET.tostring(cpu, encoding="unicode"))
         result = _COMPARED[key]
         if result is None and not getattr(hypervisor, "read_write", True):
-            log_once([f"[libvirt] cpu_models = {','.join(models)} not checked against "
-                       f"this host's CPU: libvirt refuses compareHypervisorCPU on a "
-                       f"read-only connection ([libvirt] domain_capabilities = true "
-                       f"opens a read-write one)."], logging.INFO)
+            log_once(
+                [
+                    f"[libvirt] cpu_models = {','.join(models)} not checked against "
+                    f"this host's CPU: libvirt refuses compareHypervisorCPU on a "
+                    f"read-only connection ([libvirt] domain_capabilities = true "
+                    f"opens a read-write one)."
+                ],
+                logging.INFO,
+            )
         if result is not None and result <= 0:
             with_flags = f" with cpu_model_extra_flags = {','.join(flags)}" if flags else ""
             raise ConfigError(
                 f"[libvirt] cpu_models: {model}{with_flags} is not a CPU KVM can give "
                 f"guests on this host (libvirt compareHypervisorCPU: incompatible); "
                 f"nova refuses to start too. Choose a model 'virsh domcapabilities' "
-                f"lists as usable='yes', or drop the flag.")
+                f"lists as usable='yes', or drop the flag."
+            )
 
 
 _MODEL_FEATURES: dict[tuple, frozenset[str]] = {}
@@ -211,8 +233,7 @@ def _model_features(hypervisor, host: HostCpuModel, model: str) -> frozenset[str
     key = (hypervisor.uri, host.arch, host.vendor, model)
     if key not in _MODEL_FEATURES:
         cpu_xml = cpu_model_xml(host.arch, model, host.vendor)
-        _MODEL_FEATURES[key] = parse_cpu_model_xml(
-            hypervisor.expand_cpu_features(cpu_xml)).features
+        _MODEL_FEATURES[key] = parse_cpu_model_xml(hypervisor.expand_cpu_features(cpu_xml)).features
     return _MODEL_FEATURES[key]
 
 
@@ -243,12 +264,17 @@ def expanded_cpu_model(hypervisor, caps) -> HostCpuModel:
         try:
             expanded = parse_cpu_model_xml(hypervisor.expand_cpu_features(caps.cpu_xml))
         except DiscoveryError as exc:
-            log_once([f"CPU feature traits limited to the features listed on top of "
-                       f"model {model.model}: {exc}"])
+            log_once(
+                [
+                    f"CPU feature traits limited to the features listed on top of "
+                    f"model {model.model}: {exc}"
+                ]
+            )
             return model
         _EXPANDED[caps.cpu_xml] = expanded.features
-    return HostCpuModel(model.arch, model.model, model.vendor,
-                        model.features | _EXPANDED[caps.cpu_xml])
+    return HostCpuModel(
+        model.arch, model.model, model.vendor, model.features | _EXPANDED[caps.cpu_xml]
+    )
 
 
 def topology_differences(topology: SysfsTopology, cells) -> list[str]:
@@ -265,8 +291,10 @@ def topology_differences(topology: SysfsTopology, cells) -> list[str]:
         kernel = {0: set(topology.present)}
     if kernel == libvirt:
         return []
-    return [f"libvirt reports NUMA cells {sorted(libvirt)} with CPUs that differ from "
-            f"sysfs nodes {sorted(kernel)}; using sysfs (the kernel's view)."]
+    return [
+        f"libvirt reports NUMA cells {sorted(libvirt)} with CPUs that differ from "
+        f"sysfs nodes {sorted(kernel)}; using sysfs (the kernel's view)."
+    ]
 
 
 def _read_devices(settings: Settings):
@@ -292,6 +320,7 @@ def discover(settings: Settings, hypervisor=None) -> HostSnapshot:
         if own:
             # libvirt is loaded only when discovery opens its own connection.
             from node_agent.host.hypervisor import Hypervisor
+
             hypervisor = Hypervisor(settings.libvirt_uri, settings.domain_capabilities)
         try:
             facts = read_libvirt(hypervisor, settings)
@@ -303,13 +332,16 @@ def discover(settings: Settings, hypervisor=None) -> HostSnapshot:
                 hypervisor.close()
         warnings += topology_differences(topology, facts.cells)
     else:
-        warnings.append("[libvirt] connection_uri is empty: no hypervisor, so no guests "
-                        "and no CPU model; topology comes from sysfs alone.")
+        warnings.append(
+            "[libvirt] connection_uri is empty: no hypervisor, so no guests "
+            "and no CPU model; topology comes from sysfs alone."
+        )
     real_host = os.path.realpath(settings.sysfs_root) == "/sys"
     cpu_model = facts.cpu_model
     if not cpu_model.arch and real_host:
-        cpu_model = HostCpuModel(platform.machine(), cpu_model.model,
-                                 cpu_model.vendor, cpu_model.features)
+        cpu_model = HostCpuModel(
+            platform.machine(), cpu_model.model, cpu_model.vendor, cpu_model.features
+        )
     size_gb, disk_warnings = disk_gb(settings.instances_path, settings.images_type)
     total_mb, memory_warnings = memory_mb(topology, real_host)
     disk_warnings += memory_warnings

@@ -32,13 +32,14 @@ import re
 import xml.etree.ElementTree as ET
 from typing import Optional
 
-from node_agent.model.cpuset import CpuSet
 from node_agent.errors import ParseError
 from node_agent.host.libvirt_xml import cpu_spec, load, text_of, to_int, to_kib
+from node_agent.model.cpuset import CpuSet
 from node_agent.model.snapshot import Guest, GuestMdev
 
 NOVA_NAMESPACES = tuple(
-    f"http://openstack.org/xmlns/libvirt/nova/{version}" for version in ("1.0", "1.1", "1.2"))
+    f"http://openstack.org/xmlns/libvirt/nova/{version}" for version in ("1.0", "1.1", "1.2")
+)
 NODE_AGENT_NS = "https://node-agent.example/xmlns/1.0"
 
 # Used only to name the domain in the error when the XML does not parse.
@@ -178,8 +179,11 @@ def _nova_instance(instance: ET.Element, ns: str) -> dict[str, str]:
 
 def _named(parent: ET.Element, tag: str, prefix: str) -> dict[str, str]:
     """``<tag name="k">v</tag>`` children as ``{prefix + k: v}``."""
-    return {prefix + child.get("name", ""): (child.text or "").strip()
-            for child in parent.findall(tag) if child.get("name")}
+    return {
+        prefix + child.get("name", ""): (child.text or "").strip()
+        for child in parent.findall(tag)
+        if child.get("name")
+    }
 
 
 def _text(element: ET.Element) -> Optional[str]:

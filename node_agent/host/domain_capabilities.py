@@ -66,6 +66,9 @@ def _values(device: Optional[ET.Element], enum: str) -> Optional[tuple[str, ...]
         return None
     for element in device.findall("enum"):
         if element.get("name") == enum:
-            return tuple(value.text.strip() for value in element.findall("value")
-                         if value.text and value.text.strip())
+            return tuple(
+                value.text.strip()
+                for value in element.findall("value")
+                if value.text and value.text.strip()
+            )
     return None

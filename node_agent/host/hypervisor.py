@@ -96,13 +96,14 @@ class Hypervisor:
         (Haswell implies AVX2 without listing it); traits need them all.
         """
         flags = libvirt.VIR_CONNECT_BASELINE_CPU_EXPAND_FEATURES
-        return self._call("expand CPU features",
-                          lambda conn: conn.baselineCPU([cpu_xml], flags))
+        return self._call("expand CPU features", lambda conn: conn.baselineCPU([cpu_xml], flags))
 
     def cpu_model_names(self, arch: str) -> list[str]:
         """The CPU models libvirt knows for ``arch`` (``virsh cpu-models``)."""
-        return self._call(f"list the CPU models of {arch}",
-                          lambda conn: list(conn.getCPUModelNames(arch, 0) or []))
+        return self._call(
+            f"list the CPU models of {arch}",
+            lambda conn: list(conn.getCPUModelNames(arch, 0) or []),
+        )
 
     def compare_cpu(self, cpu_xml: str) -> Optional[int]:
         """libvirt's compareHypervisorCPU for a guest ``<cpu>``: > 0 when the
@@ -113,22 +114,25 @@ class Hypervisor:
         try:
             return conn.compareHypervisorCPU(None, None, None, None, cpu_xml, 0)
         except libvirt.libvirtError as exc:
-            if exc.get_error_code() in (libvirt.VIR_ERR_NO_SUPPORT,
-                                        libvirt.VIR_ERR_OPERATION_DENIED,
-                                        libvirt.VIR_ERR_ACCESS_DENIED):
+            if exc.get_error_code() in (
+                libvirt.VIR_ERR_NO_SUPPORT,
+                libvirt.VIR_ERR_OPERATION_DENIED,
+                libvirt.VIR_ERR_ACCESS_DENIED,
+            ):
                 return None
             if _dead(conn):
-                raise DiscoveryError(f"libvirt at {self.uri}: cannot compare CPUs: "
-                                     f"{exc.get_error_message()}") from exc
+                raise DiscoveryError(
+                    f"libvirt at {self.uri}: cannot compare CPUs: {exc.get_error_message()}"
+                ) from exc
             return 0  # libvirt refuses the CPU itself: incompatible, as nova reads it
 
     def versions(self) -> tuple[int, int]:
         """(libvirt version, hypervisor version), each major*1e6+minor*1e3+micro."""
-        return self._call("read versions",
-                          lambda conn: (conn.getLibVersion(), conn.getVersion()))
+        return self._call("read versions", lambda conn: (conn.getLibVersion(), conn.getVersion()))
 
-    def domain_capabilities_xml(self, emulator: Optional[str], arch: str,
-                                machine: Optional[str], virt_type: str) -> Optional[str]:
+    def domain_capabilities_xml(
+        self, emulator: Optional[str], arch: str, machine: Optional[str], virt_type: str
+    ) -> Optional[str]:
         """``virsh domcapabilities`` for one emulator, arch and machine type.
 
         None when libvirt cannot run that combination (KVM for a foreign
@@ -143,13 +147,16 @@ class Hypervisor:
             if _dead(conn):
                 raise DiscoveryError(
                     f"libvirt at {self.uri}: cannot read domain capabilities: "
-                    f"{exc.get_error_message()}") from exc
-            if exc.get_error_code() in (libvirt.VIR_ERR_OPERATION_DENIED,
-                                        libvirt.VIR_ERR_ACCESS_DENIED,
-                                        libvirt.VIR_ERR_NO_SUPPORT):
+                    f"{exc.get_error_message()}"
+                ) from exc
+            if exc.get_error_code() in (
+                libvirt.VIR_ERR_OPERATION_DENIED,
+                libvirt.VIR_ERR_ACCESS_DENIED,
+                libvirt.VIR_ERR_NO_SUPPORT,
+            ):
                 raise DomainCapsRefused(
-                    f"libvirt at {self.uri} refused domain capabilities: "
-                    f"{exc.get_error_message()}") from exc
+                    f"libvirt at {self.uri} refused domain capabilities: {exc.get_error_message()}"
+                ) from exc
             return None
 
     def domain_xmls(self) -> list[tuple[str, bool]]:
@@ -177,8 +184,7 @@ class Hypervisor:
 
         A device that disappears between listing and reading is skipped.
         """
-        names = self._call(
-            f"list node devices (cap={cap})", lambda conn: conn.listDevices(cap, 0))
+        names = self._call(f"list node devices (cap={cap})", lambda conn: conn.listDevices(cap, 0))
         conn = self._connection()
         result = []
         for name in names:

@@ -10,8 +10,8 @@ import logging
 from typing import Optional
 
 from node_agent.errors import DomainCapsRefused
-from node_agent.host.sysfs import SysFS
 from node_agent.host.domain_capabilities import parse_domain_capabilities
+from node_agent.host.sysfs import SysFS
 from node_agent.host.warn_once import log_once
 from node_agent.model.settings import Settings
 from node_agent.model.snapshot import DomainCaps, HypervisorInfo
@@ -25,9 +25,15 @@ def _version(number: int) -> tuple[int, int, int]:
 
 # nova's default machine type per architecture
 # (nova/virt/libvirt/utils.py get_default_machine_type); None: libvirt's.
-_DEFAULT_MACHINE = {"armv7l": "virt", "aarch64": "virt", "ppc64le": "pseries",
-                    "s390": "s390-ccw-virtio", "s390x": "s390-ccw-virtio",
-                    "i686": "pc", "x86_64": "pc"}
+_DEFAULT_MACHINE = {
+    "armv7l": "virt",
+    "aarch64": "virt",
+    "ppc64le": "pseries",
+    "s390": "s390-ccw-virtio",
+    "s390x": "s390-ccw-virtio",
+    "i686": "pc",
+    "x86_64": "pc",
+}
 
 
 def hypervisor_info(hypervisor, caps, settings: Settings) -> HypervisorInfo:
@@ -47,16 +53,29 @@ def hypervisor_info(hypervisor, caps, settings: Settings) -> HypervisorInfo:
         except DomainCapsRefused as exc:
             # Refused (polkit, a driver without them): report the rest of the
             # host, and leave these traits as Placement has them.
-            log_once([f"[libvirt] domain_capabilities is on but {exc}; not reporting "
-                       f"{', '.join(NEEDS_DOMAIN_CAPS)}. Check the polkit rule "
-                       f"(README) or turn the option off."])
+            log_once(
+                [
+                    f"[libvirt] domain_capabilities is on but {exc}; not reporting "
+                    f"{', '.join(NEEDS_DOMAIN_CAPS)}. Check the polkit rule "
+                    f"(README) or turn the option off."
+                ]
+            )
     else:
-        log_once([f"[libvirt] domain_capabilities is off, so the agent keeps its "
-                   f"read-only libvirt connection and does not report "
-                   f"{', '.join(NEEDS_DOMAIN_CAPS)}: libvirt refuses domain "
-                   f"capabilities on a read-only connection."], logging.INFO)
-    return HypervisorInfo(_version(libvirt_version), _version(qemu_version), domain_caps,
-                          kvm_amd_parameters(SysFS(settings.sysfs_root)))
+        log_once(
+            [
+                f"[libvirt] domain_capabilities is off, so the agent keeps its "
+                f"read-only libvirt connection and does not report "
+                f"{', '.join(NEEDS_DOMAIN_CAPS)}: libvirt refuses domain "
+                f"capabilities on a read-only connection."
+            ],
+            logging.INFO,
+        )
+    return HypervisorInfo(
+        _version(libvirt_version),
+        _version(qemu_version),
+        domain_caps,
+        kvm_amd_parameters(SysFS(settings.sysfs_root)),
+    )
 
 
 # oslo's strutils.bool_from_string true words, which nova reads these with.
@@ -85,14 +104,16 @@ def _read_domain_caps(hypervisor, caps, virt_type: str) -> tuple[DomainCaps, ...
     found: list[DomainCaps] = []
     for guest in caps.guests:
         domain = guest.domain(virt_type)
-        machines = sorted({_DEFAULT_MACHINE.get(guest.arch)} | set(domain.aliases),
-                          key=lambda m: m or "")
+        machines = sorted(
+            {_DEFAULT_MACHINE.get(guest.arch)} | set(domain.aliases), key=lambda m: m or ""
+        )
         answers = []
         for machine in machines:
             key = (hypervisor.uri, domain.emulator, guest.arch, machine, virt_type)
             if key not in _DOMAIN_CAPS:
                 _DOMAIN_CAPS[key] = hypervisor.domain_capabilities_xml(
-                    domain.emulator, guest.arch, machine, virt_type)
+                    domain.emulator, guest.arch, machine, virt_type
+                )
             answers.append(_DOMAIN_CAPS[key])
         if any(answer is None for answer in answers):
             continue  # nova drops the whole architecture on one failure

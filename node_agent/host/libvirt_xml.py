@@ -10,8 +10,8 @@ import math
 import xml.etree.ElementTree as ET
 from typing import Optional
 
-from node_agent.model.cpuset import CpuSet, CpuSetSyntaxError, parse_cpu_spec, parse_cpulist
 from node_agent.errors import ParseError
+from node_agent.model.cpuset import CpuSet, CpuSetSyntaxError, parse_cpu_spec, parse_cpulist
 
 
 def load(xml: str, root: str, what: str) -> ET.Element:
@@ -66,9 +66,9 @@ def _unit_bytes(unit: str, what: str) -> int:
     power = _POWERS.get(lowered[:1])
     rest = lowered[1:]
     if power is not None and rest in ("", "ib"):
-        return 1024 ** power
+        return 1024**power
     if power is not None and rest == "b":
-        return 1000 ** power
+        return 1000**power
     raise ParseError(f"{what}: unknown size unit '{unit}'")
 
 

@@ -22,5 +22,6 @@ def identity(settings: Settings) -> Identity:
             f"[agent] machine_id_path = {path}: cannot read this machine's id "
             f"({exc.strerror or exc}). The agent marks its root provider with it. "
             "Run `systemd-machine-id-setup`, or point machine_id_path at a "
-            "readable file holding this machine's id.") from None
+            "readable file holding this machine's id."
+        ) from None
     return Identity(mark_for(parse_machine_id(text, path)), settings.take_over_provider)

@@ -12,7 +12,8 @@ import re
 from node_agent.errors import ParseError
 
 _LINE = re.compile(
-    r"^(?:Node\s+(?P<node>\d+)\s+)?(?P<key>[A-Za-z0-9_()]+):\s*(?P<value>\d+)(?:\s+(?P<unit>\S+))?$")
+    r"^(?:Node\s+(?P<node>\d+)\s+)?(?P<key>[A-Za-z0-9_()]+):\s*(?P<value>\d+)(?:\s+(?P<unit>\S+))?$"
+)
 
 
 def parse_node_meminfo(text: str) -> dict[str, int]:

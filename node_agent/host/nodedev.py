@@ -54,7 +54,8 @@ class NodeDevice:
 # then only in the name (mdev_<uuid with _ or ->[_<parent>]).
 _MDEV_NAME = re.compile(
     r"^mdev_([0-9a-f]{8})[_-]([0-9a-f]{4})[_-]([0-9a-f]{4})[_-]([0-9a-f]{4})[_-]([0-9a-f]{12})",
-    re.IGNORECASE)
+    re.IGNORECASE,
+)
 
 
 def parse_node_device(xml: str) -> NodeDevice:
@@ -92,8 +93,12 @@ def _capability_types(caps: list[ET.Element]) -> tuple[str, ...]:
 def _pci(cap: ET.Element, what: str) -> dict:
     fields: dict[str, Any] = {
         "pci_address": _format_address(
-            text_of(cap, "domain"), text_of(cap, "bus"),
-            text_of(cap, "slot"), text_of(cap, "function"), what),
+            text_of(cap, "domain"),
+            text_of(cap, "bus"),
+            text_of(cap, "slot"),
+            text_of(cap, "function"),
+            what,
+        ),
         "vendor_id": _attr(cap.find("vendor"), "id"),
         "product_id": _attr(cap.find("product"), "id"),
         "numa_node": _numa_node(cap, what),
@@ -102,9 +107,11 @@ def _pci(cap: ET.Element, what: str) -> dict:
         kind = nested.get("type")
         if kind == "virt_functions":
             fields["vf_max_count"] = optional_int(
-                nested.get("maxCount"), f"{what} virt_functions maxCount")
+                nested.get("maxCount"), f"{what} virt_functions maxCount"
+            )
             fields["virt_functions"] = tuple(
-                _address_element(a, what) for a in nested.findall("address"))
+                _address_element(a, what) for a in nested.findall("address")
+            )
         elif kind == "phys_function":
             address = nested.find("address")
             if address is not None:
@@ -128,14 +135,17 @@ def _mdev_types(cap: ET.Element, what: str) -> tuple[MdevType, ...]:
             type_id = element.get("id")
             if not type_id:
                 raise ParseError(f"{what}: mdev <type> without an id")
-            types.append(MdevType(
-                id=type_id,
-                name=text_of(element, "name"),
-                device_api=text_of(element, "deviceAPI"),
-                available_instances=optional_int(
-                    text_of(element, "availableInstances"),
-                    f"{what} mdev type {type_id} availableInstances"),
-            ))
+            types.append(
+                MdevType(
+                    id=type_id,
+                    name=text_of(element, "name"),
+                    device_api=text_of(element, "deviceAPI"),
+                    available_instances=optional_int(
+                        text_of(element, "availableInstances"),
+                        f"{what} mdev type {type_id} availableInstances",
+                    ),
+                )
+            )
     return tuple(types)
 
 
@@ -148,8 +158,13 @@ def _mdev(cap: ET.Element, name: str) -> dict:
 
 
 def _address_element(address: ET.Element, what: str) -> str:
-    return _format_address(address.get("domain"), address.get("bus"),
-                           address.get("slot"), address.get("function"), what)
+    return _format_address(
+        address.get("domain"),
+        address.get("bus"),
+        address.get("slot"),
+        address.get("function"),
+        what,
+    )
 
 
 # Field widths of a PCI address (domain:bus:slot.function).

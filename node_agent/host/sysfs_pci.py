@@ -73,8 +73,7 @@ def _mdev_type(sysfs: SysFS, base: str, type_id: str) -> MdevTypeInfo:
 def read_device(sysfs: SysFS, address: str) -> tuple[Optional[PciGpu], Optional[SriovPf]]:
     """The GPU and/or PF record of one device (None when it is neither)."""
     base = f"{DEVICES}/{address}"
-    if not (sysfs.exists(f"{base}/mdev_supported_types")
-            or sysfs.exists(f"{base}/sriov_totalvfs")):
+    if not (sysfs.exists(f"{base}/mdev_supported_types") or sysfs.exists(f"{base}/sriov_totalvfs")):
         # Most devices (every VF of a PF with hundreds) are neither: two
         # lookups say so, without reading or listing anything of theirs.
         return None, None
@@ -87,13 +86,23 @@ def read_device(sysfs: SysFS, address: str) -> tuple[Optional[PciGpu], Optional[
     product = parse_pci_id(sysfs.read(f"{base}/device"))
     gpu = pf = None
     if type_ids:
-        gpu = PciGpu(address=address, numa_node=numa, vendor_id=vendor, product_id=product,
-                     mdev_types=tuple(_mdev_type(sysfs, base, t) for t in type_ids))
+        gpu = PciGpu(
+            address=address,
+            numa_node=numa,
+            vendor_id=vendor,
+            product_id=product,
+            mdev_types=tuple(_mdev_type(sysfs, base, t) for t in type_ids),
+        )
     if total_vfs:
-        pf = SriovPf(address=address, total_vfs=total_vfs,
-                     num_vfs=_read_int(sysfs, f"{base}/sriov_numvfs") or 0,
-                     numa_node=numa, vendor_id=vendor, product_id=product,
-                     netdevs=tuple(sysfs.listdir(f"{base}/net") or ()))
+        pf = SriovPf(
+            address=address,
+            total_vfs=total_vfs,
+            num_vfs=_read_int(sysfs, f"{base}/sriov_numvfs") or 0,
+            numa_node=numa,
+            vendor_id=vendor,
+            product_id=product,
+            netdevs=tuple(sysfs.listdir(f"{base}/net") or ()),
+        )
     return gpu, pf
 
 
@@ -120,6 +129,8 @@ def with_mdev_parents(guests: tuple[Guest, ...], gpus: tuple[PciGpu, ...]) -> tu
     if not parents:
         return guests
     return tuple(
-        replace(g, mdevs=tuple(GuestMdev(m.uuid, m.parent or parents.get(m.uuid))
-                               for m in g.mdevs)) if g.mdevs else g
-        for g in guests)
+        replace(g, mdevs=tuple(GuestMdev(m.uuid, m.parent or parents.get(m.uuid)) for m in g.mdevs))
+        if g.mdevs
+        else g
+        for g in guests
+    )

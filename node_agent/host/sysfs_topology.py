@@ -20,10 +20,10 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Optional, TypeVar
 
-from node_agent.model.cpuset import CpuSet, CpuSetSyntaxError, parse_cpulist
 from node_agent.errors import DiscoveryError, ParseError
 from node_agent.host.meminfo import parse_node_meminfo
 from node_agent.host.sysfs import SysFS
+from node_agent.model.cpuset import CpuSet, CpuSetSyntaxError, parse_cpulist
 from node_agent.model.snapshot import Cpu, HugePagePool, NumaNode
 
 CPU_DIR = "devices/system/cpu"
@@ -71,8 +71,9 @@ def read_topology(sysfs: SysFS, default_hugepage_kb: Optional[int] = None) -> Sy
     nodes = _read_nodes(sysfs, present, default_hugepage_kb, warnings)
     node_of = _node_of_cpu(sysfs, present, nodes, warnings)
     _check_nodes_complete(sysfs, present, nodes, node_of)
-    cpus = tuple(_read_cpu(sysfs, cpu, cpu in online, node_of.get(cpu), warnings)
-                 for cpu in present)
+    cpus = tuple(
+        _read_cpu(sysfs, cpu, cpu in online, node_of.get(cpu), warnings) for cpu in present
+    )
     return SysfsTopology(
         present=present,
         online=online,
@@ -86,18 +87,21 @@ def read_topology(sysfs: SysFS, default_hugepage_kb: Optional[int] = None) -> Sy
 
 # CPUs ----------------------------------------------------------------------
 
+
 def _read_present(sysfs: SysFS, warnings: list[str]) -> CpuSet:
     entries = sysfs.listdir(CPU_DIR)
     if entries is None:
         raise DiscoveryError(
             f"{sysfs.path(CPU_DIR)} does not exist; is [host] sysfs_root "
-            f"({sysfs.root}) the sysfs mount point?")
+            f"({sysfs.root}) the sysfs mount point?"
+        )
     present = _read_cpulist(sysfs, f"{CPU_DIR}/present")
     if present is None:
         present = CpuSet(int(m.group(1)) for m in map(_CPU_ENTRY.match, entries) if m)
         warnings.append(
             f"{sysfs.path(CPU_DIR + '/present')} is absent; "
-            f"taking present CPUs from the cpuN directories: {present}")
+            f"taking present CPUs from the cpuN directories: {present}"
+        )
     if not present:
         raise ParseError(f"{sysfs.path(CPU_DIR + '/present')}: no present CPUs")
     return present
@@ -113,20 +117,20 @@ def _read_online(sysfs: SysFS, present: CpuSet, warnings: list[str]) -> CpuSet:
     path = sysfs.path(f"{CPU_DIR}/online")
     if not online:
         raise ParseError(f"{path}: empty, but a running host has an online CPU")
-    disagree = CpuSet(cpu for cpu, flag in flags.items()
-                      if flag is not None and flag != (cpu in online))
+    disagree = CpuSet(
+        cpu for cpu, flag in flags.items() if flag is not None and flag != (cpu in online)
+    )
     if disagree:
-        warnings.append(f"{path} and cpuN/online disagree about CPUs {disagree}; "
-                        f"trusting {path}")
+        warnings.append(f"{path} and cpuN/online disagree about CPUs {disagree}; trusting {path}")
     if not online.issubset(present):
-        warnings.append(f"{path} lists CPUs {online - present} that are not present; "
-                        f"ignoring them")
+        warnings.append(f"{path} lists CPUs {online - present} that are not present; ignoring them")
         online = online & present
     return online
 
 
-def _read_cpu(sysfs: SysFS, cpu: int, online: bool, node_id: Optional[int],
-              warnings: list[str]) -> Cpu:
+def _read_cpu(
+    sysfs: SysFS, cpu: int, online: bool, node_id: Optional[int], warnings: list[str]
+) -> Cpu:
     # Offline CPUs usually have no topology/ directory: every read is None.
     topo = f"{CPU_DIR}/cpu{cpu}/topology"
     siblings_file = f"{topo}/core_cpus_list"
@@ -139,8 +143,10 @@ def _read_cpu(sysfs: SysFS, cpu: int, online: bool, node_id: Optional[int],
     elif cpu not in siblings:
         # The kernel always lists the CPU itself; a list without it cannot be
         # trusted to name the CPU's real siblings either.
-        warnings.append(f"{sysfs.path(siblings_file)} lists {siblings or 'nothing'}, "
-                        f"not CPU {cpu} itself; treating CPU {cpu} as having no siblings")
+        warnings.append(
+            f"{sysfs.path(siblings_file)} lists {siblings or 'nothing'}, "
+            f"not CPU {cpu} itself; treating CPU {cpu} as having no siblings"
+        )
         siblings = CpuSet([cpu])
     return Cpu(
         id=cpu,
@@ -156,18 +162,28 @@ def _read_cpu(sysfs: SysFS, cpu: int, online: bool, node_id: Optional[int],
 
 # NUMA nodes ----------------------------------------------------------------
 
-def _read_nodes(sysfs: SysFS, present: CpuSet, default_hugepage_kb: Optional[int],
-                warnings: list[str]) -> tuple[NumaNode, ...]:
+
+def _read_nodes(
+    sysfs: SysFS, present: CpuSet, default_hugepage_kb: Optional[int], warnings: list[str]
+) -> tuple[NumaNode, ...]:
     entries = sysfs.listdir(NODE_DIR)
     if entries is None:
         return ()
     node_ids = sorted(int(m.group(1)) for m in map(_NODE_ENTRY.match, entries) if m)
-    return tuple(_read_node(sysfs, node, node_ids, present, default_hugepage_kb, warnings)
-                 for node in node_ids)
+    return tuple(
+        _read_node(sysfs, node, node_ids, present, default_hugepage_kb, warnings)
+        for node in node_ids
+    )
 
 
-def _read_node(sysfs: SysFS, node: int, node_ids: list[int], present: CpuSet,
-               default_hugepage_kb: Optional[int], warnings: list[str]) -> NumaNode:
+def _read_node(
+    sysfs: SysFS,
+    node: int,
+    node_ids: list[int],
+    present: CpuSet,
+    default_hugepage_kb: Optional[int],
+    warnings: list[str],
+) -> NumaNode:
     base = f"{NODE_DIR}/node{node}"
     meminfo = _read_meminfo(sysfs, f"{base}/meminfo")
     memory_kb = None
@@ -177,8 +193,9 @@ def _read_node(sysfs: SysFS, node: int, node_ids: list[int], present: CpuSet,
         memory_kb = meminfo["MemTotal"]
     hugepages = _read_hugepages(sysfs, base)
     if hugepages is None:
-        hugepages = _hugepages_from_meminfo(sysfs.path(base), meminfo,
-                                            default_hugepage_kb, warnings)
+        hugepages = _hugepages_from_meminfo(
+            sysfs.path(base), meminfo, default_hugepage_kb, warnings
+        )
     return NumaNode(
         id=node,
         # The kernel lists possible-but-absent CPUs too (ppc64 deconfigured cores).
@@ -208,17 +225,22 @@ def _read_hugepages(sysfs: SysFS, base: str) -> Optional[tuple[HugePagePool, ...
         if not match:
             continue
         pool = f"{base}/hugepages/{entry}"
-        pools.append(HugePagePool(
-            size_kb=int(match.group(1)),
-            total=_require(sysfs, f"{pool}/nr_hugepages", _read_int),
-            free=_require(sysfs, f"{pool}/free_hugepages", _read_int),
-        ))
+        pools.append(
+            HugePagePool(
+                size_kb=int(match.group(1)),
+                total=_require(sysfs, f"{pool}/nr_hugepages", _read_int),
+                free=_require(sysfs, f"{pool}/free_hugepages", _read_int),
+            )
+        )
     return tuple(sorted(pools, key=lambda p: p.size_kb))
 
 
-def _hugepages_from_meminfo(node_path: str, meminfo: Optional[dict[str, int]],
-                            default_hugepage_kb: Optional[int],
-                            warnings: list[str]) -> tuple[HugePagePool, ...]:
+def _hugepages_from_meminfo(
+    node_path: str,
+    meminfo: Optional[dict[str, int]],
+    default_hugepage_kb: Optional[int],
+    warnings: list[str],
+) -> tuple[HugePagePool, ...]:
     if not meminfo or "HugePages_Total" not in meminfo:
         return ()
     total = meminfo["HugePages_Total"]
@@ -229,31 +251,38 @@ def _hugepages_from_meminfo(node_path: str, meminfo: Optional[dict[str, int]],
         warnings.append(
             f"{node_path}/meminfo counts {total} huge pages but the node has no "
             f"hugepages/ directory and the default page size is unknown; "
-            f"they are not reported")
+            f"they are not reported"
+        )
     return ()
 
 
-def _read_distances(sysfs: SysFS, relpath: str, node_ids: list[int],
-                    warnings: list[str]) -> tuple[tuple[int, int], ...]:
+def _read_distances(
+    sysfs: SysFS, relpath: str, node_ids: list[int], warnings: list[str]
+) -> tuple[tuple[int, int], ...]:
     values = _read_parsed(sysfs, relpath, _parse_int_row)
     if values is None:
         return ()
     # The kernel prints one distance per online node, in node-id order.
     if len(values) != len(node_ids):
-        warnings.append(f"{sysfs.path(relpath)} has {len(values)} distances for "
-                        f"{len(node_ids)} nodes; distances not reported")
+        warnings.append(
+            f"{sysfs.path(relpath)} has {len(values)} distances for "
+            f"{len(node_ids)} nodes; distances not reported"
+        )
         return ()
     return tuple(zip(node_ids, values))
 
 
-def _node_of_cpu(sysfs: SysFS, present: CpuSet, nodes: tuple[NumaNode, ...],
-                 warnings: list[str]) -> dict[int, int]:
+def _node_of_cpu(
+    sysfs: SysFS, present: CpuSet, nodes: tuple[NumaNode, ...], warnings: list[str]
+) -> dict[int, int]:
     node_of: dict[int, int] = {}
     for node in nodes:
         for cpu in node.cpus:
             if cpu in node_of:
-                warnings.append(f"CPU {cpu} is listed by node {node_of[cpu]} and "
-                                f"node {node.id}; using node {node_of[cpu]}")
+                warnings.append(
+                    f"CPU {cpu} is listed by node {node_of[cpu]} and "
+                    f"node {node.id}; using node {node_of[cpu]}"
+                )
                 continue
             node_of[cpu] = node.id
     if not nodes:
@@ -267,8 +296,9 @@ def _node_of_cpu(sysfs: SysFS, present: CpuSet, nodes: tuple[NumaNode, ...],
     return node_of
 
 
-def _check_nodes_complete(sysfs: SysFS, present: CpuSet, nodes: tuple[NumaNode, ...],
-                          node_of: dict[int, int]) -> None:
+def _check_nodes_complete(
+    sysfs: SysFS, present: CpuSet, nodes: tuple[NumaNode, ...], node_of: dict[int, int]
+) -> None:
     """A node whose directory or meminfo is missing would silently drop its
     CPUs or memory from the report; a kernel never shows such a tree, so it
     is a read failure (never shrink inventory because a read failed)."""
@@ -277,18 +307,23 @@ def _check_nodes_complete(sysfs: SysFS, present: CpuSet, nodes: tuple[NumaNode, 
     listed = _read_cpulist(sysfs, f"{NODE_DIR}/online")
     missing = (listed or CpuSet()) - CpuSet(node.id for node in nodes)
     if missing:
-        raise DiscoveryError(f"{sysfs.path(NODE_DIR)}/online lists nodes {missing} but "
-                             f"{sysfs.path(NODE_DIR)}/node{missing.to_list()[0]} is missing")
+        raise DiscoveryError(
+            f"{sysfs.path(NODE_DIR)}/online lists nodes {missing} but "
+            f"{sysfs.path(NODE_DIR)}/node{missing.to_list()[0]} is missing"
+        )
     # Old kernels (linux-test1) list no CPUs in any node: nothing to check.
     orphans = present - CpuSet(node_of) if any(node.cpus for node in nodes) else CpuSet()
     if orphans:
-        raise DiscoveryError(f"CPUs {orphans} are present but in no NUMA node under "
-                             f"{sysfs.path(NODE_DIR)}: a node directory is missing or "
-                             "unreadable")
+        raise DiscoveryError(
+            f"CPUs {orphans} are present but in no NUMA node under "
+            f"{sysfs.path(NODE_DIR)}: a node directory is missing or "
+            "unreadable"
+        )
     without = [node.id for node in nodes if node.memory_kb is None]
     if without and len(without) < len(nodes):
-        raise DiscoveryError(f"{sysfs.path(NODE_DIR)}/node{without[0]}/meminfo is missing "
-                             "while other nodes have one")
+        raise DiscoveryError(
+            f"{sysfs.path(NODE_DIR)}/node{without[0]}/meminfo is missing while other nodes have one"
+        )
 
 
 def _total_memory(nodes: tuple[NumaNode, ...]) -> Optional[int]:
@@ -299,6 +334,7 @@ def _total_memory(nodes: tuple[NumaNode, ...]) -> Optional[int]:
 
 
 # Reading and parsing one file ------------------------------------------------
+
 
 def _read_parsed(sysfs: SysFS, relpath: str, parse: Callable[[str], T]) -> Optional[T]:
     """Parse the file at ``relpath``; None if absent; ParseError names the file."""

@@ -107,7 +107,8 @@ def _parse_range(token: str, text: str) -> range:
     match = _RANGE.match(token)
     if not match:
         raise CpuSetSyntaxError(
-            f"'{token}' in '{text}' is not a CPU number or range (expected N or A-B)")
+            f"'{token}' in '{text}' is not a CPU number or range (expected N or A-B)"
+        )
     start = int(match.group(1))
     end = int(match.group(2)) if match.group(2) is not None else start
     if end < start:

@@ -22,8 +22,17 @@ from typing import Iterable, Optional
 
 import os_traits
 
-_KNOWN_KEYS = frozenset({"address", "devname", "vendor_id", "product_id",
-                         "physical_network", "trusted", "remote_managed"})
+_KNOWN_KEYS = frozenset(
+    {
+        "address",
+        "devname",
+        "vendor_id",
+        "product_id",
+        "physical_network",
+        "trusted",
+        "remote_managed",
+    }
+)
 _HEX4 = re.compile(r"^[0-9a-fA-F]{4}$")
 EXAMPLE = '{"address": "0000:81:00.0", "physical_network": "physnet1"}'
 OPTION = "[pci] device_spec"
@@ -37,8 +46,13 @@ class PciDeviceSpec:
     vendor_id: Optional[str] = None
     product_id: Optional[str] = None
 
-    def matches(self, address: str, netdevs: Iterable[str] = (),
-                vendor_id: Optional[str] = None, product_id: Optional[str] = None) -> bool:
+    def matches(
+        self,
+        address: str,
+        netdevs: Iterable[str] = (),
+        vendor_id: Optional[str] = None,
+        product_id: Optional[str] = None,
+    ) -> bool:
         if self.address is not None and not fnmatch.fnmatchcase(address, self.address):
             return False
         if self.devname is not None and self.devname not in tuple(netdevs):
@@ -82,9 +96,11 @@ def parse_spec(text: str) -> PciDeviceSpec:
         if key in data and not _HEX4.match(data[key]):
             raise ValueError(f"{key} '{data[key]}' is not 4 hex digits")
     if "physical_network" in data and len(physnet_trait(data["physical_network"])) > 255:
-        raise ValueError(f"physical_network makes the trait "
-                         f"{physnet_trait(data['physical_network'])[:40]}..., longer than "
-                         "Placement's 255 characters; shorten it")
+        raise ValueError(
+            f"physical_network makes the trait "
+            f"{physnet_trait(data['physical_network'])[:40]}..., longer than "
+            "Placement's 255 characters; shorten it"
+        )
     return PciDeviceSpec(
         physical_network=data.get("physical_network"),
         address=_normalise_address(data["address"]) if "address" in data else None,
@@ -100,6 +116,8 @@ def parse_device_specs(values: Iterable[str], problems: list[str]) -> tuple[PciD
         try:
             specs.append(parse_spec(text))
         except ValueError as exc:
-            problems.append(f"{OPTION} = '{text}' is invalid: {exc}. Write one JSON "
-                            f"object per line, for example {EXAMPLE}.")
+            problems.append(
+                f"{OPTION} = '{text}' is invalid: {exc}. Write one JSON "
+                f"object per line, for example {EXAMPLE}."
+            )
     return tuple(specs)

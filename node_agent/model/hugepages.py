@@ -18,8 +18,18 @@ import os_resource_classes as orc
 PAGE_CLASS_PREFIX = orc.CUSTOM_NAMESPACE + "MEMORY_PAGE_"
 
 # Units nova accepts in ``size:`` (binary multiples); a bare number is KiB.
-_UNITS_KB = {"": 1, "k": 1, "kb": 1, "kib": 1, "m": 1024, "mb": 1024, "mib": 1024,
-             "g": 1024 ** 2, "gb": 1024 ** 2, "gib": 1024 ** 2}
+_UNITS_KB = {
+    "": 1,
+    "k": 1,
+    "kb": 1,
+    "kib": 1,
+    "m": 1024,
+    "mb": 1024,
+    "mib": 1024,
+    "g": 1024**2,
+    "gb": 1024**2,
+    "gib": 1024**2,
+}
 _SIZE = re.compile(r"^\s*(\d+)\s*([a-zA-Z]*)\s*$")
 EXAMPLE = "node:0,size:2048,count:64 (size in KiB, or with a unit: 2M, 1G)"
 
@@ -40,8 +50,7 @@ def parse_size_kb(text: str) -> int:
     match = _SIZE.match(text)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS_KB:
-        raise ValueError(f"size '{text}' is not a number of KiB or a number with a "
-                         "unit K, M or G")
+        raise ValueError(f"size '{text}' is not a number of KiB or a number with a unit K, M or G")
     return int(match.group(1)) * _UNITS_KB[unit]
 
 
@@ -52,8 +61,7 @@ def parse_reservation(text: str) -> ReservedPages:
         key, sep, value = item.partition(":")
         key = key.strip()
         if not sep or key not in ("node", "size", "count") or key in fields:
-            raise ValueError(f"'{item.strip()}' is not one of node:N, size:S, count:C "
-                             "(each once)")
+            raise ValueError(f"'{item.strip()}' is not one of node:N, size:S, count:C (each once)")
         fields[key] = value.strip()
     missing = [k for k in ("node", "size", "count") if k not in fields]
     if missing:
@@ -67,9 +75,9 @@ def parse_reservation(text: str) -> ReservedPages:
     return ReservedPages(node=int(node), size_kb=size_kb, count=int(count))
 
 
-def parse_reserved_huge_pages(values: Iterable[str], problems: list[str],
-                              option: str = "[compute] reserved_huge_pages"
-                              ) -> tuple[ReservedPages, ...]:
+def parse_reserved_huge_pages(
+    values: Iterable[str], problems: list[str], option: str = "[compute] reserved_huge_pages"
+) -> tuple[ReservedPages, ...]:
     """Every value of the option; each bad one is appended to ``problems``."""
     parsed: dict[tuple[int, int], ReservedPages] = {}
     for text in values or ():
@@ -80,7 +88,9 @@ def parse_reserved_huge_pages(values: Iterable[str], problems: list[str],
             continue
         key = (entry.node, entry.size_kb)
         if key in parsed:
-            problems.append(f"{option} = '{text}' repeats node {entry.node} size "
-                            f"{entry.size_kb} KiB. Keep one line per node and size.")
+            problems.append(
+                f"{option} = '{text}' repeats node {entry.node} size "
+                f"{entry.size_kb} KiB. Keep one line per node and size."
+            )
         parsed[key] = entry
     return tuple(sorted(parsed.values(), key=lambda r: (r.node, r.size_kb)))

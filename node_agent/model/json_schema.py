@@ -10,8 +10,11 @@ def opened(schema: Any) -> Any:
     the same rules, but keys it does not name are let through (a newer
     minor version's, or a later provider-file version's)."""
     if isinstance(schema, dict):
-        return {k: opened(v) for k, v in schema.items()
-                if not (k == "additionalProperties" and v is False)}
+        return {
+            k: opened(v)
+            for k, v in schema.items()
+            if not (k == "additionalProperties" and v is False)
+        }
     if isinstance(schema, list):
         return [opened(v) for v in schema]
     return schema

@@ -17,8 +17,7 @@ from typing import Mapping, Optional
 # Allocation ratios are floats in Placement's database (FLOAT columns can
 # round 1.1 to 1.10000002); closer than this is the same ratio.
 RATIO_TOLERANCE = 1e-6
-INVENTORY_FIELDS = ("total", "reserved", "min_unit", "max_unit", "step_size",
-                    "allocation_ratio")
+INVENTORY_FIELDS = ("total", "reserved", "min_unit", "max_unit", "step_size", "allocation_ratio")
 
 
 @dataclass(frozen=True)
@@ -38,8 +37,11 @@ def inventory_equal(a: Mapping, b: Mapping) -> bool:
     for name in INVENTORY_FIELDS:
         x, y = a.get(name), b.get(name)
         if name == "allocation_ratio":
-            if x is None or y is None or not math.isclose(
-                    float(x), float(y), rel_tol=RATIO_TOLERANCE):
+            if (
+                x is None
+                or y is None
+                or not math.isclose(float(x), float(y), rel_tol=RATIO_TOLERANCE)
+            ):
                 return False
         elif x != y:
             return False

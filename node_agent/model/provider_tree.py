@@ -28,10 +28,14 @@ class Inventory:
     @classmethod
     def from_placement(cls, record) -> "Inventory":
         """A record as Placement's inventory API spells it."""
-        return cls(total=record["total"], reserved=record.get("reserved", 0),
-                   min_unit=record.get("min_unit", 1), max_unit=record.get("max_unit"),
-                   step_size=record.get("step_size", 1),
-                   allocation_ratio=record.get("allocation_ratio", 1.0))
+        return cls(
+            total=record["total"],
+            reserved=record.get("reserved", 0),
+            min_unit=record.get("min_unit", 1),
+            max_unit=record.get("max_unit"),
+            step_size=record.get("step_size", 1),
+            allocation_ratio=record.get("allocation_ratio", 1.0),
+        )
 
     def as_placement(self) -> dict:
         """The record as Placement's inventory API spells it."""
@@ -45,17 +49,18 @@ class Inventory:
         }
 
 
-def placement_inventories(inventories: Mapping[str, Inventory],
-                          current: Optional[Mapping[str, Mapping]] = None
-                          ) -> dict[str, dict]:
+def placement_inventories(
+    inventories: Mapping[str, Inventory], current: Optional[Mapping[str, Mapping]] = None
+) -> dict[str, dict]:
     """``inventories`` as Placement's API spells them, given what Placement
     holds now (``current``, class -> record): a class whose ratio is only the
     initial one keeps the ratio Placement already has."""
     return {rc: inv.as_placement() for rc, inv in with_held_ratios(inventories, current).items()}
 
 
-def with_held_ratios(inventories: Mapping[str, Inventory],
-                     held: Optional[Mapping[str, Mapping]]) -> dict[str, Inventory]:
+def with_held_ratios(
+    inventories: Mapping[str, Inventory], held: Optional[Mapping[str, Mapping]]
+) -> dict[str, Inventory]:
     """``inventories`` with the ratio Placement holds (``held``, class ->
     record) wherever nova's rule keeps it: what would be published."""
     out = dict(inventories)
@@ -99,8 +104,9 @@ class ProviderTree:
         return [p.name for p in self.providers]
 
     def with_uuids(self, uuids: Mapping[str, str]) -> "ProviderTree":
-        return ProviderTree(tuple(
-            replace(p, uuid=uuids.get(p.name, p.uuid)) for p in self.providers))
+        return ProviderTree(
+            tuple(replace(p, uuid=uuids.get(p.name, p.uuid)) for p in self.providers)
+        )
 
     def placed(self, uuids: Mapping[str, str]) -> "PlacedTree":
         """:meth:`with_uuids`, checked: every provider must then have one."""

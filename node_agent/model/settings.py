@@ -20,9 +20,9 @@ class CycleMode(enum.Enum):
     and ``[agent] upstream`` (their option values stay as they are).
     :func:`node_agent.runner.runner_for` picks the cycle from it."""
 
-    DIRECT = "direct"            # mode = writer, upstream = placement
+    DIRECT = "direct"  # mode = writer, upstream = placement
     VIA_APPLIER = "via_applier"  # mode = writer, upstream = messaging
-    COMPANION = "companion"      # mode = companion: reads only
+    COMPANION = "companion"  # mode = companion: reads only
 
     @classmethod
     def of(cls, mode: str, upstream: str) -> "CycleMode":

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Iterable, Mapping
 
-from node_agent.model.provider_tree import Inventory, ProviderTree
 from node_agent.model.provider_state import ProviderState
+from node_agent.model.provider_tree import Inventory, ProviderTree
 from node_agent.placement.planner import Change, inventory_change
 from node_agent.placement.sync_context import SyncContext, body_of
 from node_agent.placement.usage_guard import Cut, UsageGuard, cuts
@@ -26,35 +26,55 @@ def as_left(ctx: SyncContext) -> ProviderTree:
     """The desired tree with the inventories the capacity check let through."""
     if ctx.planned is None:
         return ctx.tree
-    return ProviderTree(tuple(
-        replace(p, inventories={rc: Inventory.from_placement(rec)
-                                for rc, rec in ctx.planned[ctx.tree.uuid(p)].items()})
-        for p in ctx.tree.providers))
+    return ProviderTree(
+        tuple(
+            replace(
+                p,
+                inventories={
+                    rc: Inventory.from_placement(rec)
+                    for rc, rec in ctx.planned[ctx.tree.uuid(p)].items()
+                },
+            )
+            for p in ctx.tree.providers
+        )
+    )
 
 
 def _capacity_message(result: cap.Enforced, blocking: list[dict]) -> str:
     """Why a plan was not sent whole, who blocks it, and what to do."""
-    parts = [f"capacity: the planned tree was not sent, it would overstate the host "
-             f"({'; '.join(result.wanted.lines())})"]
+    parts = [
+        f"capacity: the planned tree was not sent, it would overstate the host "
+        f"({'; '.join(result.wanted.lines())})"
+    ]
     if result.kept:
         parts.append(f"kept {', '.join(result.kept)} as Placement holds them")
     if result.closed:
-        parts.append(f"published {', '.join(result.closed)} fully reserved "
-                     "(Placement already overstated the host)")
+        parts.append(
+            f"published {', '.join(result.closed)} fully reserved "
+            "(Placement already overstated the host)"
+        )
     if not result.left.ok:
-        parts.append(f"Placement still overstates the host through providers the agent "
-                     f"does not write ({'; '.join(result.left.lines())})")
+        parts.append(
+            f"Placement still overstates the host through providers the agent "
+            f"does not write ({'; '.join(result.left.lines())})"
+        )
     if blocking:
         who = ", ".join(
-            f"{b['consumer']}" + (f" (guest {b['guest']})" if b.get("guest") else
-                                  " (not a guest of this host)")
+            f"{b['consumer']}"
+            + (f" (guest {b['guest']})" if b.get("guest") else " (not a guest of this host)")
             + f" holds {' '.join(f'{rc}={n}' for rc, n in sorted(b['resources'].items()))}"
-            f" on {b['provider']}" for b in blocking)
-        parts.append(f"blocked by {who}; migrate or delete them and the change applies at "
-                     "the next cycle, or restore the previous configuration")
+            f" on {b['provider']}"
+            for b in blocking
+        )
+        parts.append(
+            f"blocked by {who}; migrate or delete them and the change applies at "
+            "the next cycle, or restore the previous configuration"
+        )
     else:
-        parts.append("restore the previous configuration, or retry after the providers "
-                     "the agent could not delete are gone")
+        parts.append(
+            "restore the previous configuration, or retry after the providers "
+            "the agent could not delete are gone"
+        )
     return "; ".join(parts)
 
 
@@ -66,8 +86,13 @@ class CapacityGate:
         self.client = client
         self._guard = guard
 
-    def enforce(self, ctx: SyncContext, changes: list[Change], limits: cap.HostLimits,
-                 consumer_names: Mapping[str, str]) -> list[Change]:
+    def enforce(
+        self,
+        ctx: SyncContext,
+        changes: list[Change],
+        limits: cap.HostLimits,
+        consumer_names: Mapping[str, str],
+    ) -> list[Change]:
         """The plan, changed so that the tree it leaves never overstates the host.
 
         Changes that lower capacity read their provider's usages first
@@ -100,15 +125,29 @@ class CapacityGate:
             planned[uuid] = wanted
         names = {ctx.tree.uuid(p): p.name for p in ctx.tree.providers}
         current = {u: dict(ctx.actual[u].inventories) for u in planned if u in ctx.actual}
-        untouched = [cap.Published(s.name, s.parent_uuid is None, s.inventories)
-                     for u, s in ctx.actual.items() if u not in planned]
-        result = cap.enforce(planned, current, names, ctx.tree.root_uuid, untouched,
-                             limits, lambda classes: self._classes_in_use(ctx, classes))
+        untouched = [
+            cap.Published(s.name, s.parent_uuid is None, s.inventories)
+            for u, s in ctx.actual.items()
+            if u not in planned
+        ]
+        result = cap.enforce(
+            planned,
+            current,
+            names,
+            ctx.tree.root_uuid,
+            untouched,
+            limits,
+            lambda classes: self._classes_in_use(ctx, classes),
+        )
         ctx.planned = planned = {u: dict(inv) for u, inv in result.inventories.items()}
         ctx.closed = set(result.closed)
-        ctx.capacity = {**result.wanted.as_dict(), "kept": list(result.kept),
-                        "closed": list(result.closed), "blocking": [],
-                        "left_ok": result.left.ok}
+        ctx.capacity = {
+            **result.wanted.as_dict(),
+            "kept": list(result.kept),
+            "closed": list(result.closed),
+            "blocking": [],
+            "left_ok": result.left.ok,
+        }
         if result.refused:
             blocking = self._blocking_consumers(ctx, result.wanted.classes, consumer_names)
             ctx.capacity["blocking"] = blocking
@@ -116,8 +155,11 @@ class CapacityGate:
         # What the plan publishes below usage, as it will be sent (after the
         # invariant's holds and closings): the dry run shows it, the writer
         # reports what it actually wrote.
-        ctx.cuts = [cut for provider in ctx.tree.providers
-                    for cut in self._planned_cuts(ctx, ctx.tree.uuid(provider), provider.name)]
+        ctx.cuts = [
+            cut
+            for provider in ctx.tree.providers
+            for cut in self._planned_cuts(ctx, ctx.tree.uuid(provider), provider.name)
+        ]
         return self._rewrite_inventory_changes(ctx, changes, planned)
 
     @staticmethod
@@ -127,39 +169,52 @@ class CapacityGate:
             return []
         return cuts(name, uuid, state.inventories, ctx.planned[uuid], ctx.usages.get(uuid))
 
-    def with_holders(self, ctx: SyncContext, found: Iterable[Cut],
-                     consumer_names: Mapping[str, str]) -> list[Cut]:
+    def with_holders(
+        self, ctx: SyncContext, found: Iterable[Cut], consumer_names: Mapping[str, str]
+    ) -> list[Cut]:
         """``found`` with the consumers holding each cut class on its
         provider (one allocations read per provider with a cut)."""
         found = list(found)
         if not found:
             return []
         blocking = self._blocking_consumers(ctx, {c.rc for c in found}, consumer_names)
-        return [replace(c, holders=tuple(
-            (b["consumer"], b.get("guest"), b["resources"][c.rc]) for b in blocking
-            if b["provider"] == c.provider and c.rc in b["resources"])) for c in found]
+        return [
+            replace(
+                c,
+                holders=tuple(
+                    (b["consumer"], b.get("guest"), b["resources"][c.rc])
+                    for b in blocking
+                    if b["provider"] == c.provider and c.rc in b["resources"]
+                ),
+            )
+            for c in found
+        ]
 
-    def _rewrite_inventory_changes(self, ctx: SyncContext, changes: list[Change],
-                                   planned: Mapping[str, dict]) -> list[Change]:
+    def _rewrite_inventory_changes(
+        self, ctx: SyncContext, changes: list[Change], planned: Mapping[str, dict]
+    ) -> list[Change]:
         """``changes`` with inventory PUTs that leave ``planned``;
         shrinks before grows."""
         puts = []
         for provider in ctx.tree.providers:
             uuid = ctx.tree.uuid(provider)
             state = ctx.actual.get(uuid) or ProviderState(
-                uuid, provider.name, 0, ctx.tree.parent_uuid(provider))
+                uuid, provider.name, 0, ctx.tree.parent_uuid(provider)
+            )
             change = inventory_change(provider, state, state.generation, planned[uuid])
             if change is None:
                 continue
-            if any(cap.units(rc, rec) > cap.units(rc, state.inventories[rc])
-                   if rc in state.inventories else cap.units(rc, rec) > 0
-                   for rc, rec in planned[uuid].items()):
+            if any(
+                cap.units(rc, rec) > cap.units(rc, state.inventories[rc])
+                if rc in state.inventories
+                else cap.units(rc, rec) > 0
+                for rc, rec in planned[uuid].items()
+            ):
                 ctx.grows.add(uuid)
             puts.append(change)
         puts.sort(key=lambda c: c.target in ctx.grows)
         others = [c for c in changes if c.kind != "inventories"]
-        at = next((i for i, c in enumerate(others) if c.kind in ("traits", "delete")),
-                  len(others))
+        at = next((i for i, c in enumerate(others) if c.kind in ("traits", "delete")), len(others))
         return others[:at] + puts + others[at:]
 
     def _usages_of(self, ctx: SyncContext, uuid: str) -> dict[str, int]:
@@ -171,12 +226,12 @@ class CapacityGate:
         used = set()
         for uuid, state in ctx.actual.items():
             if set(classes) & set(state.inventories):
-                used |= {rc for rc, n in self._usages_of(ctx, uuid).items()
-                         if n and rc in classes}
+                used |= {rc for rc, n in self._usages_of(ctx, uuid).items() if n and rc in classes}
         return used
 
-    def _blocking_consumers(self, ctx: SyncContext, classes,
-                            consumer_names: Mapping[str, str]) -> list[dict]:
+    def _blocking_consumers(
+        self, ctx: SyncContext, classes, consumer_names: Mapping[str, str]
+    ) -> list[dict]:
         """Who holds the classes a refused plan touches (read only on refusal)."""
         found = []
         for uuid, state in sorted(ctx.actual.items(), key=lambda kv: kv[1].name):
@@ -186,9 +241,14 @@ class CapacityGate:
                 continue
             body = self.client.provider_allocations(uuid)
             for consumer, alloc in sorted(body.get("allocations", {}).items()):
-                held = {rc: n for rc, n in alloc.get("resources", {}).items()
-                        if rc in classes}
+                held = {rc: n for rc, n in alloc.get("resources", {}).items() if rc in classes}
                 if held:
-                    found.append({"consumer": consumer, "guest": consumer_names.get(consumer),
-                                  "provider": state.name, "resources": held})
+                    found.append(
+                        {
+                            "consumer": consumer,
+                            "guest": consumer_names.get(consumer),
+                            "provider": state.name,
+                            "resources": held,
+                        }
+                    )
         return found

@@ -36,11 +36,20 @@ from keystoneauth1 import token_endpoint
 
 from node_agent import errors
 from node_agent.placement import microversions, routes
+
 # The gateway raises these; callers catch them from here.
-from node_agent.placement.errors import (AuthError, BadAnswer,  # noqa: F401
-                                         DuplicateName, GenerationConflict, InventoryInUse,
-                                         NotFound, PlacementError, Unavailable, error_for,
-                                         shown)
+from node_agent.placement.errors import (  # noqa: F401
+    AuthError,
+    BadAnswer,
+    DuplicateName,
+    GenerationConflict,
+    InventoryInUse,
+    NotFound,
+    PlacementError,
+    Unavailable,
+    error_for,
+    shown,
+)
 from node_agent.placement.microversions import version_refusal
 
 if TYPE_CHECKING:
@@ -84,7 +93,7 @@ class RequestStats:
     def record(self, method: str, path: str, status: int) -> None:
         self.log.append((method, path, status))
         if len(self.log) > self.LOG_LIMIT:
-            del self.log[:len(self.log) - self.LOG_LIMIT]
+            del self.log[: len(self.log) - self.LOG_LIMIT]
         if method == "GET":
             self.reads += 1
         else:
@@ -126,8 +135,13 @@ def _connection_reason(exc: Exception) -> str:
     for marker in ("CERTIFICATE_VERIFY_FAILED", "certificate verify failed"):
         if marker in text:
             return "TLS certificate verify failed (check [placement] cafile)"
-    for reason in ("Connection refused", "Name or service not known",
-                   "timed out", "No route to host", "Network is unreachable"):
+    for reason in (
+        "Connection refused",
+        "Name or service not known",
+        "timed out",
+        "No route to host",
+        "Network is unreachable",
+    ):
         if reason in text:
             return reason.lower()
     return text
@@ -151,7 +165,9 @@ class PlacementReads:
                 f"GET {path}: the answer lacks {', '.join(missing)}, so it is not "
                 f"Placement's: {shown(json.dumps(body))}. Check that the endpoint "
                 f"({getattr(self, 'endpoint', '?')}) is Placement.",
-                method="GET", path=path)
+                method="GET",
+                path=path,
+            )
         return body
 
     def providers_named(self, name: str) -> list[dict]:
@@ -185,15 +201,21 @@ class PlacementReads:
         return self._read(routes.provider_allocations(uuid), _GENERATION, "allocations")
 
     def consumer_allocations(self, consumer: str, microversion: str | None = None) -> dict:
-        return self._read(routes.consumer_allocations(consumer), "allocations",
-                          microversion=microversion)
+        return self._read(
+            routes.consumer_allocations(consumer), "allocations", microversion=microversion
+        )
 
 
 class PlacementClient(PlacementReads):
     MICROVERSION = microversions.REQUIRED
 
-    def __init__(self, adapter: ks_adapter.Adapter, retries: int = 3,
-                 backoff: float = 0.2, group: str = CONF_GROUP):
+    def __init__(
+        self,
+        adapter: ks_adapter.Adapter,
+        retries: int = 3,
+        backoff: float = 0.2,
+        group: str = CONF_GROUP,
+    ):
         """``retries`` is how many times a failed attempt is repeated (so
         up to ``retries + 1`` requests); waits grow exponentially from
         ``backoff`` seconds, capped at 5 s. ``group``: the config section
@@ -220,44 +242,49 @@ class PlacementClient(PlacementReads):
             names = ", ".join(f"[{group}] {opt.dest}" for opt in exc.options)
             raise errors.ConfigError(
                 f"[{group}] auth_type={conf[group].auth_type} needs {names}; "
-                f"set them in the config file.") from exc
+                f"set them in the config file."
+            ) from exc
         except ks_exc.OptionError as exc:
             # The plugin's own check (a secret it needs, two options that
             # exclude each other): its words, and where to fix them.
             raise errors.ConfigError(
                 f"[{group}] auth_type={conf[group].auth_type}: {exc} Set the "
-                f"plugin's options in [{group}].") from exc
+                f"plugin's options in [{group}]."
+            ) from exc
         except ks_exc.NoMatchingPlugin as exc:
             raise errors.ConfigError(
                 f"[{group}] auth_type={conf[group].auth_type!r} is not a known "
                 f"keystoneauth plugin; use for example 'password' or "
-                f"'v3applicationcredential'.") from exc
+                f"'v3applicationcredential'."
+            ) from exc
         if auth is None:
             raise errors.ConfigError(
                 f"[{group}] auth_type is not set; set it (for example "
                 f"'password' with auth_url, username, password, "
-                f"project_name, user_domain_name, project_domain_name).")
+                f"project_name, user_domain_name, project_domain_name)."
+            )
         if conf[group].insecure:
-            LOG.warning("[%s] insecure = true: the Placement server's TLS "
-                        "certificate is NOT verified; anyone on the path can "
-                        "impersonate Placement. Set cafile instead.", group)
-        session = ks_loading.load_session_from_conf_options(
-            conf, group, auth=auth)
-        adapter = ks_loading.load_adapter_from_conf_options(
-            conf, group, session=session, auth=auth)
+            LOG.warning(
+                "[%s] insecure = true: the Placement server's TLS "
+                "certificate is NOT verified; anyone on the path can "
+                "impersonate Placement. Set cafile instead.",
+                group,
+            )
+        session = ks_loading.load_session_from_conf_options(conf, group, auth=auth)
+        adapter = ks_loading.load_adapter_from_conf_options(conf, group, session=session, auth=auth)
         if not adapter.service_type:
             adapter.service_type = SERVICE_TYPE
         return cls(adapter, group=group, **kw)
 
     @classmethod
-    def for_endpoint(cls, url: str, token: str = "admin",
-                     timeout: float = 30, **kw) -> "PlacementClient":
+    def for_endpoint(
+        cls, url: str, token: str = "admin", timeout: float = 30, **kw
+    ) -> "PlacementClient":
         """A client for a known URL and fixed token (noauth2 test servers,
         the embedded Placement of ``make run``)."""
         auth = token_endpoint.Token(url, token)
         session = ks_session.Session(auth=auth, timeout=timeout)
-        adapter = ks_adapter.Adapter(session, service_type=SERVICE_TYPE,
-                                     endpoint_override=url)
+        adapter = ks_adapter.Adapter(session, service_type=SERVICE_TYPE, endpoint_override=url)
         return cls(adapter, **kw)
 
     @property
@@ -278,14 +305,15 @@ class PlacementClient(PlacementReads):
         root = self._request("GET", "/", None, versioned=False)
         try:
             version = next(v for v in root["versions"] if v["id"] == "v1.0")
-            server_min, server_max = (version["min_version"],
-                                      version["max_version"])
+            server_min, server_max = (version["min_version"], version["max_version"])
         except (StopIteration, KeyError, TypeError) as exc:
             raise BadAnswer(
                 f"{self.endpoint} does not look like Placement: GET / "
-                f"answered {shown(json.dumps(root))}", method="GET", path="/") from exc
-        refusal = version_refusal(self.endpoint, server_min, server_max,
-                                  self.MICROVERSION)
+                f"answered {shown(json.dumps(root))}",
+                method="GET",
+                path="/",
+            ) from exc
+        refusal = version_refusal(self.endpoint, server_min, server_max, self.MICROVERSION)
         if refusal:
             raise PlacementError(refusal, method="GET", path="/")
         self.server_max = server_max
@@ -361,29 +389,38 @@ class PlacementClient(PlacementReads):
             raise Unavailable(
                 f"{method} {path} not sent: {what} did not finish within its deadline "
                 f"of {seconds:g}s ({PHASE_TIMEOUTS} x [{self._group}] timeout); Placement "
-                f"at {self._where()} answers too slowly", method=method, path=path)
+                f"at {self._where()} answers too slowly",
+                method=method,
+                path=path,
+            )
         return min(left, self.timeout) if self.timeout else left
 
     def _where(self) -> str:
-        return (getattr(self._adapter, "endpoint_override", None)
-                or "the catalog endpoint")
+        return getattr(self._adapter, "endpoint_override", None) or "the catalog endpoint"
 
-    def _request(self, method: str, path: str, body, versioned: bool = True,
-                 microversion: str | None = None):
+    def _request(
+        self, method: str, path: str, body, versioned: bool = True, microversion: str | None = None
+    ):
         retrying = tenacity.Retrying(
             retry=tenacity.retry_if_exception_type(_Retryable),
             stop=tenacity.stop_after_attempt(self._retries + 1),
-            wait=tenacity.wait_exponential(multiplier=self._backoff,
-                                           max=5),
+            wait=tenacity.wait_exponential(multiplier=self._backoff, max=5),
             before_sleep=self._log_retry,
-            reraise=True)
+            reraise=True,
+        )
         try:
             return retrying(self._attempt, method, path, body, versioned, microversion)
         except _Retryable as exc:
             raise exc.error from exc.__cause__
 
-    def _attempt(self, method: str, path: str, body: Optional[dict], versioned: bool,
-                 microversion: Optional[str] = None) -> Any:
+    def _attempt(
+        self,
+        method: str,
+        path: str,
+        body: Optional[dict],
+        versioned: bool,
+        microversion: Optional[str] = None,
+    ) -> Any:
         kwargs: dict[str, Any] = {"raise_exc": False}
         if versioned:
             kwargs["microversion"] = microversion or self.MICROVERSION
@@ -406,23 +443,33 @@ class PlacementClient(PlacementReads):
             raise Unavailable(
                 f"{method} {path}: Placement at {self._where()} did not answer "
                 f"within {timeout or '?'}s ({why}): {exc}",
-                method=method, path=path) from exc
-        except (ks_exc.ConnectionError, ks_exc.RequestTimeout,
-                ks_exc.DiscoveryFailure) as exc:
+                method=method,
+                path=path,
+            ) from exc
+        except (ks_exc.ConnectionError, ks_exc.RequestTimeout, ks_exc.DiscoveryFailure) as exc:
             # keystoneauth's message names the URL; it never holds the token.
             self.stats.record(method, path, NO_RESPONSE)
-            raise _Retryable(Unavailable(
-                f"{method} {path}: Placement at {self._where()} "
-                f"is unreachable: {_connection_reason(exc)}",
-                method=method, path=path)) from exc
+            raise _Retryable(
+                Unavailable(
+                    f"{method} {path}: Placement at {self._where()} "
+                    f"is unreachable: {_connection_reason(exc)}",
+                    method=method,
+                    path=path,
+                )
+            ) from exc
         except ks_exc.EndpointNotFound as exc:
             raise errors.ConfigError(
                 f"No Placement endpoint found in the service catalog: {exc}; "
                 f"check [{self._group}] region_name, valid_interfaces or "
-                f"endpoint_override.") from exc
+                f"endpoint_override."
+            ) from exc
         except ks_exc.Unauthorized as exc:
-            raise AuthError(f"{method} {path}: authentication failed: {exc}",
-                            status=401, method=method, path=path) from exc
+            raise AuthError(
+                f"{method} {path}: authentication failed: {exc}",
+                status=401,
+                method=method,
+                path=path,
+            ) from exc
         status = response.status_code
         request_id = response.headers.get("x-openstack-request-id")
         self.last_request_id = request_id
@@ -445,21 +492,33 @@ class PlacementClient(PlacementReads):
         kind = response.headers.get("content-type") or "no content type"
         if not response.content:
             if method == "GET":
-                raise BadAnswer(f"{where}: empty answer ({kind}); Placement answers "
-                                "every read with a JSON object. Check that the "
-                                "endpoint is Placement, not a proxy.",
-                                status=status, method=method, path=path)
+                raise BadAnswer(
+                    f"{where}: empty answer ({kind}); Placement answers "
+                    "every read with a JSON object. Check that the "
+                    "endpoint is Placement, not a proxy.",
+                    status=status,
+                    method=method,
+                    path=path,
+                )
             return None
         try:
             body = response.json()
         except ValueError:
-            raise BadAnswer(f"{where}: not JSON ({kind}): {shown(response.text)}. Check "
-                            "that the endpoint is Placement, not a proxy's page.",
-                            status=status, method=method, path=path) from None
+            raise BadAnswer(
+                f"{where}: not JSON ({kind}): {shown(response.text)}. Check "
+                "that the endpoint is Placement, not a proxy's page.",
+                status=status,
+                method=method,
+                path=path,
+            ) from None
         if method == "GET" and not isinstance(body, dict):
-            raise BadAnswer(f"{where}: a JSON {type(body).__name__}, not the object "
-                            f"Placement answers: {shown(response.text)}.",
-                            status=status, method=method, path=path)
+            raise BadAnswer(
+                f"{where}: a JSON {type(body).__name__}, not the object "
+                f"Placement answers: {shown(response.text)}.",
+                status=status,
+                method=method,
+                path=path,
+            )
         return body
 
     def _log_retry(self, state: tenacity.RetryCallState) -> None:
@@ -468,5 +527,10 @@ class PlacementClient(PlacementReads):
         outcome, action = state.outcome, state.next_action
         if outcome is None or action is None:  # both are set before a sleep
             return
-        LOG.debug("%s; retry %d of %d in %.1fs", outcome.exception(), state.attempt_number,
-                  self._retries, action.sleep)
+        LOG.debug(
+            "%s; retry %d of %d in %.1fs",
+            outcome.exception(),
+            state.attempt_number,
+            self._retries,
+            action.sleep,
+        )

@@ -13,9 +13,17 @@ from node_agent import errors
 class PlacementError(errors.PlacementError):
     """Placement refused a request or could not be reached."""
 
-    def __init__(self, message: str, *, status: int | None = None,
-                 code: str | None = None, detail: str = "", method: str = "",
-                 path: str = "", request_id: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        code: str | None = None,
+        detail: str = "",
+        method: str = "",
+        path: str = "",
+        request_id: str | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.code = code
@@ -74,8 +82,9 @@ _CONFLICTS: dict[str, type[PlacementError]] = {
 }
 
 
-def error_for(status: int, code: str | None, detail: str, method: str,
-              path: str, request_id: str | None) -> PlacementError:
+def error_for(
+    status: int, code: str | None, detail: str, method: str, path: str, request_id: str | None
+) -> PlacementError:
     """The typed error for a refused request: by status, and for a 409 by
     Placement's error code."""
     cls: type[PlacementError]
@@ -94,5 +103,12 @@ def error_for(status: int, code: str | None, detail: str, method: str,
         message += f" {code}"
     if detail:
         message += f": {detail}"
-    return cls(message, status=status, code=code, detail=detail,
-               method=method, path=path, request_id=request_id)
+    return cls(
+        message,
+        status=status,
+        code=code,
+        detail=detail,
+        method=method,
+        path=path,
+        request_id=request_id,
+    )

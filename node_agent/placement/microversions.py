@@ -10,22 +10,39 @@ from __future__ import annotations
 
 # (version, what the agent needs from it), oldest first.
 FEATURES: tuple[tuple[str, str], ...] = (
-    ("1.14", "nested providers: parent_provider_uuid/root_provider_uuid, "
-             "GET /resource_providers?in_tree= reads our whole tree at once"),
-    ("1.19", "provider aggregates carry and check "
-             "resource_provider_generation"),
-    ("1.20", "POST /resource_providers returns the new provider (uuid, "
-             "generation) so no GET follows a create"),
-    ("1.23", "JSON errors carry a 'code' (placement.concurrent_update, "
-             "placement.inventory.inuse, placement.duplicate_name) to tell "
-             "409s apart"),
-    ("1.26", "inventory with reserved == total: a device in maintenance "
-             "keeps its inventory but offers none of it"),
-    ("1.28", "consumer_generation in allocations: reshaper and allocation "
-             "writes are refused if a consumer changed meanwhile"),
+    (
+        "1.14",
+        "nested providers: parent_provider_uuid/root_provider_uuid, "
+        "GET /resource_providers?in_tree= reads our whole tree at once",
+    ),
+    ("1.19", "provider aggregates carry and check resource_provider_generation"),
+    (
+        "1.20",
+        "POST /resource_providers returns the new provider (uuid, "
+        "generation) so no GET follows a create",
+    ),
+    (
+        "1.23",
+        "JSON errors carry a 'code' (placement.concurrent_update, "
+        "placement.inventory.inuse, placement.duplicate_name) to tell "
+        "409s apart",
+    ),
+    (
+        "1.26",
+        "inventory with reserved == total: a device in maintenance "
+        "keeps its inventory but offers none of it",
+    ),
+    (
+        "1.28",
+        "consumer_generation in allocations: reshaper and allocation "
+        "writes are refused if a consumer changed meanwhile",
+    ),
     ("1.30", "POST /reshaper moves inventory and allocations atomically"),
-    ("1.37", "PUT /resource_providers/{uuid} may change "
-             "parent_provider_uuid: a child moves without delete+create"),
+    (
+        "1.37",
+        "PUT /resource_providers/{uuid} may change "
+        "parent_provider_uuid: a child moves without delete+create",
+    ),
     # Not 1.38 on purpose: from 1.38 every allocation written (PUT/POST
     # /allocations and /reshaper) must carry consumer_type matching
     # ^[A-Z0-9_]+$, yet consumers nova wrote without one read back as
@@ -63,18 +80,22 @@ REQUIRED: str = max((v for v, _ in FEATURES), key=parse)
 CONSUMER_TYPE_READ: str = "1.38"
 
 
-def version_refusal(url: str, server_min: str, server_max: str,
-                    required: str = REQUIRED) -> str | None:
+def version_refusal(
+    url: str, server_min: str, server_max: str, required: str = REQUIRED
+) -> str | None:
     """Why a server offering ``server_min``..``server_max`` cannot serve the
     agent, or None if it can."""
     if not at_least(server_max, required):
-        lacking = "; ".join(f"{v} {why}" for v, why
-                            in missing_features(server_max))
-        return (f"Placement at {url} supports up to {server_max}; node-agent "
-                f"needs {required}. Missing: {lacking}. Upgrade Placement "
-                f"(Xena or newer).")
+        lacking = "; ".join(f"{v} {why}" for v, why in missing_features(server_max))
+        return (
+            f"Placement at {url} supports up to {server_max}; node-agent "
+            f"needs {required}. Missing: {lacking}. Upgrade Placement "
+            f"(Xena or newer)."
+        )
     if not at_least(required, server_min):
-        return (f"Placement at {url} supports {server_min} to {server_max}; "
-                f"node-agent speaks {required}, which it no longer accepts. "
-                f"Upgrade node-agent.")
+        return (
+            f"Placement at {url} supports {server_min} to {server_max}; "
+            f"node-agent speaks {required}, which it no longer accepts. "
+            f"Upgrade node-agent."
+        )
     return None

@@ -18,10 +18,13 @@ import hashlib
 from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 
-from node_agent.model.provider_state import (INVENTORY_FIELDS, ProviderState,
-                                             inventories_equal, inventory_equal)
-from node_agent.model.provider_tree import (PlacedTree, Provider, ProviderTree,
-                                            placement_inventories)
+from node_agent.model.provider_state import (
+    INVENTORY_FIELDS,
+    ProviderState,
+    inventories_equal,
+    inventory_equal,
+)
+from node_agent.model.provider_tree import PlacedTree, Provider, ProviderTree, placement_inventories
 from node_agent.placement import routes
 
 CUSTOM = "CUSTOM_"
@@ -53,8 +56,9 @@ class Change:
         return routes.request_of(self.kind, self.target)[1]
 
 
-def wanted_inventories(provider: Provider,
-                       current: Optional[Mapping[str, Mapping]] = None) -> dict[str, dict]:
+def wanted_inventories(
+    provider: Provider, current: Optional[Mapping[str, Mapping]] = None
+) -> dict[str, dict]:
     """What to PUT, given what Placement holds (``current``): see
     :func:`node_agent.model.provider_tree.placement_inventories` for the ratio rule."""
     return placement_inventories(provider.inventories, current)
@@ -68,47 +72,51 @@ def merged_traits(current: Iterable[str], provider: Provider) -> frozenset:
 
 def capacity(record: Mapping) -> int:
     """Placement's capacity of an inventory record: (total - reserved) * ratio."""
-    return int((record["total"] - record["reserved"])
-               * float(record["allocation_ratio"]))
+    return int((record["total"] - record["reserved"]) * float(record["allocation_ratio"]))
 
 
 def _fmt(value) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)
 
 
-def describe_inventory_diff(old: Mapping[str, Mapping],
-                            new: Mapping[str, Mapping]) -> list[str]:
+def describe_inventory_diff(old: Mapping[str, Mapping], new: Mapping[str, Mapping]) -> list[str]:
     """Human phrases such as ``set VCPU total 16→32``, sorted by class."""
     phrases = []
     for rc in sorted(set(old) | set(new)):
         if rc not in old:
             closed = new[rc].get("reserved", 0) >= new[rc]["total"]
-            phrases.append(f"add {rc} total {new[rc]['total']}"
-                           + (" fully reserved" if closed else ""))
+            phrases.append(
+                f"add {rc} total {new[rc]['total']}" + (" fully reserved" if closed else "")
+            )
         elif rc not in new:
             phrases.append(f"remove {rc}")
         elif not inventory_equal(old[rc], new[rc]):
             fields = ", ".join(
                 f"{f} {_fmt(old[rc].get(f))}→{_fmt(new[rc][f])}"
                 for f in INVENTORY_FIELDS
-                if not inventory_equal({**old[rc], f: new[rc][f]}, old[rc]))
+                if not inventory_equal({**old[rc], f: new[rc][f]}, old[rc])
+            )
             phrases.append(f"set {rc} {fields}")
     return phrases
 
 
-def _ensure_custom_changes(desired: ProviderTree,
-                           actual: Mapping[str, ProviderState],
-                           known_classes: Iterable[str],
-                           known_traits: Iterable[str]) -> list[Change]:
-    known_rc = set(known_classes).union(
-        *(s.inventories for s in actual.values()))
+def _ensure_custom_changes(
+    desired: ProviderTree,
+    actual: Mapping[str, ProviderState],
+    known_classes: Iterable[str],
+    known_traits: Iterable[str],
+) -> list[Change]:
+    known_rc = set(known_classes).union(*(s.inventories for s in actual.values()))
     known_tr = set(known_traits).union(*(s.traits for s in actual.values()))
-    classes = sorted({rc for p in desired.providers for rc in p.inventories
-                      if rc.startswith(CUSTOM)} - known_rc)
-    traits = sorted({t for p in desired.providers for t in p.wanted_traits
-                     if t.startswith(CUSTOM)} - known_tr)
-    return ([Change("resource_class", rc, f"define resource class {rc}") for rc in classes]
-            + [Change("trait", t, f"define trait {t}") for t in traits])
+    classes = sorted(
+        {rc for p in desired.providers for rc in p.inventories if rc.startswith(CUSTOM)} - known_rc
+    )
+    traits = sorted(
+        {t for p in desired.providers for t in p.wanted_traits if t.startswith(CUSTOM)} - known_tr
+    )
+    return [Change("resource_class", rc, f"define resource class {rc}") for rc in classes] + [
+        Change("trait", t, f"define trait {t}") for t in traits
+    ]
 
 
 def _create_change(desired: PlacedTree, provider: Provider) -> Change:
@@ -117,48 +125,54 @@ def _create_change(desired: PlacedTree, provider: Provider) -> Change:
     if parent is not None:
         body["parent_provider_uuid"] = parent
     where = f" under {provider.parent}" if provider.parent else ""
-    return Change("create", uuid,
-                  f"create provider {provider.name}{where}", body,
-                  provider.name)
+    return Change("create", uuid, f"create provider {provider.name}{where}", body, provider.name)
 
 
-def _update_change(desired: PlacedTree, provider: Provider,
-                   state: ProviderState) -> Optional[Change]:
+def _update_change(
+    desired: PlacedTree, provider: Provider, state: ProviderState
+) -> Optional[Change]:
     parent = desired.parent_uuid(provider)
     if state.name == provider.name and state.parent_uuid == parent:
         return None
-    return Change("update", state.uuid,
-                  f"rename/re-parent provider {state.name} as "
-                  f"{provider.name}",
-                  {"name": provider.name, "parent_provider_uuid": parent},
-                  provider.name)
+    return Change(
+        "update",
+        state.uuid,
+        f"rename/re-parent provider {state.name} as {provider.name}",
+        {"name": provider.name, "parent_provider_uuid": parent},
+        provider.name,
+    )
 
 
-def inventory_change(provider: Provider, state: ProviderState,
-                     generation: int, wanted: Optional[Mapping] = None) -> Optional[Change]:
-    wanted = (wanted_inventories(provider, state.inventories) if wanted is None
-              else dict(wanted))
+def inventory_change(
+    provider: Provider, state: ProviderState, generation: int, wanted: Optional[Mapping] = None
+) -> Optional[Change]:
+    wanted = wanted_inventories(provider, state.inventories) if wanted is None else dict(wanted)
     if inventories_equal(state.inventories, wanted):
         return None
     phrases = describe_inventory_diff(state.inventories, wanted)
-    return Change("inventories", state.uuid,
-                  f"{'; '.join(phrases)} on {provider.name}",
-                  {"resource_provider_generation": generation,
-                   "inventories": wanted}, provider.name)
+    return Change(
+        "inventories",
+        state.uuid,
+        f"{'; '.join(phrases)} on {provider.name}",
+        {"resource_provider_generation": generation, "inventories": wanted},
+        provider.name,
+    )
 
 
-def _traits_change(provider: Provider, state: ProviderState,
-                   generation: int) -> Optional[Change]:
+def _traits_change(provider: Provider, state: ProviderState, generation: int) -> Optional[Change]:
     merged = merged_traits(state.traits, provider)
     if merged == state.traits:
         return None
     added = sorted(merged - state.traits)
     removed = sorted(state.traits - merged)
     what = " ".join([f"+{t}" for t in added] + [f"-{t}" for t in removed])
-    return Change("traits", state.uuid,
-                  f"traits {what} on {provider.name}",
-                  {"resource_provider_generation": generation,
-                   "traits": sorted(merged)}, provider.name)
+    return Change(
+        "traits",
+        state.uuid,
+        f"traits {what} on {provider.name}",
+        {"resource_provider_generation": generation, "traits": sorted(merged)},
+        provider.name,
+    )
 
 
 def _depth(uuid: str, actual: Mapping[str, ProviderState]) -> int:
@@ -172,30 +186,42 @@ def _depth(uuid: str, actual: Mapping[str, ProviderState]) -> int:
     return depth
 
 
-def _delete_changes(desired: ProviderTree,
-                    actual: Mapping[str, ProviderState],
-                    owned_children: set[str]) -> list[Change]:
+def _delete_changes(
+    desired: ProviderTree, actual: Mapping[str, ProviderState], owned_children: set[str]
+) -> list[Change]:
     keep = {p.uuid for p in desired.providers}
-    doomed = {u for u in owned_children
-              if u in actual and u not in keep and actual[u].parent_uuid}
+    doomed = {u for u in owned_children if u in actual and u not in keep and actual[u].parent_uuid}
     # Placement refuses to delete a parent; a doomed provider with a child we
     # keep (a foreign one, say) stays, and so do its ancestors.
     changed = True
     while changed:
-        blocked = {s.parent_uuid for s in actual.values()
-                   if s.parent_uuid in doomed and s.uuid not in doomed}
+        blocked = {
+            s.parent_uuid
+            for s in actual.values()
+            if s.parent_uuid in doomed and s.uuid not in doomed
+        }
         changed = bool(blocked)
         doomed -= blocked
     order = sorted(doomed, key=lambda u: (-_depth(u, actual), actual[u].name))
-    return [Change("delete", u,
-                   f"delete provider {actual[u].name} (no longer on the host)",
-                   provider=actual[u].name) for u in order]
+    return [
+        Change(
+            "delete",
+            u,
+            f"delete provider {actual[u].name} (no longer on the host)",
+            provider=actual[u].name,
+        )
+        for u in order
+    ]
 
 
-def plan_changes(desired: ProviderTree, actual: Mapping[str, ProviderState],
-                 owned_children: set[str], *,
-                 known_resource_classes: Iterable[str] = (),
-                 known_traits: Iterable[str] = ()) -> list[Change]:
+def plan_changes(
+    desired: ProviderTree,
+    actual: Mapping[str, ProviderState],
+    owned_children: set[str],
+    *,
+    known_resource_classes: Iterable[str] = (),
+    known_traits: Iterable[str] = (),
+) -> list[Change]:
     """The ordered requests that make Placement hold ``desired``.
 
     ``desired`` must carry a uuid on every provider, parents before children;
@@ -207,8 +233,7 @@ def plan_changes(desired: ProviderTree, actual: Mapping[str, ProviderState],
     Only providers in ``owned_children`` are ever deleted.
     """
     placed = PlacedTree.of(desired)  # raises ValueError naming providers without one
-    changes = _ensure_custom_changes(placed, actual, known_resource_classes,
-                                     known_traits)
+    changes = _ensure_custom_changes(placed, actual, known_resource_classes, known_traits)
     states: dict[str, ProviderState] = {}
     generations: dict[str, int] = {}
     for provider in placed.providers:
@@ -240,4 +265,4 @@ def verify_phase(host: str) -> float:
     restarts; different hosts spread evenly over the interval.
     """
     digest = hashlib.sha256(host.encode("utf-8")).digest()
-    return 1.0 - int.from_bytes(digest[:8], "big") / 2.0 ** 64
+    return 1.0 - int.from_bytes(digest[:8], "big") / 2.0**64

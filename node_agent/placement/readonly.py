@@ -71,7 +71,8 @@ class ReadOnlyPlacement(PlacementReads):
     def _refuse(self, method: str, path: str):
         raise WriteRefused(
             f"{method} {path} refused: companion mode never writes to Placement "
-            "(a bug: please report it with this message). Nothing was sent.")
+            "(a bug: please report it with this message). Nothing was sent."
+        )
 
     def put(self, path: str, body=None):
         self._refuse("PUT", path)

@@ -66,8 +66,11 @@ class ProviderAllocations:
 
     @classmethod
     def from_placement(cls, uuid: str, body: Mapping) -> "ProviderAllocations":
-        return cls(uuid, body["resource_provider_generation"],
-                   {c: dict(a["resources"]) for c, a in body["allocations"].items()})
+        return cls(
+            uuid,
+            body["resource_provider_generation"],
+            {c: dict(a["resources"]) for c, a in body["allocations"].items()},
+        )
 
 
 @dataclass(frozen=True)
@@ -83,17 +86,25 @@ class Consumer:
 
     @classmethod
     def from_placement(cls, uuid: str, body: Mapping) -> "Consumer":
-        return cls(uuid, body.get("consumer_generation"), body.get("project_id"),
-                   body.get("user_id"),
-                   {rp: dict(a["resources"]) for rp, a in body["allocations"].items()},
-                   body.get("consumer_type"))
+        return cls(
+            uuid,
+            body.get("consumer_generation"),
+            body.get("project_id"),
+            body.get("user_id"),
+            {rp: dict(a["resources"]) for rp, a in body["allocations"].items()},
+            body.get("consumer_type"),
+        )
 
     def body(self, allocations: Resources) -> dict:
         """This consumer's entry of a /reshaper body with ``allocations``."""
-        entry = {"allocations": {rp: {"resources": dict(res)}
-                                 for rp, res in sorted(allocations.items()) if res},
-                 "project_id": self.project_id, "user_id": self.user_id,
-                 "consumer_generation": self.generation}
+        entry = {
+            "allocations": {
+                rp: {"resources": dict(res)} for rp, res in sorted(allocations.items()) if res
+            },
+            "project_id": self.project_id,
+            "user_id": self.user_id,
+            "consumer_generation": self.generation,
+        }
         if self.consumer_type is not None:
             entry["consumer_type"] = self.consumer_type
         return entry
@@ -145,29 +156,48 @@ class Reshape:
         """The ``reshape`` key of ``--dry-run`` output."""
         consumers = []
         for uuid in self.moved_consumers:
-            consumers.append({
-                "consumer": uuid, "name": self.consumer_names.get(uuid),
-                "moves": [{"from_provider": self._rp(m.from_provider),
-                           "from_class": m.from_class,
-                           "to_provider": self._rp(m.to_provider),
-                           "to_class": m.to_class, "amount": m.amount}
-                          for m in self.moves if m.consumer == uuid]})
-        return {"consumers": consumers, "totals": self.totals(),
-                "refused": list(self.refusals), "lines": self.lines()}
+            consumers.append(
+                {
+                    "consumer": uuid,
+                    "name": self.consumer_names.get(uuid),
+                    "moves": [
+                        {
+                            "from_provider": self._rp(m.from_provider),
+                            "from_class": m.from_class,
+                            "to_provider": self._rp(m.to_provider),
+                            "to_class": m.to_class,
+                            "amount": m.amount,
+                        }
+                        for m in self.moves
+                        if m.consumer == uuid
+                    ],
+                }
+            )
+        return {
+            "consumers": consumers,
+            "totals": self.totals(),
+            "refused": list(self.refusals),
+            "lines": self.lines(),
+        }
 
     def lines(self) -> list[str]:
         out = [f"REFUSED: {r}" for r in self.refusals]
         if not self.moves and self.body is not None:
-            return out + ["nothing to move; one POST /reshaper empties the children "
-                          "going away and sets the root's inventories"]
+            return out + [
+                "nothing to move; one POST /reshaper empties the children "
+                "going away and sets the root's inventories"
+            ]
         if not self.moves:
             return out + ["nothing to move: current allocations fit the desired tree"]
         for uuid in self.moved_consumers:
             name = self.consumer_names.get(uuid)
             label = f"{uuid} ({name})" if name else uuid
-            parts = [f"{m.amount} {m.from_class}@{self._rp(m.from_provider)} -> "
-                     f"{m.to_class}@{self._rp(m.to_provider)}"
-                     for m in self.moves if m.consumer == uuid]
+            parts = [
+                f"{m.amount} {m.from_class}@{self._rp(m.from_provider)} -> "
+                f"{m.to_class}@{self._rp(m.to_provider)}"
+                for m in self.moves
+                if m.consumer == uuid
+            ]
             out.append(f"{label}: {', '.join(parts)}")
         totals = self.totals()
         moved = ", ".join(f"{n} {what}" for what, n in totals["moved"].items())
@@ -180,12 +210,14 @@ class Reshape:
 
 # ---------------------------------------------------------------- engine
 
+
 def _host_part(allocations: Resources, host: set[str]) -> dict[str, dict[str, int]]:
     return {rp: dict(res) for rp, res in allocations.items() if rp in host and res}
 
 
-def _apply_rule(consumer: str, host_part: Resources, rule: Rule
-                ) -> tuple[dict[str, dict[str, int]], list[Move]]:
+def _apply_rule(
+    consumer: str, host_part: Resources, rule: Rule
+) -> tuple[dict[str, dict[str, int]], list[Move]]:
     new: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     moves = []
     for rp in sorted(host_part):
@@ -198,8 +230,7 @@ def _apply_rule(consumer: str, host_part: Resources, rule: Rule
     return {rp: dict(res) for rp, res in new.items() if any(res.values())}, moves
 
 
-def _view_moves(providers: Mapping[str, ProviderAllocations], rule: Rule
-                ) -> dict[str, list[Move]]:
+def _view_moves(providers: Mapping[str, ProviderAllocations], rule: Rule) -> dict[str, list[Move]]:
     """consumer -> its moves, judged from the providers' view alone."""
     by_consumer: dict[str, dict[str, dict[str, int]]] = defaultdict(dict)
     for rp, state in providers.items():
@@ -213,16 +244,20 @@ def _view_moves(providers: Mapping[str, ProviderAllocations], rule: Rule
     return found
 
 
-def affected_consumers(providers: Mapping[str, ProviderAllocations], rule: Rule,
-                       host: Iterable[str] = ()) -> list[str]:
+def affected_consumers(
+    providers: Mapping[str, ProviderAllocations], rule: Rule, host: Iterable[str] = ()
+) -> list[str]:
     """Consumers the rule would move, judged from the providers' view alone
     (so only those need a full ``GET /allocations/{consumer}``). ``host`` is
     accepted for older callers and ignored: the view is what counts."""
     return sorted(_view_moves(providers, rule))
 
 
-def stale_consumers(providers: Mapping[str, ProviderAllocations],
-                    consumers: Mapping[str, Consumer], wanted: Iterable[str]) -> set[str]:
+def stale_consumers(
+    providers: Mapping[str, ProviderAllocations],
+    consumers: Mapping[str, Consumer],
+    wanted: Iterable[str],
+) -> set[str]:
     """The ``wanted`` consumers whose record (``GET /allocations/{consumer}``)
     is missing or disagrees with the providers' view: created, resized or
     moved since it was read, so it must be read again. The others' records
@@ -231,8 +266,9 @@ def stale_consumers(providers: Mapping[str, ProviderAllocations],
     for consumer in wanted:
         record = consumers.get(consumer)
         if record is None or any(
-                dict(record.allocations.get(rp, {})) != dict(state.consumers.get(consumer, {}))
-                for rp, state in providers.items()):
+            dict(record.allocations.get(rp, {})) != dict(state.consumers.get(consumer, {}))
+            for rp, state in providers.items()
+        ):
             stale.add(consumer)
     return stale
 
@@ -253,13 +289,16 @@ def rule_sources(rule: Rule, tree: ProviderTree) -> list[str]:
 
 
 def _capacity(record: Mapping) -> int:
-    return int((record["total"] - record.get("reserved", 0))
-               * float(record.get("allocation_ratio", 1.0)))
+    return int(
+        (record["total"] - record.get("reserved", 0)) * float(record.get("allocation_ratio", 1.0))
+    )
 
 
-def _usage_after(providers: Mapping[str, ProviderAllocations],
-                 consumers: Mapping[str, Consumer],
-                 new_host: Mapping[str, Resources]) -> dict:
+def _usage_after(
+    providers: Mapping[str, ProviderAllocations],
+    consumers: Mapping[str, Consumer],
+    new_host: Mapping[str, Resources],
+) -> dict:
     """rp -> rc -> consumer -> amount once the reshape is applied."""
     usage: dict = defaultdict(lambda: defaultdict(dict))
     for rp, state in providers.items():
@@ -280,8 +319,9 @@ def consumer_label(uuid: str, names: Mapping[str, str]) -> str:
     return f"{names[uuid]} ({uuid})" if uuid in names else uuid
 
 
-def _unplaced(providers: Mapping[str, ProviderAllocations], rule: Rule
-              ) -> tuple[list[str], set[str]]:
+def _unplaced(
+    providers: Mapping[str, ProviderAllocations], rule: Rule
+) -> tuple[list[str], set[str]]:
     """The rule's reasons why allocations that must move have no place, and
     the consumers concerned."""
     ask = getattr(rule, "unplaced", None)
@@ -299,13 +339,15 @@ def _unplaced(providers: Mapping[str, ProviderAllocations], rule: Rule
     return found, who
 
 
-def compute_reshape(providers: Mapping[str, ProviderAllocations],
-                    consumers: Mapping[str, Consumer],
-                    desired: ProviderTree,
-                    rule: Rule,
-                    *,
-                    current_inventories: Optional[Mapping[str, Mapping[str, dict]]] = None,
-                    consumer_names: Optional[Mapping[str, str]] = None) -> Reshape:
+def compute_reshape(
+    providers: Mapping[str, ProviderAllocations],
+    consumers: Mapping[str, Consumer],
+    desired: ProviderTree,
+    rule: Rule,
+    *,
+    current_inventories: Optional[Mapping[str, Mapping[str, dict]]] = None,
+    consumer_names: Optional[Mapping[str, str]] = None,
+) -> Reshape:
     """The /reshaper body that moves every allocation the rule moves.
 
     ``providers``: the providers the rule works on, as Placement shows them
@@ -346,14 +388,19 @@ def compute_reshape(providers: Mapping[str, ProviderAllocations],
         new_host[uuid] = new_part
         moves += consumer_moves
     if not moves and not set(getattr(rule, "emptied", ())) & scope:
-        return Reshape(None, warnings=tuple(_orphan_warnings(providers, desired, names)),
-                       refusals=tuple(refusals), provider_names=rp_names,
-                       consumer_names=names)
+        return Reshape(
+            None,
+            warnings=tuple(_orphan_warnings(providers, desired, names)),
+            refusals=tuple(refusals),
+            provider_names=rp_names,
+            consumer_names=names,
+        )
 
     absent = sorted({m.to_provider for m in moves} - scope)
     if absent:
-        raise ValueError("providers not in Placement yet: "
-                         + ", ".join(rp_names.get(u, u) for u in absent))
+        raise ValueError(
+            "providers not in Placement yet: " + ", ".join(rp_names.get(u, u) for u in absent)
+        )
 
     if new_allocations:
         refusals += getattr(rule, "refusals", lambda *_: [])(sorted(new_allocations), names)
@@ -363,8 +410,9 @@ def compute_reshape(providers: Mapping[str, ProviderAllocations],
     for provider in desired.providers:
         if provider.uuid not in scope:
             continue
-        wanted = placement_inventories(provider.inventories,
-                                       (current_inventories or {}).get(provider.uuid))
+        wanted = placement_inventories(
+            provider.inventories, (current_inventories or {}).get(provider.uuid)
+        )
         for rc, holders in sorted(usage.get(provider.uuid, {}).items()):
             used = sum(holders.values())
             cap = _capacity(wanted[rc]) if rc in wanted else 0
@@ -373,8 +421,18 @@ def compute_reshape(providers: Mapping[str, ProviderAllocations],
             if (provider.uuid, rc) in targets:
                 if unplaced & set(holders):
                     continue  # their real problem is already stated
-                refusals.append(_overfill(provider.name, rc, used, cap, holders,
-                                          new_host, names, wanted[rc] if rc in wanted else None))
+                refusals.append(
+                    _overfill(
+                        provider.name,
+                        rc,
+                        used,
+                        cap,
+                        holders,
+                        new_host,
+                        names,
+                        wanted[rc] if rc in wanted else None,
+                    )
+                )
                 continue
             current = (current_inventories or {}).get(provider.uuid)
             if current is None:
@@ -384,45 +442,73 @@ def compute_reshape(providers: Mapping[str, ProviderAllocations],
                 warnings.append(_kept_warning(provider.name, rc, used, cap, holders, names))
         inventories[provider.uuid] = {
             "resource_provider_generation": providers[provider.uuid].generation,
-            "inventories": wanted}
-    body = {"inventories": inventories,
-            "allocations": {uuid: consumers[uuid].body(alloc)
-                            for uuid, alloc in sorted(new_allocations.items())}}
-    return Reshape(body, tuple(moves), tuple(warnings), tuple(refusals),
-                   frozenset(missing), rp_names, names)
+            "inventories": wanted,
+        }
+    body = {
+        "inventories": inventories,
+        "allocations": {
+            uuid: consumers[uuid].body(alloc) for uuid, alloc in sorted(new_allocations.items())
+        },
+    }
+    return Reshape(
+        body, tuple(moves), tuple(warnings), tuple(refusals), frozenset(missing), rp_names, names
+    )
 
 
-def _overfill(provider: str, rc: str, used: int, cap: int, holders: Mapping[str, int],
-              new_host: Mapping[str, Resources], names: Mapping[str, str],
-              record: Optional[Mapping] = None) -> str:
+def _overfill(
+    provider: str,
+    rc: str,
+    used: int,
+    cap: int,
+    holders: Mapping[str, int],
+    new_host: Mapping[str, Resources],
+    names: Mapping[str, str],
+    record: Optional[Mapping] = None,
+) -> str:
     moved = sorted(c for c in holders if c in new_host)
     who = ", ".join(f"{consumer_label(c, names)} {holders[c]}" for c in moved)
-    if (record is not None and record["reserved"] >= record["total"]
-            and used <= _capacity({**record, "reserved": 0})):
+    if (
+        record is not None
+        and record["reserved"] >= record["total"]
+        and used <= _capacity({**record, "reserved": 0})
+    ):
         # Closed, not short: Placement moves no allocation onto a fully
         # reserved inventory, and opening it for the move would let the
         # scheduler in.
-        return (f"{rc} on {provider} is fully reserved (reserved = total = "
-                f"{record['total']}, as maintenance publishes it): Placement moves no "
-                f"allocation onto a closed inventory, and the moved guests hold {used} "
-                f"({who}). The layout change waits until `node-agent maintenance off` "
-                f"(or the provider file that reserves it all is changed).")
-    return (f"{rc} on {provider} would need {used} but the new inventory holds "
-            f"{cap}: moved guests {who}. Give the host more {rc} (for PCPU: more "
-            f"CPUs in cpu_dedicated_set) or move those guests away first.")
+        return (
+            f"{rc} on {provider} is fully reserved (reserved = total = "
+            f"{record['total']}, as maintenance publishes it): Placement moves no "
+            f"allocation onto a closed inventory, and the moved guests hold {used} "
+            f"({who}). The layout change waits until `node-agent maintenance off` "
+            f"(or the provider file that reserves it all is changed)."
+        )
+    return (
+        f"{rc} on {provider} would need {used} but the new inventory holds "
+        f"{cap}: moved guests {who}. Give the host more {rc} (for PCPU: more "
+        f"CPUs in cpu_dedicated_set) or move those guests away first."
+    )
 
 
-def _kept_warning(provider: str, rc: str, used: int, cap: int,
-                  holders: Mapping[str, int], names: Mapping[str, str]) -> str:
+def _kept_warning(
+    provider: str,
+    rc: str,
+    used: int,
+    cap: int,
+    holders: Mapping[str, int],
+    names: Mapping[str, str],
+) -> str:
     who = ", ".join(f"{consumer_label(c, names)} {n}" for c, n in sorted(holders.items()))
-    return (f"{used} {rc} on {provider} are held by consumers the reshape does not "
-            f"move ({who}), above the new capacity {cap}; {rc} inventory is kept "
-            f"as it is until they are gone (no guest on this host matches those "
-            f"consumers, or they are not pinned).")
+    return (
+        f"{used} {rc} on {provider} are held by consumers the reshape does not "
+        f"move ({who}), above the new capacity {cap}; {rc} inventory is kept "
+        f"as it is until they are gone (no guest on this host matches those "
+        f"consumers, or they are not pinned)."
+    )
 
 
-def _orphan_warnings(providers: Mapping[str, ProviderAllocations], desired: ProviderTree,
-                     names: Mapping[str, str]) -> list[str]:
+def _orphan_warnings(
+    providers: Mapping[str, ProviderAllocations], desired: ProviderTree, names: Mapping[str, str]
+) -> list[str]:
     """Without a reshape: allocations in classes the desired tree dropped."""
     warnings = []
     for provider in desired.providers:
@@ -435,14 +521,18 @@ def _orphan_warnings(providers: Mapping[str, ProviderAllocations], desired: Prov
                 if rc not in provider.inventories and amount:
                     dropped[rc][consumer] = amount
         for rc, holders in sorted(dropped.items()):
-            warnings.append(_kept_warning(provider.name, rc, sum(holders.values()), 0,
-                                          holders, names))
+            warnings.append(
+                _kept_warning(provider.name, rc, sum(holders.values()), 0, holders, names)
+            )
     return warnings
 
 
-def hold_inventories(tree: ProviderTree, current: Mapping[str, Mapping[str, dict]],
-                     classes: Iterable[str],
-                     providers: Optional[Iterable[str]] = None) -> ProviderTree:
+def hold_inventories(
+    tree: ProviderTree,
+    current: Mapping[str, Mapping[str, dict]],
+    classes: Iterable[str],
+    providers: Optional[Iterable[str]] = None,
+) -> ProviderTree:
     """``tree`` with ``classes`` kept as Placement has them now (``current``:
     provider uuid -> inventories), for a cycle whose reshape was refused: the
     rest of the tree still syncs, but the inventory of what the reshape
@@ -468,12 +558,14 @@ def hold_inventories(tree: ProviderTree, current: Mapping[str, Mapping[str, dict
         inventories = {rc: inv for rc, inv in provider.inventories.items() if rc not in classes}
         for rc, rec in held.items():
             inventories[rc] = Inventory.from_placement(
-                {**rec, "reserved": rec["total"]} if closing else rec)
+                {**rec, "reserved": rec["total"]} if closing else rec
+            )
         out.append(replace(provider, inventories=inventories))
     return ProviderTree(tuple(out))
 
 
 # ---------------------------------------------------------------- stages
+
 
 def _closed_at(record: Mapping, used: int) -> dict:
     """``record`` with reserved raised so that its capacity is ``used``:
@@ -485,8 +577,9 @@ def _closed_at(record: Mapping, used: int) -> dict:
     return {**record, "reserved": record["total"] - units}
 
 
-def _usage_with(providers: Mapping[str, ProviderAllocations], body: Mapping,
-                batch: Iterable[str]) -> dict[str, dict[str, int]]:
+def _usage_with(
+    providers: Mapping[str, ProviderAllocations], body: Mapping, batch: Iterable[str]
+) -> dict[str, dict[str, int]]:
     """rp -> rc -> amount held once the ``batch`` consumers of ``body`` moved."""
     usage: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for rp, state in providers.items():
@@ -504,9 +597,12 @@ def _usage_with(providers: Mapping[str, ProviderAllocations], body: Mapping,
     return usage
 
 
-def stage(plan: Reshape, providers: Mapping[str, ProviderAllocations],
-          current: Mapping[str, Mapping[str, Mapping]], batch: Iterable[str]
-          ) -> Optional[Reshape]:
+def stage(
+    plan: Reshape,
+    providers: Mapping[str, ProviderAllocations],
+    current: Mapping[str, Mapping[str, Mapping]],
+    batch: Iterable[str],
+) -> Optional[Reshape]:
     """The part of ``plan`` that moves only the ``batch`` consumers, as a
     body of its own; ``plan`` itself when the batch is all of them.
 
@@ -548,19 +644,32 @@ def stage(plan: Reshape, providers: Mapping[str, ProviderAllocations],
             used = usage[uuid][rc]
             if used <= 0 and rc not in held:
                 continue  # not offered yet, nothing to hold
-            base = next((r for r in (final.get(rc), held.get(rc))
-                         if r is not None and _capacity(r) >= used), None)
+            base = next(
+                (
+                    r
+                    for r in (final.get(rc), held.get(rc))
+                    if r is not None and _capacity(r) >= used
+                ),
+                None,
+            )
             if base is None:
                 return None
             records[rc] = _closed_at(base, used)
         if records != held:
-            inventories[uuid] = {"resource_provider_generation":
-                                 entry["resource_provider_generation"],
-                                 "inventories": records}
+            inventories[uuid] = {
+                "resource_provider_generation": entry["resource_provider_generation"],
+                "inventories": records,
+            }
     if not inventories:  # Placement wants at least one provider in a reshape
         uuid, entry = min(plan.body["inventories"].items())
         inventories[uuid] = {**entry, "inventories": dict(current[uuid])}
-    body = {"inventories": inventories,
-            "allocations": {c: plan.body["allocations"][c] for c in sorted(batch)}}
-    return Reshape(body, tuple(m for m in plan.moves if m.consumer in batch),
-                   provider_names=plan.provider_names, consumer_names=plan.consumer_names)
+    body = {
+        "inventories": inventories,
+        "allocations": {c: plan.body["allocations"][c] for c in sorted(batch)},
+    }
+    return Reshape(
+        body,
+        tuple(m for m in plan.moves if m.consumer in batch),
+        provider_names=plan.provider_names,
+        consumer_names=plan.consumer_names,
+    )

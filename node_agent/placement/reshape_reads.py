@@ -28,9 +28,17 @@ from node_agent.model.provider_tree import ProviderTree
 from node_agent.model.snapshot import Guest
 from node_agent.placement.errors import NotFound, Unavailable
 from node_agent.placement.read_pace import ReadPace
-from node_agent.placement.reshape_engine import (Consumer, ProviderAllocations, Reshape, Rule,
-                                                 affected_consumers, compute_reshape, move_targets,
-                                                 rule_sources, stale_consumers)
+from node_agent.placement.reshape_engine import (
+    Consumer,
+    ProviderAllocations,
+    Reshape,
+    Rule,
+    affected_consumers,
+    compute_reshape,
+    move_targets,
+    rule_sources,
+    stale_consumers,
+)
 from node_agent.placement.reshape_rules import guest_names
 
 # uuid -> (generation, inventories): what the caller knows Placement holds
@@ -41,9 +49,12 @@ KnownInventories = Mapping[str, tuple[int, Mapping[str, dict]]]
 SETTLE_ROUNDS = 3
 
 
-def resolve_uuids(client, tree: ProviderTree,
-                  known: Optional[Mapping[str, str]] = None,
-                  names: Optional[Iterable[str]] = None) -> ProviderTree:
+def resolve_uuids(
+    client,
+    tree: ProviderTree,
+    known: Optional[Mapping[str, str]] = None,
+    names: Optional[Iterable[str]] = None,
+) -> ProviderTree:
     """``tree`` with uuids: from the tree itself, then ``known`` (name ->
     uuid, e.g. the state file's), then Placement by name (one GET each).
     Only ``names`` (default: every provider) are resolved. Providers
@@ -78,12 +89,14 @@ def read_allocations(client, uuids: Iterable[str]) -> dict[str, ProviderAllocati
 def _overloads(client) -> int:
     """Answers so far that say Placement is past what it sustains: 5xx, or
     none at all (a timeout), retries included."""
-    return sum(n for (_method, status), n in client.stats.by_status.items()
-               if status == 0 or status >= 500)
+    return sum(
+        n for (_method, status), n in client.stats.by_status.items() if status == 0 or status >= 500
+    )
 
 
-def read_consumers(client, uuids: Iterable[str],
-                   pace: Optional[ReadPace] = None) -> dict[str, Consumer]:
+def read_consumers(
+    client, uuids: Iterable[str], pace: Optional[ReadPace] = None
+) -> dict[str, Consumer]:
     """One GET per consumer, several at a time: the count stays N, the wait
     shrinks. How many at once adapts to what Placement sustains
     (:class:`~node_agent.placement.read_pace.ReadPace`, carried between the
@@ -167,14 +180,14 @@ def _generations(view: Mapping[str, ProviderAllocations]) -> dict[str, int]:
     return {uuid: state.generation for uuid, state in view.items()}
 
 
-def _read_view(client, tree: ProviderTree, rule: Rule, absent: set[str]
-               ) -> tuple[dict[str, ProviderAllocations], frozenset[str]]:
+def _read_view(
+    client, tree: ProviderTree, rule: Rule, absent: set[str]
+) -> tuple[dict[str, ProviderAllocations], frozenset[str]]:
     """The sources' allocations, then the targets moves go to (their
     generations and every consumer's share); the targets Placement does not
     have are in the view as empty providers of generation 0 (what a new one
     has) and returned apart."""
-    providers = read_allocations(client, [u for u in rule_sources(rule, tree)
-                                          if u not in absent])
+    providers = read_allocations(client, [u for u in rule_sources(rule, tree) if u not in absent])
     if not providers:
         return {}, frozenset()
     targets = move_targets(providers, rule) - set(providers)
@@ -183,8 +196,13 @@ def _read_view(client, tree: ProviderTree, rule: Rule, absent: set[str]
     return {**providers, **{uuid: ProviderAllocations(uuid, 0) for uuid in new}}, new
 
 
-def _held_inventories(client, view: Mapping[str, ProviderAllocations], new: frozenset[str],
-                      known: Optional[KnownInventories], reads: Reads) -> dict[str, dict]:
+def _held_inventories(
+    client,
+    view: Mapping[str, ProviderAllocations],
+    new: frozenset[str],
+    known: Optional[KnownInventories],
+    reads: Reads,
+) -> dict[str, dict]:
     """Each viewed provider's inventories as Placement holds them: what
     ``known`` or an earlier attempt read at the view's generation, else one
     GET. The body replaces the whole inventory, so what it keeps (nova keeps
@@ -194,8 +212,14 @@ def _held_inventories(client, view: Mapping[str, ProviderAllocations], new: froz
     for uuid, state in view.items():
         if uuid in new:
             continue
-        at = next((c for c in (reads.inventories.get(uuid), (known or {}).get(uuid))
-                   if c is not None and c[0] == state.generation), None)
+        at = next(
+            (
+                c
+                for c in (reads.inventories.get(uuid), (known or {}).get(uuid))
+                if c is not None and c[0] == state.generation
+            ),
+            None,
+        )
         if at is None:
             try:
                 body = client.inventories(uuid)
@@ -211,14 +235,24 @@ def _keeps_held_ratio(tree: ProviderTree, view: Mapping[str, ProviderAllocations
     """Whether the body keeps a ratio Placement holds (no explicit ratio in
     the config) on a provider it writes; with explicit ratios the tree alone
     gives every record."""
-    return any(inv.keep_placement_ratio for p in tree.providers if p.uuid in view
-               for inv in p.inventories.values())
+    return any(
+        inv.keep_placement_ratio
+        for p in tree.providers
+        if p.uuid in view
+        for inv in p.inventories.values()
+    )
 
 
-def compute_plan(client, tree: ProviderTree, rule: Rule, names: Mapping[str, str],
-             absent: Iterable[str] = (), reads: Optional[Reads] = None,
-             conflict: bool = False, known: Optional[KnownInventories] = None
-             ) -> tuple[Reshape, frozenset[str]]:
+def compute_plan(
+    client,
+    tree: ProviderTree,
+    rule: Rule,
+    names: Mapping[str, str],
+    absent: Iterable[str] = (),
+    reads: Optional[Reads] = None,
+    conflict: bool = False,
+    known: Optional[KnownInventories] = None,
+) -> tuple[Reshape, frozenset[str]]:
     """Read what the plan depends on and compute it (reads only). Also
     returns the targets moves go to that Placement does not have.
 
@@ -239,8 +273,12 @@ def compute_plan(client, tree: ProviderTree, rule: Rule, names: Mapping[str, str
         probed: list[str] = getattr(rule, "migration_candidates", lambda _: [])(by_consumer)
         wanted = sorted(set(affected_consumers(view, rule)) | set(probed))
         stale = stale_consumers(view, reads.consumers, wanted)
-        if (retry and rounds == 0 and not stale and (
-                reads.consumer_conflict or _generations(view) == _generations(reads.view))):
+        if (
+            retry
+            and rounds == 0
+            and not stale
+            and (reads.consumer_conflict or _generations(view) == _generations(reads.view))
+        ):
             # A consumer changed where the view does not show it (on another
             # provider, or rewritten as it was): read them all.
             stale = set(wanted)
@@ -253,17 +291,20 @@ def compute_plan(client, tree: ProviderTree, rule: Rule, names: Mapping[str, str
     reads.view, reads.new = view, new
     if probed:  # a dedicated guest's migration record moves with it
         # getattr: the Rule type is a plain callable; a rule that probed has the method.
-        rule = getattr(rule, "with_migrations")({c: reads.consumers[c]  # noqa: B009
-                                                 for c in probed
-                                                 if c in reads.consumers}, by_consumer)
+        rule = getattr(rule, "with_migrations")(  # noqa: B009
+            {c: reads.consumers[c] for c in probed if c in reads.consumers},
+            by_consumer,
+        )
         names = {**getattr(rule, "migration_names", dict)(), **names}
-    consumers = {c: reads.consumers[c] for c in affected_consumers(view, rule)
-                 if c in reads.consumers}
+    consumers = {
+        c: reads.consumers[c] for c in affected_consumers(view, rule) if c in reads.consumers
+    }
     plan = compute_reshape(view, consumers, tree, rule, consumer_names=names)
     if plan.missing_inventories or (plan.body is not None and _keeps_held_ratio(tree, view)):
         current = _held_inventories(client, view, new, known, reads)
-        plan = compute_reshape(view, consumers, tree, rule,
-                               current_inventories=current, consumer_names=names)
+        plan = compute_reshape(
+            view, consumers, tree, rule, current_inventories=current, consumer_names=names
+        )
     return plan, new
 
 
@@ -285,9 +326,14 @@ def uuid_of_root(tree: ProviderTree) -> str:
     return tree.root.uuid
 
 
-def plan_reshape(client, tree: ProviderTree, guests: Iterable[Guest], rule: Rule,
-                 absent: Iterable[str] = (), known: Optional[KnownInventories] = None
-                 ) -> Reshape:
+def plan_reshape(
+    client,
+    tree: ProviderTree,
+    guests: Iterable[Guest],
+    rule: Rule,
+    absent: Iterable[str] = (),
+    known: Optional[KnownInventories] = None,
+) -> Reshape:
     """The reshape a cycle would send now, for ``--dry-run``. Reads only;
     refusals are in the result, not raised. ``absent``: uuids of providers
     of ``tree`` that Placement does not have yet (not read); ``known`` as
@@ -299,6 +345,8 @@ def plan_reshape(client, tree: ProviderTree, guests: Iterable[Guest], rule: Rule
         raise ReshapeError(f"cannot plan the reshape: {exc}") from exc
     if not new:
         return plan
-    shown = {uuid: f"{name} (to be created)" if uuid in new else name
-             for uuid, name in plan.provider_names.items()}
+    shown = {
+        uuid: f"{name} (to be created)" if uuid in new else name
+        for uuid, name in plan.provider_names.items()
+    }
     return replace(plan, provider_names=shown)

@@ -98,19 +98,32 @@ class chain(RuleBase):
         return found
 
     def migration_candidates(self, by_consumer: Mapping[str, Mapping[str, int]]) -> list[str]:
-        return sorted({c for rule in self.rules
-                       for c in getattr(rule, "migration_candidates", lambda _: [])(by_consumer)})
+        return sorted(
+            {
+                c
+                for rule in self.rules
+                for c in getattr(rule, "migration_candidates", lambda _: [])(by_consumer)
+            }
+        )
 
     def with_migrations(self, records: Mapping[str, Consumer], here: Iterable[str]) -> Rule:
         here = list(here)
         # B023 (here and below): each default is called at once, in its own iteration.
-        return chain(*(getattr(r, "with_migrations", lambda *_: r)(records, here)  # noqa: B023
-                       for r in self.rules))
+        return chain(
+            *(
+                getattr(r, "with_migrations", lambda *_: r)(records, here)  # noqa: B023
+                for r in self.rules
+            )
+        )
 
     def with_guests(self, guests: Iterable[Guest]) -> Rule:
         guests = list(guests)
-        return chain(*(getattr(r, "with_guests", lambda _: r)(guests)  # noqa: B023
-                       for r in self.rules))
+        return chain(
+            *(
+                getattr(r, "with_guests", lambda _: r)(guests)  # noqa: B023
+                for r in self.rules
+            )
+        )
 
     def migration_names(self) -> dict[str, str]:
         found: dict[str, str] = {}
@@ -154,9 +167,14 @@ class pinned_to_pcpu(RuleBase):
 
     classes = frozenset({"VCPU", "PCPU"})
 
-    def __init__(self, guests: Iterable[Guest], root_uuid: str, dedicated: Optional[CpuSet],
-                 providers: Iterable[str] = (),
-                 migrations: Optional[Mapping[str, Sequence[Guest]]] = None):
+    def __init__(
+        self,
+        guests: Iterable[Guest],
+        root_uuid: str,
+        dedicated: Optional[CpuSet],
+        providers: Iterable[str] = (),
+        migrations: Optional[Mapping[str, Sequence[Guest]]] = None,
+    ):
         self.guests = {g.uuid: g for g in guests}
         self.root_uuid = root_uuid
         self.dedicated = dedicated or CpuSet()
@@ -182,20 +200,34 @@ class pinned_to_pcpu(RuleBase):
         return migrations.candidates(dedicated, by_consumer) if dedicated else []
 
     def with_migrations(self, records: Mapping[str, Consumer], here: Iterable[str]) -> Rule:
-        bodies = {c: {"allocations": r.allocations, "project_id": r.project_id,
-                      "user_id": r.user_id, "consumer_type": r.consumer_type}
-                  for c, r in records.items()}
+        bodies = {
+            c: {
+                "allocations": r.allocations,
+                "project_id": r.project_id,
+                "user_id": r.user_id,
+                "consumer_type": r.consumer_type,
+            }
+            for c, r in records.items()
+        }
         found = migrations.match(self.guests.values(), bodies, self.sources, here)
-        return pinned_to_pcpu(self.guests.values(), self.root_uuid, self.dedicated,
-                              self.sources - {self.root_uuid}, found)
+        return pinned_to_pcpu(
+            self.guests.values(),
+            self.root_uuid,
+            self.dedicated,
+            self.sources - {self.root_uuid},
+            found,
+        )
 
     def with_guests(self, guests: Iterable[Guest]) -> Rule:
-        return pinned_to_pcpu(guests, self.root_uuid, self.dedicated,
-                              self.sources - {self.root_uuid}, self.migrations)
+        return pinned_to_pcpu(
+            guests, self.root_uuid, self.dedicated, self.sources - {self.root_uuid}, self.migrations
+        )
 
     def migration_names(self) -> dict[str, str]:
-        return {c: "migration record of " + ", ".join(g.name for g in of)
-                for c, of in self.migrations.items()}
+        return {
+            c: "migration record of " + ", ".join(g.name for g in of)
+            for c, of in self.migrations.items()
+        }
 
     def __call__(self, consumer: str, provider: str, rc: str, amount: int) -> list[Place]:
         if provider in self.sources and rc == "VCPU" and self._moves(consumer):
@@ -215,8 +247,7 @@ class vgpu_to_gpu_children(RuleBase):
 
     classes = frozenset({"VGPU"})
 
-    def __init__(self, guests: Iterable[Guest], root_uuid: str,
-                 gpu_providers: Mapping[str, str]):
+    def __init__(self, guests: Iterable[Guest], root_uuid: str, gpu_providers: Mapping[str, str]):
         self.guests = {g.uuid: g for g in guests}
         self.root_uuid = root_uuid
         self.gpu_providers = dict(gpu_providers)
@@ -225,16 +256,22 @@ class vgpu_to_gpu_children(RuleBase):
 
     def _why_not(self, guest: Guest, amount: int) -> Optional[str]:
         if len(guest.mdevs) != amount:
-            return (f"{_who(guest)} holds {amount} VGPU on the root but its domain has "
-                    f"{len(guest.mdevs)} mdev devices")
+            return (
+                f"{_who(guest)} holds {amount} VGPU on the root but its domain has "
+                f"{len(guest.mdevs)} mdev devices"
+            )
         for mdev in guest.mdevs:
             if mdev.parent is None:
-                return (f"{_who(guest)}: the parent GPU of mdev {mdev.uuid} is unknown "
-                        "(no GPU in sysfs lists it under mdev_supported_types/*/devices)")
+                return (
+                    f"{_who(guest)}: the parent GPU of mdev {mdev.uuid} is unknown "
+                    "(no GPU in sysfs lists it under mdev_supported_types/*/devices)"
+                )
             if mdev.parent not in self.gpu_providers:
-                return (f"{_who(guest)}: mdev {mdev.uuid} lives on GPU {mdev.parent}, which "
-                        "the tree does not report (enable its mdev type in [devices] "
-                        "enabled_mdev_types)")
+                return (
+                    f"{_who(guest)}: mdev {mdev.uuid} lives on GPU {mdev.parent}, which "
+                    "the tree does not report (enable its mdev type in [devices] "
+                    "enabled_mdev_types)"
+                )
         return None
 
     def _applies(self, provider: str, rc: str) -> bool:
@@ -242,8 +279,11 @@ class vgpu_to_gpu_children(RuleBase):
 
     def __call__(self, consumer: str, provider: str, rc: str, amount: int) -> list[Place]:
         guest = self.guests.get(consumer)
-        if (not self._applies(provider, rc) or guest is None
-                or self._why_not(guest, amount) is not None):
+        if (
+            not self._applies(provider, rc)
+            or guest is None
+            or self._why_not(guest, amount) is not None
+        ):
             return [(provider, rc, amount)]
         per_gpu: dict[str, int] = defaultdict(int)
         for mdev in guest.mdevs:  # each has a parent the tree reports: see _why_not
@@ -272,17 +312,23 @@ class pcpu_to_numa_children(RuleBase):
 
     MOVED = ("PCPU", "VCPU", "MEMORY_MB")
 
-    def __init__(self, guests: Iterable[Guest], root_uuid: str,
-                 node_providers: Mapping[int, str], node_of: Callable[[int], Optional[int]],
-                 classes: Iterable[str] = MOVED,
-                 node_classes: Optional[Mapping[int, Iterable[str]]] = None):
+    def __init__(
+        self,
+        guests: Iterable[Guest],
+        root_uuid: str,
+        node_providers: Mapping[int, str],
+        node_of: Callable[[int], Optional[int]],
+        classes: Iterable[str] = MOVED,
+        node_classes: Optional[Mapping[int, Iterable[str]]] = None,
+    ):
         self.guests = {g.uuid: g for g in guests}
         self.root_uuid = root_uuid
         self.node_providers = dict(node_providers)
         self.node_of = node_of
         self.classes = frozenset(classes)
-        self.node_classes = ({n: frozenset(c) for n, c in node_classes.items()}
-                             if node_classes is not None else None)
+        self.node_classes = (
+            {n: frozenset(c) for n, c in node_classes.items()} if node_classes is not None else None
+        )
         self.sources = frozenset({root_uuid})
         self.targets = frozenset(self.node_providers.values())
 
@@ -294,12 +340,16 @@ class pcpu_to_numa_children(RuleBase):
             return None, f"{_who(guest)} is pinned to CPUs {homeless}, which are in no NUMA node"
         nodes = {n for n in cpu_nodes.values() if n is not None} | set(guest.numa_nodes)
         if not nodes:
-            return None, (f"{_who(guest)} has neither CPU pins nor numatune memory nodes, "
-                          "so its NUMA node is unknown")
+            return None, (
+                f"{_who(guest)} has neither CPU pins nor numatune memory nodes, "
+                "so its NUMA node is unknown"
+            )
         if len(nodes) > 1:
-            return None, (f"{_who(guest)} spans NUMA nodes {CpuSet(nodes)} (pinned CPUs "
-                          f"{guest.pinned_cpus or 'none'}, numatune memory nodes "
-                          f"{CpuSet(guest.numa_nodes) or 'none'})")
+            return None, (
+                f"{_who(guest)} spans NUMA nodes {CpuSet(nodes)} (pinned CPUs "
+                f"{guest.pinned_cpus or 'none'}, numatune memory nodes "
+                f"{CpuSet(guest.numa_nodes) or 'none'})"
+            )
         node = nodes.pop()
         if node not in self.node_providers:
             return None, f"{_who(guest)} lives on NUMA node {node}, which has no provider"
@@ -347,10 +397,15 @@ class children_to_root(RuleBase):
     ``emptied``: the body clears their inventories even when nothing moves,
     in the same request that sets the root's."""
 
-    def __init__(self, root_uuid: str, children: Mapping[str, str],
-                 root_classes: Iterable[str],
-                 child_classes: Optional[Mapping[str, Iterable[str]]] = None,
-                 guests: Iterable[Guest] = (), hint: str = ""):
+    def __init__(
+        self,
+        root_uuid: str,
+        children: Mapping[str, str],
+        root_classes: Iterable[str],
+        child_classes: Optional[Mapping[str, Iterable[str]]] = None,
+        guests: Iterable[Guest] = (),
+        hint: str = "",
+    ):
         self.root_uuid = root_uuid
         self.children = dict(children)
         self.root_classes = frozenset(root_classes)
@@ -371,13 +426,18 @@ class children_to_root(RuleBase):
         if provider not in self.children or rc in self.root_classes:
             return []
         hint = f" ({self.hint})" if self.hint else ""
-        who = (f"guest {consumer_label(consumer, self.names)}" if consumer in self.names
-               else f"consumer {consumer} (no guest on this host)")
-        return [f"{who} holds {amount} {rc} on "
-                f"{self.children[provider]}, "
-                f"which is going away{hint}; the root reports no {rc} to move it back to. "
-                "Keep the configuration that reports that child, or remove that "
-                "allocation (migrate or delete the instance) first."]
+        who = (
+            f"guest {consumer_label(consumer, self.names)}"
+            if consumer in self.names
+            else f"consumer {consumer} (no guest on this host)"
+        )
+        return [
+            f"{who} holds {amount} {rc} on "
+            f"{self.children[provider]}, "
+            f"which is going away{hint}; the root reports no {rc} to move it back to. "
+            "Keep the configuration that reports that child, or remove that "
+            "allocation (migrate or delete the instance) first."
+        ]
 
 
 class mem_encryption_to_child(RuleBase):
@@ -407,13 +467,19 @@ def _sev_child(tree: ProviderTree) -> Optional[Provider]:
 # the NUMA map and the GPUs from the agent's message): no nodes or GPUs then
 # means no nested rule.
 def _numa_children(tree: ProviderTree, host: HostSnapshot) -> dict[int, Provider]:
-    return {n.id: p for n in getattr(host, "nodes", ())
-            if (p := tree.by_name(numa_provider_name(tree.root.name, n.id))) is not None}
+    return {
+        n.id: p
+        for n in getattr(host, "nodes", ())
+        if (p := tree.by_name(numa_provider_name(tree.root.name, n.id))) is not None
+    }
 
 
 def _gpu_children(tree: ProviderTree, host: HostSnapshot) -> dict[str, Provider]:
-    return {g.address: p for g in getattr(host, "gpus", ())
-            if (p := tree.by_name(gpu_provider_name(tree.root.name, g.address))) is not None}
+    return {
+        g.address: p
+        for g in getattr(host, "gpus", ())
+        if (p := tree.by_name(gpu_provider_name(tree.root.name, g.address))) is not None
+    }
 
 
 def _uuid(provider: Provider) -> str:
@@ -430,8 +496,9 @@ def rule_provider_names(tree: ProviderTree, host: HostSnapshot) -> list[str]:
     return [tree.root.name] + [p.name for p in children]
 
 
-def host_rule(tree: ProviderTree, host: HostSnapshot,
-              dedicated: Optional[CpuSet], back: Sequence[Rule] = ()) -> chain:
+def host_rule(
+    tree: ProviderTree, host: HostSnapshot, dedicated: Optional[CpuSet], back: Sequence[Rule] = ()
+) -> chain:
     """The rule chain that fits a host's desired tree: first ``back`` (the
     :class:`children_to_root` rules for the agent's children going away),
     then VCPU -> PCPU for pinned guests, VGPU on the root -> GPU children
@@ -442,15 +509,23 @@ def host_rule(tree: ProviderTree, host: HostSnapshot,
     root = _uuid(tree.root)
     numa = _numa_children(tree, host)
     gpus = {address: _uuid(p) for address, p in _gpu_children(tree, host).items()}
-    rules: list[Rule] = [*back, pinned_to_pcpu(host.guests, root, dedicated,
-                                               [_uuid(p) for p in numa.values()])]
+    rules: list[Rule] = [
+        *back,
+        pinned_to_pcpu(host.guests, root, dedicated, [_uuid(p) for p in numa.values()]),
+    ]
     if gpus:
         rules.append(vgpu_to_gpu_children(host.guests, root, gpus))
     sev = _sev_child(tree)
     if sev is not None and sev.uuid:
         rules.append(mem_encryption_to_child(root, sev.uuid))
     if numa:
-        rules.append(pcpu_to_numa_children(
-            host.guests, root, {n: _uuid(p) for n, p in numa.items()}, host.node_of,
-            node_classes={n: frozenset(p.inventories) for n, p in numa.items()}))
+        rules.append(
+            pcpu_to_numa_children(
+                host.guests,
+                root,
+                {n: _uuid(p) for n, p in numa.items()},
+                host.node_of,
+                node_classes={n: frozenset(p.inventories) for n, p in numa.items()},
+            )
+        )
     return chain(*rules)

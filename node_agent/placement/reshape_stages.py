@@ -51,11 +51,11 @@ class Stages:
     limit: Optional[int] = None  # consumers per POST; None: all of them
     posts: int = 0
     refusals: int = 0
-    through: int = 0             # POSTs that went through
+    through: int = 0  # POSTs that went through
     moves: list = field(default_factory=list)
-    last: Optional[Reshape] = None       # the last POST that went through
+    last: Optional[Reshape] = None  # the last POST that went through
     refused_last: Optional[Reshape] = None
-    current: Optional[dict] = None       # uuid -> inventories, once staging
+    current: Optional[dict] = None  # uuid -> inventories, once staging
     timed: Optional[tuple[int, float, bool]] = None  # consumers, seconds, refused
     last_post: tuple[int, float] = (0, 0.0)  # consumers, seconds of the last refused POST
     # Once staging: seconds from the view read to the answer, summed over
@@ -77,9 +77,9 @@ class Stages:
         if self.refusals < max(1, attempts):
             return False
         interval = self.interval
-        return (self.refusals > 2 * self.through
-                or (interval is not None and (self.fastest * 3 > interval
-                                              or interval < BUSY_WRITE_INTERVAL)))
+        return self.refusals > 2 * self.through or (
+            interval is not None and (self.fastest * 3 > interval or interval < BUSY_WRITE_INTERVAL)
+        )
 
     @property
     def interval(self) -> Optional[float]:
@@ -113,8 +113,7 @@ class Stages:
         self.moves += sent.moves
         self.last, self.refused_last = sent, None
         if self.current is not None and sent.body is not None:
-            self.current.update({u: e["inventories"]
-                                 for u, e in sent.body["inventories"].items()})
+            self.current.update({u: e["inventories"] for u, e in sent.body["inventories"].items()})
         if self.limit is not None and seconds:
             self.timed = (len(sent.moved_consumers), seconds, False)
 
@@ -145,7 +144,7 @@ def stage_of(client, plan: Reshape, reads: Reads, run: Stages) -> Reshape:
     if run.current is None:
         # What the stages leave untouched; after each stage, what it set.
         run.current = read_inventories(client, sorted(plan.body["inventories"]))
-    staged = stage(plan, reads.view, run.current, moved[:run.limit])
+    staged = stage(plan, reads.view, run.current, moved[: run.limit])
     if staged is None:
         LOG.debug("reshape: this plan cannot be sent in stages; sending it whole")
         return plan
@@ -157,19 +156,26 @@ def busy_text(run: Stages, plan: Reshape, seconds: float, exc: Exception) -> str
     left = len(plan.moved_consumers)
     consumers, took = run.last_post
     interval = run.interval
-    pace = (f"; other writes came about every {interval:.2f} s and the quickest POST "
-            f"that went through took {run.fastest:.2f} s from its read to its answer"
-            if interval is not None and run.fastest < float("inf") else "")
-    done = (f"{moved} consumers were moved, each whole, by the {run.through} that went "
-            "through; until the rest are, the classes being moved are published closed "
-            "at what is allocated"
-            if moved else "nothing was moved and the inventory it would move is kept "
-            "as Placement holds it")
-    return (f"reshape not done, this host is too busy: {run.refusals} POST /reshaper "
-            f"refused in {seconds:.1f} s because allocations on the host changed "
-            f"while they were read or processed (the last one carried {consumers} "
-            f"consumers and was answered in {took:.2f} s{pace}; last: {exc}). "
-            f"{done}; {left} consumers still to move. The next cycle tries again. To "
-            "let it through now, stop scheduling to this host for a moment (openstack "
-            "compute service set --disable, or node-agent maintenance on) and run "
-            "node-agent --once.")
+    pace = (
+        f"; other writes came about every {interval:.2f} s and the quickest POST "
+        f"that went through took {run.fastest:.2f} s from its read to its answer"
+        if interval is not None and run.fastest < float("inf")
+        else ""
+    )
+    done = (
+        f"{moved} consumers were moved, each whole, by the {run.through} that went "
+        "through; until the rest are, the classes being moved are published closed "
+        "at what is allocated"
+        if moved
+        else "nothing was moved and the inventory it would move is kept as Placement holds it"
+    )
+    return (
+        f"reshape not done, this host is too busy: {run.refusals} POST /reshaper "
+        f"refused in {seconds:.1f} s because allocations on the host changed "
+        f"while they were read or processed (the last one carried {consumers} "
+        f"consumers and was answered in {took:.2f} s{pace}; last: {exc}). "
+        f"{done}; {left} consumers still to move. The next cycle tries again. To "
+        "let it through now, stop scheduling to this host for a moment (openstack "
+        "compute service set --disable, or node-agent maintenance on) and run "
+        "node-agent --once."
+    )

@@ -41,12 +41,12 @@ from node_agent.model.provider_tree import ProviderTree
 from node_agent.model.snapshot import Guest
 from node_agent.placement.errors import DuplicateName, GenerationConflict, InventoryInUse
 from node_agent.placement.reshape_engine import Reshape, Rule
-from node_agent.placement.reshape_reads import (KnownInventories, Reads, compute_plan,
-                                                uuid_of_root)
+from node_agent.placement.reshape_reads import KnownInventories, Reads, compute_plan, uuid_of_root
 from node_agent.placement.reshape_rules import guest_names
 from node_agent.placement.reshape_stages import ATTEMPTS, Stages, busy_text, stage_of
 
 LOG = logging.getLogger(__name__)
+
 
 @dataclass
 class ReshapeOutcome:
@@ -73,17 +73,23 @@ class ReshapeOutcome:
         """Provider uuid -> the inventories the POST set (empty if none was sent)."""
         if not self.reshaped or self.reshape.body is None:
             return {}
-        return {uuid: entry["inventories"]
-                for uuid, entry in self.reshape.body["inventories"].items()}
+        return {
+            uuid: entry["inventories"] for uuid, entry in self.reshape.body["inventories"].items()
+        }
 
 
-def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: Rule, *,
-                    attempts: int = ATTEMPTS,
-                    before_post: Optional[Callable[[dict], None]] = None,
-                    absent: Iterable[str] = (),
-                    known: Optional[KnownInventories] = None,
-                    guests_now: Optional[Callable[[], Iterable[Guest]]] = None
-                    ) -> ReshapeOutcome:
+def ensure_reshaped(
+    client,
+    tree: ProviderTree,
+    guests: Iterable[Guest],
+    rule: Rule,
+    *,
+    attempts: int = ATTEMPTS,
+    before_post: Optional[Callable[[dict], None]] = None,
+    absent: Iterable[str] = (),
+    known: Optional[KnownInventories] = None,
+    guests_now: Optional[Callable[[], Iterable[Guest]]] = None,
+) -> ReshapeOutcome:
     """Make Placement's allocations fit ``tree`` under ``rule``.
 
     Reads the rule's providers and the consumers the rule moves, and sends
@@ -134,8 +140,9 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
                 # B023: the default is called at once, before ``rule`` is rebound.
                 rule = getattr(rule, "with_guests", lambda _: rule)(guests)  # noqa: B023
                 names = guest_names(guests)
-            plan = _plan_for_post(client, tree, rule, names, absent, outcome, reads,
-                                  retry=run.posts > 0, known=known)
+            plan = _plan_for_post(
+                client, tree, rule, names, absent, outcome, reads, retry=run.posts > 0, known=known
+            )
             run.seen()
             if run.refused_last is not None:
                 _check_lost(client, run, plan, outcome)
@@ -188,19 +195,32 @@ def ensure_reshaped(client, tree: ProviderTree, guests: Iterable[Guest], rule: R
     for warning in outcome.warnings:
         LOG.warning("reshape: %s", warning)
     if outcome.reshaped:
-        LOG.info("reshape: moved %d consumers (%s) in %d POST /reshaper (%d refused), "
-                 "last request id %s, %d requests",
-                 outcome.consumers_moved, _totals_text(outcome.reshape),
-                 run.through, run.refusals, outcome.request_id,
-                 outcome.requests)
+        LOG.info(
+            "reshape: moved %d consumers (%s) in %d POST /reshaper (%d refused), "
+            "last request id %s, %d requests",
+            outcome.consumers_moved,
+            _totals_text(outcome.reshape),
+            run.through,
+            run.refusals,
+            outcome.request_id,
+            outcome.requests,
+        )
     else:
         LOG.debug("reshape: nothing to move (%d requests)", outcome.requests)
     return outcome
 
 
-def _plan_for_post(client, tree: ProviderTree, rule: Rule, names, absent: set[str],
-                   outcome: ReshapeOutcome, reads: Reads, retry: bool,
-                   known: Optional[KnownInventories]) -> Reshape:
+def _plan_for_post(
+    client,
+    tree: ProviderTree,
+    rule: Rule,
+    names,
+    absent: set[str],
+    outcome: ReshapeOutcome,
+    reads: Reads,
+    retry: bool,
+    known: Optional[KnownInventories],
+) -> Reshape:
     plan, new = compute_plan(client, tree, rule, names, absent, reads, conflict=retry, known=known)
     _refuse(plan)
     if plan.needed and new:
@@ -210,8 +230,9 @@ def _plan_for_post(client, tree: ProviderTree, rule: Rule, names, absent: set[st
         plan, new = compute_plan(client, tree, rule, names, absent, reads, known=known)
         _refuse(plan)
         if new:
-            raise ValueError("providers created for the reshape are gone: "
-                             + ", ".join(sorted(new)))
+            raise ValueError(
+                "providers created for the reshape are gone: " + ", ".join(sorted(new))
+            )
     return plan
 
 
@@ -226,23 +247,31 @@ def _create_missing(client, tree: ProviderTree, uuids: Iterable[str]) -> None:
         if provider.parent is not None:
             parent = tree.by_name(provider.parent)
             if parent is None or not parent.uuid:
-                raise ValueError(f"provider {provider.name}: its parent {provider.parent} "
-                                 "has no uuid")
+                raise ValueError(
+                    f"provider {provider.name}: its parent {provider.parent} has no uuid"
+                )
             body["parent_provider_uuid"] = parent.uuid
         try:
             client.create_provider(body)
         except DuplicateName as exc:
             raise ReshapeError(
                 f"cannot create provider {provider.name} for the reshape: {exc}; "
-                "the next cycle looks it up again") from exc
-        LOG.info("reshape: created provider %s (%s) to move allocations onto",
-                 provider.name, provider.uuid)
+                "the next cycle looks it up again"
+            ) from exc
+        LOG.info(
+            "reshape: created provider %s (%s) to move allocations onto",
+            provider.name,
+            provider.uuid,
+        )
 
 
 def _refuse(plan: Reshape) -> None:
     if plan.refusals:
-        raise ReshapeError("\n".join(["reshape refused; allocations in Placement "
-                                      "were left as they are:", *plan.refusals]))
+        raise ReshapeError(
+            "\n".join(
+                ["reshape refused; allocations in Placement were left as they are:", *plan.refusals]
+            )
+        )
 
 
 def _to_pcpu(plan: Reshape) -> bool:
@@ -254,8 +283,11 @@ def _check_lost(client, run: Stages, plan: Reshape, outcome: ReshapeOutcome) -> 
     gone through though its answer was lost (the client's retry got the
     409): if they hold what it set, it is a stage this run made."""
     lost, run.refused_last = run.refused_last, None
-    if (lost is not None and not set(lost.moved_consumers) & set(plan.moved_consumers)
-            and _committed(client, lost)):
+    if (
+        lost is not None
+        and not set(lost.moved_consumers) & set(plan.moved_consumers)
+        and _committed(client, lost)
+    ):
         run.went_through(lost)
         outcome.reshaped = outcome.response_lost = True
 
@@ -267,7 +299,8 @@ def _committed(client, sent: Reshape) -> bool:
     for consumer, entry in sent.body["allocations"].items():
         held = client.consumer_allocations(consumer)["allocations"]
         if {rp: a["resources"] for rp, a in held.items()} != {
-                rp: a["resources"] for rp, a in entry["allocations"].items()}:
+            rp: a["resources"] for rp, a in entry["allocations"].items()
+        }:
             return False
     return True
 

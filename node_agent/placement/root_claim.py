@@ -12,8 +12,8 @@ import logging
 from typing import Optional
 
 from node_agent.errors import ProviderOwned
-from node_agent.model.provider_tree import ProviderTree
 from node_agent.model.provider_state import ProviderState
+from node_agent.model.provider_tree import ProviderTree
 from node_agent.policy import root_owner
 
 # Under the syncer's name, as before the split: operators filter on it.
@@ -37,10 +37,17 @@ class RootClaim:
             raise ProviderOwned(root_owner.refusal(verdict, desired.root.name, root.uuid))
         if verdict.owner != self._judged and root is not None:
             if verdict.owner in (root_owner.OWNED_BY_NOVA, root_owner.OTHER_MACHINE):
-                LOG.warning("taking over provider %s (%s) from %s ([agent] "
-                            "take_over_provider)", desired.root.name, root.uuid, verdict.owner)
+                LOG.warning(
+                    "taking over provider %s (%s) from %s ([agent] take_over_provider)",
+                    desired.root.name,
+                    root.uuid,
+                    verdict.owner,
+                )
             elif verdict.owner == root_owner.UNMARKED:
-                LOG.info("adopting provider %s (%s), which no machine has marked",
-                         desired.root.name, root.uuid)
+                LOG.info(
+                    "adopting provider %s (%s), which no machine has marked",
+                    desired.root.name,
+                    root.uuid,
+                )
         self._judged = verdict.owner
         return root_owner.claimed(desired, verdict)

@@ -29,9 +29,9 @@ import uuid as uuidlib
 from dataclasses import replace
 from typing import Callable, Iterable, Mapping, Optional
 
+from node_agent.model.provider_state import ProviderState
 from node_agent.model.provider_tree import PlacedTree, ProviderTree
 from node_agent.placement.capacity_gate import CapacityGate, as_left
-from node_agent.model.provider_state import ProviderState
 from node_agent.placement.planner import Change, plan_changes
 from node_agent.placement.root_claim import RootClaim
 from node_agent.placement.sync_context import Replan, SyncContext, SyncReport
@@ -60,10 +60,15 @@ class TreeSyncer:
     errors: :attr:`SyncReport.cuts`.
     """
 
-    def __init__(self, client, store: Store,
-                 full_verify_interval: float = 300,
-                 clock: Callable[[], float] = time.monotonic,
-                 spread: bool = False, owner: Optional[root_owner.Identity] = None):
+    def __init__(
+        self,
+        client,
+        store: Store,
+        full_verify_interval: float = 300,
+        clock: Callable[[], float] = time.monotonic,
+        spread: bool = False,
+        owner: Optional[root_owner.Identity] = None,
+    ):
         """``spread``: the first verify after the first read is due at this
         host's phase of the interval (:func:`verify_phase` of the root's
         name), and the later ones on that grid, every interval; without it
@@ -107,13 +112,19 @@ class TreeSyncer:
     def _read_provider(self, rp: dict) -> ProviderState:
         inventories = self.client.inventories(rp["uuid"])
         traits = self.client.traits(rp["uuid"])
-        self._cache.note_generation(rp["uuid"], inventories["resource_provider_generation"],
-                                    traits["resource_provider_generation"])
-        return ProviderState(rp["uuid"], rp["name"],
-                             traits["resource_provider_generation"],
-                             rp.get("parent_provider_uuid"),
-                             inventories["inventories"],
-                             frozenset(traits["traits"]))
+        self._cache.note_generation(
+            rp["uuid"],
+            inventories["resource_provider_generation"],
+            traits["resource_provider_generation"],
+        )
+        return ProviderState(
+            rp["uuid"],
+            rp["name"],
+            traits["resource_provider_generation"],
+            rp.get("parent_provider_uuid"),
+            inventories["inventories"],
+            frozenset(traits["traits"]),
+        )
 
     def _full_read(self, root_uuid: str) -> dict[str, ProviderState]:
         """GET the tree; inventories and traits only of providers whose
@@ -124,8 +135,8 @@ class TreeSyncer:
             known = self._cache.fresh(rp["uuid"], rp["generation"])
             if known is not None:
                 actual[rp["uuid"]] = replace(
-                    known, name=rp["name"],
-                    parent_uuid=rp.get("parent_provider_uuid"))
+                    known, name=rp["name"], parent_uuid=rp.get("parent_provider_uuid")
+                )
             else:
                 actual[rp["uuid"]] = self._read_provider(rp)
         return actual
@@ -137,8 +148,14 @@ class TreeSyncer:
         if cached is not None and not self._verify_due():
             # Read this verify period (the owner check just before a sync,
             # say): the cache answers, found or not, without a second lookup.
-            return next((s.uuid for s in cached.values()
-                         if s.name == desired.root.name and s.parent_uuid is None), None)
+            return next(
+                (
+                    s.uuid
+                    for s in cached.values()
+                    if s.name == desired.root.name and s.parent_uuid is None
+                ),
+                None,
+            )
         found = self._lookup_by_name(desired.root.name)
         return found["uuid"] if found else None
 
@@ -148,8 +165,9 @@ class TreeSyncer:
             return dict(cached)
         actual = self._full_read(root_uuid) if root_uuid else {}
         now = self.clock()
-        self._cache.read_whole(actual, now, self._cache.next_due(
-            now, host, self.full_verify_interval, self.spread))
+        self._cache.read_whole(
+            actual, now, self._cache.next_due(now, host, self.full_verify_interval, self.spread)
+        )
         return actual
 
     def _prepare(self, desired: ProviderTree) -> SyncContext:
@@ -157,13 +175,14 @@ class TreeSyncer:
         actual = self._actual(root_uuid, desired.root.name)
         by_name = {s.name: s.uuid for s in actual.values()}
         saved = self._state.get(PROVIDERS, {})
-        uuids = {p.name: by_name.get(p.name) or saved.get(p.name)
-                 or str(uuidlib.uuid4()) for p in desired.providers}
+        uuids = {
+            p.name: by_name.get(p.name) or saved.get(p.name) or str(uuidlib.uuid4())
+            for p in desired.providers
+        }
         if root_uuid:
             uuids[desired.root.name] = root_uuid
         if self._claim is not None:
-            desired = self._claim.claimed(desired,
-                                          actual.get(root_uuid) if root_uuid else None)
+            desired = self._claim.claimed(desired, actual.get(root_uuid) if root_uuid else None)
         return SyncContext(desired.placed(uuids), actual)
 
     def traits_by_name(self, desired: ProviderTree) -> dict[str, frozenset]:
@@ -185,9 +204,13 @@ class TreeSyncer:
         return set(self._state.get(OWNED_CHILDREN, [])) | found
 
     def _plan(self, ctx: SyncContext) -> list[Change]:
-        return plan_changes(ctx.tree, ctx.actual, self._owned(ctx),
-                            known_resource_classes=self._writer.known_classes,
-                            known_traits=self._writer.known_traits)
+        return plan_changes(
+            ctx.tree,
+            ctx.actual,
+            self._owned(ctx),
+            known_resource_classes=self._writer.known_classes,
+            known_traits=self._writer.known_traits,
+        )
 
     def plan(self, desired: ProviderTree) -> list[Change]:
         """The changes :meth:`sync` would apply now. Reads, never writes.
@@ -213,10 +236,12 @@ class TreeSyncer:
         root = ctx.tree.root_uuid
         return root, [s for s in ctx.actual.values() if root and s.parent_uuid == root]
 
-    def plan_with_tree(self, desired: ProviderTree,
-                       limits: Optional[cap.HostLimits] = None,
-                       consumer_names: Optional[Mapping[str, str]] = None
-                       ) -> tuple[PlacedTree, list[Change]]:
+    def plan_with_tree(
+        self,
+        desired: ProviderTree,
+        limits: Optional[cap.HostLimits] = None,
+        consumer_names: Optional[Mapping[str, str]] = None,
+    ) -> tuple[PlacedTree, list[Change]]:
         """Like :meth:`plan`, also returning the tree with the uuids it would use.
 
         With ``limits`` the plan is the one :meth:`sync` would send after
@@ -244,8 +269,12 @@ class TreeSyncer:
 
     # -- writing
 
-    def sync(self, desired: ProviderTree, limits: Optional[cap.HostLimits] = None,
-             consumer_names: Optional[Mapping[str, str]] = None) -> SyncReport:
+    def sync(
+        self,
+        desired: ProviderTree,
+        limits: Optional[cap.HostLimits] = None,
+        consumer_names: Optional[Mapping[str, str]] = None,
+    ) -> SyncReport:
         """Apply the plan; see the class docstring for the failure contract.
 
         With ``limits`` (the host's, :func:`node_agent.policy.capacity.host_limits`)
@@ -288,7 +317,8 @@ class TreeSyncer:
             else:
                 report.errors.append(
                     "the tree changed in Placement while it was being synced; "
-                    "it will be read again next cycle")
+                    "it will be read again next cycle"
+                )
         except BaseException:
             self._suspect()  # unknown how far we got: verify next time
             raise
@@ -313,15 +343,15 @@ class TreeSyncer:
     def _save_state(self, ctx: SyncContext) -> None:
         held = self._held
         uuids = {p.name: ctx.tree.uuid(p) for p in ctx.tree.providers}
-        created_or_found = {uuids[p.name] for p in ctx.tree.providers[1:]
-                            if uuids[p.name] in held}
-        owned = (set(self._state.get(OWNED_CHILDREN, [])) | created_or_found)
+        created_or_found = {uuids[p.name] for p in ctx.tree.providers[1:] if uuids[p.name] in held}
+        owned = set(self._state.get(OWNED_CHILDREN, [])) | created_or_found
         owned &= set(held)
         root = ctx.tree.root_uuid
-        new = {ROOT_UUID: root if root in held else
-               self._state.get(ROOT_UUID),
-               PROVIDERS: {name: uuid for name, uuid in uuids.items() if uuid in held},
-               OWNED_CHILDREN: sorted(owned)}
+        new = {
+            ROOT_UUID: root if root in held else self._state.get(ROOT_UUID),
+            PROVIDERS: {name: uuid for name, uuid in uuids.items() if uuid in held},
+            OWNED_CHILDREN: sorted(owned),
+        }
         if any(self._state.get(key) != value for key, value in new.items()):
             # Other writers (the maintenance command, the cycle's remembered
             # operator traits) own the other keys.
@@ -392,8 +422,10 @@ class TreeSyncer:
     def claim_children(self, uuids: Iterable[str]) -> None:
         """These children are the agent's (found by name and mark after a
         lost state file): the next sync deletes them if the tree dropped them."""
-        self._state = {**self._state, OWNED_CHILDREN: sorted(
-            set(self._state.get(OWNED_CHILDREN, [])) | set(uuids))}
+        self._state = {
+            **self._state,
+            OWNED_CHILDREN: sorted(set(self._state.get(OWNED_CHILDREN, [])) | set(uuids)),
+        }
 
     def remember(self, key: str, value) -> None:
         """Keep ``value`` under ``key`` in the state file (saved only on change)."""
@@ -409,10 +441,11 @@ class TreeSyncer:
         """The writer adopted an existing provider: the next plan uses its uuid."""
         if is_root:
             self._state = {**self._state, ROOT_UUID: uuid}
-        self._state = {**self._state, PROVIDERS: {
-            **self._state.get(PROVIDERS, {}), name: uuid}}
+        self._state = {**self._state, PROVIDERS: {**self._state.get(PROVIDERS, {}), name: uuid}}
 
     def _deleted(self, uuid: str) -> None:
         """The writer deleted an owned child: no longer owned."""
-        self._state = {**self._state, OWNED_CHILDREN: [
-            u for u in self._state.get(OWNED_CHILDREN, []) if u != uuid]}
+        self._state = {
+            **self._state,
+            OWNED_CHILDREN: [u for u in self._state.get(OWNED_CHILDREN, []) if u != uuid],
+        }

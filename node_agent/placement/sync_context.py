@@ -41,8 +41,11 @@ class SyncReport:
         """The one INFO line of a cycle."""
         if not self.applied and self.ok:
             return f"no change ({self.requests} requests)"
-        parts = [c.summary for c in self.applied] + [
-            f"below usage: {c}" for c in self.cuts] + [f"ERROR {e}" for e in self.errors]
+        parts = (
+            [c.summary for c in self.applied]
+            + [f"below usage: {c}" for c in self.cuts]
+            + [f"ERROR {e}" for e in self.errors]
+        )
         return f"{'; '.join(parts)} ({self.requests} requests)"
 
 
@@ -54,18 +57,19 @@ class Replan(Exception):
 class SyncContext:
     """What one plan of a sync knows and decided: the desired tree with its
     uuids, Placement's as read, and what the capacity check held."""
-    tree: PlacedTree              # desired, with uuids
-    actual: dict                  # uuid -> ProviderState, as read for this plan
+
+    tree: PlacedTree  # desired, with uuids
+    actual: dict  # uuid -> ProviderState, as read for this plan
     created: set = field(default_factory=set)
     failed: set = field(default_factory=set)  # names whose changes are skipped
     # Set by CapacityGate.enforce (only when the host's limits are known):
     planned: Optional[dict[str, dict]] = None  # uuid -> inventories to leave, after every hold
-    pre: dict = field(default_factory=dict)      # uuid -> generation of the usages read
-    usages: dict = field(default_factory=dict)   # uuid -> usages read this cycle
-    grows: set = field(default_factory=set)      # uuids whose PUT grows a class
-    closed: set = field(default_factory=set)     # classes published fully reserved
-    errors: list = field(default_factory=list)   # holds decided before sending
-    cuts: list = field(default_factory=list)     # cuts below usage the plan publishes
+    pre: dict = field(default_factory=dict)  # uuid -> generation of the usages read
+    usages: dict = field(default_factory=dict)  # uuid -> usages read this cycle
+    grows: set = field(default_factory=set)  # uuids whose PUT grows a class
+    closed: set = field(default_factory=set)  # classes published fully reserved
+    errors: list = field(default_factory=list)  # holds decided before sending
+    cuts: list = field(default_factory=list)  # cuts below usage the plan publishes
     written_cuts: list = field(default_factory=list)  # ... and those the writer wrote
     capacity: Optional[dict] = None
     shrink_failed: bool = False

@@ -38,16 +38,17 @@ class TreeCache:
         # reads them whatever their generation.
         self.partial: set[str] = set()
         self.verified_at: Optional[float] = None
-        self.due_at: Optional[float] = None   # None: verify at the next sync
-        self._anchor: Optional[float] = None   # a point of the spread grid
+        self.due_at: Optional[float] = None  # None: verify at the next sync
+        self._anchor: Optional[float] = None  # a point of the spread grid
 
     # -- the verify schedule
 
     def verify_due(self, clock: Callable[[], float], interval: float) -> bool:
         # An interval of 0 means every sync verifies, also when it was set
         # after the last verify scheduled the next one.
-        return (self.providers is None or self.due_at is None or interval <= 0
-                or clock() >= self.due_at)
+        return (
+            self.providers is None or self.due_at is None or interval <= 0 or clock() >= self.due_at
+        )
 
     def next_due(self, now: float, host: str, interval: float, spread: bool) -> float:
         """When the verify after one at ``now`` is due: one interval later,
@@ -58,8 +59,7 @@ class TreeCache:
             self._anchor = now - interval * (1.0 - verify_phase(host))
         return self._anchor + (math.floor((now - self._anchor) / interval) + 1) * interval
 
-    def read_whole(self, actual: Mapping[str, ProviderState], now: float,
-                   due_at: float) -> None:
+    def read_whole(self, actual: Mapping[str, ProviderState], now: float, due_at: float) -> None:
         """The tree was read whole at ``now``; the next verify is due at ``due_at``."""
         self.providers, self.verified_at = dict(actual), now
         self.due_at = due_at
@@ -120,8 +120,11 @@ class TreeCache:
     def known_inventories(self) -> dict[str, tuple[int, dict]]:
         """uuid -> (generation, inventories) of the providers whose
         inventories were read at their cached generation."""
-        return {uuid: (state.generation, dict(state.inventories))
-                for uuid, state in (self.providers or {}).items() if uuid not in self.partial}
+        return {
+            uuid: (state.generation, dict(state.inventories))
+            for uuid, state in (self.providers or {}).items()
+            if uuid not in self.partial
+        }
 
     def note_inventories(self, inventories_by_uuid: Mapping[str, Mapping]) -> None:
         """Someone else (the reshape) set these providers' inventories.
@@ -134,8 +137,7 @@ class TreeCache:
             return
         for uuid, inventories in inventories_by_uuid.items():
             if uuid in self.providers:
-                self.providers[uuid] = replace(self.providers[uuid],
-                                               inventories=dict(inventories))
+                self.providers[uuid] = replace(self.providers[uuid], inventories=dict(inventories))
 
     # -- as plain data
 
@@ -145,19 +147,30 @@ class TreeCache:
         the syncer's clock at its last full read; None when it has none."""
         if self.providers is None or self.verified_at is None:
             return None
-        return {"verified_at": self.verified_at,
-                # A partly known provider is exported with no usable
-                # generation, so the importer reads it at its next verify.
-                "providers": [{"uuid": s.uuid, "name": s.name,
-                               "generation": -1 if s.uuid in self.partial else s.generation,
-                               "parent_uuid": s.parent_uuid,
-                               "inventories": {rc: dict(inv)
-                                               for rc, inv in s.inventories.items()},
-                               "traits": sorted(s.traits)}
-                              for s in self.providers.values()]}
+        return {
+            "verified_at": self.verified_at,
+            # A partly known provider is exported with no usable
+            # generation, so the importer reads it at its next verify.
+            "providers": [
+                {
+                    "uuid": s.uuid,
+                    "name": s.name,
+                    "generation": -1 if s.uuid in self.partial else s.generation,
+                    "parent_uuid": s.parent_uuid,
+                    "inventories": {rc: dict(inv) for rc, inv in s.inventories.items()},
+                    "traits": sorted(s.traits),
+                }
+                for s in self.providers.values()
+            ],
+        }
 
-    def load(self, data: Optional[Mapping], clock: Callable[[], float], interval: float,
-             verify_now: bool = False) -> bool:
+    def load(
+        self,
+        data: Optional[Mapping],
+        clock: Callable[[], float],
+        interval: float,
+        verify_now: bool = False,
+    ) -> bool:
         """Take over what :meth:`export` gave; False (and no cache) when
         ``data`` is None or malformed. The full verify is due ``interval``
         after ``verified_at`` (a time ahead of ``clock`` counts as now), or
@@ -167,14 +180,20 @@ class TreeCache:
         if data is None:
             return False
         try:
-            cache = {p["uuid"]: ProviderState(
-                str(p["uuid"]), str(p["name"]), int(p["generation"]), p["parent_uuid"],
-                {rc: dict(inv) for rc, inv in p["inventories"].items()},
-                frozenset(p["traits"])) for p in data["providers"]}
+            cache = {
+                p["uuid"]: ProviderState(
+                    str(p["uuid"]),
+                    str(p["name"]),
+                    int(p["generation"]),
+                    p["parent_uuid"],
+                    {rc: dict(inv) for rc, inv in p["inventories"].items()},
+                    frozenset(p["traits"]),
+                )
+                for p in data["providers"]
+            }
             verified_at = min(float(data["verified_at"]), clock())
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            LOG.warning("ignoring a malformed provider cache (%s); the tree will be read",
-                        exc)
+            LOG.warning("ignoring a malformed provider cache (%s); the tree will be read", exc)
             return False
         self.providers, self.verified_at = cache, verified_at
         self.due_at = None if verify_now else verified_at + interval

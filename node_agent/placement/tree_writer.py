@@ -24,9 +24,15 @@ from typing import Callable
 
 import tenacity
 
-from node_agent.placement.errors import (BadAnswer, DuplicateName, GenerationConflict,
-                                         InventoryInUse, NotFound, PlacementError)
 from node_agent.model.provider_state import ProviderState, inventories_equal
+from node_agent.placement.errors import (
+    BadAnswer,
+    DuplicateName,
+    GenerationConflict,
+    InventoryInUse,
+    NotFound,
+    PlacementError,
+)
 from node_agent.placement.planner import Change, merged_traits
 from node_agent.placement.sync_context import Replan, SyncContext, SyncReport, body_of
 from node_agent.placement.tree_cache import TreeCache
@@ -45,9 +51,14 @@ class TreeWriter:
     answered. ``adopted(name, uuid, is_root)`` and ``deleted(uuid)`` tell
     the syncer's state what changed hands."""
 
-    def __init__(self, client, cache: TreeCache, guard: UsageGuard,
-                 adopted: Callable[[str, str, bool], None],
-                 deleted: Callable[[str], None]):
+    def __init__(
+        self,
+        client,
+        cache: TreeCache,
+        guard: UsageGuard,
+        adopted: Callable[[str, str, bool], None],
+        deleted: Callable[[str], None],
+    ):
         self.client = client
         self._cache = cache
         self._guard = guard
@@ -61,22 +72,30 @@ class TreeWriter:
     def _held(self) -> dict[str, ProviderState]:
         return self._cache.held
 
-    def apply(self, ctx: SyncContext, changes: list[Change], report: SyncReport,
-               attempt: int) -> None:
-        handlers = {"resource_class": self._define, "trait": self._define,
-                    "create": self._create, "update": self._update,
-                    "inventories": self._put_inventories,
-                    "traits": self._put_traits, "delete": self._delete}
+    def apply(
+        self, ctx: SyncContext, changes: list[Change], report: SyncReport, attempt: int
+    ) -> None:
+        handlers = {
+            "resource_class": self._define,
+            "trait": self._define,
+            "create": self._create,
+            "update": self._update,
+            "inventories": self._put_inventories,
+            "traits": self._put_traits,
+            "delete": self._delete,
+        }
         for change in changes:
             if self._blocked(ctx, change):
-                report.errors.append(f"skipped ({change.summary}): its "
-                                     "provider or parent could not be created")
+                report.errors.append(
+                    f"skipped ({change.summary}): its provider or parent could not be created"
+                )
                 continue
-            if (change.kind == "inventories" and ctx.shrink_failed
-                    and change.target in ctx.grows):
-                report.errors.append(f"skipped ({change.summary}): an earlier inventory "
-                                     "change failed, and growing now could overstate "
-                                     "the host")
+            if change.kind == "inventories" and ctx.shrink_failed and change.target in ctx.grows:
+                report.errors.append(
+                    f"skipped ({change.summary}): an earlier inventory "
+                    "change failed, and growing now could overstate "
+                    "the host"
+                )
                 continue
             try:
                 applied, errors = handlers[change.kind](ctx, change, attempt)
@@ -87,8 +106,12 @@ class TreeWriter:
             except PlacementError as exc:
                 status = getattr(exc, "status", None)
                 # BadAnswer: not Placement at the endpoint; no other change will fare better.
-                if (status is None or status >= 500 or status in (401, 403)
-                        or isinstance(exc, BadAnswer)):
+                if (
+                    status is None
+                    or status >= 500
+                    or status in (401, 403)
+                    or isinstance(exc, BadAnswer)
+                ):
                     raise
                 applied, errors = False, [f"{change.summary}: {exc}"]
             if applied:
@@ -112,8 +135,9 @@ class TreeWriter:
 
     def _define(self, ctx: SyncContext, change: Change, attempt: int) -> tuple[bool, list[str]]:
         self.client.send(change)
-        (self.known_classes if change.kind == "resource_class"
-         else self.known_traits).add(change.target)
+        (self.known_classes if change.kind == "resource_class" else self.known_traits).add(
+            change.target
+        )
         return True, []
 
     def _create(self, ctx: SyncContext, change: Change, attempt: int) -> tuple[bool, list[str]]:
@@ -125,8 +149,11 @@ class TreeWriter:
             return False, self._adopt(ctx, change, attempt)
         body = body_of(change)
         self._held[body["uuid"]] = ProviderState(
-            body["uuid"], body["name"], created.get("generation", 0),
-            body.get("parent_provider_uuid"))
+            body["uuid"],
+            body["name"],
+            created.get("generation", 0),
+            body.get("parent_provider_uuid"),
+        )
         ctx.created.add(body["uuid"])
         return True, []
 
@@ -134,24 +161,34 @@ class TreeWriter:
         name = body_of(change)["name"]
         found = next(iter(self.client.providers_named(name)), None)
         root = ctx.tree.root
-        if found is not None and attempt == 0 and (
-                name == root.name or found.get("root_provider_uuid") == ctx.tree.root_uuid):
+        if (
+            found is not None
+            and attempt == 0
+            and (name == root.name or found.get("root_provider_uuid") == ctx.tree.root_uuid)
+        ):
             self._adopted(name, found["uuid"], name == root.name)
             LOG.info("adopting existing provider %s (%s)", name, found["uuid"])
             raise Replan()
-        where = (f"uuid {found['uuid']}, tree {found.get('root_provider_uuid')}"
-                 if found else f"uuid {body_of(change)['uuid']} is taken")
-        return [f"cannot create provider {name}: a provider with that name or "
-                f"uuid already exists outside this host's tree ({where}); "
-                "rename or delete it"]
+        where = (
+            f"uuid {found['uuid']}, tree {found.get('root_provider_uuid')}"
+            if found
+            else f"uuid {body_of(change)['uuid']} is taken"
+        )
+        return [
+            f"cannot create provider {name}: a provider with that name or "
+            f"uuid already exists outside this host's tree ({where}); "
+            "rename or delete it"
+        ]
 
     def _update(self, ctx: SyncContext, change: Change, attempt: int) -> tuple[bool, list[str]]:
         result = self.client.send(change) or {}
         uuid = change.target
         self._held[uuid] = replace(
-            self._held[uuid], name=body_of(change)["name"],
+            self._held[uuid],
+            name=body_of(change)["name"],
             parent_uuid=body_of(change)["parent_provider_uuid"],
-            generation=result.get("generation", self._held[uuid].generation))
+            generation=result.get("generation", self._held[uuid].generation),
+        )
         return True, []
 
     def _delete(self, ctx: SyncContext, change: Change, attempt: int) -> tuple[bool, list[str]]:
@@ -163,8 +200,9 @@ class TreeWriter:
         except PlacementError as exc:
             if getattr(exc, "status", None) != 409:
                 raise
-            return False, [f"cannot delete provider {change.provider}: "
-                           f"{exc}; move or delete what uses it"]
+            return False, [
+                f"cannot delete provider {change.provider}: {exc}; move or delete what uses it"
+            ]
         self._held.pop(uuid, None)
         self._deleted(uuid)
         return True, []
@@ -175,18 +213,23 @@ class TreeWriter:
         return tenacity.Retrying(
             stop=tenacity.stop_after_attempt(CONFLICT_ATTEMPTS),
             retry=tenacity.retry_if_exception_type(GenerationConflict),
-            reraise=True)
+            reraise=True,
+        )
 
     def _reread_inventories(self, uuid: str) -> ProviderState:
         got = self.client.inventories(uuid)
         self._cache.mark_if_moved(uuid, got["resource_provider_generation"])
-        state = replace(self._held[uuid],
-                        generation=got["resource_provider_generation"],
-                        inventories=got["inventories"])
+        state = replace(
+            self._held[uuid],
+            generation=got["resource_provider_generation"],
+            inventories=got["inventories"],
+        )
         self._held[uuid] = state
         return state
 
-    def _put_inventories(self, ctx: SyncContext, change: Change, attempt: int) -> tuple[bool, list[str]]:
+    def _put_inventories(
+        self, ctx: SyncContext, change: Change, attempt: int
+    ) -> tuple[bool, list[str]]:
         """PUT the whole inventory with the cached generation.
 
         409 concurrent_update: re-read this provider's inventories and retry
@@ -208,10 +251,14 @@ class TreeWriter:
                     wanted, errors = wanted_all, []
                     generation = ctx.pre.get(uuid, state.generation)
                 else:
-                    guarded = self._guard.guard(change, state, wanted_all, closed=ctx.closed,
-                                                usages_into=ctx.usages)
-                    wanted, errors, generation = (guarded.inventories, guarded.errors,
-                                                  guarded.generation)
+                    guarded = self._guard.guard(
+                        change, state, wanted_all, closed=ctx.closed, usages_into=ctx.usages
+                    )
+                    wanted, errors, generation = (
+                        guarded.inventories,
+                        guarded.errors,
+                        guarded.generation,
+                    )
                     if errors and ctx.planned is not None:
                         # Usage grew since the check: holding one class while
                         # the others change was never checked. Next cycle.
@@ -220,18 +267,25 @@ class TreeWriter:
                 if inventories_equal(state.inventories, wanted):
                     return False, errors
                 try:
-                    result = self.client.put_inventories(uuid, {
-                        "resource_provider_generation": generation,
-                        "inventories": wanted})
+                    result = self.client.put_inventories(
+                        uuid, {"resource_provider_generation": generation, "inventories": wanted}
+                    )
                 except InventoryInUse:
                     return False, self._guard.in_use_errors(change, state, wanted_all)
         self._held[uuid] = replace(
-            state, generation=result["resource_provider_generation"],
-            inventories=result["inventories"])
+            state,
+            generation=result["resource_provider_generation"],
+            inventories=result["inventories"],
+        )
         # Written below usage (Placement took it, and only logs it): a cut
         # to report, not an error.
-        ctx.written_cuts += cuts(change.provider or state.name, uuid, state.inventories,
-                                 result["inventories"], ctx.usages.get(uuid))
+        ctx.written_cuts += cuts(
+            change.provider or state.name,
+            uuid,
+            state.inventories,
+            result["inventories"],
+            ctx.usages.get(uuid),
+        )
         return True, errors
 
     # -- traits
@@ -251,16 +305,22 @@ class TreeWriter:
                 if uuid not in ctx.created or try_.retry_state.attempt_number > 1:
                     got = self.client.traits(uuid)
                     self._cache.mark_if_moved(uuid, got["resource_provider_generation"])
-                    state = replace(state, traits=frozenset(got["traits"]),
-                                    generation=got["resource_provider_generation"])
+                    state = replace(
+                        state,
+                        traits=frozenset(got["traits"]),
+                        generation=got["resource_provider_generation"],
+                    )
                     self._held[uuid] = state
                 merged = merged_traits(state.traits, provider)
                 if merged == state.traits:
                     return False, []
-                result = self.client.put_traits(uuid, {
-                    "resource_provider_generation": state.generation,
-                    "traits": sorted(merged)})
+                result = self.client.put_traits(
+                    uuid,
+                    {"resource_provider_generation": state.generation, "traits": sorted(merged)},
+                )
         self._held[uuid] = replace(
-            state, generation=result["resource_provider_generation"],
-            traits=frozenset(result["traits"]))
+            state,
+            generation=result["resource_provider_generation"],
+            traits=frozenset(result["traits"]),
+        )
         return True, []

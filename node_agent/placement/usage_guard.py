@@ -26,17 +26,19 @@ _IN_USE_HINT = {
     "PCPU": "or keep those CPUs in cpu_dedicated_set",
     "MEMORY_MB": "or lower reserved_host_memory_mb / keep the huge pages",
     "MEM_ENCRYPTION_CONTEXT": "or let nova 34 move it to the <host>_amd_sev child "
-                              "(nova before 2025.2 left it on the root; the agent does "
-                              "not move allocations of it)",
+    "(nova before 2025.2 left it on the root; the agent does "
+    "not move allocations of it)",
 }
 
 
 def _in_use_message(rc: str, provider: str, used: int) -> str:
     hint = _IN_USE_HINT.get(rc, "or restore that inventory")
-    return (f"cannot lower {rc} on {provider} to capacity 0 (the class would be "
-            f"removed, which Placement refuses while it is allocated): {used} {rc} "
-            f"in use; kept as Placement holds it; migrate or delete instances using "
-            f"{used} {rc}, {hint}")
+    return (
+        f"cannot lower {rc} on {provider} to capacity 0 (the class would be "
+        f"removed, which Placement refuses while it is allocated): {used} {rc} "
+        f"in use; kept as Placement holds it; migrate or delete instances using "
+        f"{used} {rc}, {hint}"
+    )
 
 
 @dataclass(frozen=True)
@@ -59,22 +61,34 @@ class Cut:
         return self.used - self.capacity
 
     def __str__(self) -> str:
-        text = (f"{self.rc} on {self.provider}: capacity {self.capacity} "
-                f"(was {self.old_capacity}) below the {self.used} in use, {self.over} over; "
-                f"no new {self.rc} claim fits until {self.over} are freed")
+        text = (
+            f"{self.rc} on {self.provider}: capacity {self.capacity} "
+            f"(was {self.old_capacity}) below the {self.used} in use, {self.over} over; "
+            f"no new {self.rc} claim fits until {self.over} are freed"
+        )
         if self.holders:
             text += "; held by " + ", ".join(
-                (f"guest {guest} ({consumer})" if guest else
-                 f"consumer {consumer} (not a guest of this host)") + f" {n}"
-                for consumer, guest, n in self.holders)
+                (
+                    f"guest {guest} ({consumer})"
+                    if guest
+                    else f"consumer {consumer} (not a guest of this host)"
+                )
+                + f" {n}"
+                for consumer, guest, n in self.holders
+            )
         return text
 
     def as_dict(self) -> dict:
-        return {"provider": self.provider, "uuid": self.uuid, "class": self.rc,
-                "used": self.used, "capacity": self.capacity,
-                "old_capacity": self.old_capacity, "over": self.over,
-                "holders": [{"consumer": c, "guest": g, "amount": n}
-                            for c, g, n in self.holders]}
+        return {
+            "provider": self.provider,
+            "uuid": self.uuid,
+            "class": self.rc,
+            "used": self.used,
+            "capacity": self.capacity,
+            "old_capacity": self.old_capacity,
+            "over": self.over,
+            "holders": [{"consumer": c, "guest": g, "amount": n} for c, g, n in self.holders],
+        }
 
 
 def _is_closed(record: Mapping) -> bool:
@@ -86,13 +100,19 @@ def lowers(old: Mapping, new: Mapping) -> bool:
     capacity that is not being closed on purpose (``reserved = total``:
     maintenance, or the invariant's closing): those need the usages read,
     to hold a removal in use and to report a cut below usage."""
-    return any(rc not in new
-               or (not _is_closed(new[rc]) and capacity(new[rc]) < capacity(old[rc]))
-               for rc in old)
+    return any(
+        rc not in new or (not _is_closed(new[rc]) and capacity(new[rc]) < capacity(old[rc]))
+        for rc in old
+    )
 
 
-def cuts(provider: str, uuid: str, old: Mapping[str, Mapping], new: Mapping[str, Mapping],
-         usages: Optional[Mapping[str, int]]) -> list[Cut]:
+def cuts(
+    provider: str,
+    uuid: str,
+    old: Mapping[str, Mapping],
+    new: Mapping[str, Mapping],
+    usages: Optional[Mapping[str, int]],
+) -> list[Cut]:
     """The cuts below usage a PUT of ``new`` over ``old`` publishes (pure).
     A record closed on purpose (``reserved >= total``) is not a cut: it is
     reported as maintenance or as the invariant's closing."""
@@ -133,11 +153,13 @@ class UsageGuard:
         return body["usages"], body["resource_provider_generation"]
 
     @staticmethod
-    def _removed_in_use(usages: Mapping[str, int], wanted: Mapping[str, Mapping],
-                        current: Mapping[str, Mapping]) -> dict[str, int]:
+    def _removed_in_use(
+        usages: Mapping[str, int], wanted: Mapping[str, Mapping], current: Mapping[str, Mapping]
+    ) -> dict[str, int]:
         """rc -> used, for classes the change would remove while allocated."""
-        return {rc: used for rc, used in usages.items()
-                if used and rc in current and rc not in wanted}
+        return {
+            rc: used for rc, used in usages.items() if used and rc in current and rc not in wanted
+        }
 
     def guard(self, change, state, wanted_all, closed=(), usages_into=None) -> Guarded:
         """What to PUT. A change that lowers capacity (:func:`lowers`) reads
@@ -162,16 +184,18 @@ class UsageGuard:
         closing = bool(wanted_all) and all(_is_closed(r) for r in wanted_all.values())
         for rc in removed:
             wanted[rc] = _held_record(state.inventories[rc], closing)
-        return Guarded(wanted, [_in_use_message(rc, change.provider, used)
-                                for rc, used in sorted(removed.items())], generation)
+        return Guarded(
+            wanted,
+            [_in_use_message(rc, change.provider, used) for rc, used in sorted(removed.items())],
+            generation,
+        )
 
     def in_use_errors(self, change, state, wanted_all) -> list[str]:
         """After a 409 inventory.inuse: which classes the PUT would have removed."""
-        removed = self._removed_in_use(self._usages(state.uuid)[0], wanted_all,
-                                       state.inventories)
-        return [_in_use_message(rc, change.provider, used)
-                for rc, used in sorted(removed.items())] or [
-            f"{change.summary}: Placement reports inventory in use"]
+        removed = self._removed_in_use(self._usages(state.uuid)[0], wanted_all, state.inventories)
+        return [
+            _in_use_message(rc, change.provider, used) for rc, used in sorted(removed.items())
+        ] or [f"{change.summary}: Placement reports inventory in use"]
 
 
 def _held_record(current: Mapping, closing: bool = False) -> Mapping:

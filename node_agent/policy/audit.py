@@ -74,24 +74,28 @@ class Finding:
     kind: str
     state: str
     consumer: str
-    guest: Optional[str] = None          # libvirt name, when a local guest
+    guest: Optional[str] = None  # libvirt name, when a local guest
     consumer_type: Optional[str] = None  # Placement's, 1.38+; None: not known
     detail: str = ""
     # resource class -> (what the guest has, what is allocated here)
     sizes: tuple[tuple[str, int, int], ...] = ()
     orphaned_since: Optional[float] = None  # epoch seconds, orphans only
     orphaned_for_s: Optional[float] = None
-    elsewhere: tuple[str, ...] = ()       # providers outside this host holding it
+    elsewhere: tuple[str, ...] = ()  # providers outside this host holding it
 
     def as_dict(self) -> dict:
-        return {"kind": self.kind, "state": self.state, "consumer": self.consumer,
-                "guest": self.guest, "consumer_type": self.consumer_type,
-                "detail": self.detail,
-                "sizes": [{"resource": rc, "guest": g, "allocated": a}
-                          for rc, g, a in self.sizes],
-                "orphaned_since": self.orphaned_since,
-                "orphaned_for_s": self.orphaned_for_s,
-                "elsewhere": list(self.elsewhere)}
+        return {
+            "kind": self.kind,
+            "state": self.state,
+            "consumer": self.consumer,
+            "guest": self.guest,
+            "consumer_type": self.consumer_type,
+            "detail": self.detail,
+            "sizes": [{"resource": rc, "guest": g, "allocated": a} for rc, g, a in self.sizes],
+            "orphaned_since": self.orphaned_since,
+            "orphaned_for_s": self.orphaned_for_s,
+            "elsewhere": list(self.elsewhere),
+        }
 
     @property
     def key(self) -> tuple[str, str]:
@@ -113,21 +117,27 @@ class AuditResult:
         return tuple(f for f in self.findings if f.state == ALARM)
 
     def as_dict(self) -> dict:
-        return {"findings": [f.as_dict() for f in self.findings],
-                "alarms": len(self.alarms),
-                "counts": {kind: {state: self.count(kind, state) for state in STATES}
-                           for kind in KINDS},
-                "providers": self.providers, "consumers": self.consumers}
+        return {
+            "findings": [f.as_dict() for f in self.findings],
+            "alarms": len(self.alarms),
+            "counts": {
+                kind: {state: self.count(kind, state) for state in STATES} for kind in KINDS
+            },
+            "providers": self.providers,
+            "consumers": self.consumers,
+        }
 
     def signature(self) -> tuple:
         """What a notification reports a change of: the alarms and in-flight
         cases, not how long they have lasted."""
-        return tuple(sorted((f.kind, f.state, f.consumer) for f in self.findings
-                            if f.state != PENDING))
+        return tuple(
+            sorted((f.kind, f.state, f.consumer) for f in self.findings if f.state != PENDING)
+        )
 
 
-def consumers_here(allocations_by_provider: Mapping[str, Mapping]
-                   ) -> dict[str, dict[str, dict[str, int]]]:
+def consumers_here(
+    allocations_by_provider: Mapping[str, Mapping],
+) -> dict[str, dict[str, dict[str, int]]]:
     """consumer -> provider -> {resource class: amount}, from the bodies of
     ``GET /resource_providers/{uuid}/allocations`` keyed by provider uuid."""
     found: dict[str, dict[str, dict[str, int]]] = {}
@@ -139,8 +149,9 @@ def consumers_here(allocations_by_provider: Mapping[str, Mapping]
     return found
 
 
-def to_look_up(guests: Iterable[Guest], allocations_by_provider: Mapping[str, Mapping]
-               ) -> list[str]:
+def to_look_up(
+    guests: Iterable[Guest], allocations_by_provider: Mapping[str, Mapping]
+) -> list[str]:
     """Consumers whose own record (``GET /allocations/{consumer}``) the
     audit needs: orphan candidates (for consumer_type and the providers
     elsewhere) and guests with nothing here (held elsewhere: migrating).
@@ -158,14 +169,19 @@ def _totals(by_provider: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
     return totals
 
 
-def _numa_of(by_provider: Mapping[str, Mapping[str, int]],
-             numa_nodes: Mapping[str, int]) -> frozenset[int]:
-    return frozenset(numa_nodes[p] for p, res in by_provider.items()
-                     if p in numa_nodes and any(rc in res for rc in CPU_CLASSES + ("MEMORY_MB",)))
+def _numa_of(
+    by_provider: Mapping[str, Mapping[str, int]], numa_nodes: Mapping[str, int]
+) -> frozenset[int]:
+    return frozenset(
+        numa_nodes[p]
+        for p, res in by_provider.items()
+        if p in numa_nodes and any(rc in res for rc in CPU_CLASSES + ("MEMORY_MB",))
+    )
 
 
-def sizes_of(guest: Guest, totals: Mapping[str, int], pcpu_offered: bool
-             ) -> tuple[tuple[str, int, int], ...]:
+def sizes_of(
+    guest: Guest, totals: Mapping[str, int], pcpu_offered: bool
+) -> tuple[tuple[str, int, int], ...]:
     """(class, guest has, allocated here) for each class that differs."""
     cpu = classify(guest)
     if pcpu_offered:
@@ -175,27 +191,37 @@ def sizes_of(guest: Guest, totals: Mapping[str, int], pcpu_offered: bool
     if cpus["PCPU"]:  # the class the guest mostly holds is named first
         cpus = {"PCPU": cpus["PCPU"], "VCPU": cpus["VCPU"]}
     wanted = {**cpus, "MEMORY_MB": guest.memory_kb // 1024, "VGPU": len(guest.mdevs)}
-    return tuple((rc, want, int(totals.get(rc, 0))) for rc, want in wanted.items()
-                 if int(totals.get(rc, 0)) != want)
+    return tuple(
+        (rc, want, int(totals.get(rc, 0)))
+        for rc, want in wanted.items()
+        if int(totals.get(rc, 0)) != want
+    )
 
 
-def _elsewhere(details: Mapping[str, Mapping], consumer: str,
-               host_providers: frozenset[str]) -> tuple[str, ...]:
+def _elsewhere(
+    details: Mapping[str, Mapping], consumer: str, host_providers: frozenset[str]
+) -> tuple[str, ...]:
     """Providers of another host holding ``consumer``: outside this tree and
     holding a compute class (not a sharing provider's DISK_GB)."""
     held = (details.get(consumer) or {}).get("allocations") or {}
-    return tuple(sorted(
-        provider for provider, record in held.items()
-        if provider not in host_providers
-        and any(rc in COMPUTE_CLASSES for rc in ((record or {}).get("resources") or {}))))
+    return tuple(
+        sorted(
+            provider
+            for provider, record in held.items()
+            if provider not in host_providers
+            and any(rc in COMPUTE_CLASSES for rc in ((record or {}).get("resources") or {}))
+        )
+    )
 
 
 def _overdue(since: float, now: float, grace: float) -> str:
     """Why an in-flight case is an alarm after all ('' while within grace)."""
     if now - since < grace:
         return ""
-    return (f"; in flight for {now - since:.0f}s, longer than audit_in_flight_grace "
-            f"({grace:g}s): the operation failed and left this behind")
+    return (
+        f"; in flight for {now - since:.0f}s, longer than audit_in_flight_grace "
+        f"({grace:g}s): the operation failed and left this behind"
+    )
 
 
 def _consumer_type(details: Mapping[str, Mapping], consumer: str) -> Optional[str]:
@@ -203,12 +229,17 @@ def _consumer_type(details: Mapping[str, Mapping], consumer: str) -> Optional[st
     return kind if kind else None
 
 
-def audit(guests: Iterable[Guest], allocations_by_provider: Mapping[str, Mapping],
-          history: Optional[Mapping] = None, now: float = 0.0,
-          consumer_details: Optional[Mapping[str, Mapping]] = None,
-          host_providers: Iterable[str] = (), pcpu_offered: bool = False,
-          numa_nodes: Optional[Mapping[str, int]] = None,
-          in_flight_grace: float = IN_FLIGHT_GRACE) -> AuditResult:
+def audit(
+    guests: Iterable[Guest],
+    allocations_by_provider: Mapping[str, Mapping],
+    history: Optional[Mapping] = None,
+    now: float = 0.0,
+    consumer_details: Optional[Mapping[str, Mapping]] = None,
+    host_providers: Iterable[str] = (),
+    pcpu_offered: bool = False,
+    numa_nodes: Optional[Mapping[str, int]] = None,
+    in_flight_grace: float = IN_FLIGHT_GRACE,
+) -> AuditResult:
     """Compare the local guests with the allocations on this host's providers.
 
     ``allocations_by_provider``: provider uuid -> body of ``GET
@@ -251,13 +282,17 @@ def audit(guests: Iterable[Guest], allocations_by_provider: Mapping[str, Mapping
             if ctype == MIGRATION:
                 why = "a migration's allocation (consumer_type MIGRATION)"
             elif consumer in migrating:
-                why = ("the migration record of guest "
-                       + ", ".join(g.name for g in migrating[consumer])
-                       + " (its owner and size; the guest's own allocation moved): "
-                         "a resize or migration in progress")
+                why = (
+                    "the migration record of guest "
+                    + ", ".join(g.name for g in migrating[consumer])
+                    + " (its owner and size; the guest's own allocation moved): "
+                    "a resize or migration in progress"
+                )
             else:
-                why = ("also allocated on providers of another host: a migration or "
-                       "evacuation in progress")
+                why = (
+                    "also allocated on providers of another host: a migration or "
+                    "evacuation in progress"
+                )
             overdue = _overdue(since, now, in_flight_grace)
             state, why = (ALARM, why + overdue) if overdue else (IN_FLIGHT, why)
         elif consumer not in seen_orphans:
@@ -265,10 +300,18 @@ def audit(guests: Iterable[Guest], allocations_by_provider: Mapping[str, Mapping
         else:
             state, why = ALARM, "holds resources here and no local guest has this uuid"
         held = " ".join(f"{rc}={n}" for rc, n in sorted(_totals(by_provider).items()))
-        findings.append(Finding(
-            ORPHAN, state, consumer, consumer_type=ctype, detail=f"{why} ({held})",
-            orphaned_since=since, orphaned_for_s=max(0.0, now - since),
-            elsewhere=elsewhere))
+        findings.append(
+            Finding(
+                ORPHAN,
+                state,
+                consumer,
+                consumer_type=ctype,
+                detail=f"{why} ({held})",
+                orphaned_since=since,
+                orphaned_for_s=max(0.0, now - since),
+                elsewhere=elsewhere,
+            )
+        )
 
     for guest in sorted(guests, key=lambda g: g.uuid):
         first_time = guest.uuid not in seen_guests
@@ -285,39 +328,66 @@ def audit(guests: Iterable[Guest], allocations_by_provider: Mapping[str, Mapping
                 state, why = PENDING, "first seen by this audit; reported if seen again"
             else:
                 state, why = ALARM, "runs here and holds no resources on this host"
-            findings.append(Finding(
-                NO_ALLOCATION, state, guest.uuid, guest=guest.name,
-                consumer_type=_consumer_type(details, guest.uuid), detail=why,
-                elsewhere=elsewhere))
+            findings.append(
+                Finding(
+                    NO_ALLOCATION,
+                    state,
+                    guest.uuid,
+                    guest=guest.name,
+                    consumer_type=_consumer_type(details, guest.uuid),
+                    detail=why,
+                    elsewhere=elsewhere,
+                )
+            )
             continue
         sizes = sizes_of(guest, _totals(guest_held), pcpu_offered)
         why = ", ".join(f"{rc}: guest {g}, allocated {a}" for rc, g, a in sizes)
         if numa_nodes and guest.numa_nodes:
             allocated_on = _numa_of(guest_held, numa_nodes)
             if allocated_on and allocated_on != guest.numa_nodes:
-                why = ", ".join(filter(None, [why, (
-                    f"NUMA: guest bound to node(s) {sorted(guest.numa_nodes)}, "
-                    f"allocated on {sorted(allocated_on)}")]))
+                why = ", ".join(
+                    filter(
+                        None,
+                        [
+                            why,
+                            (
+                                f"NUMA: guest bound to node(s) {sorted(guest.numa_nodes)}, "
+                                f"allocated on {sorted(allocated_on)}"
+                            ),
+                        ],
+                    )
+                )
         if why:
-            findings.append(Finding(
-                SIZE_MISMATCH, PENDING if first_time else ALARM, guest.uuid,
-                guest=guest.name, detail=why, sizes=sizes))
+            findings.append(
+                Finding(
+                    SIZE_MISMATCH,
+                    PENDING if first_time else ALARM,
+                    guest.uuid,
+                    guest=guest.name,
+                    detail=why,
+                    sizes=sizes,
+                )
+            )
 
     next_history = {
         "guests": {g.uuid: float(seen_guests.get(g.uuid, now)) for g in guests},
         "orphans": orphans_now,
         "unallocated": unallocated_now,
     }
-    return AuditResult(tuple(findings), next_history, providers=len(allocations_by_provider),
-                       consumers=len(here))
+    return AuditResult(
+        tuple(findings), next_history, providers=len(allocations_by_provider), consumers=len(here)
+    )
 
 
 def numa_provider_nodes(providers: Iterable[tuple[str, str]], host: str) -> dict[str, int]:
     """NUMA provider uuid -> node id, from (uuid, name) pairs named as
     :func:`node_agent.tree.numa.numa_provider_name` names them."""
     prefix = f"{host}_NUMA_"
-    return {uuid: int(name[len(prefix):]) for uuid, name in providers
-            if name.startswith(prefix) and name[len(prefix):].isdigit()}
+    return {
+        uuid: int(name[len(prefix) :])
+        for uuid, name in providers
+        if name.startswith(prefix) and name[len(prefix) :].isdigit()
+    }
 
 
 def summary_line(result: AuditResult) -> str:
@@ -326,5 +396,7 @@ def summary_line(result: AuditResult) -> str:
     flight = sum(1 for f in result.findings if f.state == IN_FLIGHT)
     pending = sum(1 for f in result.findings if f.state == PENDING)
     head = "; ".join(alarms) if alarms else "no alarm"
-    return (f"allocation audit: {head} ({flight} in flight, {pending} pending; "
-            f"{result.consumers} consumers on {result.providers} providers)")
+    return (
+        f"allocation audit: {head} ({flight} in flight, {pending} pending; "
+        f"{result.consumers} consumers on {result.providers} providers)"
+    )

@@ -69,7 +69,7 @@ CPU_CLASSES = (orc.PCPU, orc.VCPU)
 class HostLimits:
     """What the host has, from discovered facts (never from a tree)."""
 
-    cpus: int          # online CPUs of the configured sets
+    cpus: int  # online CPUs of the configured sets
     memory_mb: int
     disk_gb: int
     # CUSTOM_MEMORY_PAGE_<KiB> -> pages on the host.
@@ -98,19 +98,21 @@ class Published:
 
 @dataclass(frozen=True)
 class Violation:
-    resource: str                 # "CPUs", "MEMORY_MB", ... or the class of a level clash
-    classes: tuple[str, ...]      # the classes involved
-    where: tuple[str, ...]        # providers publishing them
-    published: int                # schedulable units published
-    host_has: Optional[int]       # None for a level clash
+    resource: str  # "CPUs", "MEMORY_MB", ... or the class of a level clash
+    classes: tuple[str, ...]  # the classes involved
+    where: tuple[str, ...]  # providers publishing them
+    published: int  # schedulable units published
+    host_has: Optional[int]  # None for a level clash
     rule: str
 
     def __str__(self) -> str:
         where = ", ".join(self.where)
         if self.host_has is None:
             return f"{self.resource} is offered on the root and on its children ({where})"
-        return (f"{self.resource}: {self.published} schedulable units published "
-                f"({' + '.join(self.classes)} on {where}) but the host has {self.host_has}")
+        return (
+            f"{self.resource}: {self.published} schedulable units published "
+            f"({' + '.join(self.classes)} on {where}) but the host has {self.host_has}"
+        )
 
 
 @dataclass(frozen=True)
@@ -130,11 +132,20 @@ class Verdict:
         return [str(v) for v in self.violations]
 
     def as_dict(self) -> dict:
-        return {"ok": self.ok,
-                "violations": [{"resource": v.resource, "classes": list(v.classes),
-                                "where": list(v.where), "published": v.published,
-                                "host_has": v.host_has, "rule": v.rule}
-                               for v in self.violations]}
+        return {
+            "ok": self.ok,
+            "violations": [
+                {
+                    "resource": v.resource,
+                    "classes": list(v.classes),
+                    "where": list(v.where),
+                    "published": v.published,
+                    "host_has": v.host_has,
+                    "rule": v.rule,
+                }
+                for v in self.violations
+            ],
+        }
 
 
 def host_limits(host: HostSnapshot, partition) -> HostLimits:
@@ -161,13 +172,20 @@ def host_limits(host: HostSnapshot, partition) -> HostLimits:
         for pool in node.hugepages:
             rc = page_class(pool.size_kb)
             pages[rc] = pages.get(rc, 0) + pool.total
-    vgpus = sum(max((t.available_instances + len(t.mdevs) for t in gpu.mdev_types),
-                    default=0) for gpu in host.gpus)
-    return HostLimits(cpus=len(cpus), memory_mb=max(host.memory_mb, node_mb),
-                      disk_gb=host.disk_gb, hugepages=pages, vgpus=vgpus,
-                      vfs=sum(pf.total_vfs for pf in host.sriov_pfs),
-                      online_cpus=len(host.online),
-                      mem_encryption=_encrypted_guests(host))
+    vgpus = sum(
+        max((t.available_instances + len(t.mdevs) for t in gpu.mdev_types), default=0)
+        for gpu in host.gpus
+    )
+    return HostLimits(
+        cpus=len(cpus),
+        memory_mb=max(host.memory_mb, node_mb),
+        disk_gb=host.disk_gb,
+        hugepages=pages,
+        vgpus=vgpus,
+        vfs=sum(pf.total_vfs for pf in host.sriov_pfs),
+        online_cpus=len(host.online),
+        mem_encryption=_encrypted_guests(host),
+    )
 
 
 def _encrypted_guests(host: HostSnapshot) -> Optional[int]:
@@ -205,22 +223,29 @@ def units(rc: str, record: Mapping) -> int:
 
 def published(tree) -> list[Published]:
     """A :class:`~node_agent.model.provider_tree.ProviderTree` as :class:`Published`."""
-    return [Published(p.name, p.parent is None,
-                      {rc: inv.as_placement() for rc, inv in p.inventories.items()})
-            for p in tree.providers]
+    return [
+        Published(
+            p.name, p.parent is None, {rc: inv.as_placement() for rc, inv in p.inventories.items()}
+        )
+        for p in tree.providers
+    ]
 
 
-def _limit_groups(limits: HostLimits, classes: Iterable[str]
-                  ) -> list[tuple[str, tuple[str, ...], int]]:
+def _limit_groups(
+    limits: HostLimits, classes: Iterable[str]
+) -> list[tuple[str, tuple[str, ...], int]]:
     """(resource, classes, host has) for every resource the tree publishes."""
-    groups = [("CPUs", CPU_CLASSES, limits.cpus),
-              (orc.MEMORY_MB, (orc.MEMORY_MB,), limits.memory_mb),
-              (orc.DISK_GB, (orc.DISK_GB,), limits.disk_gb),
-              (orc.VGPU, (orc.VGPU,), limits.vgpus),
-              (orc.SRIOV_NET_VF, (orc.SRIOV_NET_VF,), limits.vfs)]
+    groups = [
+        ("CPUs", CPU_CLASSES, limits.cpus),
+        (orc.MEMORY_MB, (orc.MEMORY_MB,), limits.memory_mb),
+        (orc.DISK_GB, (orc.DISK_GB,), limits.disk_gb),
+        (orc.VGPU, (orc.VGPU,), limits.vgpus),
+        (orc.SRIOV_NET_VF, (orc.SRIOV_NET_VF,), limits.vfs),
+    ]
     if limits.mem_encryption is not None:
-        groups.append((orc.MEM_ENCRYPTION_CONTEXT, (orc.MEM_ENCRYPTION_CONTEXT,),
-                       limits.mem_encryption))
+        groups.append(
+            (orc.MEM_ENCRYPTION_CONTEXT, (orc.MEM_ENCRYPTION_CONTEXT,), limits.mem_encryption)
+        )
     for rc in sorted(set(classes)):
         if rc.startswith(PAGE_CLASS_PREFIX):
             groups.append((rc, (rc,), limits.hugepages.get(rc, 0)))
@@ -229,37 +254,50 @@ def _limit_groups(limits: HostLimits, classes: Iterable[str]
 
 def checked_classes(classes: Iterable[str]) -> set[str]:
     """The classes of ``classes`` the invariant speaks about."""
-    return {rc for rc in classes
-            if rc in OVERCOMMITTABLE
-            or rc in (orc.PCPU, orc.VGPU, orc.SRIOV_NET_VF, orc.MEM_ENCRYPTION_CONTEXT)
-            or rc.startswith(PAGE_CLASS_PREFIX)}
+    return {
+        rc
+        for rc in classes
+        if rc in OVERCOMMITTABLE
+        or rc in (orc.PCPU, orc.VGPU, orc.SRIOV_NET_VF, orc.MEM_ENCRYPTION_CONTEXT)
+        or rc.startswith(PAGE_CLASS_PREFIX)
+    }
 
 
 def _page_kb(rc: str) -> int:
-    return int(rc[len(PAGE_CLASS_PREFIX):])
+    return int(rc[len(PAGE_CLASS_PREFIX) :])
 
 
-def _memory_with_pages(providers: list[Published], limits: HostLimits
-                       ) -> Optional[Violation]:
+def _memory_with_pages(providers: list[Published], limits: HostLimits) -> Optional[Violation]:
     """Rule 2b: MEMORY_MB + the huge pages' memory <= the host's memory
     (the pools are part of it). Counted in KiB, reported in MiB rounded up."""
-    pages = sorted({rc for p in providers for rc in p.inventories
-                    if rc.startswith(PAGE_CLASS_PREFIX)})
+    pages = sorted(
+        {rc for p in providers for rc in p.inventories if rc.startswith(PAGE_CLASS_PREFIX)}
+    )
     if not pages:
         return None  # rule 2 alone
     where, kb = [], 0
     for p in providers:
-        n = sum(units(rc, p.inventories[rc]) * (1024 if rc == orc.MEMORY_MB else _page_kb(rc))
-                for rc in (orc.MEMORY_MB, *pages) if rc in p.inventories)
+        n = sum(
+            units(rc, p.inventories[rc]) * (1024 if rc == orc.MEMORY_MB else _page_kb(rc))
+            for rc in (orc.MEMORY_MB, *pages)
+            if rc in p.inventories
+        )
         if n:
             where.append(p.name)
             kb += n
     if kb <= limits.memory_mb * 1024:
         return None
-    present = tuple(rc for rc in (orc.MEMORY_MB, *pages)
-                    if any(rc in p.inventories for p in providers))
-    return Violation("memory (MEMORY_MB and huge pages, in MiB)", present, tuple(where),
-                     -(-kb // 1024), limits.memory_mb, "never more than the host has")
+    present = tuple(
+        rc for rc in (orc.MEMORY_MB, *pages) if any(rc in p.inventories for p in providers)
+    )
+    return Violation(
+        "memory (MEMORY_MB and huge pages, in MiB)",
+        present,
+        tuple(where),
+        -(-kb // 1024),
+        limits.memory_mb,
+        "never more than the host has",
+    )
 
 
 def check(providers: Iterable[Published], limits: HostLimits) -> Verdict:
@@ -276,32 +314,43 @@ def check(providers: Iterable[Published], limits: HostLimits) -> Verdict:
                 total += n
         if total > host_has:
             present = tuple(rc for rc in classes if rc in seen)
-            violations.append(Violation(resource, present, tuple(where), total, host_has,
-                                        "never more than the host has"))
+            violations.append(
+                Violation(
+                    resource, present, tuple(where), total, host_has, "never more than the host has"
+                )
+            )
     memory = _memory_with_pages(providers, limits)
     if memory is not None:
         violations.append(memory)
     for rc in sorted(checked_classes(seen)):
-        on_root = [p.name for p in providers
-                   if p.root and rc in p.inventories and units(rc, p.inventories[rc])]
-        on_children = [p.name for p in providers
-                       if not p.root and rc in p.inventories and units(rc, p.inventories[rc])]
+        on_root = [
+            p.name
+            for p in providers
+            if p.root and rc in p.inventories and units(rc, p.inventories[rc])
+        ]
+        on_children = [
+            p.name
+            for p in providers
+            if not p.root and rc in p.inventories and units(rc, p.inventories[rc])
+        ]
         if on_root and on_children:
-            violations.append(Violation(rc, (rc,), tuple(on_root + on_children),
-                                        0, None, "one level per class"))
+            violations.append(
+                Violation(rc, (rc,), tuple(on_root + on_children), 0, None, "one level per class")
+            )
     return Verdict(tuple(violations))
 
 
 # ---------------------------------------------------------------- enforcement
+
 
 @dataclass(frozen=True)
 class Enforced:
     """What may be written, and why it differs from what was wanted."""
 
     inventories: Mapping[str, Mapping[str, Mapping]]  # uuid -> inventories to leave
-    wanted: Verdict         # the verdict on the plan as wanted
-    left: Verdict           # the verdict on what will be left (ok unless others overstate)
-    kept: tuple[str, ...] = ()    # classes kept as Placement holds them
+    wanted: Verdict  # the verdict on the plan as wanted
+    left: Verdict  # the verdict on what will be left (ok unless others overstate)
+    kept: tuple[str, ...] = ()  # classes kept as Placement holds them
     closed: tuple[str, ...] = ()  # classes published fully reserved
 
     @property
@@ -309,11 +358,16 @@ class Enforced:
         return not self.wanted.ok
 
 
-def as_published(inventories: Mapping[str, Mapping[str, Mapping]], names: Mapping[str, str],
-                 root_uuid: str, untouched: Iterable[Published] = ()) -> list[Published]:
+def as_published(
+    inventories: Mapping[str, Mapping[str, Mapping]],
+    names: Mapping[str, str],
+    root_uuid: str,
+    untouched: Iterable[Published] = (),
+) -> list[Published]:
     """uuid -> inventories (plus providers already :class:`Published`) as one tree."""
-    return [Published(names.get(u, u), u == root_uuid, inv)
-            for u, inv in inventories.items()] + list(untouched)
+    return [
+        Published(names.get(u, u), u == root_uuid, inv) for u, inv in inventories.items()
+    ] + list(untouched)
 
 
 def _close(record: Mapping) -> dict:
@@ -327,18 +381,29 @@ def closed_unchecked(tree: ProviderTree) -> ProviderTree:
     less: nothing new lands there until the host sends its limits, and no
     allocation is touched. Other classes (an operator's ``CUSTOM_``) are
     left as they are."""
-    return ProviderTree(tuple(
-        replace(p, inventories={rc: (replace(inv, reserved=inv.total)
-                                     if checked_classes((rc,)) else inv)
-                                for rc, inv in p.inventories.items()})
-        for p in tree.providers))
+    return ProviderTree(
+        tuple(
+            replace(
+                p,
+                inventories={
+                    rc: (replace(inv, reserved=inv.total) if checked_classes((rc,)) else inv)
+                    for rc, inv in p.inventories.items()
+                },
+            )
+            for p in tree.providers
+        )
+    )
 
 
-def enforce(planned: Mapping[str, Mapping[str, Mapping]],
-            current: Mapping[str, Mapping[str, Mapping]],
-            names: Mapping[str, str], root_uuid: str,
-            untouched: Iterable[Published], limits: HostLimits,
-            in_use=lambda classes: set(classes)) -> Enforced:
+def enforce(
+    planned: Mapping[str, Mapping[str, Mapping]],
+    current: Mapping[str, Mapping[str, Mapping]],
+    names: Mapping[str, str],
+    root_uuid: str,
+    untouched: Iterable[Published],
+    limits: HostLimits,
+    in_use=lambda classes: set(classes),
+) -> Enforced:
     """Make the tree the agent will leave satisfy the invariant, publishing less.
 
     ``planned``: uuid -> inventories the plan would leave on each provider
@@ -363,9 +428,13 @@ def enforce(planned: Mapping[str, Mapping[str, Mapping]],
     if wanted.ok:
         return Enforced(planned, wanted, wanted)
     kept = wanted.classes
-    held = {u: {**{rc: rec for rc, rec in inv.items() if rc not in kept},
-                **{rc: rec for rc, rec in current.get(u, {}).items() if rc in kept}}
-            for u, inv in planned.items()}
+    held = {
+        u: {
+            **{rc: rec for rc, rec in inv.items() if rc not in kept},
+            **{rc: rec for rc, rec in current.get(u, {}).items() if rc in kept},
+        }
+        for u, inv in planned.items()
+    }
     limits = limits.for_kept_records()
     left = check(as_published(held, names, root_uuid, untouched), limits)
     if left.ok and held == planned:
@@ -378,8 +447,10 @@ def enforce(planned: Mapping[str, Mapping[str, Mapping]],
         idle = involved - set(in_use(involved))
         for step in (idle, involved):
             closed |= step
-            held = {u: {rc: (_close(rec) if rc in closed else rec) for rc, rec in inv.items()}
-                    for u, inv in held.items()}
+            held = {
+                u: {rc: (_close(rec) if rc in closed else rec) for rc, rec in inv.items()}
+                for u, inv in held.items()
+            }
             left = check(as_published(held, names, root_uuid, untouched), limits)
             if left.ok:
                 break

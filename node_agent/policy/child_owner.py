@@ -37,8 +37,10 @@ GPU = "gpu"
 
 def _patterns(host: str) -> dict[str, re.Pattern]:
     prefix = re.escape(host)
-    return {NUMA: re.compile(prefix + r"_NUMA_\d+"),
-            GPU: re.compile(prefix + r"_pci_[0-9a-f]{4}_[0-9a-f]{2}_[0-9a-f]{2}_[0-7]")}
+    return {
+        NUMA: re.compile(prefix + r"_NUMA_\d+"),
+        GPU: re.compile(prefix + r"_pci_[0-9a-f]{4}_[0-9a-f]{2}_[0-9a-f]{2}_[0-7]"),
+    }
 
 
 def child_kind(host: str, name: str) -> Optional[str]:
@@ -61,8 +63,9 @@ class ListedChild:
     inventories: Optional[Mapping[str, dict]] = None
 
 
-def agent_children(host: str, root_uuid: str, listed: Iterable[ListedChild],
-                   owned: Iterable[str] = ()) -> dict[str, str]:
+def agent_children(
+    host: str, root_uuid: str, listed: Iterable[ListedChild], owned: Iterable[str] = ()
+) -> dict[str, str]:
     """uuid -> kind (``numa``/``gpu``) of the children in ``listed`` that
     are the agent's (see the module docstring). ``owned``: the uuids the
     state file says the agent created or adopted."""
@@ -77,11 +80,17 @@ def agent_children(host: str, root_uuid: str, listed: Iterable[ListedChild],
     return found
 
 
-def candidates(host: str, root_uuid: str, listed: Iterable[ListedChild],
-               keep: Iterable[str]) -> list[ListedChild]:
+def candidates(
+    host: str, root_uuid: str, listed: Iterable[ListedChild], keep: Iterable[str]
+) -> list[ListedChild]:
     """Children named like the agent's, directly under the root, that the
     desired tree does not keep (by name): those a shell must look at closer
     (traits, inventories) to decide."""
     keep = set(keep)
-    return [c for c in listed if c.parent_uuid == root_uuid and c.name not in keep
-            and child_kind(host, c.name) is not None]
+    return [
+        c
+        for c in listed
+        if c.parent_uuid == root_uuid
+        and c.name not in keep
+        and child_kind(host, c.name) is not None
+    ]

@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from node_agent.model.provider_state import INVENTORY_FIELDS, ProviderState, inventory_equal
 from node_agent.model.provider_tree import Provider, ProviderTree, placement_inventories
 from node_agent.model.settings import Settings
-from node_agent.model.provider_state import INVENTORY_FIELDS, ProviderState, inventory_equal
 from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 
 KINDS = ("inventory", "trait", "provider")
@@ -37,8 +37,10 @@ PRESENT = "present"
 NOT_COMPARED = frozenset({"COMPUTE_STATUS_DISABLED", AGENT_CHILD_TRAIT})
 
 # The memory-encryption children (tree/mem_encryption.py).
-_SEV = ("libvirt's SEV guest counts (domain capabilities), the kvm_amd kernel "
-        "parameters and [libvirt] num_memory_encrypted_guests")
+_SEV = (
+    "libvirt's SEV guest counts (domain capabilities), the kvm_amd kernel "
+    "parameters and [libvirt] num_memory_encrypted_guests"
+)
 
 # OWNER_* traits (os-traits) -> who writes the provider.
 _OWNERS = {"OWNER_NOVA": "nova-compute", "OWNER_CYBORG": "cyborg"}
@@ -47,9 +49,9 @@ _OWNERS = {"OWNER_NOVA": "nova-compute", "OWNER_CYBORG": "cyborg"}
 @dataclass(frozen=True)
 class Difference:
     provider: str
-    subject: str       # "VCPU total", "trait HW_CPU_X86_AVX2", "provider"
-    placement: str     # as Placement holds it
-    host: str          # as node-agent would publish it
+    subject: str  # "VCPU total", "trait HW_CPU_X86_AVX2", "provider"
+    placement: str  # as Placement holds it
+    host: str  # as node-agent would publish it
     explained_by: str  # the option, with its value, or the host fact
 
     @property
@@ -60,13 +62,20 @@ class Difference:
         return "trait" if self.subject.startswith("trait ") else "inventory"
 
     def as_dict(self) -> dict:
-        return {"provider": self.provider, "subject": self.subject, "kind": self.kind,
-                "placement": self.placement, "host": self.host,
-                "explained_by": self.explained_by}
+        return {
+            "provider": self.provider,
+            "subject": self.subject,
+            "kind": self.kind,
+            "placement": self.placement,
+            "host": self.host,
+            "explained_by": self.explained_by,
+        }
 
     def line(self) -> str:
-        return (f"{self.provider}: {self.subject}: Placement {self.placement}, "
-                f"this host {self.host} -- {self.explained_by}")
+        return (
+            f"{self.provider}: {self.subject}: Placement {self.placement}, "
+            f"this host {self.host} -- {self.explained_by}"
+        )
 
 
 def owner_of(traits) -> Optional[str]:
@@ -84,11 +93,12 @@ def _cpus(value) -> str:
 def _ratio(kind: str, settings: Settings) -> str:
     value = getattr(settings, f"{kind}_allocation_ratio")
     if settings.keeps_placement_ratio(kind):
-        return (f"[DEFAULT] initial_{kind}_allocation_ratio = {value:g} applies to a "
-                f"new class only; [DEFAULT] {kind}_allocation_ratio is unset, so "
-                "Placement's ratio is kept")
-    return (f"[DEFAULT] {kind}_allocation_ratio = {value:g} (set, so nova writes it "
-            "at every update)")
+        return (
+            f"[DEFAULT] initial_{kind}_allocation_ratio = {value:g} applies to a "
+            f"new class only; [DEFAULT] {kind}_allocation_ratio is unset, so "
+            "Placement's ratio is kept"
+        )
+    return f"[DEFAULT] {kind}_allocation_ratio = {value:g} (set, so nova writes it at every update)"
 
 
 def _vcpu_total(settings: Settings) -> str:
@@ -97,10 +107,11 @@ def _vcpu_total(settings: Settings) -> str:
     if settings.vcpu_pin_set is not None:
         return f"[DEFAULT] vcpu_pin_set = {_cpus(settings.vcpu_pin_set)}"
     if settings.cpu_dedicated_set is not None:
-        return ("[compute] cpu_shared_set is unset and cpu_dedicated_set = "
-                f"{_cpus(settings.cpu_dedicated_set)}: no CPU is left for VCPU")
-    return ("every online CPU (neither [compute] cpu_shared_set nor "
-            "[DEFAULT] vcpu_pin_set is set)")
+        return (
+            "[compute] cpu_shared_set is unset and cpu_dedicated_set = "
+            f"{_cpus(settings.cpu_dedicated_set)}: no CPU is left for VCPU"
+        )
+    return "every online CPU (neither [compute] cpu_shared_set nor [DEFAULT] vcpu_pin_set is set)"
 
 
 def explain_inventory(rc: str, field: str, settings: Settings) -> str:
@@ -120,14 +131,20 @@ def explain_inventory(rc: str, field: str, settings: Settings) -> str:
     if rc == "MEMORY_MB":
         if field == "reserved":
             return f"[DEFAULT] reserved_host_memory_mb = {settings.reserved_host_memory_mb}"
-        return ("the host's memory (no option; huge pages reserved by "
-                "[DEFAULT] reserved_huge_pages are reported apart)")
+        return (
+            "the host's memory (no option; huge pages reserved by "
+            "[DEFAULT] reserved_huge_pages are reported apart)"
+        )
     if rc == "DISK_GB":
         if field == "reserved":
-            return (f"[DEFAULT] reserved_host_disk_mb = {settings.reserved_host_disk_mb}"
-                    " (rounded up to whole GiB)")
-        return ("the size of the filesystem holding [DEFAULT] instances_path = "
-                f"'{settings.instances_path}'")
+            return (
+                f"[DEFAULT] reserved_host_disk_mb = {settings.reserved_host_disk_mb}"
+                " (rounded up to whole GiB)"
+            )
+        return (
+            "the size of the filesystem holding [DEFAULT] instances_path = "
+            f"'{settings.instances_path}'"
+        )
     if rc == "VGPU":
         return "[devices] enabled_mdev_types"
     if rc == "MEM_ENCRYPTION_CONTEXT":
@@ -152,11 +169,21 @@ def explain_trait(trait: str) -> str:
         return "the host CPU as libvirt describes it (no option)"
     if trait.startswith("COMPUTE_SECURITY_TPM_"):
         return "[libvirt] swtpm_enabled and the hypervisor's TPM support"
-    if trait.startswith(("COMPUTE_STORAGE_BUS_", "COMPUTE_GRAPHICS_MODEL_",
-                         "COMPUTE_NET_VIF_MODEL_", "COMPUTE_ARCH_", "COMPUTE_VIOMMU_",
-                         "COMPUTE_SOUND_MODEL_", "COMPUTE_NET_VIRTIO_")):
-        return ("[libvirt] virt_type and what the hypervisor offers (its version, "
-                "its domain capabilities)")
+    if trait.startswith(
+        (
+            "COMPUTE_STORAGE_BUS_",
+            "COMPUTE_GRAPHICS_MODEL_",
+            "COMPUTE_NET_VIF_MODEL_",
+            "COMPUTE_ARCH_",
+            "COMPUTE_VIOMMU_",
+            "COMPUTE_SOUND_MODEL_",
+            "COMPUTE_NET_VIRTIO_",
+        )
+    ):
+        return (
+            "[libvirt] virt_type and what the hypervisor offers (its version, "
+            "its domain capabilities)"
+        )
     if trait.startswith("CUSTOM_"):
         return "an operator provider file ([compute] provider_config_location)"
     return "the host as node-agent discovers it (no nova option)"
@@ -164,8 +191,7 @@ def explain_trait(trait: str) -> str:
 
 def explain_provider(name: str, root: str) -> str:
     if name.startswith(f"{root}_NUMA_"):
-        return ("node-agent's [compute] numa_in_placement (nova-compute reports "
-                "no NUMA providers)")
+        return "node-agent's [compute] numa_in_placement (nova-compute reports no NUMA providers)"
     if name.startswith(f"{root}_amd_sev"):
         return _SEV
     if name.startswith(f"{root}_pci_"):
@@ -182,26 +208,38 @@ def _follows_total(old: Mapping, new: Mapping) -> bool:
     return old.get("max_unit") == old.get("total") and new.get("max_unit") == new.get("total")
 
 
-def inventory_differences(provider: Provider, held: ProviderState,
-                          settings: Settings) -> list[Difference]:
+def inventory_differences(
+    provider: Provider, held: ProviderState, settings: Settings
+) -> list[Difference]:
     wanted = placement_inventories(provider.inventories, held.inventories)
     out = []
     for rc in sorted(set(wanted) | set(held.inventories)):
         old, new = held.inventories.get(rc), wanted.get(rc)
         if old is None or new is None:
-            out.append(Difference(
-                provider.name, rc, ABSENT if old is None else f"total {old['total']}",
-                ABSENT if new is None else f"total {new['total']}",
-                explain_inventory(rc, "total", settings)))
+            out.append(
+                Difference(
+                    provider.name,
+                    rc,
+                    ABSENT if old is None else f"total {old['total']}",
+                    ABSENT if new is None else f"total {new['total']}",
+                    explain_inventory(rc, "total", settings),
+                )
+            )
             continue
         for field in INVENTORY_FIELDS:
             if inventory_equal({**old, field: new[field]}, old):
                 continue
             if field == "max_unit" and _follows_total(old, new):
                 continue  # said by the total's own difference
-            out.append(Difference(provider.name, f"{rc} {field}", _shown(old, field),
-                                  _shown(new, field),
-                                  explain_inventory(rc, field, settings)))
+            out.append(
+                Difference(
+                    provider.name,
+                    f"{rc} {field}",
+                    _shown(old, field),
+                    _shown(new, field),
+                    explain_inventory(rc, field, settings),
+                )
+            )
     return out
 
 
@@ -211,14 +249,21 @@ def trait_differences(provider: Provider, held: ProviderState) -> list[Differenc
         if trait in NOT_COMPARED:
             continue
         if wanted != (trait in held.traits):
-            out.append(Difference(provider.name, f"trait {trait}",
-                                  PRESENT if trait in held.traits else ABSENT,
-                                  PRESENT if wanted else ABSENT, explain_trait(trait)))
+            out.append(
+                Difference(
+                    provider.name,
+                    f"trait {trait}",
+                    PRESENT if trait in held.traits else ABSENT,
+                    PRESENT if wanted else ABSENT,
+                    explain_trait(trait),
+                )
+            )
     return out
 
 
-def drift(desired: ProviderTree, held: Mapping[str, ProviderState],
-          settings: Settings) -> tuple[Difference, ...]:
+def drift(
+    desired: ProviderTree, held: Mapping[str, ProviderState], settings: Settings
+) -> tuple[Difference, ...]:
     """Every difference, provider by provider in the tree's order.
     ``held``: provider name -> what Placement holds for it (the root's
     tree, found by the root's name). A provider of ``desired`` Placement
@@ -227,9 +272,15 @@ def drift(desired: ProviderTree, held: Mapping[str, ProviderState],
     for provider in desired.providers:
         state = held.get(provider.name)
         if state is None:
-            out.append(Difference(provider.name, "provider", ABSENT,
-                                  f"{len(provider.inventories)} resource classes",
-                                  explain_provider(provider.name, desired.root.name)))
+            out.append(
+                Difference(
+                    provider.name,
+                    "provider",
+                    ABSENT,
+                    f"{len(provider.inventories)} resource classes",
+                    explain_provider(provider.name, desired.root.name),
+                )
+            )
             continue
         out += inventory_differences(provider, state, settings)
         out += trait_differences(provider, state)

@@ -92,12 +92,11 @@ class GuestCpu:
 
 
 def extra_specs(guest: Guest) -> dict[str, str]:
-    return {k[len(EXTRA_SPEC):]: v for k, v in guest.metadata if k.startswith(EXTRA_SPEC)}
+    return {k[len(EXTRA_SPEC) :]: v for k, v in guest.metadata if k.startswith(EXTRA_SPEC)}
 
 
 def image_properties(guest: Guest) -> dict[str, str]:
-    return {k[len(IMAGE_PROPERTY):]: v for k, v in guest.metadata
-            if k.startswith(IMAGE_PROPERTY)}
+    return {k[len(IMAGE_PROPERTY) :]: v for k, v in guest.metadata if k.startswith(IMAGE_PROPERTY)}
 
 
 def classify(guest: Guest) -> GuestCpu:
@@ -116,8 +115,7 @@ def classify(guest: Guest) -> GuestCpu:
         found = _from_specs(guest, DEDICATED, specs, image, BY_EXTRA_SPECS)
         return replace(found, pcpu=explicit_pcpu, vcpu=0)
     if explicit_vcpu is not None:
-        return replace(_from_specs(guest, SHARED, specs, image, BY_EXTRA_SPECS),
-                       vcpu=explicit_vcpu)
+        return replace(_from_specs(guest, SHARED, specs, image, BY_EXTRA_SPECS), vcpu=explicit_vcpu)
     if meta.get(AGENT_POLICY) in POLICIES:
         return _from_specs(guest, meta[AGENT_POLICY], specs, image, BY_AGENT_METADATA)
     if _has_nova_specs(guest) or not guest.vcpupin:
@@ -134,21 +132,29 @@ def _has_nova_specs(guest: Guest) -> bool:
     return any(k == NOVA_SPECS for k, _ in guest.metadata)
 
 
-def _from_specs(guest: Guest, policy: str, specs: Mapping[str, str],
-                image: Mapping[str, str], rule: str) -> GuestCpu:
+def _from_specs(
+    guest: Guest, policy: str, specs: Mapping[str, str], image: Mapping[str, str], rule: str
+) -> GuestCpu:
     vcpus = guest.vcpus
-    isolate = (policy in (DEDICATED, MIXED)
-               and specs.get("hw:emulator_threads_policy") == "isolate")
+    isolate = policy in (DEDICATED, MIXED) and specs.get("hw:emulator_threads_policy") == "isolate"
     if policy == DEDICATED:
         dedicated = frozenset(range(vcpus))
     elif policy == MIXED:
-        dedicated = frozenset(_mask(specs.get("hw:cpu_dedicated_mask"), vcpus)
-                              or _realtime(specs, image, vcpus))
+        dedicated = frozenset(
+            _mask(specs.get("hw:cpu_dedicated_mask"), vcpus) or _realtime(specs, image, vcpus)
+        )
     else:
         dedicated = frozenset()
     pcpu = len(dedicated) + (1 if isolate else 0) if policy != SHARED else 0
-    return GuestCpu(policy, dedicated, isolate, vcpus - len(dedicated), pcpu, rule,
-                    _host_cpus(guest, dedicated, isolate))
+    return GuestCpu(
+        policy,
+        dedicated,
+        isolate,
+        vcpus - len(dedicated),
+        pcpu,
+        rule,
+        _host_cpus(guest, dedicated, isolate),
+    )
 
 
 # nova's resource request keys: unnumbered or numbered groups
@@ -161,8 +167,11 @@ _TRUE = ("1", "t", "true", "on", "y", "yes")
 def _requested(specs: Mapping[str, str], resource_class: str) -> Optional[int]:
     """The amount of ``resource_class`` the flavor asks for in all its
     request groups, or None when no group names it (with a valid amount)."""
-    amounts = [_int(value) for key, value in specs.items()
-               if (m := _RESOURCES.match(key)) and m.group(2) == resource_class]
+    amounts = [
+        _int(value)
+        for key, value in specs.items()
+        if (m := _RESOURCES.match(key)) and m.group(2) == resource_class
+    ]
     valid = [a for a in amounts if a is not None and a >= 0]
     return sum(valid) if valid else None
 
@@ -220,9 +229,10 @@ def _from_shape(guest: Guest) -> GuestCpu:
     pins = dict(guest.vcpupin)
     shared_by = Counter(cpu for cpus in pins.values() for cpu in cpus)
     dedicated = frozenset(
-        vcpu for vcpu in range(guest.vcpus)
-        if len(pins.get(vcpu, CpuSet())) == 1
-        and all(shared_by[cpu] == 1 for cpu in pins[vcpu]))
+        vcpu
+        for vcpu in range(guest.vcpus)
+        if len(pins.get(vcpu, CpuSet())) == 1 and all(shared_by[cpu] == 1 for cpu in pins[vcpu])
+    )
     if not dedicated:
         policy = SHARED
     elif len(dedicated) == guest.vcpus:
@@ -232,8 +242,19 @@ def _from_shape(guest: Guest) -> GuestCpu:
     emulator = emulatorpin(guest)
     pinned = CpuSet(cpu for v in dedicated for cpu in pins[v])
     # nova pins an isolated emulator thread to one host CPU of its own.
-    isolate = (policy != SHARED and emulator is not None and len(emulator) == 1
-               and not (emulator & pinned) and shared_by[next(iter(emulator))] == 0)
-    return GuestCpu(policy, dedicated, isolate, guest.vcpus - len(dedicated),
-                    len(dedicated) + (1 if isolate else 0), BY_PINNING,
-                    _host_cpus(guest, dedicated, isolate))
+    isolate = (
+        policy != SHARED
+        and emulator is not None
+        and len(emulator) == 1
+        and not (emulator & pinned)
+        and shared_by[next(iter(emulator))] == 0
+    )
+    return GuestCpu(
+        policy,
+        dedicated,
+        isolate,
+        guest.vcpus - len(dedicated),
+        len(dedicated) + (1 if isolate else 0),
+        BY_PINNING,
+        _host_cpus(guest, dedicated, isolate),
+    )

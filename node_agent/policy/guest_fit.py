@@ -25,8 +25,9 @@ from node_agent.model.snapshot import Guest
 from node_agent.policy.guest_cpu import classify
 
 
-def pinned_misfit(guest: Guest, dedicated: CpuSet,
-                  shared: Optional[CpuSet] = None) -> Optional[str]:
+def pinned_misfit(
+    guest: Guest, dedicated: CpuSet, shared: Optional[CpuSet] = None
+) -> Optional[str]:
     """Why a guest with dedicated vCPUs runs outside ``dedicated``, or None.
 
     nova warns and carries on (``_validate_pinning_configuration``: a live
@@ -38,11 +39,13 @@ def pinned_misfit(guest: Guest, dedicated: CpuSet,
     if not outside:
         return None
     in_shared = outside & shared if shared else CpuSet()
-    where = (f"; CPUs {in_shared} are in cpu_shared_set = '{shared}'" if in_shared else "")
-    return (f"{cpu.policy} guest {guest.name} ({guest.uuid}) has dedicated vCPUs on CPUs "
-            f"{cpu.dedicated_cpus}; CPUs {outside} are outside cpu_dedicated_set = "
-            f"'{dedicated}'{where}. nova starts and counts it as PCPU all the same; "
-            "add them to cpu_dedicated_set or migrate the guest.")
+    where = f"; CPUs {in_shared} are in cpu_shared_set = '{shared}'" if in_shared else ""
+    return (
+        f"{cpu.policy} guest {guest.name} ({guest.uuid}) has dedicated vCPUs on CPUs "
+        f"{cpu.dedicated_cpus}; CPUs {outside} are outside cpu_dedicated_set = "
+        f"'{dedicated}'{where}. nova starts and counts it as PCPU all the same; "
+        "add them to cpu_dedicated_set or migrate the guest."
+    )
 
 
 def floating_misfit(guest: Guest, dedicated: CpuSet, shared: CpuSet) -> Optional[str]:
@@ -50,15 +53,16 @@ def floating_misfit(guest: Guest, dedicated: CpuSet, shared: CpuSet) -> Optional
     cpu = classify(guest)
     if not dedicated or shared or cpu.vcpu == 0:
         return None
-    return (f"{cpu.policy} guest {guest.name} ({guest.uuid}) has {cpu.vcpu} floating "
-            f"vCPUs, but cpu_dedicated_set = '{dedicated}' is set and cpu_shared_set is "
-            "empty, so nova has no CPU to run them on (nova-compute refuses to start). "
-            "Set [compute] cpu_shared_set to the CPUs floating guests may use, or "
-            "migrate the guest first.")
+    return (
+        f"{cpu.policy} guest {guest.name} ({guest.uuid}) has {cpu.vcpu} floating "
+        f"vCPUs, but cpu_dedicated_set = '{dedicated}' is set and cpu_shared_set is "
+        "empty, so nova has no CPU to run them on (nova-compute refuses to start). "
+        "Set [compute] cpu_shared_set to the CPUs floating guests may use, or "
+        "migrate the guest first."
+    )
 
 
-def warnings(guests: Iterable[Guest], dedicated: CpuSet,
-             shared: Optional[CpuSet]) -> list[str]:
+def warnings(guests: Iterable[Guest], dedicated: CpuSet, shared: Optional[CpuSet]) -> list[str]:
     """Guests nova runs, with a warning, on CPUs outside the dedicated set."""
     found = []
     for guest in sorted(guests, key=lambda g: (g.name, g.uuid)):
@@ -68,8 +72,7 @@ def warnings(guests: Iterable[Guest], dedicated: CpuSet,
     return found
 
 
-def misfits(guests: Iterable[Guest], dedicated: CpuSet,
-            shared: Optional[CpuSet]) -> list[str]:
+def misfits(guests: Iterable[Guest], dedicated: CpuSet, shared: Optional[CpuSet]) -> list[str]:
     """Every guest the partition leaves without its CPUs, one line each, in
     guest name order. ``shared`` None: not known (the central applier gets
     only the dedicated set), floating guests are not judged."""
@@ -89,8 +92,7 @@ def guests_refused(desired, kept: Optional[str] = None) -> Optional[GuestsDoNotF
     None. The central applier's partition carries only the dedicated set:
     floating guests are judged on the agent's side alone."""
     partition = desired.partition
-    reasons = misfits(desired.host.guests, partition.dedicated,
-                      getattr(partition, "shared", None))
+    reasons = misfits(desired.host.guests, partition.dedicated, getattr(partition, "shared", None))
     if not reasons:
         return None
     return GuestsDoNotFit(reasons, kept) if kept else GuestsDoNotFit(reasons)

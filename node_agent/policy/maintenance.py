@@ -38,8 +38,10 @@ import os_traits
 from node_agent.model.provider_tree import ProviderTree
 
 TRAIT = os_traits.COMPUTE_STATUS_DISABLED
-UNKNOWN_REASON = ("unknown: recorded only in Placement (COMPUTE_STATUS_DISABLED on the "
-                  "root), the state file has no record")
+UNKNOWN_REASON = (
+    "unknown: recorded only in Placement (COMPUTE_STATUS_DISABLED on the "
+    "root), the state file has no record"
+)
 
 
 def record(on: bool, reason: Optional[str], since: str) -> dict:
@@ -61,8 +63,9 @@ def is_on(record: Optional[Mapping]) -> bool:
     return requested(record) is True
 
 
-def from_placement(record: Optional[Mapping], root_traits: Optional[Iterable[str]]
-                   ) -> Optional[Mapping]:
+def from_placement(
+    record: Optional[Mapping], root_traits: Optional[Iterable[str]]
+) -> Optional[Mapping]:
     """The record to act on, given the state file's ``record`` and the
     traits Placement holds on the root (None: not read or no root yet).
 
@@ -75,9 +78,12 @@ def from_placement(record: Optional[Mapping], root_traits: Optional[Iterable[str
 def in_maintenance(tree: ProviderTree) -> ProviderTree:
     """Every inventory fully reserved; the root marked disabled."""
     providers = tuple(
-        replace(p, inventories={rc: replace(inv, reserved=inv.total)
-                                for rc, inv in p.inventories.items()})
-        for p in tree.providers)
+        replace(
+            p,
+            inventories={rc: replace(inv, reserved=inv.total) for rc, inv in p.inventories.items()},
+        )
+        for p in tree.providers
+    )
     return ProviderTree((_with_trait(providers[0], True),) + providers[1:])
 
 
@@ -98,20 +104,29 @@ def apply(tree: ProviderTree, record: Optional[Mapping]) -> tuple[ProviderTree, 
     if not wanted:
         return leaving_maintenance(tree), [
             "maintenance off requested: this cycle restores the configured reservations "
-            f"and removes {TRAIT} from the root"]
+            f"and removes {TRAIT} from the root"
+        ]
     record = record or {}
-    reason = record.get("reason") or (UNKNOWN_REASON if record.get("source") == "placement"
-                                      else "no reason given")
+    reason = record.get("reason") or (
+        UNKNOWN_REASON if record.get("source") == "placement" else "no reason given"
+    )
     return in_maintenance(tree), [
         f"maintenance is on ({reason}): every inventory is fully reserved and the root "
-        f"has {TRAIT}; `node-agent maintenance off` ends it"]
+        f"has {TRAIT}; `node-agent maintenance off` ends it"
+    ]
 
 
 # ---------------------------------------------------------------- status
 
-def status(host: str, state_path: str, record: Optional[Mapping],
-           state_error: Optional[str], placement: Optional[Mapping],
-           service: Optional[Mapping] = None) -> dict:
+
+def status(
+    host: str,
+    state_path: str,
+    record: Optional[Mapping],
+    state_error: Optional[str],
+    placement: Optional[Mapping],
+    service: Optional[Mapping] = None,
+) -> dict:
     """``node-agent maintenance status`` as data.
 
     ``placement`` is None when Placement is not configured, else
@@ -130,44 +145,75 @@ def status(host: str, state_path: str, record: Optional[Mapping],
     kept the host closed from Placement's trait makes maintenance on.
     """
     wanted = requested(record)
-    state = {"path": state_path,
-             "maintenance": ("unreadable" if state_error else
-                             "none" if wanted is None else
-                             "on" if wanted else "off requested"),
-             "reason": (record or {}).get("reason") or None,
-             "since": (record or {}).get("since"),
-             "error": state_error}
+    state = {
+        "path": state_path,
+        "maintenance": (
+            "unreadable"
+            if state_error
+            else "none"
+            if wanted is None
+            else "on"
+            if wanted
+            else "off requested"
+        ),
+        "reason": (record or {}).get("reason") or None,
+        "since": (record or {}).get("since"),
+        "error": state_error,
+    }
     seen = None
     if placement is not None:
         closed, open_ = _closed_and_open(placement.get("inventories") or {})
-        children = [{"name": c["name"], "uuid": c["uuid"], "agent": bool(c["agent"]),
-                     **dict(zip(("fully_reserved", "open"),
-                                _closed_and_open(c["inventories"])))}
-                    for c in placement.get("children") or ()]
+        children = [
+            {
+                "name": c["name"],
+                "uuid": c["uuid"],
+                "agent": bool(c["agent"]),
+                **dict(zip(("fully_reserved", "open"), _closed_and_open(c["inventories"]))),
+            }
+            for c in placement.get("children") or ()
+        ]
         trait = TRAIT in (placement.get("traits") or ())
-        seen = {"root_uuid": placement.get("root_uuid"),
-                "maintenance": "on" if trait else "off",
-                "trait": trait, "fully_reserved": closed, "open": open_,
-                "children": children,
-                # provider name -> its open classes, the root and the agent's children
-                "open_by_provider": {
-                    name: classes for name, classes in
-                    [(host, open_)] + [(c["name"], c["open"]) for c in children if c["agent"]]
-                    if classes}}
-    kept = seen["trait"] if seen else bool(
-        service and service.get("on") and service.get("source") == "placement")
+        seen = {
+            "root_uuid": placement.get("root_uuid"),
+            "maintenance": "on" if trait else "off",
+            "trait": trait,
+            "fully_reserved": closed,
+            "open": open_,
+            "children": children,
+            # provider name -> its open classes, the root and the agent's children
+            "open_by_provider": {
+                name: classes
+                for name, classes in [(host, open_)]
+                + [(c["name"], c["open"]) for c in children if c["agent"]]
+                if classes
+            },
+        }
+    kept = (
+        seen["trait"]
+        if seen
+        else bool(service and service.get("on") and service.get("source") == "placement")
+    )
     effective = from_placement(record, [TRAIT] if kept else None)
     on = is_on(effective)
     # On: the trait and every class closed. Off (or an off not yet applied):
     # no trait.
-    agree = None if seen is None else (
-        (seen["trait"] and not seen["open_by_provider"]) if on else not seen["trait"])
+    agree = (
+        None
+        if seen is None
+        else ((seen["trait"] and not seen["open_by_provider"]) if on else not seen["trait"])
+    )
     reason = (effective or {}).get("reason") or (
-        UNKNOWN_REASON if (effective or {}).get("source") == "placement" else None)
-    return {"host": host, "maintenance": "on" if on else "off",
-            "reason": reason if on else None,
-            "state_file": state, "placement": seen, "agree": agree,
-            "service": None if service is None else dict(service)}
+        UNKNOWN_REASON if (effective or {}).get("source") == "placement" else None
+    )
+    return {
+        "host": host,
+        "maintenance": "on" if on else "off",
+        "reason": reason if on else None,
+        "state_file": state,
+        "placement": seen,
+        "agree": agree,
+        "service": None if service is None else dict(service),
+    }
 
 
 def _closed_and_open(inventories: Mapping[str, Mapping]) -> tuple[list[str], list[str]]:
@@ -176,8 +222,10 @@ def _closed_and_open(inventories: Mapping[str, Mapping]) -> tuple[list[str], lis
 
 
 def status_text(report: Mapping) -> str:
-    lines = [f"maintenance is {report['maintenance'].upper()} for {report['host']}"
-             + (f" (reason: {report['reason']})" if report["reason"] else "")]
+    lines = [
+        f"maintenance is {report['maintenance'].upper()} for {report['host']}"
+        + (f" (reason: {report['reason']})" if report["reason"] else "")
+    ]
     state = report["state_file"]
     said = state["maintenance"]
     if state["error"]:
@@ -186,7 +234,8 @@ def status_text(report: Mapping) -> str:
         said = "no maintenance record"
     elif said == "on":
         said = f"on since {state['since']}" + (
-            f", reason: {state['reason']}" if state["reason"] else "")
+            f", reason: {state['reason']}" if state["reason"] else ""
+        )
     else:
         said = f"off requested at {state['since']}, not yet applied by a cycle"
     lines.append(f"  state file {state['path']}: {said}")
@@ -198,14 +247,18 @@ def status_text(report: Mapping) -> str:
     else:
         closed = ", ".join(seen["fully_reserved"]) or "none"
         open_ = ", ".join(seen["open"]) or "none"
-        lines.append(f"  Placement root {seen['root_uuid']}: {TRAIT} "
-                     f"{'set' if seen['trait'] else 'not set'}; fully reserved: {closed}; "
-                     f"open: {open_}")
+        lines.append(
+            f"  Placement root {seen['root_uuid']}: {TRAIT} "
+            f"{'set' if seen['trait'] else 'not set'}; fully reserved: {closed}; "
+            f"open: {open_}"
+        )
         for child in seen.get("children", ()):
             whose = "" if child["agent"] else " (not the agent's: maintenance leaves it)"
-            lines.append(f"  child {child['name']}{whose}: fully reserved: "
-                         f"{', '.join(child['fully_reserved']) or 'none'}; "
-                         f"open: {', '.join(child['open']) or 'none'}")
+            lines.append(
+                f"  child {child['name']}{whose}: fully reserved: "
+                f"{', '.join(child['fully_reserved']) or 'none'}; "
+                f"open: {', '.join(child['open']) or 'none'}"
+            )
     service = report.get("service")
     if service is not None:
         if service.get("error"):
@@ -213,17 +266,20 @@ def status_text(report: Mapping) -> str:
         elif not service.get("on"):
             said = "maintenance off"
         elif service.get("source") == "placement":
-            said = (f"maintenance on: the applier kept the host closed because the root "
-                    f"carries {TRAIT} and this host's state file has no record")
+            said = (
+                f"maintenance on: the applier kept the host closed because the root "
+                f"carries {TRAIT} and this host's state file has no record"
+            )
         else:
-            said = "maintenance on" + (f" ({service['reason']})" if service.get("reason")
-                                       else "")
+            said = "maintenance on" + (f" ({service['reason']})" if service.get("reason") else "")
         lines.append(f"  running service: {said}")
     if report["agree"] is None:
         lines.append("  agree: unknown (Placement not consulted)")
     elif report["agree"]:
         lines.append("  agree: yes")
     else:
-        lines.append("  agree: NO -- the next cycle (`node-agent --once`, or the service) "
-                     "makes Placement follow the maintenance state above")
+        lines.append(
+            "  agree: NO -- the next cycle (`node-agent --once`, or the service) "
+            "makes Placement follow the maintenance state above"
+        )
     return "\n".join(lines) + "\n"

@@ -68,12 +68,13 @@ def fits(guest: Guest, held: Mapping[str, int]) -> bool:
     flavor now (an isolated emulator's PCPU, a ``resources:`` override)."""
     cpus = sum(int(held.get(rc, 0)) for rc in CPU)
     cpu = classify(guest)
-    return (cpus in (guest.vcpus, cpu.vcpu + cpu.pcpu)
-            and int(held.get("MEMORY_MB", 0)) == guest.memory_kb // 1024)
+    return (
+        cpus in (guest.vcpus, cpu.vcpu + cpu.pcpu)
+        and int(held.get("MEMORY_MB", 0)) == guest.memory_kb // 1024
+    )
 
 
-def candidates(guests: Iterable[Guest], by_consumer: Mapping[str, Mapping[str, int]]
-               ) -> list[str]:
+def candidates(guests: Iterable[Guest], by_consumer: Mapping[str, Mapping[str, int]]) -> list[str]:
     """Consumers that may be a migration record, judged from a provider
     view alone (consumer -> class -> amount on this host): not a guest of
     this host, and the size of a guest that holds nothing here. Only these
@@ -81,12 +82,17 @@ def candidates(guests: Iterable[Guest], by_consumer: Mapping[str, Mapping[str, i
     guests = list(guests)
     local = {g.uuid for g in guests}
     gone = away(guests, by_consumer)
-    return sorted(c for c, held in by_consumer.items()
-                  if c not in local and any(fits(g, held) for g in gone))
+    return sorted(
+        c for c, held in by_consumer.items() if c not in local and any(fits(g, held) for g in gone)
+    )
 
 
-def match(guests: Iterable[Guest], records: Mapping[str, Mapping],
-          host_providers: Iterable[str], here: Iterable[str]) -> dict[str, list[Guest]]:
+def match(
+    guests: Iterable[Guest],
+    records: Mapping[str, Mapping],
+    host_providers: Iterable[str],
+    here: Iterable[str],
+) -> dict[str, list[Guest]]:
     """consumer -> the local guests it is a migration record of.
 
     ``records``: consumer -> body of ``GET /allocations/{consumer}`` (or a

@@ -33,8 +33,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from node_agent.model.cpuset import CpuSet
 from node_agent.errors import ConfigError
+from node_agent.model.cpuset import CpuSet
 from node_agent.model.settings import Settings
 from node_agent.model.snapshot import HostSnapshot
 
@@ -52,9 +52,11 @@ class CpuPartition:
 
 
 def _configured_sets(settings: Settings) -> list[tuple[str, CpuSet]]:
-    named = [("cpu_dedicated_set", settings.cpu_dedicated_set),
-             ("cpu_shared_set", settings.cpu_shared_set),
-             ("vcpu_pin_set", settings.vcpu_pin_set)]
+    named = [
+        ("cpu_dedicated_set", settings.cpu_dedicated_set),
+        ("cpu_shared_set", settings.cpu_shared_set),
+        ("vcpu_pin_set", settings.vcpu_pin_set),
+    ]
     return [(name, cpus) for name, cpus in named if cpus is not None]
 
 
@@ -64,23 +66,27 @@ def _combination_problems(settings: Settings) -> list[str]:
         problems.append(
             f"[compute] vcpu_pin_set = '{settings.vcpu_pin_set}' cannot be combined with "
             f"cpu_dedicated_set = '{settings.cpu_dedicated_set}'. Move the vcpu_pin_set "
-            "CPUs to cpu_shared_set and remove vcpu_pin_set.")
+            "CPUs to cpu_shared_set and remove vcpu_pin_set."
+        )
     # nova's _check_cpu_set_configuration: with vcpu_pin_set set, only its
     # combination with cpu_dedicated_set is an error.
     uses_new_sets = settings.vcpu_pin_set is None and (
-        settings.cpu_dedicated_set is not None or settings.cpu_shared_set is not None)
+        settings.cpu_dedicated_set is not None or settings.cpu_shared_set is not None
+    )
     if settings.reserved_host_cpus and uses_new_sets:
         problems.append(
             f"[compute] reserved_host_cpus = {settings.reserved_host_cpus} cannot be "
             "combined with cpu_dedicated_set or cpu_shared_set. Leave the host's CPUs "
-            "out of both sets instead, and set reserved_host_cpus = 0.")
+            "out of both sets instead, and set reserved_host_cpus = 0."
+        )
     if settings.cpu_dedicated_set is not None and settings.cpu_shared_set is not None:
         both = settings.cpu_dedicated_set & settings.cpu_shared_set
         if both:
             problems.append(
                 f"[compute] cpu_dedicated_set = '{settings.cpu_dedicated_set}' and "
                 f"cpu_shared_set = '{settings.cpu_shared_set}' overlap on CPUs {both}. "
-                "A CPU is either dedicated or shared: remove them from one set.")
+                "A CPU is either dedicated or shared: remove them from one set."
+            )
     return problems
 
 
@@ -91,7 +97,8 @@ def _host_problems(settings: Settings, host: HostSnapshot) -> list[str]:
         if absent:
             problems.append(
                 f"[compute] {name} = '{cpus}' names CPUs {absent} that this host does "
-                f"not have (present: {host.present or 'none'}). Remove them from {name}.")
+                f"not have (present: {host.present or 'none'}). Remove them from {name}."
+            )
         offline = (cpus & host.present) - host.online
         if name == "cpu_dedicated_set" and settings.cpu_power_management:
             offline = CpuSet()  # nova's _get_pcpu_available: present is enough
@@ -99,7 +106,8 @@ def _host_problems(settings: Settings, host: HostSnapshot) -> list[str]:
             problems.append(
                 f"[compute] {name} = '{cpus}' names offline CPUs {offline} "
                 f"(online: {host.online or 'none'}). Bring them online "
-                f"(echo 1 > /sys/devices/system/cpu/cpuN/online) or remove them from {name}.")
+                f"(echo 1 > /sys/devices/system/cpu/cpuN/online) or remove them from {name}."
+            )
     return problems
 
 
@@ -122,21 +130,25 @@ def partition_cpus(settings: Settings, host: HostSnapshot) -> CpuPartition:
     shared = _shared_pool(settings, host)
     reserved = settings.reserved_host_cpus
     legacy = settings.vcpu_pin_set is not None or (
-        settings.cpu_dedicated_set is None and settings.cpu_shared_set is None)
+        settings.cpu_dedicated_set is None and settings.cpu_shared_set is None
+    )
     if legacy and reserved and shared and reserved >= len(shared):
         problems.append(
             f"[compute] reserved_host_cpus = {reserved} is not below the {len(shared)} "
-            f"CPUs reported as VCPU ({shared}). Lower it so guests can run.")
+            f"CPUs reported as VCPU ({shared}). Lower it so guests can run."
+        )
     if legacy and reserved and not shared:
         problems.append(
-            f"[compute] reserved_host_cpus = {reserved} but the host has no online CPU.")
+            f"[compute] reserved_host_cpus = {reserved} but the host has no online CPU."
+        )
     if settings.pcpu_transition_mode:
         problems.append(
             "[compute] pcpu_transition_mode = true is no longer supported: it reports the "
             "same CPUs as both VCPU and PCPU, so the scheduler could book each CPU twice "
             "and the agent never publishes more than the host has. Remove the option and "
             "set cpu_dedicated_set (CPUs for pinned guests) and cpu_shared_set (the rest); "
-            "the agent moves pinned guests from VCPU to PCPU in one reshape.")
+            "the agent moves pinned guests from VCPU to PCPU in one reshape."
+        )
     if problems:
         raise ConfigError(problems)
     warnings = []
@@ -145,16 +157,24 @@ def partition_cpus(settings: Settings, host: HostSnapshot) -> CpuPartition:
             f"vcpu_pin_set = '{settings.vcpu_pin_set}' and cpu_shared_set = "
             f"'{settings.cpu_shared_set}' are both set: as in nova, VCPU comes from "
             "vcpu_pin_set and cpu_shared_set only names the emulator-thread CPUs. "
-            "Move vcpu_pin_set to cpu_shared_set and remove vcpu_pin_set.")
+            "Move vcpu_pin_set to cpu_shared_set and remove vcpu_pin_set."
+        )
     isolated_shared = shared & host.isolated
     if isolated_shared:
         warnings.append(
             f"cpu_shared_set includes isolated CPUs {isolated_shared} (isolcpus): floating "
-            "guests are not load-balanced onto them. Consider moving them to cpu_dedicated_set.")
+            "guests are not load-balanced onto them. Consider moving them to cpu_dedicated_set."
+        )
     pcpu = dedicated
     unused = host.online - dedicated - shared
-    return CpuPartition(dedicated=dedicated, shared=shared, unused=unused, pcpu=pcpu,
-                        vcpu_reserved=reserved, warnings=tuple(warnings))
+    return CpuPartition(
+        dedicated=dedicated,
+        shared=shared,
+        unused=unused,
+        pcpu=pcpu,
+        vcpu_reserved=reserved,
+        warnings=tuple(warnings),
+    )
 
 
 def node_split(partition: CpuPartition, host: HostSnapshot) -> list[dict]:

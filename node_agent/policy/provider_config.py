@@ -74,8 +74,9 @@ class ProviderConfig:
         return COMPUTE_NODE if self.compute_node else (self.name or self.uuid or "")
 
 
-def _entry_problems(entry: Any, path: str, wrong: Set[str], refused: Set[str]
-                    ) -> list[tuple[str, str]]:
+def _entry_problems(
+    entry: Any, path: str, wrong: Set[str], refused: Set[str]
+) -> list[tuple[str, str]]:
     """(path, message) for what the schema cannot see in the entry at
     ``path``: rules between two values, and classes the agent reports
     itself. Skipped: what the schema found ``wrong`` (the paths of its
@@ -89,26 +90,30 @@ def _entry_problems(entry: Any, path: str, wrong: Set[str], refused: Set[str]
     for i, item in enumerate(entry.get("inventories", {}).get("additional", [])):
         if f"{path}.inventories.additional[{i}]" in refused:
             continue
-        (rc, data), = item.items()
+        ((rc, data),) = item.items()
         path_rc = f"{path}.inventories.additional[{i}].{rc}"
         if rc.startswith(_AGENT_PREFIXES):
             found.append((path_rc, f"{rc} is a class the agent reports itself"))
         elif rc in classes:
             found.append((path_rc, "is listed twice"))
         elif data.get("reserved", 0) > data["total"]:
-            found.append((f"{path_rc}.reserved",
-                          f"{data['reserved']} is above total {data['total']}"))
+            found.append(
+                (f"{path_rc}.reserved", f"{data['reserved']} is above total {data['total']}")
+            )
         elif data.get("min_unit", 1) > data.get("max_unit", math.inf):
-            found.append((f"{path_rc}.min_unit", f"{data.get('min_unit', 1)} is above "
-                                                 f"max_unit {data['max_unit']}"))
+            found.append(
+                (
+                    f"{path_rc}.min_unit",
+                    f"{data.get('min_unit', 1)} is above max_unit {data['max_unit']}",
+                )
+            )
         classes.add(rc)
     return found
 
 
 def _config(entry: dict, source: str) -> ProviderConfig:
     """The record of one entry the schema and :func:`_entry_problems` accepted."""
-    (key, text), = ((k, v) for k, v in entry["identification"].items()
-                    if k in ("name", "uuid"))
+    ((key, text),) = ((k, v) for k, v in entry["identification"].items() if k in ("name", "uuid"))
     if text == COMPUTE_NODE:
         # nova accepts the sentinel under name too (its own
         # example_provider.yaml writes name: $COMPUTE_NODE).
@@ -117,12 +122,15 @@ def _config(entry: dict, source: str) -> ProviderConfig:
         ident = {key: text if key == "name" else str(uuid_mod.UUID(text))}
     inventories = {}
     for item in entry.get("inventories", {}).get("additional", []):
-        (rc, data), = item.items()
+        ((rc, data),) = item.items()
         inventories[rc] = Inventory(
-            total=data["total"], reserved=data.get("reserved", 0),
-            min_unit=data.get("min_unit", 1), max_unit=data.get("max_unit"),
+            total=data["total"],
+            reserved=data.get("reserved", 0),
+            min_unit=data.get("min_unit", 1),
+            max_unit=data.get("max_unit"),
             step_size=data.get("step_size", 1),
-            allocation_ratio=float(data.get("allocation_ratio", 1.0)))
+            allocation_ratio=float(data.get("allocation_ratio", 1.0)),
+        )
     traits = frozenset(entry.get("traits", {}).get("additional", []))
     return ProviderConfig(source=source, inventories=inventories, traits=traits, **ident)
 
@@ -133,8 +141,9 @@ def _prefixes(path: str) -> list[str]:
 
 
 def _document_order(problem: tuple[str, str]) -> tuple:
-    return tuple((bool(key), int(index) if index else key)
-                 for index, key in _PATH_PART.findall(problem[0]))
+    return tuple(
+        (bool(key), int(index) if index else key) for index, key in _PATH_PART.findall(problem[0])
+    )
 
 
 def _minor(version: Any) -> Optional[int]:
@@ -149,6 +158,7 @@ def parse_provider_config(text: str, source: str) -> tuple[ProviderConfig, ...]:
     values. Raises ConfigError listing every problem, each as
     ``<source>: <path in the document>: <what is wrong>``."""
     import yaml  # here: a host without provider files never pays for yaml
+
     from node_agent.policy import provider_schema  # nor for jsonschema
 
     try:
@@ -156,18 +166,23 @@ def parse_provider_config(text: str, source: str) -> tuple[ProviderConfig, ...]:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f": line {mark.line + 1}" if mark else ""
-        raise ConfigError(f"{source}{where}: not valid YAML: "
-                          f"{getattr(exc, 'problem', None) or exc}") from exc
+        raise ConfigError(
+            f"{source}{where}: not valid YAML: {getattr(exc, 'problem', None) or exc}"
+        ) from exc
     if not isinstance(doc, dict):
         raise ConfigError(f"{source}: must be a mapping, not {type(doc).__name__}")
     meta = doc.get("meta")
     version = meta.get("schema_version") if isinstance(meta, dict) else None
     minor = _minor(version)
     if minor is None:  # before the schema: the version says which one applies
-        raise ConfigError(f"{source}: meta.schema_version: {version!r} is not a supported "
-                          "version; write schema_version: '1.0'")
-    problems = [(provider_schema.where(path), message)
-                for path, message in provider_schema.problems(doc, strict=minor == 0)]
+        raise ConfigError(
+            f"{source}: meta.schema_version: {version!r} is not a supported "
+            "version; write schema_version: '1.0'"
+        )
+    problems = [
+        (provider_schema.where(path), message)
+        for path, message in provider_schema.problems(doc, strict=minor == 0)
+    ]
     wrong = {path for path, _ in problems}
     refused = {prefix for path in wrong for prefix in _prefixes(path)}
     configs = []
@@ -179,8 +194,12 @@ def parse_provider_config(text: str, source: str) -> tuple[ProviderConfig, ...]:
         if path not in refused and not entry_problems:
             configs.append(_config(entry, f"{source} {path}"))
     if problems:
-        raise ConfigError([f"{source}: {path + ': ' if path else ''}{message}"
-                           for path, message in sorted(problems, key=_document_order)])
+        raise ConfigError(
+            [
+                f"{source}: {path + ': ' if path else ''}{message}"
+                for path, message in sorted(problems, key=_document_order)
+            ]
+        )
     return tuple(configs)
 
 
@@ -191,29 +210,38 @@ def check_unique(configs: Sequence[ProviderConfig]) -> None:
     for config in configs:
         key = config.identity
         if key in seen:
-            problems.append(f"{config.source}: identification {key} is already used by "
-                            f"{seen[key]}. Merge the two entries.")
+            problems.append(
+                f"{config.source}: identification {key} is already used by "
+                f"{seen[key]}. Merge the two entries."
+            )
         seen.setdefault(key, config.source)
     if problems:
         raise ConfigError(problems)
 
 
-def config_for(provider: Provider, is_root: bool,
-               configs: Sequence[ProviderConfig]) -> Optional[ProviderConfig]:
+def config_for(
+    provider: Provider, is_root: bool, configs: Sequence[ProviderConfig]
+) -> Optional[ProviderConfig]:
     """The explicit entry naming ``provider``, else $COMPUTE_NODE for the root.
     An explicit entry without inventories or traits does not hide $COMPUTE_NODE.
     Two entries reaching one provider (by name and by uuid) are a ConfigError,
     as nova's ``_merge_provider_configs`` refuses them."""
-    named = [config for config in configs
-             if ((config.name is not None and config.name == provider.name)
-                 or (config.uuid is not None and config.uuid == provider.uuid))
-             and (config.inventories or config.traits)]
+    named = [
+        config
+        for config in configs
+        if (
+            (config.name is not None and config.name == provider.name)
+            or (config.uuid is not None and config.uuid == provider.uuid)
+        )
+        and (config.inventories or config.traits)
+    ]
     if len(named) > 1:
         raise ConfigError(
             f"{named[1].source} and {named[0].source} both name provider "
             f"'{provider.name}' ({provider.uuid or 'uuid not known yet'}), by "
             f"{'name' if named[0].name else 'uuid'} and by "
-            f"{'name' if named[1].name else 'uuid'}. Merge the two entries into one.")
+            f"{'name' if named[1].name else 'uuid'}. Merge the two entries into one."
+        )
     if named:
         return named[0]
     if is_root:
@@ -223,13 +251,18 @@ def config_for(provider: Provider, is_root: bool,
 
 def unmatched(tree: ProviderTree, configs: Sequence[ProviderConfig]) -> list[ProviderConfig]:
     """Entries naming no provider of the tree (foreign, or uuid not yet known)."""
-    return [c for c in configs if not c.compute_node
-            and tree.by_name(c.name or "") is None
-            and not any(p.uuid == c.uuid for p in tree.providers if c.uuid)]
+    return [
+        c
+        for c in configs
+        if not c.compute_node
+        and tree.by_name(c.name or "") is None
+        and not any(p.uuid == c.uuid for p in tree.providers if c.uuid)
+    ]
 
 
-def _apply_one(provider: Provider, config: Optional[ProviderConfig],
-               previous: Set[str]) -> Provider:
+def _apply_one(
+    provider: Provider, config: Optional[ProviderConfig], previous: Set[str]
+) -> Provider:
     wanted = config.traits if config else frozenset()
     inventories = dict(provider.inventories)
     traits = dict(provider.traits)
@@ -237,14 +270,18 @@ def _apply_one(provider: Provider, config: Optional[ProviderConfig],
     if config:
         for rc, inv in config.inventories.items():
             if rc in inventories:
-                problems.append(f"{config.source}: {rc} on provider '{provider.name}' is a "
-                                "class the agent reports itself. Remove it from the file.")
+                problems.append(
+                    f"{config.source}: {rc} on provider '{provider.name}' is a "
+                    "class the agent reports itself. Remove it from the file."
+                )
             inventories[rc] = inv
         for trait in wanted:
             if trait in traits:
-                problems.append(f"{config.source}: trait {trait} on provider "
-                                f"'{provider.name}' is one the agent decides itself. "
-                                "Remove it from the file.")
+                problems.append(
+                    f"{config.source}: trait {trait} on provider "
+                    f"'{provider.name}' is one the agent decides itself. "
+                    "Remove it from the file."
+                )
     if problems:
         raise ConfigError(problems)
     for trait in set(previous) - wanted:
@@ -253,8 +290,11 @@ def _apply_one(provider: Provider, config: Optional[ProviderConfig],
     return replace(provider, inventories=inventories, traits=traits)
 
 
-def apply_provider_configs(tree: ProviderTree, configs: Sequence[ProviderConfig],
-                           previously_applied: Mapping[str, Set[str]]) -> ProviderTree:
+def apply_provider_configs(
+    tree: ProviderTree,
+    configs: Sequence[ProviderConfig],
+    previously_applied: Mapping[str, Set[str]],
+) -> ProviderTree:
     """The tree with the operator's inventories and traits added.
 
     ``previously_applied``: provider name -> traits the files set last
@@ -265,13 +305,16 @@ def apply_provider_configs(tree: ProviderTree, configs: Sequence[ProviderConfig]
         return tree
     providers = tuple(
         _apply_one(p, config_for(p, i == 0, configs), previously_applied.get(p.name, set()))
-        for i, p in enumerate(tree.providers))
+        for i, p in enumerate(tree.providers)
+    )
     return ProviderTree(providers)
 
 
-def file_added_traits(listed: Mapping[str, Sequence[str]],
-                      previous: Mapping[str, Sequence[str]],
-                      before: Mapping[str, AbstractSet[str]]) -> dict[str, list[str]]:
+def file_added_traits(
+    listed: Mapping[str, Sequence[str]],
+    previous: Mapping[str, Sequence[str]],
+    before: Mapping[str, AbstractSet[str]],
+) -> dict[str, list[str]]:
     """Which of the traits the files list now (``listed``, by provider) the
     files added, to remember as next cycle's ``previously_applied``.
 
@@ -283,17 +326,18 @@ def file_added_traits(listed: Mapping[str, Sequence[str]],
     out = {}
     for name, traits in listed.items():
         had = before.get(name, set())
-        kept = sorted(t for t in traits
-                      if t in previous.get(name, ()) or t not in had)
+        kept = sorted(t for t in traits if t in previous.get(name, ()) or t not in had)
         if kept:
             out[name] = kept
     return out
 
 
-def applied_traits(configs: Sequence[ProviderConfig], tree: ProviderTree
-                   ) -> dict[str, set[str]]:
+def applied_traits(configs: Sequence[ProviderConfig], tree: ProviderTree) -> dict[str, set[str]]:
     """What :func:`apply_provider_configs` adds, by provider name: the value to
     remember and pass as ``previously_applied`` next cycle."""
-    return {p.name: set(config.traits)
-            for i, p in enumerate(tree.providers)
-            for config in [config_for(p, i == 0, configs)] if config and config.traits}
+    return {
+        p.name: set(config.traits)
+        for i, p in enumerate(tree.providers)
+        for config in [config_for(p, i == 0, configs)]
+        if config and config.traits
+    }

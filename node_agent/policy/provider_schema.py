@@ -29,23 +29,32 @@ SCHEMA_FILE = "provider-config-1.0.json"
 
 # JSON Schema counts true as an integer and 1.0 as one too; Placement takes
 # neither. YAML reads `.nan` and `.inf` as numbers; Placement takes neither.
-_TYPES = Draft202012Validator.TYPE_CHECKER.redefine_many({
-    "integer": lambda _c, v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda _c, v: (isinstance(v, (int, float)) and not isinstance(v, bool)
-                             and math.isfinite(v)),
-})
+_TYPES = Draft202012Validator.TYPE_CHECKER.redefine_many(
+    {
+        "integer": lambda _c, v: isinstance(v, int) and not isinstance(v, bool),
+        "number": lambda _c, v: (
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        ),
+    }
+)
 _Validator = jsonschema.validators.extend(Draft202012Validator, type_checker=_TYPES)
 
-_TYPE_WORDS = {"object": "a mapping", "array": "a list", "string": "a string",
-               "integer": "a whole number", "number": "a number"}
+_TYPE_WORDS = {
+    "object": "a mapping",
+    "array": "a list",
+    "string": "a string",
+    "integer": "a whole number",
+    "number": "a number",
+}
 
 DocPath = Sequence[Union[str, int]]
 
 
 def load() -> dict:
     """The schema document shipped in the package."""
-    return json.loads(resources.files(__package__).joinpath(SCHEMA_FILE)
-                      .read_text(encoding="utf-8"))
+    return json.loads(
+        resources.files(__package__).joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
+    )
 
 
 @lru_cache(maxsize=None)
@@ -78,19 +87,20 @@ def _problem(error: ValidationError) -> tuple[DocPath, str]:
     why = schema.get("x-why", {}).get(str(error.validator))
     if why:
         text = str(value)
-        return path, why.format(value=value, limit=error.validator_value,
-                                length=len(text), short=text[:40])
+        return path, why.format(
+            value=value, limit=error.validator_value, length=len(text), short=text[:40]
+        )
     if error.validator == "required":
         missing = next(k for k in error.validator_value if k not in value)
         return [*path, missing], "is required"
     if error.validator == "additionalProperties":
         allowed = list(schema.get("properties", {}))
         unknown = sorted(str(k) for k in value if k not in allowed)
-        return path, (f"unknown key(s) {', '.join(unknown)} "
-                      f"(allowed: {', '.join(allowed)})")
+        return path, (f"unknown key(s) {', '.join(unknown)} (allowed: {', '.join(allowed)})")
     if error.validator == "type":
-        return path, (f"must be {_TYPE_WORDS.get(str(error.validator_value))}, "
-                      f"not {_python_type(value)}")
+        return path, (
+            f"must be {_TYPE_WORDS.get(str(error.validator_value))}, not {_python_type(value)}"
+        )
     return path, f"{value!r} breaks the schema's {error.validator} {error.validator_value!r}"
 
 

@@ -51,7 +51,12 @@ _KEY = b"node-agent root provider owner"
 _MACHINE_ID = re.compile(r"^[0-9a-f]{32}$")
 
 MINE, ABSENT, UNMARKED, OWNED_BY_NOVA, OTHER_MACHINE = (
-    "mine", "absent", "unmarked", "nova", "other machine")
+    "mine",
+    "absent",
+    "unmarked",
+    "nova",
+    "other machine",
+)
 
 
 def parse_machine_id(text: str, source: str) -> str:
@@ -61,7 +66,8 @@ def parse_machine_id(text: str, source: str) -> str:
         raise ConfigError(
             f"[agent] machine_id_path = {source}: {value[:40]!r} is not a machine id "
             "(32 hexadecimal digits, see machine-id(5)). Run "
-            "`systemd-machine-id-setup`, or point machine_id_path at the right file.")
+            "`systemd-machine-id-setup`, or point machine_id_path at the right file."
+        )
     return value
 
 
@@ -87,12 +93,12 @@ class Identity:
 
 @dataclass(frozen=True)
 class Verdict:
-    owner: str                       # MINE, ABSENT, UNMARKED, OWNED_BY_NOVA, OTHER_MACHINE
+    owner: str  # MINE, ABSENT, UNMARKED, OWNED_BY_NOVA, OTHER_MACHINE
     may_write: bool
     # The root's traits this agent decides on: its mark on, and with a take
     # over, the other machine's mark off.
     traits: Mapping[str, bool] = field(default_factory=dict)
-    others: tuple[str, ...] = ()     # other machines' marks found
+    others: tuple[str, ...] = ()  # other machines' marks found
 
 
 def judge(traits: Optional[Iterable[str]], identity: Identity) -> Verdict:
@@ -119,17 +125,21 @@ def judge(traits: Optional[Iterable[str]], identity: Identity) -> Verdict:
 def refusal(verdict: Verdict, host: str, uuid: str) -> str:
     """Why the agent does not write ``host``'s root, and what to do."""
     if verdict.owner == OWNED_BY_NOVA:
-        return (f"provider {host} ({uuid}) carries {NOVA}: nova-compute manages it, and two "
-                "writers would overwrite each other's inventory. Nothing was written. On a "
-                "nova host let nova-compute report it and run node-agent in companion mode "
-                "([agent] mode = companion: it reads and reports, never writes). If nova-compute "
-                "no longer runs here, remove OWNER_NOVA from the provider, or set [agent] "
-                "take_over_provider = true")
-    return (f"provider {host} ({uuid}) is managed by node-agent on another machine (its "
-            f"mark {', '.join(verdict.others)}; this machine's is different): two machines "
-            "are configured with [DEFAULT] host = " + host + " (a cloned image?). Nothing "
-            "was written. Give this machine its own host name; if the other machine is "
-            "gone (this one replaces it), set [agent] take_over_provider = true once")
+        return (
+            f"provider {host} ({uuid}) carries {NOVA}: nova-compute manages it, and two "
+            "writers would overwrite each other's inventory. Nothing was written. On a "
+            "nova host let nova-compute report it and run node-agent in companion mode "
+            "([agent] mode = companion: it reads and reports, never writes). If nova-compute "
+            "no longer runs here, remove OWNER_NOVA from the provider, or set [agent] "
+            "take_over_provider = true"
+        )
+    return (
+        f"provider {host} ({uuid}) is managed by node-agent on another machine (its "
+        f"mark {', '.join(verdict.others)}; this machine's is different): two machines "
+        "are configured with [DEFAULT] host = " + host + " (a cloned image?). Nothing "
+        "was written. Give this machine its own host name; if the other machine is "
+        "gone (this one replaces it), set [agent] take_over_provider = true once"
+    )
 
 
 def claimed(tree: ProviderTree, verdict: Verdict) -> ProviderTree:
@@ -137,8 +147,9 @@ def claimed(tree: ProviderTree, verdict: Verdict) -> ProviderTree:
     if not verdict.traits:
         return tree
     root = tree.root
-    return ProviderTree((replace(root, traits={**root.traits, **verdict.traits}),)
-                        + tree.providers[1:])
+    return ProviderTree(
+        (replace(root, traits={**root.traits, **verdict.traits}),) + tree.providers[1:]
+    )
 
 
 def identity_of_tree(tree: ProviderTree) -> Identity:
@@ -163,9 +174,11 @@ def unschedulable_by_nova(root_name: str, nova_roots: int) -> Optional[str]:
     agent does not add the trait: it would make two writers of one provider."""
     if nova_roots <= 0:
         return None
-    return (f"nova-compute manages {nova_roots} provider(s) in this Placement "
-            f"(OWNER_NOVA): a nova 34 scheduler requires OWNER_NOVA on the root "
-            f"(owner_nova_filter), so it will not schedule onto {root_name}, which this "
-            "agent writes. On a nova cloud run the agent beside nova-compute in "
-            "companion mode ([agent] mode = companion); owner mode is for Placement "
-            "consumers other than nova")
+    return (
+        f"nova-compute manages {nova_roots} provider(s) in this Placement "
+        f"(OWNER_NOVA): a nova 34 scheduler requires OWNER_NOVA on the root "
+        f"(owner_nova_filter), so it will not schedule onto {root_name}, which this "
+        "agent writes. On a nova cloud run the agent beside nova-compute in "
+        "companion mode ([agent] mode = companion); owner mode is for Placement "
+        "consumers other than nova"
+    )

@@ -38,7 +38,7 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import tenacity
 
 from node_agent.errors import ConfigError, NodeAgentError
-from node_agent.state import Store, StateStore, decode, decode_or_empty, edited, encode
+from node_agent.state import StateStore, Store, decode, decode_or_empty, edited, encode
 
 LOG = logging.getLogger(__name__)
 
@@ -48,7 +48,7 @@ SCHEMES = ("file", "redis", "postgresql")
 WHY_NOT = {
     "etcd3": " (tooz gives its locks, but no store for the per-host records)",
     "mysql": " (PyMySQL, which tooz's MySQL driver needs, is not installed, and "
-             "this backend is untested)",
+    "this backend is untested)",
 }
 
 
@@ -86,8 +86,7 @@ class RedisStore(Store):
 
         def attempt(pipe) -> None:
             text = pipe.get(self.key)
-            state = decode_or_empty(None if text is None else text.decode("utf-8"),
-                                    self.where, LOG)
+            state = decode_or_empty(None if text is None else text.decode("utf-8"), self.where, LOG)
             new = edited(state, change)
             pipe.multi()
             if new != state:
@@ -137,13 +136,13 @@ def check_url(url: str) -> None:
     """Refuse a backend the records cannot live in; raises ConfigError."""
     scheme = urlsplit(url).scheme
     if scheme not in SCHEMES:
-        why = next((reason for prefix, reason in WHY_NOT.items()
-                    if scheme.startswith(prefix)), "")
+        why = next((reason for prefix, reason in WHY_NOT.items() if scheme.startswith(prefix)), "")
         raise ConfigError(
             f"[applier] coordination_url: {scheme or url!r} is not supported{why}; use "
             "redis://HOST:PORT or postgresql://USER:PASSWORD@HOST:PORT/DATABASE "
             "(several machines) or leave it unset (one machine: files under "
-            "[applier] state_path)")
+            "[applier] state_path)"
+        )
 
 
 def redis_lock_expiry(url: str, lock_timeout: float) -> tuple[int, bool]:
@@ -164,13 +163,15 @@ def redis_lock_expiry(url: str, lock_timeout: float) -> tuple[int, bool]:
             raise ConfigError(
                 f"[applier] lock_timeout = {lock_timeout:g} is too short with Redis: a "
                 "killed applier's lock expires after 1 s at the least, and a message "
-                "must be able to wait longer than that; set it to 2 or more")
+                "must be able to wait longer than that; set it to 2 or more"
+            )
         return expiry, False
     try:
         expiry = int(given)
     except ValueError:
-        raise ConfigError(f"[applier] coordination_url: lock_timeout={given!r} is not a "
-                          "whole number of seconds") from None
+        raise ConfigError(
+            f"[applier] coordination_url: lock_timeout={given!r} is not a whole number of seconds"
+        ) from None
     if expiry >= lock_timeout:
         raise ConfigError(
             f"[applier] coordination_url: the Redis lock expires after {expiry} s "
@@ -178,7 +179,8 @@ def redis_lock_expiry(url: str, lock_timeout: float) -> tuple[int, bool]:
             f"lock_timeout ({lock_timeout:g} s): after an applier is killed holding a "
             "host, that host's next message would be answered busy instead of "
             "applied. Leave lock_timeout out of the URL (it is then half of [applier] "
-            "lock_timeout) or make it smaller")
+            "lock_timeout) or make it smaller"
+        )
     return expiry, True
 
 
@@ -192,8 +194,13 @@ def sqlalchemy_url(url: str) -> str:
 class Coordination:
     """The tooz coordinator of this process and the per-host records."""
 
-    def __init__(self, url: Optional[str], state_path: Path, member: str,
-                 lock_timeout: Optional[float] = None):
+    def __init__(
+        self,
+        url: Optional[str],
+        state_path: Path,
+        member: str,
+        lock_timeout: Optional[float] = None,
+    ):
         """``lock_timeout``: the applier's (how long a message waits for its
         host's lock); with Redis it sets or checks the locks' expiry."""
         # Each backend's library is imported when it is the configured one:
@@ -211,8 +218,7 @@ class Coordination:
             self.lock_expiry, in_url = redis_lock_expiry(self.url, lock_timeout)
             if not in_url:
                 options["lock_timeout"] = str(self.lock_expiry)
-        self._coordinator = tooz.get_coordinator(self.url, member.encode("utf-8"), None,
-                                                 **options)
+        self._coordinator = tooz.get_coordinator(self.url, member.encode("utf-8"), None, **options)
         self._redis = None
         if urlsplit(self.url).scheme == "redis":
             import redis
@@ -221,7 +227,9 @@ class Coordination:
             # The query holds tooz's options (lock_timeout...), not redis-py's.
             self._redis = redis.Redis.from_url(
                 urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")),
-                socket_timeout=10, socket_connect_timeout=10)
+                socket_timeout=10,
+                socket_connect_timeout=10,
+            )
         self._sql = None
         if urlsplit(self.url).scheme == "postgresql":
             from node_agent.remote import sql_records
@@ -245,7 +253,8 @@ class Coordination:
         except Exception as exc:  # noqa: BLE001 - any failure means "cannot be used"
             raise CoordinationError(
                 f"the coordination backend at {self.where()} cannot be used: "
-                f"{type(exc).__name__}: {exc}".replace(self.url, self.where())) from None
+                f"{type(exc).__name__}: {exc}".replace(self.url, self.where())
+            ) from None
         self._started = True
         return self
 
@@ -258,8 +267,7 @@ class Coordination:
 
     def lock(self, host: str, timeout: float) -> HostLock:
         self.start()
-        return HostLock(self._coordinator.get_lock(LOCK_PREFIX + host.encode("utf-8")),
-                        timeout)
+        return HostLock(self._coordinator.get_lock(LOCK_PREFIX + host.encode("utf-8")), timeout)
 
     def store(self, host: str) -> Store:
         if self._sql is not None:
@@ -279,4 +287,3 @@ class Coordination:
             if self._sql is not None:
                 self._sql.dispose()
             self._started = False
-

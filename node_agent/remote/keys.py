@@ -38,7 +38,8 @@ def _read_secret(path: str, option: str) -> bytes:
             raise ConfigError(
                 f"{option} = {path}: the key is open to its group or others (mode "
                 f"{stat.S_IMODE(mode):04o}); it must be readable by its owner only: "
-                f"chmod 0600 {path}")
+                f"chmod 0600 {path}"
+            )
         with os.fdopen(os.dup(fd), "rb") as f:
             return f.read().strip()
     finally:
@@ -50,8 +51,10 @@ def read_host_key(path: str, option: str = "[agent] upstream_key_file") -> bytes
     ``node-agent-applier derive-key``); raises ConfigError."""
     text = _read_secret(path, option)
     if not HOST_KEY.fullmatch(text.decode("ascii", "replace")):
-        raise ConfigError(f"{option} = {path}: not a host key (64 hex digits, as "
-                          f"node-agent-applier derive-key HOST writes)")
+        raise ConfigError(
+            f"{option} = {path}: not a host key (64 hex digits, as "
+            f"node-agent-applier derive-key HOST writes)"
+        )
     return bytes.fromhex(text.decode("ascii"))
 
 
@@ -60,8 +63,10 @@ def read_master(path: str, option: str = "[applier] master_key_file") -> bytes:
     ``openssl rand -hex 32``); raises ConfigError."""
     secret = _read_secret(path, option)
     if len(secret) < MIN_MASTER_BYTES:
-        raise ConfigError(f"{option} = {path}: a master secret needs at least "
-                          f"{MIN_MASTER_BYTES} bytes (make one with: openssl rand -hex 32)")
+        raise ConfigError(
+            f"{option} = {path}: a master secret needs at least "
+            f"{MIN_MASTER_BYTES} bytes (make one with: openssl rand -hex 32)"
+        )
     return secret
 
 
@@ -70,8 +75,9 @@ def parse_until(text: str, option: str) -> float:
     try:
         when = datetime.fromisoformat(text.strip())
     except ValueError:
-        raise ConfigError(f"{option} = {text!r}: not an ISO 8601 date-time "
-                          "(e.g. 2026-12-01T00:00:00Z)") from None
+        raise ConfigError(
+            f"{option} = {text!r}: not an ISO 8601 date-time (e.g. 2026-12-01T00:00:00Z)"
+        ) from None
     if when.tzinfo is None:
         when = when.replace(tzinfo=timezone.utc)
     return when.timestamp()
@@ -94,10 +100,12 @@ def keyring(group) -> signing.Keyring:
                 raise ConfigError(
                     "[applier] previous_master_key_file is set without "
                     "previous_master_key_until: say when the overlap of the old "
-                    "master ends (e.g. 2026-12-01T00:00:00Z)")
+                    "master ends (e.g. 2026-12-01T00:00:00Z)"
+                )
             until = parse_until(until_text, "[applier] previous_master_key_until")
-            masters.append(signing.Master(
-                read_master(previous, "[applier] previous_master_key_file"), until))
+            masters.append(
+                signing.Master(read_master(previous, "[applier] previous_master_key_file"), until)
+            )
         except ConfigError as exc:
             problems += exc.problems
     if problems:

@@ -80,10 +80,12 @@ def oslo_messaging():
 
 def payload(event_type: str, data: dict) -> dict:
     """The versioned envelope of ``event_type`` around ``data`` (pure)."""
-    return {"node_agent_object.name": EVENT_PAYLOADS[event_type],
-            "node_agent_object.namespace": NAMESPACE,
-            "node_agent_object.version": PAYLOAD_VERSION,
-            "node_agent_object.data": data}
+    return {
+        "node_agent_object.name": EVENT_PAYLOADS[event_type],
+        "node_agent_object.namespace": NAMESPACE,
+        "node_agent_object.version": PAYLOAD_VERSION,
+        "node_agent_object.data": data,
+    }
 
 
 def register(conf) -> None:
@@ -119,16 +121,19 @@ def check_broker(conf, timeout: float = 10.0) -> str:
     MessagingUnavailable naming the broker (``--check-config --connect``)."""
     import kombu
 
-
     rpc_url, _ = urls(conf)
     parsed = oslo_messaging().TransportURL.parse(conf, rpc_url)
     checked = []
     for host in parsed.hosts:
         where = f"{host.hostname}:{host.port or 5672}"
         connection = kombu.Connection(
-            hostname=host.hostname, port=host.port or 5672, userid=host.username,
-            password=host.password, virtual_host=parsed.virtual_host or "/",
-            connect_timeout=timeout)
+            hostname=host.hostname,
+            port=host.port or 5672,
+            userid=host.username,
+            password=host.password,
+            virtual_host=parsed.virtual_host or "/",
+            connect_timeout=timeout,
+        )
         try:
             connection.ensure_connection(max_retries=1, timeout=timeout)
         except Exception as exc:  # noqa: BLE001 - kombu/amqp raise many types; all mean "no"
@@ -136,7 +141,8 @@ def check_broker(conf, timeout: float = 10.0) -> str:
                 f"the broker at {where} ([DEFAULT] transport_url = "
                 f"{_masked_url(rpc_url) if rpc_url else '(not set)'}) did not accept "
                 f"a connection: "
-                f"{_masked_url(str(exc)) or type(exc).__name__}") from None
+                f"{_masked_url(str(exc)) or type(exc).__name__}"
+            ) from None
         finally:
             connection.release()
         checked.append(where)
@@ -176,11 +182,13 @@ class Messenger:
             # A bus without a driver would send nothing; messagingv2 is
             # what consumers of versioned notifications read.
             driver = None if conf.oslo_messaging_notifications.driver else "messagingv2"
-            self._notifier = om.Notifier(transport, publisher_id=f"node-agent.{host}",
-                                         driver=driver, retry=NOTIFY_RETRY)
+            self._notifier = om.Notifier(
+                transport, publisher_id=f"node-agent.{host}", driver=driver, retry=NOTIFY_RETRY
+            )
         self._queue: "queue.Queue" = queue.Queue(QUEUE_SIZE)
-        self._sender = threading.Thread(target=self._send_loop, name="node-agent-notify",
-                                        daemon=True)
+        self._sender = threading.Thread(
+            target=self._send_loop, name="node-agent-notify", daemon=True
+        )
         self._sender.start()
 
     # -- notifications
@@ -191,8 +199,9 @@ class Messenger:
         try:
             self._queue.put_nowait((event_type, payload(event_type, data), priority))
         except queue.Full:
-            LOG.warning("notification %s dropped: %d are waiting for the broker",
-                        event_type, QUEUE_SIZE)
+            LOG.warning(
+                "notification %s dropped: %d are waiting for the broker", event_type, QUEUE_SIZE
+            )
 
     def _send_loop(self) -> None:
         while True:
@@ -215,30 +224,51 @@ class Messenger:
         done.wait(timeout)
 
     def inventory_update(self, host: str, changes: Iterable, tree: list[dict]) -> None:
-        self.notify("node_agent.inventory.update", {
-            "host": host,
-            "changes": [{"method": c.method, "path": c.path, "summary": c.summary,
-                         "provider": c.provider} for c in changes],
-            "providers": tree})
+        self.notify(
+            "node_agent.inventory.update",
+            {
+                "host": host,
+                "changes": [
+                    {
+                        "method": c.method,
+                        "path": c.path,
+                        "summary": c.summary,
+                        "provider": c.provider,
+                    }
+                    for c in changes
+                ],
+                "providers": tree,
+            },
+        )
 
     def sync_error(self, host: str, errors: Iterable[str]) -> None:
-        self.notify("node_agent.sync.error", {"host": host, "errors": list(errors)},
-                    priority="error")
+        self.notify(
+            "node_agent.sync.error", {"host": host, "errors": list(errors)}, priority="error"
+        )
 
     def audit(self, host: str, record: dict) -> None:
         """``record`` is :meth:`node_agent.policy.audit.AuditResult.as_dict`."""
-        self.notify("node_agent.audit.update", {"host": host, **record},
-                    priority="warn" if record.get("alarms") else "info")
+        self.notify(
+            "node_agent.audit.update",
+            {"host": host, **record},
+            priority="warn" if record.get("alarms") else "info",
+        )
 
     def drift(self, host: str, record: dict) -> None:
         """``record`` is :meth:`node_agent.cycle.companion.CompanionReport.as_dict`."""
-        self.notify("node_agent.drift.update", {**record, "host": host},
-                    priority="warn" if record.get("drift") else "info")
+        self.notify(
+            "node_agent.drift.update",
+            {**record, "host": host},
+            priority="warn" if record.get("drift") else "info",
+        )
 
     def reshape(self, phase: str, host: str, record: dict) -> None:
         """``phase`` is start, end or error; ``record`` describes the reshape."""
-        self.notify(f"node_agent.reshape.{phase}", {"host": host, **record},
-                    priority="error" if phase == "error" else "info")
+        self.notify(
+            f"node_agent.reshape.{phase}",
+            {"host": host, **record},
+            priority="error" if phase == "error" else "info",
+        )
 
     # -- RPC
 
@@ -284,8 +314,10 @@ class Endpoint:
 def from_conf(conf, host: str) -> Optional[Messenger]:
     rpc_url, notify_url = urls(conf)
     if not rpc_url and not notify_url:
-        LOG.info("[DEFAULT] transport_url is not set: notifications are off and "
-                 "the control RPC is disabled")
+        LOG.info(
+            "[DEFAULT] transport_url is not set: notifications are off and "
+            "the control RPC is disabled"
+        )
         return None
     return Messenger(conf, host)
 
@@ -294,8 +326,10 @@ def client(conf, host: str, timeout: float = 30):
     """An RPC client for the agent on ``host``."""
     rpc_url, _ = urls(conf)
     if not rpc_url:
-        raise ConfigError("[DEFAULT] transport_url is not set; the agent's control "
-                          "RPC needs it (or pass --transport-url)")
+        raise ConfigError(
+            "[DEFAULT] transport_url is not set; the agent's control "
+            "RPC needs it (or pass --transport-url)"
+        )
     om = oslo_messaging()
     transport = om.get_rpc_transport(conf, url=rpc_url)
     target = om.Target(topic=TOPIC, server=host, version=RPC_VERSION)

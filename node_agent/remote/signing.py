@@ -79,8 +79,8 @@ class Master:
 
 @dataclass(frozen=True)
 class Refusal:
-    reason: str   # one of REASONS
-    text: str     # for the reply and the log: names no key, no value
+    reason: str  # one of REASONS
+    text: str  # for the reply and the log: names no key, no value
 
 
 @dataclass(frozen=True)
@@ -99,11 +99,15 @@ class Keyring:
         if "signature" not in message:
             if self.accept_unsigned:
                 return None
-            return Refusal(UNSIGNED, (
-                f"wire format {message['version']} carries no signature and this "
-                f"applier accepts signed messages only: upgrade node-agent on {host} "
-                f"and provision its key ([agent] upstream_key_file, made with "
-                f"node-agent-applier derive-key {host})"))
+            return Refusal(
+                UNSIGNED,
+                (
+                    f"wire format {message['version']} carries no signature and this "
+                    f"applier accepts signed messages only: upgrade node-agent on {host} "
+                    f"and provision its key ([agent] upstream_key_file, made with "
+                    f"node-agent-applier derive-key {host})"
+                ),
+            )
         expired = False
         for master in self.masters:
             if verifies(message, host_key(master.secret, host)):
@@ -111,11 +115,19 @@ class Keyring:
                     return None
                 expired = True
         if expired:
-            return Refusal(EXPIRED_KEY, (
-                f"signed with the key of {host} under the previous master, whose "
-                f"overlap has ended: provision the key under the current master "
-                f"(node-agent-applier derive-key {host})"))
-        return Refusal(FORGED, (
-            f"the signature does not verify with the key of {host}: signed with "
-            f"another host's key, altered, or a key not derived from this applier's "
-            f"master"))
+            return Refusal(
+                EXPIRED_KEY,
+                (
+                    f"signed with the key of {host} under the previous master, whose "
+                    f"overlap has ended: provision the key under the current master "
+                    f"(node-agent-applier derive-key {host})"
+                ),
+            )
+        return Refusal(
+            FORGED,
+            (
+                f"the signature does not verify with the key of {host}: signed with "
+                f"another host's key, altered, or a key not derived from this applier's "
+                f"master"
+            ),
+        )

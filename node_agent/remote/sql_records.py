@@ -22,7 +22,8 @@ LOG = logging.getLogger(__name__)
 
 METADATA = sa.MetaData()
 RECORDS = sa.Table(
-    "node_agent_applier_hosts", METADATA,
+    "node_agent_applier_hosts",
+    METADATA,
     sa.Column("host", sa.String(255), primary_key=True),
     sa.Column("record", sa.Text, nullable=False),
 )
@@ -31,8 +32,9 @@ RECORDS = sa.Table(
 def engine_for(url: str) -> Engine:
     """An engine for ``url`` (SQLAlchemy's form) that fails fast when the
     server is away and drops connections the server closed."""
-    return sa.create_engine(url, pool_pre_ping=True, pool_size=2, max_overflow=8,
-                            connect_args={"connect_timeout": 10})
+    return sa.create_engine(
+        url, pool_pre_ping=True, pool_size=2, max_overflow=8, connect_args={"connect_timeout": 10}
+    )
 
 
 def create_table(engine: Engine) -> None:
@@ -70,8 +72,7 @@ class SqlStore(Store):
 
     def _write(self, conn: Connection, text: str, exists: bool) -> None:
         if exists:
-            conn.execute(sa.update(RECORDS).where(RECORDS.c.host == self.host)
-                         .values(record=text))
+            conn.execute(sa.update(RECORDS).where(RECORDS.c.host == self.host).values(record=text))
         else:
             conn.execute(sa.insert(RECORDS).values(host=self.host, record=text))
 

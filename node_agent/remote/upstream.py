@@ -31,15 +31,30 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from node_agent.config.settings import _masked_url
-from node_agent.policy.guest_fit import guests_refused
 from node_agent.errors import ConfigError
-from node_agent.remote import messaging
 from node_agent.placement.errors import Unavailable
+from node_agent.policy.guest_fit import guests_refused
+from node_agent.remote import messaging
+from node_agent.remote.wire import (
+    BUSY,
+    DEFAULT_TOPIC,
+    ERROR,
+    METHOD,
+    REFUSED,
+    RPC_VERSION,
+    STALE,
+    STATUSES,
+    UNCHANGED,
+    UNKNOWN_DIGEST,
+    WIRE_VERSION,
+    Malformed,
+    body_of,
+    check_outgoing,
+    digest_of,
+    full_message,
+    heartbeat,
+)
 from node_agent.state import APPLIED, PROVIDERS
-from node_agent.remote.wire import (BUSY, DEFAULT_TOPIC, ERROR, METHOD, REFUSED,
-                                    RPC_VERSION, STALE, STATUSES, UNCHANGED, UNKNOWN_DIGEST,
-                                    WIRE_VERSION, Malformed, body_of, check_outgoing, digest_of,
-                                    full_message, heartbeat)
 
 LOG = logging.getLogger(__name__)
 
@@ -58,6 +73,7 @@ class Refused(ConfigError):
 
 
 # ---------------------------------------------------------------- the reply
+
 
 @dataclass(frozen=True)
 class RemoteChange:
@@ -99,13 +115,22 @@ class UpstreamReport:
 def report_from_reply(reply: Mapping, messages: int) -> UpstreamReport:
     return UpstreamReport(
         status=reply.get("status", ERROR),
-        applied=[RemoteChange(c.get("method", ""), c.get("path", ""), c.get("summary", ""),
-                              c.get("provider")) for c in reply.get("applied", [])],
-        errors=list(reply.get("errors", [])), requests=int(reply.get("requests", 0)),
-        messages=messages, reshape=reply.get("reshape"),
-        uuids=dict(reply.get("uuids") or {}), text=reply.get("summary", ""),
-        maintenance=reply.get("maintenance") if isinstance(reply.get("maintenance"), dict)
-        else None)
+        applied=[
+            RemoteChange(
+                c.get("method", ""), c.get("path", ""), c.get("summary", ""), c.get("provider")
+            )
+            for c in reply.get("applied", [])
+        ],
+        errors=list(reply.get("errors", [])),
+        requests=int(reply.get("requests", 0)),
+        messages=messages,
+        reshape=reply.get("reshape"),
+        uuids=dict(reply.get("uuids") or {}),
+        text=reply.get("summary", ""),
+        maintenance=reply.get("maintenance")
+        if isinstance(reply.get("maintenance"), dict)
+        else None,
+    )
 
 
 def remember(store, report: UpstreamReport, desired) -> None:
@@ -113,11 +138,13 @@ def remember(store, report: UpstreamReport, desired) -> None:
     for the cycle: the operator-file traits applied (once applied cleanly)
     and the providers' uuids, so provider files may name them by uuid.
     Written only when something changed."""
+
     def note(state: dict) -> None:
         if report.ok:
             state[APPLIED] = {k: list(v) for k, v in desired.applied.items()}
         if report.uuids:
             state[PROVIDERS] = dict(report.uuids)
+
     store.update(note)
 
 
@@ -130,25 +157,42 @@ def _guests_refused_here(desired) -> Optional[UpstreamReport]:
     if refused is None:
         return None
     LOG.error("%s", refused)
-    return UpstreamReport(status=REFUSED, errors=[str(refused)], messages=0,
-                          reshape={"refused": list(refused.reasons),
-                                   "lines": [f"REFUSED: {r}" for r in refused.reasons]},
-                          text="refused on this host: nothing sent")
+    return UpstreamReport(
+        status=REFUSED,
+        errors=[str(refused)],
+        messages=0,
+        reshape={
+            "refused": list(refused.reasons),
+            "lines": [f"REFUSED: {r}" for r in refused.reasons],
+        },
+        text="refused on this host: nothing sent",
+    )
 
 
 # ---------------------------------------------------------------- the shell
+
 
 class MessagingUpstream:
     """The agent's RPC client of node-agent-applier. One per process: it
     remembers the last sequence number and the last acknowledged digest."""
 
-    def __init__(self, conf, host: str, topic: str = DEFAULT_TOPIC,
-                 timeout: float = 60.0, clock=time.time, *, key: bytes):
+    def __init__(
+        self,
+        conf,
+        host: str,
+        topic: str = DEFAULT_TOPIC,
+        timeout: float = 60.0,
+        clock=time.time,
+        *,
+        key: bytes,
+    ):
 
         rpc_url, _ = messaging.urls(conf)
         if not rpc_url:
-            raise ConfigError("[agent] upstream = messaging needs [DEFAULT] transport_url "
-                              "(the bus node-agent-applier listens on)")
+            raise ConfigError(
+                "[agent] upstream = messaging needs [DEFAULT] transport_url "
+                "(the bus node-agent-applier listens on)"
+            )
         self._om = messaging.oslo_messaging()
         self._transport = self._om.get_rpc_transport(conf, url=rpc_url)
         target = self._om.Target(topic=topic, version=RPC_VERSION)
@@ -176,18 +220,18 @@ class MessagingUpstream:
         fails in a few seconds instead, and is reused by the call."""
         from oslo_messaging._drivers import common as rpc_common
 
-
-        get_connection = getattr(getattr(self._transport, "_driver", None),
-                                 "_get_connection", None)
+        get_connection = getattr(getattr(self._transport, "_driver", None), "_get_connection", None)
         if get_connection is None:  # a driver without a pool: nothing to check
             return
         try:
             with get_connection(rpc_common.PURPOSE_SEND, retry=RPC_RETRY):
                 pass
         except Exception as exc:  # noqa: BLE001 - kombu and amqp raise many types; all mean "no"
-            raise NoApplier(f"the message bus at {_masked_url(self._rpc_url)} did not "
-                            f"accept a connection: {_masked_url(str(exc)) or type(exc).__name__}"
-                            "; the next cycle tries again") from None
+            raise NoApplier(
+                f"the message bus at {_masked_url(self._rpc_url)} did not "
+                f"accept a connection: {_masked_url(str(exc)) or type(exc).__name__}"
+                "; the next cycle tries again"
+            ) from None
 
     def _call(self, message: dict, timeout: float) -> dict:
         check_outgoing(message)  # raises Malformed: nothing is sent
@@ -196,16 +240,20 @@ class MessagingUpstream:
         self.messages_sent += 1
         try:
             reply = self._client.prepare(timeout=timeout, retry=RPC_RETRY).call(
-                {}, METHOD, message=message)
+                {}, METHOD, message=message
+            )
             self._bus_answered = True
         except self._om.MessagingTimeout:
             self._bus_answered = True  # the reply queue exists: later calls are bounded
-            raise NoApplier(f"no node-agent-applier answered on topic {self.topic} "
-                            f"within {timeout:g}s; the next cycle sends the tree "
-                            "again") from None
+            raise NoApplier(
+                f"no node-agent-applier answered on topic {self.topic} "
+                f"within {timeout:g}s; the next cycle sends the tree "
+                "again"
+            ) from None
         except self._om.MessagingException as exc:
-            raise NoApplier(f"the message bus refused the call to node-agent-applier: "
-                            f"{exc}") from exc
+            raise NoApplier(
+                f"the message bus refused the call to node-agent-applier: {exc}"
+            ) from exc
         if not isinstance(reply, dict) or reply.get("status") not in STATUSES:
             raise NoApplier(f"node-agent-applier answered {reply!r}, not a reply")
         return reply
@@ -223,29 +271,41 @@ class MessagingUpstream:
         try:
             return self._send(desired, timeout or self.timeout)
         except Malformed as exc:
-            LOG.error("not sent to node-agent-applier: this agent built a message that "
-                      "breaks wire format %s (a bug in node-agent): %s", WIRE_VERSION, exc)
-            return UpstreamReport(status=REFUSED, messages=self.messages_sent - before,
-                                  errors=[f"wire format {WIRE_VERSION}: {exc}"],
-                                  text="refused on this host (a node-agent bug): nothing sent")
+            LOG.error(
+                "not sent to node-agent-applier: this agent built a message that "
+                "breaks wire format %s (a bug in node-agent): %s",
+                WIRE_VERSION,
+                exc,
+            )
+            return UpstreamReport(
+                status=REFUSED,
+                messages=self.messages_sent - before,
+                errors=[f"wire format {WIRE_VERSION}: {exc}"],
+                text="refused on this host (a node-agent bug): nothing sent",
+            )
 
     def _send(self, desired, timeout: float) -> UpstreamReport:
         body = body_of(desired)
         digest = digest_of(body)
         sent = 1
         if digest == self.acked:
-            reply = self._call(heartbeat(self.host, self._next_seq(), digest, self.key),
-                               timeout)
+            reply = self._call(heartbeat(self.host, self._next_seq(), digest, self.key), timeout)
             if reply["status"] == UNKNOWN_DIGEST:
-                reply, sent = self._call(
-                    full_message(self.host, self._next_seq(), body, self.key), timeout), 2
+                reply, sent = (
+                    self._call(full_message(self.host, self._next_seq(), body, self.key), timeout),
+                    2,
+                )
         else:
             reply = self._call(full_message(self.host, self._next_seq(), body, self.key), timeout)
         if reply["status"] == STALE:
-            LOG.warning("node-agent-applier already applied sequence %s for %s, newer "
-                        "than ours (%s): the clock went back, or another agent uses "
-                        "this host name; sending again after it", reply.get("last_seq"),
-                        self.host, self.seq)
+            LOG.warning(
+                "node-agent-applier already applied sequence %s for %s, newer "
+                "than ours (%s): the clock went back, or another agent uses "
+                "this host name; sending again after it",
+                reply.get("last_seq"),
+                self.host,
+                self.seq,
+            )
             self.seq = max(self.seq, int(reply.get("last_seq") or 0))
             reply = self._call(full_message(self.host, self._next_seq(), body, self.key), timeout)
             sent += 1
@@ -254,11 +314,14 @@ class MessagingUpstream:
     def _outcome(self, reply: dict, digest: str, sent: int) -> UpstreamReport:
         status = reply["status"]
         if status == REFUSED:
-            raise Refused(f"node-agent-applier refused the tree of {self.host}: "
-                          f"{reply.get('error')}")
+            raise Refused(
+                f"node-agent-applier refused the tree of {self.host}: {reply.get('error')}"
+            )
         if status in (ERROR, BUSY, STALE, UNKNOWN_DIGEST):
-            raise NoApplier(f"node-agent-applier could not apply the tree of "
-                            f"{self.host} ({status}): {reply.get('error', '')}".rstrip(": "))
+            raise NoApplier(
+                f"node-agent-applier could not apply the tree of "
+                f"{self.host} ({status}): {reply.get('error', '')}".rstrip(": ")
+            )
         self.acked = digest
         return report_from_reply(reply, sent)
 

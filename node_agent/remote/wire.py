@@ -73,29 +73,38 @@ from node_agent.remote import schema, signing
 from node_agent.tree.numa import numa_provider_name
 from node_agent.tree.pci import gpu_provider_name
 
-WIRE_VERSION = "2.3"   # bump the minor for an added optional key, the major otherwise
+WIRE_VERSION = "2.3"  # bump the minor for an added optional key, the major otherwise
 RPC_VERSION = "1.0"
 METHOD = "apply"
 DEFAULT_TOPIC = "node-agent-applier"
 
 # Reply statuses.
-APPLIED = "applied"            # the tree was applied (see "ok" and "errors")
-UNCHANGED = "unchanged"        # heartbeat of the applied digest: nothing to do
+APPLIED = "applied"  # the tree was applied (see "ok" and "errors")
+UNCHANGED = "unchanged"  # heartbeat of the applied digest: nothing to do
 UNKNOWN_DIGEST = "unknown_digest"  # heartbeat the applier cannot match: send all
-STALE = "stale"                # seq not newer than the last applied one
-REFUSED = "refused"            # malformed, or names another host's providers
-BUSY = "busy"                  # another process is applying this host
-ERROR = "error"                # Placement could not be used
+STALE = "stale"  # seq not newer than the last applied one
+REFUSED = "refused"  # malformed, or names another host's providers
+BUSY = "busy"  # another process is applying this host
+ERROR = "error"  # Placement could not be used
 STATUSES = (APPLIED, UNCHANGED, UNKNOWN_DIGEST, STALE, REFUSED, BUSY, ERROR)
 
 NUMA_CHILD = re.compile(r"_NUMA_([0-9]+)$")
 # What the reshape rules read of a guest's metadata (policy/guest_cpu.py,
 # the owner); other metadata (names, flavor) would only make the digest
 # change without changing any rule.
-RULE_METADATA = ("hw:cpu_policy", "nova:extra_specs", "libvirt:emulatorpin",
-                 "owner:user", "owner:project")
-RULE_METADATA_PREFIXES = ("extra_spec:hw:cpu_", "extra_spec:hw:emulator_threads_policy",
-                          "extra_spec:resources:", "image:hw_cpu_")
+RULE_METADATA = (
+    "hw:cpu_policy",
+    "nova:extra_specs",
+    "libvirt:emulatorpin",
+    "owner:user",
+    "owner:project",
+)
+RULE_METADATA_PREFIXES = (
+    "extra_spec:hw:cpu_",
+    "extra_spec:hw:emulator_threads_policy",
+    "extra_spec:resources:",
+    "image:hw_cpu_",
+)
 
 
 def rule_metadata(key: str) -> bool:
@@ -108,29 +117,46 @@ class Malformed(ValueError):
 
 # ---------------------------------------------------------------- encode
 
+
 def inventory_to_wire(inv: Inventory) -> dict:
-    wire = {"total": inv.total, "reserved": inv.reserved, "min_unit": inv.min_unit,
-            "max_unit": inv.max_unit, "step_size": inv.step_size,
-            "allocation_ratio": float(inv.allocation_ratio)}
+    wire = {
+        "total": inv.total,
+        "reserved": inv.reserved,
+        "min_unit": inv.min_unit,
+        "max_unit": inv.max_unit,
+        "step_size": inv.step_size,
+        "allocation_ratio": float(inv.allocation_ratio),
+    }
     if inv.keep_placement_ratio:  # only when set: older appliers never see it
         wire["keep_placement_ratio"] = True
     return wire
 
 
 def tree_to_wire(tree: ProviderTree) -> list[dict]:
-    return [{"name": p.name, "parent": p.parent, "uuid": p.uuid,
-             "inventories": {rc: inventory_to_wire(inv)
-                             for rc, inv in sorted(p.inventories.items())},
-             "traits": {t: bool(on) for t, on in sorted(p.traits.items())}}
-            for p in tree.providers]
+    return [
+        {
+            "name": p.name,
+            "parent": p.parent,
+            "uuid": p.uuid,
+            "inventories": {
+                rc: inventory_to_wire(inv) for rc, inv in sorted(p.inventories.items())
+            },
+            "traits": {t: bool(on) for t, on in sorted(p.traits.items())},
+        }
+        for p in tree.providers
+    ]
 
 
 def guest_to_wire(guest: Guest) -> dict:
-    return {"uuid": guest.uuid, "name": guest.name, "vcpus": guest.vcpus,
-            "vcpupin": [[vcpu, str(cpus)] for vcpu, cpus in guest.vcpupin],
-            "numa_nodes": sorted(guest.numa_nodes),
-            "mdevs": [{"uuid": m.uuid, "parent": m.parent} for m in guest.mdevs],
-            "metadata": [[k, v] for k, v in guest.metadata if rule_metadata(k)]}
+    return {
+        "uuid": guest.uuid,
+        "name": guest.name,
+        "vcpus": guest.vcpus,
+        "vcpupin": [[vcpu, str(cpus)] for vcpu, cpus in guest.vcpupin],
+        "numa_nodes": sorted(guest.numa_nodes),
+        "mdevs": [{"uuid": m.uuid, "parent": m.parent} for m in guest.mdevs],
+        "metadata": [[k, v] for k, v in guest.metadata if rule_metadata(k)],
+    }
 
 
 def numa_to_wire(nodes) -> list[dict]:
@@ -138,15 +164,23 @@ def numa_to_wire(nodes) -> list[dict]:
 
 
 def gpus_to_wire(host: str, gpus) -> list[dict]:
-    return [{"address": g.address, "provider": gpu_provider_name(host, g.address)}
-            for g in sorted(gpus, key=lambda g: g.address)]
+    return [
+        {"address": g.address, "provider": gpu_provider_name(host, g.address)}
+        for g in sorted(gpus, key=lambda g: g.address)
+    ]
 
 
 def limits_to_wire(limits: HostLimits) -> dict:
-    return {"cpus": limits.cpus, "memory_mb": limits.memory_mb, "disk_gb": limits.disk_gb,
-            "hugepages": dict(sorted(limits.hugepages.items())), "vgpus": limits.vgpus,
-            "vfs": limits.vfs, "online_cpus": limits.online_cpus,
-            "mem_encryption": limits.mem_encryption}
+    return {
+        "cpus": limits.cpus,
+        "memory_mb": limits.memory_mb,
+        "disk_gb": limits.disk_gb,
+        "hugepages": dict(sorted(limits.hugepages.items())),
+        "vgpus": limits.vgpus,
+        "vfs": limits.vfs,
+        "online_cpus": limits.online_cpus,
+        "mem_encryption": limits.mem_encryption,
+    }
 
 
 def body_of(desired) -> dict:
@@ -154,11 +188,15 @@ def body_of(desired) -> dict:
     reshape inputs and the host's limits (see the module's docstring)."""
     dedicated = desired.partition.dedicated
     host = desired.tree.root.name
-    body = {"tree": tree_to_wire(desired.tree),
-            "reshape": {"dedicated": str(dedicated) if dedicated else "",
-                        "guests": [guest_to_wire(g) for g in desired.host.guests],
-                        "numa": numa_to_wire(desired.host.nodes),
-                        "gpus": gpus_to_wire(host, desired.host.gpus)}}
+    body = {
+        "tree": tree_to_wire(desired.tree),
+        "reshape": {
+            "dedicated": str(dedicated) if dedicated else "",
+            "guests": [guest_to_wire(g) for g in desired.host.guests],
+            "numa": numa_to_wire(desired.host.nodes),
+            "gpus": gpus_to_wire(host, desired.host.gpus),
+        },
+    }
     limits = limits_of(desired)
     if limits is not None:
         body["limits"] = limits_to_wire(limits)
@@ -175,16 +213,17 @@ def digest_of(body: Mapping) -> str:
 
 def full_message(host: str, seq: int, body: dict, key: bytes) -> dict:
     """The full message, signed with the host's ``key``."""
-    return signing.sign({"version": WIRE_VERSION, "host": host, "seq": seq,
-                         "digest": digest_of(body)}, key) | {"body": body}
+    return signing.sign(
+        {"version": WIRE_VERSION, "host": host, "seq": seq, "digest": digest_of(body)}, key
+    ) | {"body": body}
 
 
 def heartbeat(host: str, seq: int, digest: str, key: bytes) -> dict:
-    return signing.sign({"version": WIRE_VERSION, "host": host, "seq": seq,
-                         "digest": digest}, key)
+    return signing.sign({"version": WIRE_VERSION, "host": host, "seq": seq, "digest": digest}, key)
 
 
 # ---------------------------------------------------------------- decode
+
 
 @dataclass(frozen=True)
 class Message:
@@ -244,6 +283,7 @@ def _need(cond: bool, where: str, what: str) -> None:
 # required keys, ranges and patterns are known to hold. What is checked here
 # needs more than one field, or a parser.
 
+
 def _uuid_or_none(value: Optional[str]) -> Optional[str]:
     return None if value is None else str(uuidlib.UUID(value))
 
@@ -252,20 +292,28 @@ def inventory_from_wire(data: dict, where: str) -> Inventory:
     # JSON has no infinity, but Python's json reads one, and NaN passes
     # every comparison a schema can make.
     _need(math.isfinite(data["allocation_ratio"]), where, "allocation_ratio must be finite")
-    return Inventory(total=data["total"], reserved=data["reserved"],
-                     min_unit=data["min_unit"], max_unit=data["max_unit"],
-                     step_size=data["step_size"],
-                     allocation_ratio=float(data["allocation_ratio"]),
-                     keep_placement_ratio=data.get("keep_placement_ratio", False))
+    return Inventory(
+        total=data["total"],
+        reserved=data["reserved"],
+        min_unit=data["min_unit"],
+        max_unit=data["max_unit"],
+        step_size=data["step_size"],
+        allocation_ratio=float(data["allocation_ratio"]),
+        keep_placement_ratio=data.get("keep_placement_ratio", False),
+    )
 
 
 def _provider_from_wire(data: dict, n: int) -> Provider:
     where = f"body.tree[{n}] ({data['name']})"
-    return Provider(name=data["name"], parent=data["parent"],
-                    uuid=_uuid_or_none(data["uuid"]),
-                    inventories={rc: inventory_from_wire(inv, f"{where} {rc}")
-                                 for rc, inv in data["inventories"].items()},
-                    traits=dict(data["traits"]))
+    return Provider(
+        name=data["name"],
+        parent=data["parent"],
+        uuid=_uuid_or_none(data["uuid"]),
+        inventories={
+            rc: inventory_from_wire(inv, f"{where} {rc}") for rc, inv in data["inventories"].items()
+        },
+        traits=dict(data["traits"]),
+    )
 
 
 def tree_from_wire(data: list, host: str) -> ProviderTree:
@@ -274,18 +322,26 @@ def tree_from_wire(data: list, host: str) -> ProviderTree:
     providers = tuple(_provider_from_wire(p, n) for n, p in enumerate(data))
     root = providers[0]
     _need(root.parent is None, "body.tree[0]", "the first provider must be the root")
-    _need(root.name == host, "body.tree[0]",
-          f"the root is named {root.name!r}, but the message comes from host {host!r}")
+    _need(
+        root.name == host,
+        "body.tree[0]",
+        f"the root is named {root.name!r}, but the message comes from host {host!r}",
+    )
     seen = {root.name}
     for n, provider in enumerate(providers[1:], 1):
         where = f"body.tree[{n}] ({provider.name})"
         _need(provider.name not in seen, where, "a provider name appears twice")
         _need(provider.parent is not None, where, "a second root; a host has one tree")
-        _need(provider.parent in seen, where,
-              f"parent {provider.parent!r} is not listed before it in this host's tree")
-        _need(provider.name.startswith(host + "_"), where,
-              f"a child of host {host!r} must be named {host}_...; this name is not "
-              "this host's")
+        _need(
+            provider.parent in seen,
+            where,
+            f"parent {provider.parent!r} is not listed before it in this host's tree",
+        )
+        _need(
+            provider.name.startswith(host + "_"),
+            where,
+            f"a child of host {host!r} must be named {host}_...; this name is not this host's",
+        )
         seen.add(provider.name)
     uuids = [p.uuid for p in providers if p.uuid]
     _need(len(uuids) == len(set(uuids)), "body.tree", "a uuid appears twice")
@@ -311,13 +367,17 @@ def _vcpupin(data: list, where: str) -> tuple[tuple[int, CpuSet], ...]:
 
 def guest_from_wire(data: dict, n: int) -> Guest:
     where = f"body.reshape.guests[{n}]"
-    return Guest(uuid=str(uuidlib.UUID(data["uuid"])), name=data["name"],
-                 vcpus=data["vcpus"], running=True, memory_kb=0,
-                 vcpupin=_vcpupin(data["vcpupin"], where),
-                 numa_nodes=frozenset(data["numa_nodes"]),
-                 mdevs=tuple(GuestMdev(str(uuidlib.UUID(m["uuid"])), m["parent"])
-                             for m in data["mdevs"]),
-                 metadata=tuple((k, v) for k, v in data["metadata"]))
+    return Guest(
+        uuid=str(uuidlib.UUID(data["uuid"])),
+        name=data["name"],
+        vcpus=data["vcpus"],
+        running=True,
+        memory_kb=0,
+        vcpupin=_vcpupin(data["vcpupin"], where),
+        numa_nodes=frozenset(data["numa_nodes"]),
+        mdevs=tuple(GuestMdev(str(uuidlib.UUID(m["uuid"])), m["parent"]) for m in data["mdevs"]),
+        metadata=tuple((k, v) for k, v in data["metadata"]),
+    )
 
 
 def numa_from_wire(data: list) -> tuple[NumaNode, ...]:
@@ -327,8 +387,7 @@ def numa_from_wire(data: list) -> tuple[NumaNode, ...]:
     owner: dict[int, int] = {}
     for k, node in enumerate(data):
         where = f"body.reshape.numa[{k}]"
-        _need(node["id"] not in {n.id for n in nodes}, where,
-              f"node {node['id']} appears twice")
+        _need(node["id"] not in {n.id for n in nodes}, where, f"node {node['id']} appears twice")
         cpus = _cpus(node["cpus"], f"{where}.cpus")
         for cpu in cpus:
             _need(cpu not in owner, where, f"CPU {cpu} is in node {owner.get(cpu)} too")
@@ -345,13 +404,15 @@ def gpus_from_wire(data: list, host: str) -> tuple[PciGpu, ...]:
     for k, gpu in enumerate(data):
         where = f"body.reshape.gpus[{k}]"
         address = gpu["address"]
-        _need(address not in {g.address for g in gpus}, where,
-              f"GPU {address} appears twice")
+        _need(address not in {g.address for g in gpus}, where, f"GPU {address} appears twice")
         expected = gpu_provider_name(host, address)
-        _need(gpu["provider"] == expected, where,
-              f"provider {gpu['provider']!r} is not {expected!r}, the name this "
-              "applier gives the GPU's child (agent and applier disagree on naming: "
-              "run the same node-agent release on both)")
+        _need(
+            gpu["provider"] == expected,
+            where,
+            f"provider {gpu['provider']!r} is not {expected!r}, the name this "
+            "applier gives the GPU's child (agent and applier disagree on naming: "
+            "run the same node-agent release on both)",
+        )
         gpus.append(PciGpu(address=address, mdev_types=()))
     return tuple(gpus)
 
@@ -366,21 +427,33 @@ def _check_children_described(tree: ProviderTree, host: RemoteHost) -> None:
     for provider in tree.providers[1:]:
         match = NUMA_CHILD.search(provider.name)
         if match and provider.name == numa_provider_name(tree.root.name, int(match[1])):
-            _need(int(match[1]) in nodes, f"body.tree ({provider.name})",
-                  f"NUMA node {match[1]} is not described in body.reshape.numa")
+            _need(
+                int(match[1]) in nodes,
+                f"body.tree ({provider.name})",
+                f"NUMA node {match[1]} is not described in body.reshape.numa",
+            )
         if provider.name.startswith(f"{tree.root.name}_pci_") and "VGPU" in provider.inventories:
-            _need(provider.name in gpus, f"body.tree ({provider.name})",
-                  "a GPU child that is not described in body.reshape.gpus")
+            _need(
+                provider.name in gpus,
+                f"body.tree ({provider.name})",
+                "a GPU child that is not described in body.reshape.gpus",
+            )
 
 
 def limits_from_wire(data: Optional[dict]) -> Optional[HostLimits]:
     """The host's limits (the schema checked every field), None when absent."""
     if data is None:
         return None
-    return HostLimits(cpus=data["cpus"], memory_mb=data["memory_mb"],
-                      disk_gb=data["disk_gb"], hugepages=dict(data["hugepages"]),
-                      vgpus=data["vgpus"], vfs=data["vfs"], online_cpus=data["online_cpus"],
-                      mem_encryption=data.get("mem_encryption"))
+    return HostLimits(
+        cpus=data["cpus"],
+        memory_mb=data["memory_mb"],
+        disk_gb=data["disk_gb"],
+        hugepages=dict(data["hugepages"]),
+        vgpus=data["vgpus"],
+        vfs=data["vfs"],
+        online_cpus=data["online_cpus"],
+        mem_encryption=data.get("mem_encryption"),
+    )
 
 
 def maintenance_of(tree: ProviderTree) -> Optional[dict]:
@@ -401,21 +474,27 @@ def desired_from_body(body: dict, host: str) -> RemoteDesired:
     :class:`Malformed`."""
     tree = tree_from_wire(body["tree"], host)
     reshape = body["reshape"]
-    remote = RemoteHost(tuple(guest_from_wire(g, n) for n, g in enumerate(reshape["guests"])),
-                        numa_from_wire(reshape["numa"]),
-                        gpus_from_wire(reshape["gpus"], host))
+    remote = RemoteHost(
+        tuple(guest_from_wire(g, n) for n, g in enumerate(reshape["guests"])),
+        numa_from_wire(reshape["numa"]),
+        gpus_from_wire(reshape["gpus"], host),
+    )
     uuids = [g.uuid for g in remote.guests]
     _need(len(uuids) == len(set(uuids)), "body.reshape.guests", "a guest uuid appears twice")
     _check_children_described(tree, remote)
-    return RemoteDesired(tree, remote,
-                         RemotePartition(_cpus(reshape["dedicated"], "body.reshape.dedicated")),
-                         limits=limits_from_wire(body.get("limits")),
-                         maintenance=maintenance_of(tree))
+    return RemoteDesired(
+        tree,
+        remote,
+        RemotePartition(_cpus(reshape["dedicated"], "body.reshape.dedicated")),
+        limits=limits_from_wire(body.get("limits")),
+        maintenance=maintenance_of(tree),
+    )
 
 
 def _version(version) -> Optional[tuple[int, int]]:
-    match = re.fullmatch(r"([0-9]{1,4})\.([0-9]{1,4})", version) \
-        if isinstance(version, str) else None
+    match = (
+        re.fullmatch(r"([0-9]{1,4})\.([0-9]{1,4})", version) if isinstance(version, str) else None
+    )
     return (int(match[1]), int(match[2])) if match else None
 
 
@@ -431,8 +510,7 @@ def _check_version(version) -> tuple[int, int]:
         why = "is newer than this applier understands: upgrade node-agent-applier"
     else:
         why = "is older than this applier understands: upgrade node-agent on this host"
-    raise Malformed(f"version: wire format {version!r} {why} (this applier reads "
-                    f"{ours[0]}.x)")
+    raise Malformed(f"version: wire format {version!r} {why} (this applier reads {ours[0]}.x)")
 
 
 def parse_message(message) -> Message:
@@ -441,15 +519,17 @@ def parse_message(message) -> Message:
     :class:`Malformed` naming the first error's path."""
     _need(isinstance(message, dict), "message", "must be an object")
     major, minor = _check_version(message.get("version"))
-    error = schema.first_error(message, major, newer_minor=minor > schema.minor_of(major),
-                               minor=minor)
+    error = schema.first_error(
+        message, major, newer_minor=minor > schema.minor_of(major), minor=minor
+    )
     if error:
         raise Malformed(error)
     body = message.get("body")
     if body is not None:
         _need(digest_of(body) == message["digest"], "digest", "does not match the body")
-    return Message(message["host"], message["seq"], message["digest"], body,
-                   signed="signature" in message)
+    return Message(
+        message["host"], message["seq"], message["digest"], body, signed="signature" in message
+    )
 
 
 def sender_of(raw) -> str:

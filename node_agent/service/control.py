@@ -39,20 +39,31 @@ class Maintenance:
         maintenance kept on by Placement's disabled trait alone."""
         saved = self._store.load_or_empty(LOG).get(MAINTENANCE)
         if not saved and last is not None and maint.is_on(last.maintenance):
-            return {"on": True, "reason": maint.UNKNOWN_REASON, "since": None,
-                    "source": "placement"}
+            return {
+                "on": True,
+                "reason": maint.UNKNOWN_REASON,
+                "since": None,
+                "source": "placement",
+            }
         if saved is None or not maint.is_on(saved):
-            return {"on": False, "reason": None, "since": None,
-                    "off_pending": maint.requested(saved) is False}
-        return {"on": True, "reason": saved.get("reason") or None,
-                "since": saved.get("since"), "source": "state file"}
+            return {
+                "on": False,
+                "reason": None,
+                "since": None,
+                "off_pending": maint.requested(saved) is False,
+            }
+        return {
+            "on": True,
+            "reason": saved.get("reason") or None,
+            "since": saved.get("since"),
+            "source": "state file",
+        }
 
     def set(self, on: bool, reason: Optional[str] = None) -> dict:
         # The syncer owns the other keys of the file.
         self._store.put(MAINTENANCE, maint.record(on, reason, utc_now()))
         LOG.info("maintenance %s%s", "on" if on else "off", f": {reason}" if reason else "")
         return self.get()
-
 
 
 class Control:

@@ -18,16 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence, cast
 
-from node_agent.startup import validate
 from node_agent.cycle.desired import Desired, compute_desired
-from node_agent.runner import CycleReport, CycleRunner, runner_for
-from node_agent.host.discover import read_guests
-from node_agent.remote import messaging
 from node_agent.errors import NodeAgentError, PlacementError
+from node_agent.host.discover import read_guests
 from node_agent.model.settings import Settings
-from node_agent.state import StateStore
+from node_agent.remote import messaging
+from node_agent.runner import CycleReport, CycleRunner, runner_for
 from node_agent.service.control import Control, Maintenance, utc_now
 from node_agent.service.loop import CycleResult, Service, systemd_notifier
+from node_agent.startup import validate
+from node_agent.state import StateStore
 
 if TYPE_CHECKING:
     from node_agent.placement.client import PlacementClient
@@ -61,16 +61,21 @@ def load(args: Sequence[str]) -> Loaded:
     valid = validate(args, lenient_files=True)
     # With upstream = messaging the client is None: node-agent-applier holds Placement.
     # Validated.client is typed object; it is validate()'s PlacementClient or None.
-    return Loaded(valid.conf, valid.settings,
-                  cast("Optional[PlacementClient]", valid.client))
+    return Loaded(valid.conf, valid.settings, cast("Optional[PlacementClient]", valid.client))
 
 
 def tree_summary(desired: Optional[Desired]) -> list[dict]:
     if desired is None:
         return []
-    return [{"name": p.name, "uuid": p.uuid, "parent": p.parent,
-             "inventories": {rc: inv.total for rc, inv in sorted(p.inventories.items())}}
-            for p in desired.tree.providers]
+    return [
+        {
+            "name": p.name,
+            "uuid": p.uuid,
+            "parent": p.parent,
+            "inventories": {rc: inv.total for rc, inv in sorted(p.inventories.items())},
+        }
+        for p in desired.tree.providers
+    ]
 
 
 class Agent:
@@ -84,8 +89,8 @@ class Agent:
         self.messenger = messenger
         self._hypervisor = None  # one libvirt connection for the service's life
         self.last_desired: Optional[Desired] = None
-        self.last_sync: Optional[dict] = None      # last sync that ran
-        self.last_error: Optional[dict] = None     # last cycle that raised
+        self.last_sync: Optional[dict] = None  # last sync that ran
+        self.last_error: Optional[dict] = None  # last cycle that raised
         self.reshapes = 0
         self.reshape_errors = 0
         self._runner: Optional[CycleRunner] = None  # one per loaded config
@@ -102,9 +107,16 @@ class Agent:
         if self._runner_for is not loaded:  # first cycle, or a reload
             settings = loaded.settings
             self._runner = runner_for(
-                loaded.conf, settings, loaded.client, service=True, previous=self._runner,
-                guests_now=lambda: read_guests(settings, self._hypervisor_for(
-                    settings.libvirt_uri, settings.domain_capabilities)))
+                loaded.conf,
+                settings,
+                loaded.client,
+                service=True,
+                previous=self._runner,
+                guests_now=lambda: read_guests(
+                    settings,
+                    self._hypervisor_for(settings.libvirt_uri, settings.domain_capabilities),
+                ),
+            )
             self._runner_for = loaded
         assert self._runner is not None
         return self._runner
@@ -127,9 +139,12 @@ class Agent:
         settings = loaded.settings
         try:
             state = StateStore(Path(settings.state_path)).load_or_empty(LOG)
-            desired = compute_desired(settings, self._hypervisor_for(
-                settings.libvirt_uri, settings.domain_capabilities),
-                                      state=state, lenient_files=True)
+            desired = compute_desired(
+                settings,
+                self._hypervisor_for(settings.libvirt_uri, settings.domain_capabilities),
+                state=state,
+                lenient_files=True,
+            )
             self._note_refused_files(desired.refused_files)
             report = self._runner_of(loaded).run(desired, **self._reshape_hooks(loaded))
             self._note_findings(loaded, report)
@@ -144,13 +159,17 @@ class Agent:
         with self._lock:
             self.last_desired = desired
             self.last_error = None
-            self.last_sync = {"time": started, "ok": report.ok,
-                              "summary": report.summary,
-                              "errors": report.errors}
+            self.last_sync = {
+                "time": started,
+                "ok": report.ok,
+                "summary": report.summary,
+                "errors": report.errors,
+            }
         if self.messenger:
             if report.applied:
-                self.messenger.inventory_update(loaded.settings.host, report.applied,
-                                                tree_summary(desired))
+                self.messenger.inventory_update(
+                    loaded.settings.host, report.applied, tree_summary(desired)
+                )
             if report.errors:
                 self.messenger.sync_error(loaded.settings.host, report.errors)
         return CycleResult(report.ok, report.summary)
@@ -160,9 +179,11 @@ class Agent:
         if refused == self._refused_files:
             return
         if refused:
-            LOG.error("operator provider files refused; the other files and the rest "
-                      "of the tree are still reported:\n%s",
-                      "\n".join(f"  - {problem}" for problem in refused))
+            LOG.error(
+                "operator provider files refused; the other files and the rest "
+                "of the tree are still reported:\n%s",
+                "\n".join(f"  - {problem}" for problem in refused),
+            )
         else:
             LOG.info("operator provider files are all valid again")
         self._refused_files = refused
@@ -192,9 +213,13 @@ class Agent:
         a hypervisor."""
         if not uri:
             return None
-        if (self._hypervisor is None or self._hypervisor.uri != uri
-                or self._hypervisor.read_write != read_write):
+        if (
+            self._hypervisor is None
+            or self._hypervisor.uri != uri
+            or self._hypervisor.read_write != read_write
+        ):
             from node_agent.host.hypervisor import Hypervisor
+
             if self._hypervisor is not None:
                 self._hypervisor.close()
             self._hypervisor = Hypervisor(uri, read_write)
@@ -206,8 +231,10 @@ class Agent:
             return {}
 
         def before_post(body):
-            self.messenger.reshape("start", loaded.settings.host,
-                                   {"consumers": len(body.get("allocations", {}))})
+            self.messenger.reshape(
+                "start", loaded.settings.host, {"consumers": len(body.get("allocations", {}))}
+            )
+
         return {"before_post": before_post}
 
     def _note_reshape(self, loaded: Loaded, outcome) -> None:
@@ -224,9 +251,11 @@ class Agent:
             with self._lock:
                 self.reshapes += 1
             if self.messenger:
-                self.messenger.reshape("end", host, {
-                    "consumers_moved": reshape.consumers_moved,
-                    "request_id": reshape.request_id})
+                self.messenger.reshape(
+                    "end",
+                    host,
+                    {"consumers_moved": reshape.consumers_moved, "request_id": reshape.request_id},
+                )
 
     def status(self, service: Service) -> dict:
         """What ``get_status`` answers: a JSON-able summary."""
@@ -236,9 +265,13 @@ class Agent:
             return {
                 "host": service.config.settings.host,
                 "cycles": service.cycles,
-                "problem": None if health.kind is None else {
-                    "kind": health.kind, "message": health.message,
-                    "failed_cycles": health.failures},
+                "problem": None
+                if health.kind is None
+                else {
+                    "kind": health.kind,
+                    "message": health.message,
+                    "failed_cycles": health.failures,
+                },
                 "last_sync": self.last_sync,
                 "last_error": self.last_error,
                 "audit": self.last_audit,
@@ -260,8 +293,13 @@ def run(args: Sequence[str], loaded: Optional[Loaded] = None) -> int:
     messenger = messaging.from_conf(loaded.conf, loaded.settings.host)
     collector = metrics.from_conf(loaded.conf)
     agent = Agent(messenger=messenger)
-    service = Service(agent, lambda: load(args), loaded, notifier=systemd_notifier(),
-                      after_cycle=collector.cycle_done if collector else None)
+    service = Service(
+        agent,
+        lambda: load(args),
+        loaded,
+        notifier=systemd_notifier(),
+        after_cycle=collector.cycle_done if collector else None,
+    )
     service.install_signal_handlers()
     control = Control(agent, service)
     try:

@@ -2,7 +2,7 @@
 to do about signals and failures. What a cycle does is passed in.
 
 Timing. The first cycle waits a random 0..``startup_splay`` seconds; then
-each wait is ``report_interval`` times a random factor in 1 +/- 
+each wait is ``report_interval`` times a random factor in 1 +/-
 ``interval_jitter``, measured from the start of the previous cycle. A
 cycle that takes longer than that is logged and the next starts as soon as
 it ends. A cycle that fails waits ``report_interval * 2**(failures-1)``
@@ -36,8 +36,13 @@ from typing import Any, Callable, Optional
 
 import sdnotify
 
-from node_agent.errors import (ConfigError, DiscoveryError, NodeAgentError, PlacementError,
-                               StateError)
+from node_agent.errors import (
+    ConfigError,
+    DiscoveryError,
+    NodeAgentError,
+    PlacementError,
+    StateError,
+)
 
 LOG = logging.getLogger(__name__)
 
@@ -59,6 +64,7 @@ class CycleResult:
 
 
 # ---------------------------------------------------------------- pure timing
+
 
 def jittered(interval: float, jitter: float, rand: float) -> float:
     """``interval`` scaled by a factor in [1 - jitter, 1 + jitter]; ``rand``
@@ -132,6 +138,7 @@ class Health:
 
 # ---------------------------------------------------------------- the loop
 
+
 class NullNotifier:
     def notify(self, state: str) -> None:
         """No systemd to tell."""
@@ -175,13 +182,19 @@ class Service:
     ``DiscoveryError``...) and returns a :class:`CycleResult` otherwise.
     """
 
-    def __init__(self, cycle: Callable[[Any], CycleResult], load: Callable[[], Any],
-                 config: Any = None, *, notifier=None,
-                 clock: Callable[[], float] = time.monotonic,
-                 rand: Callable[[], float] = random.random,
-                 stop_timeout: float = DEFAULT_STOP_TIMEOUT,
-                 tick: float = DEFAULT_TICK,
-                 after_cycle: Optional[Callable[[], None]] = None):
+    def __init__(
+        self,
+        cycle: Callable[[Any], CycleResult],
+        load: Callable[[], Any],
+        config: Any = None,
+        *,
+        notifier=None,
+        clock: Callable[[], float] = time.monotonic,
+        rand: Callable[[], float] = random.random,
+        stop_timeout: float = DEFAULT_STOP_TIMEOUT,
+        tick: float = DEFAULT_TICK,
+        after_cycle: Optional[Callable[[], None]] = None,
+    ):
         """``after_cycle`` runs in the loop after each cycle, once its
         outcome is recorded (metrics files)."""
         self._cycle_fn = cycle
@@ -194,10 +207,10 @@ class Service:
         self.stop_timeout = stop_timeout
         self.tick = tick
         self.health = Health()
-        self.cycles = 0                      # cycles finished (ok or not)
+        self.cycles = 0  # cycles finished (ok or not)
         self.last_result: Optional[CycleResult] = None
-        self.last_duration: Optional[float] = None   # seconds, last cycle
-        self.last_success: Optional[float] = None    # wall time (time.time())
+        self.last_duration: Optional[float] = None  # seconds, last cycle
+        self.last_success: Optional[float] = None  # wall time (time.time())
         self._requests = _Requests()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -245,8 +258,11 @@ class Service:
         due = self.clock() + splay
         self.notifier.notify("READY=1")
         self._status(f"starting; first cycle in {splay:.0f}s")
-        LOG.info("service started; first cycle in %.0fs, then every %ss",
-                 splay, self.config.report_interval)
+        LOG.info(
+            "service started; first cycle in %.0fs, then every %ss",
+            splay,
+            self.config.report_interval,
+        )
         while True:
             self.notifier.notify("WATCHDOG=1")
             self._wait(due)
@@ -284,9 +300,12 @@ class Service:
             new = self._load()
         except NodeAgentError as exc:
             problems = getattr(exc, "problems", None) or (str(exc),)
-            LOG.error("reload refused, the running configuration stays: "
-                      "%d problem(s) in the new one:\n%s", len(problems),
-                      "\n".join(f"  - {p}" for p in problems))
+            LOG.error(
+                "reload refused, the running configuration stays: "
+                "%d problem(s) in the new one:\n%s",
+                len(problems),
+                "\n".join(f"  - {p}" for p in problems),
+            )
             self.notifier.notify("READY=1")
             return False
         self.config = new
@@ -317,8 +336,9 @@ class Service:
         while not current.done.is_set():
             if self._requests.stop:
                 if not current.done.wait(self.stop_timeout):
-                    LOG.warning("stopping: abandoning a cycle still running after "
-                                "%.0fs", self.stop_timeout)
+                    LOG.warning(
+                        "stopping: abandoning a cycle still running after %.0fs", self.stop_timeout
+                    )
                     return False
                 break
             if self.clock() - current.started < self._hung_after():
@@ -351,30 +371,41 @@ class Service:
         kind = problem_kind(exc)  # what failed() has just recorded
         if changed:
             log = LOG.exception if kind == "internal" else LOG.error
-            log("%s: %s; retrying with backoff, logging again when this "
-                "changes", _PROBLEM_TEXT[kind], self.health.message,
-                exc_info=exc if kind == "internal" else None)
+            log(
+                "%s: %s; retrying with backoff, logging again when this changes",
+                _PROBLEM_TEXT[kind],
+                self.health.message,
+                exc_info=exc if kind == "internal" else None,
+            )
         else:
-            LOG.debug("still failing (%d in a row): %s", self.health.failures,
-                      self.health.message)
+            LOG.debug("still failing (%d in a row): %s", self.health.failures, self.health.message)
 
     def _next_delay(self, duration: float) -> float:
         config = self.config
         interval = config.report_interval
         if self.health.kind is not None:
-            delay = retry_delay(self.health.failures, interval,
-                                config.retry_max_interval, self.rand())
-            self._status(f"{_PROBLEM_TEXT[self.health.kind]} "
-                         f"({self.health.failures} failed cycles): "
-                         f"{self.health.message}; retry in {delay:.0f}s")
+            delay = retry_delay(
+                self.health.failures, interval, config.retry_max_interval, self.rand()
+            )
+            self._status(
+                f"{_PROBLEM_TEXT[self.health.kind]} "
+                f"({self.health.failures} failed cycles): "
+                f"{self.health.message}; retry in {delay:.0f}s"
+            )
             return delay
         delay = jittered(interval, config.interval_jitter, self.rand())
         if duration > delay:
-            LOG.warning("slow cycle: it took %.1fs, more than the %.0fs between "
-                        "cycles; the next one starts now", duration, delay)
+            LOG.warning(
+                "slow cycle: it took %.1fs, more than the %.0fs between "
+                "cycles; the next one starts now",
+                duration,
+                delay,
+            )
         summary = self.last_result.summary if self.last_result else "done"
-        self._status(f"{'ok' if self.last_result is None or self.last_result.ok else 'incomplete'}"
-                     f": {summary}; next in {max(0.0, delay - duration):.0f}s")
+        self._status(
+            f"{'ok' if self.last_result is None or self.last_result.ok else 'incomplete'}"
+            f": {summary}; next in {max(0.0, delay - duration):.0f}s"
+        )
         return delay
 
     def _status(self, text: str) -> None:

@@ -18,8 +18,7 @@ from collections import Counter
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Optional
 
-from prometheus_client import (CollectorRegistry, Histogram, start_http_server,
-                               write_to_textfile)
+from prometheus_client import CollectorRegistry, Histogram, start_http_server, write_to_textfile
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from node_agent.errors import ResourceError
@@ -51,20 +50,20 @@ def _gauge(name, doc, value=None, labels=()):
     return family
 
 
-
 def listen_problem(option: str, host: str, port: int, exc: OSError) -> str:
     """Why the metrics endpoint cannot listen, and the fix for that cause."""
     if exc.errno == errno.EADDRINUSE:
         fix = "Another process holds the port (see `ss -ltnp`); stop it or choose another port."
     elif exc.errno == errno.EACCES and port < 1024:
-        fix = ("Ports below 1024 need privileges the service user does not have; "
-               "choose a port above 1023.")
+        fix = (
+            "Ports below 1024 need privileges the service user does not have; "
+            "choose a port above 1023."
+        )
     elif exc.errno == errno.EADDRNOTAVAIL:
         fix = f"{host} is not an address of this machine; choose one it has."
     else:
         fix = "Choose another port or address."
-    return (f"{option} = {port}: cannot listen on {host}:{port}: "
-            f"{exc.strerror or exc}. {fix}")
+    return f"{option} = {port}: cannot listen on {host}:{port}: {exc.strerror or exc}. {fix}"
 
 
 class AgentCollector:
@@ -76,29 +75,43 @@ class AgentCollector:
 
     def collect(self):
         service, agent = self.service, self.agent
-        yield _gauge("last_cycle_duration_seconds", "Duration of the last cycle.",
-                     service.last_duration or 0.0)
-        yield _gauge("last_success_timestamp_seconds",
-                     "Unix time of the last cycle that synced (0: none yet).",
-                     service.last_success or 0.0)
+        yield _gauge(
+            "last_cycle_duration_seconds",
+            "Duration of the last cycle.",
+            service.last_duration or 0.0,
+        )
+        yield _gauge(
+            "last_success_timestamp_seconds",
+            "Unix time of the last cycle that synced (0: none yet).",
+            service.last_success or 0.0,
+        )
         yield _counter("cycles", "Cycles run since the agent started.", service.cycles)
-        yield _gauge("failed_cycles", "Failed cycles in a row (0 when healthy).",
-                     service.health.failures)
-        problem = _gauge("problem", "1 for the current problem kind (placement, "
-                         "host, config, state, internal).", labels=["kind"])
+        yield _gauge(
+            "failed_cycles", "Failed cycles in a row (0 when healthy).", service.health.failures
+        )
+        problem = _gauge(
+            "problem",
+            "1 for the current problem kind (placement, host, config, state, internal).",
+            labels=["kind"],
+        )
         for kind in ("placement", "host", "config", "state", "internal"):
             problem.add_metric([kind], 1 if service.health.kind == kind else 0)
         yield problem
         last = agent.last_sync or {}
-        yield _gauge("sync_errors", "Changes the last sync could not apply.",
-                     len(last.get("errors", [])))
+        yield _gauge(
+            "sync_errors", "Changes the last sync could not apply.", len(last.get("errors", []))
+        )
         yield _counter("reshapes", "Reshapes done since the agent started.", agent.reshapes)
-        yield _counter("reshape_errors", "Reshapes refused or failed since the agent "
-                       "started.", agent.reshape_errors)
+        yield _counter(
+            "reshape_errors",
+            "Reshapes refused or failed since the agent started.",
+            agent.reshape_errors,
+        )
         desired = agent.last_desired
         maintenance = bool(desired and is_on(desired.maintenance))
-        yield _gauge("maintenance", "1 while the reported tree is in maintenance.",
-                     1 if maintenance else 0)
+        yield _gauge(
+            "maintenance", "1 while the reported tree is in maintenance.", 1 if maintenance else 0
+        )
         yield self._inventories()
         yield self._requests()
         yield self._audit()
@@ -106,10 +119,14 @@ class AgentCollector:
 
     def _drift(self):
         """Companion mode only, absent until its first check."""
-        family = _gauge("drift_differences", "Differences between Placement and "
-                        "this host found by companion mode, per kind (inventory, "
-                        "trait, provider); -1 when Placement has no provider of "
-                        "the host's name.", labels=["kind"])
+        family = _gauge(
+            "drift_differences",
+            "Differences between Placement and "
+            "this host found by companion mode, per kind (inventory, "
+            "trait, provider); -1 when Placement has no provider of "
+            "the host's name.",
+            labels=["kind"],
+        )
         last = getattr(self.agent, "last_companion", None)
         if last is not None:
             counts = Counter(d["kind"] for d in last["drift"])
@@ -119,9 +136,13 @@ class AgentCollector:
 
     def _audit(self):
         """Absent until the first audit ran: no audit is not "no finding"."""
-        family = _gauge("audit_findings", "Findings of the last allocation audit, "
-                        "per kind (orphan, no_allocation, size_mismatch) and state "
-                        "(alarm, in_flight, pending).", labels=["kind", "state"])
+        family = _gauge(
+            "audit_findings",
+            "Findings of the last allocation audit, "
+            "per kind (orphan, no_allocation, size_mismatch) and state "
+            "(alarm, in_flight, pending).",
+            labels=["kind", "state"],
+        )
         last = getattr(self.agent, "last_audit", None)
         for kind, states in sorted(((last or {}).get("counts") or {}).items()):
             for state, count in sorted(states.items()):
@@ -129,8 +150,11 @@ class AgentCollector:
         return family
 
     def _inventories(self):
-        family = _gauge("inventory_total", "Inventory total reported, per provider "
-                        "and resource class.", labels=["provider", "resource_class"])
+        family = _gauge(
+            "inventory_total",
+            "Inventory total reported, per provider and resource class.",
+            labels=["provider", "resource_class"],
+        )
         desired = self.agent.last_desired
         for provider in desired.tree.providers if desired else ():
             for rc, inventory in sorted(provider.inventories.items()):
@@ -139,8 +163,10 @@ class AgentCollector:
 
     def _requests(self):
         family = CounterMetricFamily(
-            f"{PREFIX}_placement_requests", "HTTP requests sent to Placement by "
-            "method and status (0: no response).", labels=["method", "status"])
+            f"{PREFIX}_placement_requests",
+            "HTTP requests sent to Placement by method and status (0: no response).",
+            labels=["method", "status"],
+        )
         client = getattr(self.service.config, "client", None)
         counts = getattr(getattr(client, "stats", None), "by_status", Counter())
         for (method, status), count in sorted(counts.items()):
@@ -149,16 +175,18 @@ class AgentCollector:
 
 
 class Metrics:
-    def __init__(self, port: int = 0, host: str = "127.0.0.1",
-                 textfile: Optional[str] = None):
+    def __init__(self, port: int = 0, host: str = "127.0.0.1", textfile: Optional[str] = None):
         self.port = port
         self.host = host
         self.textfile = textfile
         self.registry = CollectorRegistry()
         self._server: Optional[WSGIServer] = None
-        self.durations = Histogram(f"{PREFIX}_cycle_duration_seconds",
-                                   "Duration of each cycle.", buckets=DURATION_BUCKETS,
-                                   registry=self.registry)
+        self.durations = Histogram(
+            f"{PREFIX}_cycle_duration_seconds",
+            "Duration of each cycle.",
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
         self._service = None
 
     def start(self, agent, service) -> None:
@@ -166,11 +194,13 @@ class Metrics:
         self.registry.register(AgentCollector(agent, service))
         if self.port:
             try:
-                self._server, _thread = start_http_server(self.port, self.host,
-                                                          registry=self.registry)
+                self._server, _thread = start_http_server(
+                    self.port, self.host, registry=self.registry
+                )
             except OSError as exc:
-                raise ResourceError(listen_problem("[agent] metrics_port", self.host,
-                                                   self.port, exc)) from None
+                raise ResourceError(
+                    listen_problem("[agent] metrics_port", self.host, self.port, exc)
+                ) from None
             LOG.info("metrics on http://%s:%d/metrics", self.host, self.port)
 
     def cycle_done(self) -> None:
@@ -198,8 +228,15 @@ def from_conf(conf) -> Optional[Metrics]:
     return Metrics(agent.metrics_port, agent.metrics_host, agent.metrics_textfile)
 
 
-def write_once(conf, desired, client, duration: float, errors: list,
-               companion: Optional[dict] = None, audit: Optional[dict] = None) -> None:
+def write_once(
+    conf,
+    desired,
+    client,
+    duration: float,
+    errors: list,
+    companion: Optional[dict] = None,
+    audit: Optional[dict] = None,
+) -> None:
     """``--once``: the service's metrics for this one cycle, written to
     ``[agent] metrics_textfile`` when it is set, so node_exporter's textfile
     collector shows hosts synced by a timer too. ``companion`` and ``audit``:
@@ -209,11 +246,19 @@ def write_once(conf, desired, client, duration: float, errors: list,
         return
     metrics = Metrics(textfile=conf.agent.metrics_textfile)
     service = SimpleNamespace(
-        last_duration=duration, last_success=None if errors else time.time(),
-        cycles=1, health=SimpleNamespace(failures=0, kind=None),
-        config=SimpleNamespace(client=client))
-    agent = SimpleNamespace(last_sync={"errors": list(errors)}, reshapes=0,
-                            reshape_errors=0, last_desired=desired,
-                            last_companion=companion, last_audit=audit)
+        last_duration=duration,
+        last_success=None if errors else time.time(),
+        cycles=1,
+        health=SimpleNamespace(failures=0, kind=None),
+        config=SimpleNamespace(client=client),
+    )
+    agent = SimpleNamespace(
+        last_sync={"errors": list(errors)},
+        reshapes=0,
+        reshape_errors=0,
+        last_desired=desired,
+        last_companion=companion,
+        last_audit=audit,
+    )
     metrics.start(agent, service)
     metrics.cycle_done()

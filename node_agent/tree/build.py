@@ -18,22 +18,32 @@ from typing import Mapping, Optional, Sequence, Set
 import os_resource_classes as orc
 import os_traits
 
-from node_agent.tree.cpu_traits import guest_cpu_traits
-from node_agent.tree.hypervisor_traits import TraitSettings, hypervisor_traits
 from node_agent.errors import ConfigError
-from node_agent.tree.mem_encryption import (MemEncryption, host_mem_encryption,
-                                            mem_encryption_children)
-from node_agent.tree.numa import split_by_numa
-from node_agent.policy.partition import CpuPartition
-from node_agent.tree.pci import gpu_children, sriov_children
-from node_agent.policy.provider_config import ProviderConfig, apply_provider_configs
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.model.settings import Settings
 from node_agent.model.snapshot import HostSnapshot
+from node_agent.policy.partition import CpuPartition
+from node_agent.policy.provider_config import ProviderConfig, apply_provider_configs
+from node_agent.tree.cpu_traits import guest_cpu_traits
+from node_agent.tree.hypervisor_traits import TraitSettings, hypervisor_traits
+from node_agent.tree.mem_encryption import (
+    MemEncryption,
+    host_mem_encryption,
+    mem_encryption_children,
+)
+from node_agent.tree.numa import split_by_numa
+from node_agent.tree.pci import gpu_children, sriov_children
 
 # libvirt/uname architecture names -> os-traits HW_ARCH_* names.
-_ARCH_ALIASES = {"i386": "i686", "i486": "i686", "i586": "i686", "amd64": "x86_64",
-                 "arm64": "aarch64", "armv6l": "armv6", "armv7l": "armv7"}
+_ARCH_ALIASES = {
+    "i386": "i686",
+    "i486": "i686",
+    "i586": "i686",
+    "amd64": "x86_64",
+    "arm64": "aarch64",
+    "armv6l": "armv6",
+    "armv7l": "armv7",
+}
 
 
 def arch_trait(arch: str | None) -> str | None:
@@ -49,13 +59,15 @@ def check_reserved(settings: Settings, host: HostSnapshot) -> None:
     if host.memory_mb and settings.reserved_host_memory_mb >= host.memory_mb:
         problems.append(
             f"[compute] reserved_host_memory_mb = {settings.reserved_host_memory_mb} is not "
-            f"below the host's {host.memory_mb} MiB of memory. Lower it.")
+            f"below the host's {host.memory_mb} MiB of memory. Lower it."
+        )
     reserved_gb = disk_reserved_gb(settings)
     if host.disk_gb and reserved_gb >= host.disk_gb:
         problems.append(
             f"[compute] reserved_host_disk_mb = {settings.reserved_host_disk_mb} "
             f"({reserved_gb} GiB) is not below the {host.disk_gb} GiB of the filesystem "
-            f"holding instances_path = '{settings.instances_path}'. Lower it.")
+            f"holding instances_path = '{settings.instances_path}'. Lower it."
+        )
     if problems:
         raise ConfigError(problems)
 
@@ -64,20 +76,29 @@ def disk_reserved_gb(settings: Settings) -> int:
     return math.ceil(settings.reserved_host_disk_mb / 1024)
 
 
-def root_inventories(settings: Settings, host: HostSnapshot,
-                     partition: CpuPartition) -> dict[str, Inventory]:
+def root_inventories(
+    settings: Settings, host: HostSnapshot, partition: CpuPartition
+) -> dict[str, Inventory]:
     candidates = {
-        orc.VCPU: Inventory(total=len(partition.shared), reserved=partition.vcpu_reserved,
-                            allocation_ratio=settings.cpu_allocation_ratio,
-                            keep_placement_ratio=settings.keeps_placement_ratio("cpu")),
+        orc.VCPU: Inventory(
+            total=len(partition.shared),
+            reserved=partition.vcpu_reserved,
+            allocation_ratio=settings.cpu_allocation_ratio,
+            keep_placement_ratio=settings.keeps_placement_ratio("cpu"),
+        ),
         orc.PCPU: Inventory(total=len(partition.pcpu)),
-        orc.MEMORY_MB: Inventory(total=host.memory_mb,
-                                 reserved=settings.reserved_host_memory_mb,
-                                 allocation_ratio=settings.ram_allocation_ratio,
-                                 keep_placement_ratio=settings.keeps_placement_ratio("ram")),
-        orc.DISK_GB: Inventory(total=host.disk_gb, reserved=disk_reserved_gb(settings),
-                               allocation_ratio=settings.disk_allocation_ratio,
-                               keep_placement_ratio=settings.keeps_placement_ratio("disk")),
+        orc.MEMORY_MB: Inventory(
+            total=host.memory_mb,
+            reserved=settings.reserved_host_memory_mb,
+            allocation_ratio=settings.ram_allocation_ratio,
+            keep_placement_ratio=settings.keeps_placement_ratio("ram"),
+        ),
+        orc.DISK_GB: Inventory(
+            total=host.disk_gb,
+            reserved=disk_reserved_gb(settings),
+            allocation_ratio=settings.disk_allocation_ratio,
+            keep_placement_ratio=settings.keeps_placement_ratio("disk"),
+        ),
     }
     return {rc: inv for rc, inv in candidates.items() if inv.total > 0}
 
@@ -91,30 +112,33 @@ def root_traits(host: HostSnapshot, settings: Optional[Settings] = None) -> dict
     describes. The static hypervisor traits come from
     :mod:`node_agent.tree.hypervisor_traits`.
     """
-    traits = {os_traits.COMPUTE_NODE: True,
-              os_traits.HW_CPU_HYPERTHREADING: host.has_smt}
+    traits = {os_traits.COMPUTE_NODE: True, os_traits.HW_CPU_HYPERTHREADING: host.has_smt}
     arch = arch_trait(host.cpu_model.arch)
     if arch:
         traits[arch] = True
     if settings is None:
         traits.update(guest_cpu_traits(None, host.cpu_model, ()))
         return traits
-    traits.update(guest_cpu_traits(settings.cpu_mode, host.cpu_model,
-                                   host.guest_cpu_models, settings.cpu_model_extra_flags))
-    traits.update(hypervisor_traits(host.hypervisor, trait_settings(settings),
-                                    host.cpu_model.arch))
+    traits.update(
+        guest_cpu_traits(
+            settings.cpu_mode, host.cpu_model, host.guest_cpu_models, settings.cpu_model_extra_flags
+        )
+    )
+    traits.update(hypervisor_traits(host.hypervisor, trait_settings(settings), host.cpu_model.arch))
     return traits
 
 
 def trait_settings(settings: Settings) -> TraitSettings:
-    return TraitSettings(settings.virt_type, settings.swtpm_enabled,
-                         settings.supported_tpm_secret_security)
+    return TraitSettings(
+        settings.virt_type, settings.swtpm_enabled, settings.supported_tpm_secret_security
+    )
 
 
 def mem_encryption(settings: Settings, host: HostSnapshot) -> Optional[MemEncryption]:
     """The AMD SEV guests the host offers (:mod:`node_agent.tree.mem_encryption`)."""
-    return host_mem_encryption(host.hypervisor, host.cpu_model.arch,
-                               settings.num_memory_encrypted_guests)
+    return host_mem_encryption(
+        host.hypervisor, host.cpu_model.arch, settings.num_memory_encrypted_guests
+    )
 
 
 def whole_node_inventories(resource_class: str) -> dict[str, Inventory]:
@@ -122,26 +146,31 @@ def whole_node_inventories(resource_class: str) -> dict[str, Inventory]:
     return {resource_class: Inventory(total=1, max_unit=1)}
 
 
-def build_tree(settings: Settings, host: HostSnapshot, partition: CpuPartition,
-               operator: Sequence[ProviderConfig] = (),
-               previously_applied: Optional[Mapping[str, Set[str]]] = None) -> ProviderTree:
+def build_tree(
+    settings: Settings,
+    host: HostSnapshot,
+    partition: CpuPartition,
+    operator: Sequence[ProviderConfig] = (),
+    previously_applied: Optional[Mapping[str, Set[str]]] = None,
+) -> ProviderTree:
     """The desired tree. ``operator`` are the parsed provider config files
     (:func:`node_agent.config.provider_files.load_provider_configs`);
     ``previously_applied`` is what those files added last time, by provider
     name, so traits dropped from a file are removed (see
     :func:`node_agent.policy.provider_config.apply_provider_configs`)."""
     if settings.node_resource_class:
-        root = Provider(name=settings.host,
-                        inventories=whole_node_inventories(settings.node_resource_class),
-                        traits=root_traits(host, settings))
+        root = Provider(
+            name=settings.host,
+            inventories=whole_node_inventories(settings.node_resource_class),
+            traits=root_traits(host, settings),
+        )
         tree = ProviderTree((root,))
     else:
         tree = _resource_tree(settings, host, partition)
     return apply_provider_configs(tree, operator, previously_applied or {})
 
 
-def _resource_tree(settings: Settings, host: HostSnapshot,
-                   partition: CpuPartition) -> ProviderTree:
+def _resource_tree(settings: Settings, host: HostSnapshot, partition: CpuPartition) -> ProviderTree:
     check_reserved(settings, host)
     inventories = root_inventories(settings, host, partition)
     children: tuple[Provider, ...] = ()

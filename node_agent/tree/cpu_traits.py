@@ -26,76 +26,80 @@ import os_traits as ot
 
 from node_agent.model.snapshot import HostCpuModel
 
-X86_FEATURE_TRAITS: Mapping[str, str] = MappingProxyType({
-    "3dnow": ot.HW_CPU_X86_3DNOW,
-    "abm": ot.HW_CPU_X86_ABM,
-    "aes": ot.HW_CPU_X86_AESNI,
-    "amd-no-ssb": ot.HW_CPU_X86_AMD_NO_SSB,
-    "amd-ssbd": ot.HW_CPU_X86_AMD_SSBD,
-    "amx-bf16": ot.HW_CPU_X86_AMXBF16,
-    "amx-int8": ot.HW_CPU_X86_AMXINT8,
-    "amx-tile": ot.HW_CPU_X86_AMXTILE,
-    "avx": ot.HW_CPU_X86_AVX,
-    "avx2": ot.HW_CPU_X86_AVX2,
-    "avx512-vpopcntdq": ot.HW_CPU_X86_AVX512VPOPCNTDQ,
-    "avx512bitalg": ot.HW_CPU_X86_AVX512BITALG,
-    "avx512bw": ot.HW_CPU_X86_AVX512BW,
-    "avx512cd": ot.HW_CPU_X86_AVX512CD,
-    "avx512dq": ot.HW_CPU_X86_AVX512DQ,
-    "avx512er": ot.HW_CPU_X86_AVX512ER,
-    "avx512f": ot.HW_CPU_X86_AVX512F,
-    "avx512ifma": ot.HW_CPU_X86_AVX512IFMA,
-    "avx512pf": ot.HW_CPU_X86_AVX512PF,
-    "avx512vbmi": ot.HW_CPU_X86_AVX512VBMI,
-    "avx512vbmi2": ot.HW_CPU_X86_AVX512VBMI2,
-    "avx512vl": ot.HW_CPU_X86_AVX512VL,
-    "avx512vnni": ot.HW_CPU_X86_AVX512VNNI,
-    "bmi1": ot.HW_CPU_X86_BMI,
-    "bmi2": ot.HW_CPU_X86_BMI2,
-    "f16c": ot.HW_CPU_X86_F16C,
-    "fma": ot.HW_CPU_X86_FMA3,
-    "fma4": ot.HW_CPU_X86_FMA4,
-    # os-traits files the VAES/GFNI/VPCLMULQDQ extensions under AVX512.
-    "gfni": ot.HW_CPU_X86_AVX512GFNI,
-    "hle": ot.HW_CPU_X86_TSX,
-    "ibpb": ot.HW_CPU_X86_AMD_IBPB,
-    "md-clear": ot.HW_CPU_X86_INTEL_MD_CLEAR,
-    "mmx": ot.HW_CPU_X86_MMX,
-    "mpx": ot.HW_CPU_X86_MPX,
-    "pcid": ot.HW_CPU_X86_INTEL_PCID,
-    "pclmuldq": ot.HW_CPU_X86_CLMUL,
-    "pdpe1gb": ot.HW_CPU_X86_PDPE1GB,
-    "pni": ot.HW_CPU_X86_SSE3,
-    "rtm": ot.HW_CPU_X86_TSX,
-    # nova's table key for SSE3; libvirt itself says "pni".
-    "sse3": ot.HW_CPU_X86_SSE3,
-    "sgx": ot.HW_CPU_X86_SGX,
-    "sha-ni": ot.HW_CPU_X86_SHA,
-    "spec-ctrl": ot.HW_CPU_X86_INTEL_SPEC_CTRL,
-    "sse": ot.HW_CPU_X86_SSE,
-    "sse2": ot.HW_CPU_X86_SSE2,
-    "sse4.1": ot.HW_CPU_X86_SSE41,
-    "sse4.2": ot.HW_CPU_X86_SSE42,
-    "sse4a": ot.HW_CPU_X86_SSE4A,
-    "ssbd": ot.HW_CPU_X86_INTEL_SSBD,
-    "ssse3": ot.HW_CPU_X86_SSSE3,
-    "stibp": ot.HW_CPU_X86_STIBP,
-    "svm": ot.HW_CPU_X86_SVM,
-    "tbm": ot.HW_CPU_X86_TBM,
-    "vaes": ot.HW_CPU_X86_AVX512VAES,
-    "virt-ssbd": ot.HW_CPU_X86_AMD_VIRT_SSBD,
-    "vmx": ot.HW_CPU_X86_VMX,
-    "vpclmulqdq": ot.HW_CPU_X86_AVX512VPCLMULQDQ,
-    "xop": ot.HW_CPU_X86_XOP,
-})
+X86_FEATURE_TRAITS: Mapping[str, str] = MappingProxyType(
+    {
+        "3dnow": ot.HW_CPU_X86_3DNOW,
+        "abm": ot.HW_CPU_X86_ABM,
+        "aes": ot.HW_CPU_X86_AESNI,
+        "amd-no-ssb": ot.HW_CPU_X86_AMD_NO_SSB,
+        "amd-ssbd": ot.HW_CPU_X86_AMD_SSBD,
+        "amx-bf16": ot.HW_CPU_X86_AMXBF16,
+        "amx-int8": ot.HW_CPU_X86_AMXINT8,
+        "amx-tile": ot.HW_CPU_X86_AMXTILE,
+        "avx": ot.HW_CPU_X86_AVX,
+        "avx2": ot.HW_CPU_X86_AVX2,
+        "avx512-vpopcntdq": ot.HW_CPU_X86_AVX512VPOPCNTDQ,
+        "avx512bitalg": ot.HW_CPU_X86_AVX512BITALG,
+        "avx512bw": ot.HW_CPU_X86_AVX512BW,
+        "avx512cd": ot.HW_CPU_X86_AVX512CD,
+        "avx512dq": ot.HW_CPU_X86_AVX512DQ,
+        "avx512er": ot.HW_CPU_X86_AVX512ER,
+        "avx512f": ot.HW_CPU_X86_AVX512F,
+        "avx512ifma": ot.HW_CPU_X86_AVX512IFMA,
+        "avx512pf": ot.HW_CPU_X86_AVX512PF,
+        "avx512vbmi": ot.HW_CPU_X86_AVX512VBMI,
+        "avx512vbmi2": ot.HW_CPU_X86_AVX512VBMI2,
+        "avx512vl": ot.HW_CPU_X86_AVX512VL,
+        "avx512vnni": ot.HW_CPU_X86_AVX512VNNI,
+        "bmi1": ot.HW_CPU_X86_BMI,
+        "bmi2": ot.HW_CPU_X86_BMI2,
+        "f16c": ot.HW_CPU_X86_F16C,
+        "fma": ot.HW_CPU_X86_FMA3,
+        "fma4": ot.HW_CPU_X86_FMA4,
+        # os-traits files the VAES/GFNI/VPCLMULQDQ extensions under AVX512.
+        "gfni": ot.HW_CPU_X86_AVX512GFNI,
+        "hle": ot.HW_CPU_X86_TSX,
+        "ibpb": ot.HW_CPU_X86_AMD_IBPB,
+        "md-clear": ot.HW_CPU_X86_INTEL_MD_CLEAR,
+        "mmx": ot.HW_CPU_X86_MMX,
+        "mpx": ot.HW_CPU_X86_MPX,
+        "pcid": ot.HW_CPU_X86_INTEL_PCID,
+        "pclmuldq": ot.HW_CPU_X86_CLMUL,
+        "pdpe1gb": ot.HW_CPU_X86_PDPE1GB,
+        "pni": ot.HW_CPU_X86_SSE3,
+        "rtm": ot.HW_CPU_X86_TSX,
+        # nova's table key for SSE3; libvirt itself says "pni".
+        "sse3": ot.HW_CPU_X86_SSE3,
+        "sgx": ot.HW_CPU_X86_SGX,
+        "sha-ni": ot.HW_CPU_X86_SHA,
+        "spec-ctrl": ot.HW_CPU_X86_INTEL_SPEC_CTRL,
+        "sse": ot.HW_CPU_X86_SSE,
+        "sse2": ot.HW_CPU_X86_SSE2,
+        "sse4.1": ot.HW_CPU_X86_SSE41,
+        "sse4.2": ot.HW_CPU_X86_SSE42,
+        "sse4a": ot.HW_CPU_X86_SSE4A,
+        "ssbd": ot.HW_CPU_X86_INTEL_SSBD,
+        "ssse3": ot.HW_CPU_X86_SSSE3,
+        "stibp": ot.HW_CPU_X86_STIBP,
+        "svm": ot.HW_CPU_X86_SVM,
+        "tbm": ot.HW_CPU_X86_TBM,
+        "vaes": ot.HW_CPU_X86_AVX512VAES,
+        "virt-ssbd": ot.HW_CPU_X86_AMD_VIRT_SSBD,
+        "vmx": ot.HW_CPU_X86_VMX,
+        "vpclmulqdq": ot.HW_CPU_X86_AVX512VPCLMULQDQ,
+        "xop": ot.HW_CPU_X86_XOP,
+    }
+)
 
 # nova also sets the vendor-specific traits next to the generic VMX/SVM
 # ones (nova/virt/libvirt/utils.py CPU_TRAITS_MAPPING), and schedulers may
 # ask for either.
-X86_VENDOR_TRAITS: Mapping[str, str] = MappingProxyType({
-    "vmx": ot.HW_CPU_X86_INTEL_VMX,
-    "svm": ot.HW_CPU_X86_AMD_SVM,
-})
+X86_VENDOR_TRAITS: Mapping[str, str] = MappingProxyType(
+    {
+        "vmx": ot.HW_CPU_X86_INTEL_VMX,
+        "svm": ot.HW_CPU_X86_AMD_SVM,
+    }
+)
 
 X86_ARCHES = frozenset({"x86_64", "i686", "i586", "i486", "i386", "amd64"})
 
@@ -134,9 +138,12 @@ def split_extra_flags(flags) -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(enabled), frozenset(disabled)
 
 
-def guest_cpu_features(cpu_mode: str | None, host: HostCpuModel,
-                       models: tuple[tuple[str, frozenset[str]], ...],
-                       extra_flags=()) -> frozenset[str]:
+def guest_cpu_features(
+    cpu_mode: str | None,
+    host: HostCpuModel,
+    models: tuple[tuple[str, frozenset[str]], ...],
+    extra_flags=(),
+) -> frozenset[str]:
     """The CPU features guests get, which the CPU traits follow (nova's
     ``_get_cpu_feature_traits``).
 
@@ -160,14 +167,16 @@ def guest_cpu_features(cpu_mode: str | None, host: HostCpuModel,
     return (base | enabled) - disabled
 
 
-def guest_cpu_traits(cpu_mode: str | None, host: HostCpuModel,
-                     models: tuple[tuple[str, frozenset[str]], ...],
-                     extra_flags=()) -> dict[str, bool]:
+def guest_cpu_traits(
+    cpu_mode: str | None,
+    host: HostCpuModel,
+    models: tuple[tuple[str, frozenset[str]], ...],
+    extra_flags=(),
+) -> dict[str, bool]:
     """:func:`feature_traits` of the guest CPU the settings describe."""
     if host.arch not in X86_ARCHES or (host.model is None and not host.features):
         return {}
     if cpu_mode in (None, "host-model", "host-passthrough") and not extra_flags:
         return feature_traits(host)
     features = guest_cpu_features(cpu_mode, host, models, extra_flags)
-    return feature_traits(HostCpuModel(host.arch, host.model or "guest", host.vendor,
-                                       features))
+    return feature_traits(HostCpuModel(host.arch, host.model or "guest", host.vendor, features))

@@ -50,9 +50,11 @@ AMD_SEV = "amd_sev"
 AMD_SEV_ES = "amd_sev_es"
 AMD_SEV_SNP = "amd_sev_snp"
 # nova's MemEncryptionModel order, with the trait each child carries.
-MODEL_TRAITS = {AMD_SEV: os_traits.HW_CPU_X86_AMD_SEV,
-                AMD_SEV_ES: os_traits.HW_CPU_X86_AMD_SEV_ES,
-                AMD_SEV_SNP: os_traits.HW_CPU_X86_AMD_SEV_SNP}
+MODEL_TRAITS = {
+    AMD_SEV: os_traits.HW_CPU_X86_AMD_SEV,
+    AMD_SEV_ES: os_traits.HW_CPU_X86_AMD_SEV_ES,
+    AMD_SEV_SNP: os_traits.HW_CPU_X86_AMD_SEV_SNP,
+}
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,9 @@ def _snp_machine(caps: tuple[DomainCaps, ...]) -> bool:
     return any("sev-snp" in cap.launch_security for cap in caps if cap.arch == "x86_64")
 
 
-def host_mem_encryption(info: Optional[HypervisorInfo], host_arch: Optional[str],
-                        limit: Optional[int] = None) -> Optional[MemEncryption]:
+def host_mem_encryption(
+    info: Optional[HypervisorInfo], host_arch: Optional[str], limit: Optional[int] = None
+) -> Optional[MemEncryption]:
     """The memory-encryption guests the host offers, per model; None when
     domain capabilities were not read (the children are then not decided)."""
     if info is None or info.domain_caps is None:
@@ -87,8 +90,12 @@ def host_mem_encryption(info: Optional[HypervisorInfo], host_arch: Optional[str]
         return MemEncryption({})
     snp_on = "sev_snp" in info.kvm_amd
     found: dict[str, Optional[int]] = {AMD_SEV: sev.sev_max_guests}
-    if ("sev_es" in info.kvm_amd and not snp_on and info.qemu_version is not None
-            and info.qemu_version >= MIN_QEMU_SEV_ES):
+    if (
+        "sev_es" in info.kvm_amd
+        and not snp_on
+        and info.qemu_version is not None
+        and info.qemu_version >= MIN_QEMU_SEV_ES
+    ):
         found[AMD_SEV_ES] = sev.sev_max_es_guests
     if snp_on and _snp_machine(info.domain_caps):
         found[AMD_SEV_SNP] = sev.sev_max_es_guests
@@ -101,7 +108,8 @@ def host_mem_encryption(info: Optional[HypervisorInfo], host_arch: Optional[str]
                     f"libvirt says the host supports {model} but not how many guests "
                     f"(no <maxGuests>/<maxESGuests>, libvirt before 8.0): not reporting "
                     f"{model}. Set [libvirt] num_memory_encrypted_guests to the number "
-                    "of guests the firmware allows.")
+                    "of guests the firmware allows."
+                )
                 continue
         elif limit is not None:
             total = min(total, limit)
@@ -119,10 +127,14 @@ def mem_encryption_children(host: str, offered: Optional[MemEncryption]) -> tupl
     if offered is None:
         return ()
     return tuple(
-        Provider(name=child_name(host, model), parent=host,
-                 inventories={orc.MEM_ENCRYPTION_CONTEXT: Inventory(total=total, max_unit=1)},
-                 traits={MODEL_TRAITS[model]: True, AGENT_CHILD_TRAIT: True})
-        for model, total in offered.totals.items())
+        Provider(
+            name=child_name(host, model),
+            parent=host,
+            inventories={orc.MEM_ENCRYPTION_CONTEXT: Inventory(total=total, max_unit=1)},
+            traits={MODEL_TRAITS[model]: True, AGENT_CHILD_TRAIT: True},
+        )
+        for model, total in offered.totals.items()
+    )
 
 
 def undecided(host) -> bool:
@@ -134,8 +146,9 @@ def undecided(host) -> bool:
     return host.hypervisor is None or host.hypervisor.domain_caps is None
 
 
-def keep_as_held(tree: ProviderTree, root_uuid: Optional[str],
-                 held: Iterable[ListedChild]) -> ProviderTree:
+def keep_as_held(
+    tree: ProviderTree, root_uuid: Optional[str], held: Iterable[ListedChild]
+) -> ProviderTree:
     """``tree`` plus the memory-encryption children Placement holds under
     its root, as Placement holds them (no trait opinion), for a cycle that
     could not decide them: a failed or disallowed read never deletes a
@@ -144,10 +157,19 @@ def keep_as_held(tree: ProviderTree, root_uuid: Optional[str],
     pattern = re.compile(re.escape(root.name) + "_(" + "|".join(MODEL_TRAITS) + ")")
     names = set(tree.names())
     kept = tuple(
-        Provider(name=child.name, parent=root.name, uuid=child.uuid,
-                 inventories={rc: Inventory.from_placement(record)
-                              for rc, record in (child.inventories or {}).items()})
+        Provider(
+            name=child.name,
+            parent=root.name,
+            uuid=child.uuid,
+            inventories={
+                rc: Inventory.from_placement(record)
+                for rc, record in (child.inventories or {}).items()
+            },
+        )
         for child in held
-        if root_uuid and child.parent_uuid == root_uuid and child.name not in names
-        and pattern.fullmatch(child.name))
+        if root_uuid
+        and child.parent_uuid == root_uuid
+        and child.name not in names
+        and pattern.fullmatch(child.name)
+    )
     return ProviderTree(tree.providers + kept) if kept else tree

@@ -32,14 +32,14 @@ from dataclasses import dataclass, replace
 import os_resource_classes as orc
 import os_traits
 
-from node_agent.model.cpuset import CpuSet
 from node_agent.errors import ConfigError
+from node_agent.model.cpuset import CpuSet
 from node_agent.model.hugepages import ReservedPages, page_class
-from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
-from node_agent.policy.partition import CpuPartition
 from node_agent.model.provider_tree import Inventory, Provider
 from node_agent.model.settings import Settings
 from node_agent.model.snapshot import HostSnapshot, NumaNode
+from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
+from node_agent.policy.partition import CpuPartition
 
 
 def numa_provider_name(host: str, node_id: int) -> str:
@@ -61,8 +61,7 @@ def has_memory(node: NumaNode) -> bool:
 
 def reported_nodes(host: HostSnapshot) -> tuple[NumaNode, ...]:
     """Nodes with present CPUs or memory, by id."""
-    return tuple(sorted((n for n in host.nodes if n.cpus or has_memory(n)),
-                        key=lambda n: n.id))
+    return tuple(sorted((n for n in host.nodes if n.cpus or has_memory(n)), key=lambda n: n.id))
 
 
 def spread(amount: int, capacities: list[int]) -> list[int]:
@@ -87,12 +86,14 @@ def check_reserved_pages(settings: Settings, host: HostSnapshot) -> None:
             problems.append(
                 f"[compute] reserved_huge_pages = '{spec}': NUMA node {r.node} has no "
                 f"{r.size_kb} KiB page pool (its pools: {sizes or 'none'} KiB). "
-                "Fix the node or size, or remove the line.")
+                "Fix the node or size, or remove the line."
+            )
         elif r.count > have:
             problems.append(
                 f"[compute] reserved_huge_pages = '{spec}' reserves more pages than the "
                 f"{have} allocated on node {r.node}. Lower count to at most {have}, or "
-                "allocate more pages (nr_hugepages).")
+                "allocate more pages (nr_hugepages)."
+            )
     if problems:
         raise ConfigError(problems)
 
@@ -103,16 +104,22 @@ def pool_mb(node: NumaNode) -> int:
     return -(-kb // 1024)
 
 
-def _page_inventories(node: NumaNode, reservations: tuple[ReservedPages, ...]
-                      ) -> dict[str, Inventory]:
+def _page_inventories(
+    node: NumaNode, reservations: tuple[ReservedPages, ...]
+) -> dict[str, Inventory]:
     reserved = {r.size_kb: r.count for r in reservations if r.node == node.id}
-    return {page_class(pool.size_kb): Inventory(total=pool.total,
-                                                reserved=reserved.get(pool.size_kb, 0))
-            for pool in node.hugepages if pool.total > 0}
+    return {
+        page_class(pool.size_kb): Inventory(
+            total=pool.total, reserved=reserved.get(pool.size_kb, 0)
+        )
+        for pool in node.hugepages
+        if pool.total > 0
+    }
 
 
-def split_by_numa(settings: Settings, host: HostSnapshot, partition: CpuPartition,
-                  flat: dict[str, Inventory]) -> NumaSplit:
+def split_by_numa(
+    settings: Settings, host: HostSnapshot, partition: CpuPartition, flat: dict[str, Inventory]
+) -> NumaSplit:
     """Move ``flat`` (the root's inventories) onto NUMA children."""
     check_reserved_pages(settings, host)
     nodes = reported_nodes(host)
@@ -127,40 +134,57 @@ def split_by_numa(settings: Settings, host: HostSnapshot, partition: CpuPartitio
     pools = [min(pool_mb(n), mb) for n, mb in zip(nodes, node_mb)]
     # reserved_host_memory_mb is 4K memory for the host: charged to what
     # the pools leave of each node, the pools reserved on top.
-    mem_reserved = [share + pool for share, pool in zip(
-        spread(settings.reserved_host_memory_mb,
-               [mb - pool for mb, pool in zip(node_mb, pools)]), pools)]
+    mem_reserved = [
+        share + pool
+        for share, pool in zip(
+            spread(
+                settings.reserved_host_memory_mb, [mb - pool for mb, pool in zip(node_mb, pools)]
+            ),
+            pools,
+        )
+    ]
 
     children = []
     for i, node in enumerate(nodes):
         inventories = {
             orc.PCPU: Inventory(total=len(partition.pcpu & node.cpus)),
-            orc.VCPU: Inventory(total=node_vcpus[i], reserved=vcpu_reserved[i],
-                                allocation_ratio=settings.cpu_allocation_ratio,
-                                keep_placement_ratio=settings.keeps_placement_ratio("cpu")),
-            orc.MEMORY_MB: Inventory(total=node_mb[i], reserved=mem_reserved[i],
-                                     allocation_ratio=settings.ram_allocation_ratio,
-                                     keep_placement_ratio=settings.keeps_placement_ratio("ram")),
+            orc.VCPU: Inventory(
+                total=node_vcpus[i],
+                reserved=vcpu_reserved[i],
+                allocation_ratio=settings.cpu_allocation_ratio,
+                keep_placement_ratio=settings.keeps_placement_ratio("cpu"),
+            ),
+            orc.MEMORY_MB: Inventory(
+                total=node_mb[i],
+                reserved=mem_reserved[i],
+                allocation_ratio=settings.ram_allocation_ratio,
+                keep_placement_ratio=settings.keeps_placement_ratio("ram"),
+            ),
         }
         inventories.update(_page_inventories(node, settings.reserved_huge_pages))
-        children.append(Provider(
-            name=numa_provider_name(settings.host, node.id),
-            parent=settings.host,
-            inventories={rc: inv for rc, inv in inventories.items() if inv.total > 0},
-            traits={os_traits.HW_NUMA_ROOT: True, AGENT_CHILD_TRAIT: True},
-        ))
+        children.append(
+            Provider(
+                name=numa_provider_name(settings.host, node.id),
+                parent=settings.host,
+                inventories={rc: inv for rc, inv in inventories.items() if inv.total > 0},
+                traits={os_traits.HW_NUMA_ROOT: True, AGENT_CHILD_TRAIT: True},
+            )
+        )
 
-    root = {rc: inv for rc, inv in flat.items()
-            if rc not in (orc.PCPU, orc.VCPU, orc.MEMORY_MB)}
+    root = {rc: inv for rc, inv in flat.items() if rc not in (orc.PCPU, orc.VCPU, orc.MEMORY_MB)}
     leftover = {
         orc.PCPU: Inventory(total=len(partition.pcpu - in_nodes)),
-        orc.VCPU: Inventory(total=leftover_vcpus, reserved=vcpu_reserved[-1],
-                            allocation_ratio=settings.cpu_allocation_ratio,
-                            keep_placement_ratio=settings.keeps_placement_ratio("cpu")),
+        orc.VCPU: Inventory(
+            total=leftover_vcpus,
+            reserved=vcpu_reserved[-1],
+            allocation_ratio=settings.cpu_allocation_ratio,
+            keep_placement_ratio=settings.keeps_placement_ratio("cpu"),
+        ),
     }
     root.update({rc: inv for rc, inv in leftover.items() if inv.total > 0})
     if not memory_known and orc.MEMORY_MB in flat:
         memory = flat[orc.MEMORY_MB]
-        root[orc.MEMORY_MB] = replace(memory, reserved=min(
-            memory.total, memory.reserved + sum(pool_mb(n) for n in nodes)))
+        root[orc.MEMORY_MB] = replace(
+            memory, reserved=min(memory.total, memory.reserved + sum(pool_mb(n) for n in nodes))
+        )
     return NumaSplit(root_inventories=root, children=tuple(children))

@@ -26,10 +26,10 @@ from typing import Optional
 import os_resource_classes as orc
 
 from node_agent.model.device_spec import PciDeviceSpec, physnet_trait
-from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 from node_agent.model.provider_tree import Inventory, Provider
 from node_agent.model.settings import Settings
 from node_agent.model.snapshot import HostSnapshot, MdevTypeInfo, PciGpu, SriovPf
+from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 
 
 def gpu_provider_name(host: str, address: str) -> str:
@@ -56,19 +56,22 @@ def gpu_children(settings: Settings, host: HostSnapshot) -> tuple[Provider, ...]
         if mdev_type is None:
             continue
         total = mdev_type.available_instances + len(mdev_type.mdevs)
-        children.append(Provider(
-            name=gpu_provider_name(settings.host, gpu.address),
-            parent=settings.host,
-            inventories={orc.VGPU: Inventory(total=total)} if total > 0 else {},
-            traits={AGENT_CHILD_TRAIT: True},
-        ))
+        children.append(
+            Provider(
+                name=gpu_provider_name(settings.host, gpu.address),
+                parent=settings.host,
+                inventories={orc.VGPU: Inventory(total=total)} if total > 0 else {},
+                traits={AGENT_CHILD_TRAIT: True},
+            )
+        )
     return tuple(children)
 
 
 def matching_spec(pf: SriovPf, specs: tuple[PciDeviceSpec, ...]) -> Optional[PciDeviceSpec]:
     for spec in specs:
-        if spec.physical_network and spec.matches(pf.address, pf.netdevs,
-                                                  pf.vendor_id, pf.product_id):
+        if spec.physical_network and spec.matches(
+            pf.address, pf.netdevs, pf.vendor_id, pf.product_id
+        ):
             return spec
     return None
 
@@ -80,20 +83,29 @@ def sriov_children(settings: Settings, host: HostSnapshot) -> tuple[Provider, ..
         if spec is None or not spec.physical_network:
             continue
         total = pf.num_vfs if settings.report_sriov_numvfs else pf.total_vfs
-        children.append(Provider(
-            name=sriov_provider_name(settings.host, pf.address),
-            parent=settings.host,
-            inventories={orc.SRIOV_NET_VF: Inventory(total=total)} if total > 0 else {},
-            traits={physnet_trait(spec.physical_network): True},
-        ))
+        children.append(
+            Provider(
+                name=sriov_provider_name(settings.host, pf.address),
+                parent=settings.host,
+                inventories={orc.SRIOV_NET_VF: Inventory(total=total)} if total > 0 else {},
+                traits={physnet_trait(spec.physical_network): True},
+            )
+        )
     return tuple(children)
 
 
 def _spec_text(spec: PciDeviceSpec) -> str:
-    fields = [f'"{k}": "{v}"' for k, v in (
-        ("address", spec.address), ("devname", spec.devname),
-        ("vendor_id", spec.vendor_id), ("product_id", spec.product_id),
-        ("physical_network", spec.physical_network)) if v]
+    fields = [
+        f'"{k}": "{v}"'
+        for k, v in (
+            ("address", spec.address),
+            ("devname", spec.devname),
+            ("vendor_id", spec.vendor_id),
+            ("product_id", spec.product_id),
+            ("physical_network", spec.physical_network),
+        )
+        if v
+    ]
     return "{" + ", ".join(fields) + "}"
 
 
@@ -105,14 +117,19 @@ def unmatched_device_options(settings: Settings, host: HostSnapshot) -> list[str
     offered = sorted({t.id for gpu in host.gpus for t in gpu.mdev_types})
     for name in settings.enabled_mdev_types:
         if name not in offered:
-            warnings.append(f"[devices] enabled_mdev_types names {name}, which no GPU on "
-                            f"this host offers (offered: {', '.join(offered) or 'none'}); "
-                            "check the type name (mdevctl types)")
+            warnings.append(
+                f"[devices] enabled_mdev_types names {name}, which no GPU on "
+                f"this host offers (offered: {', '.join(offered) or 'none'}); "
+                "check the type name (mdevctl types)"
+            )
     for spec in settings.pci_device_specs:
         if spec.physical_network and not any(
-                spec.matches(pf.address, pf.netdevs, pf.vendor_id, pf.product_id)
-                for pf in host.sriov_pfs):
+            spec.matches(pf.address, pf.netdevs, pf.vendor_id, pf.product_id)
+            for pf in host.sriov_pfs
+        ):
             pfs = ", ".join(pf.address for pf in host.sriov_pfs) or "none"
-            warnings.append(f"[pci] device_spec {_spec_text(spec)} matches no SR-IOV PF "
-                            f"on this host (PFs: {pfs}); check address, devname or ids")
+            warnings.append(
+                f"[pci] device_spec {_spec_text(spec)} matches no SR-IOV PF "
+                f"on this host (PFs: {pfs}); check address, devname or ids"
+            )
     return warnings

@@ -8,8 +8,8 @@ from tests.cli.runner import run_agent, write_config
 from tests.hostdata import HOSTDATA
 from tests.machine_id import isolated_config
 
-TEST6 = HOSTDATA / "virhostcpudata" / "linux-test6"   # 0-7 present, 5,7 offline
-TEST3 = HOSTDATA / "virhostcpudata" / "linux-test3"   # 48 CPUs, 8 nodes
+TEST6 = HOSTDATA / "virhostcpudata" / "linux-test6"  # 0-7 present, 5,7 offline
+TEST3 = HOSTDATA / "virhostcpudata" / "linux-test3"  # 48 CPUs, 8 nodes
 LIBVIRT_HOST = Path(__file__).resolve().parents[1] / "data" / "libvirt" / "host.xml"
 
 
@@ -38,85 +38,116 @@ def test_dry_run_text_shows_the_tree_and_writes_nothing(tmp_path):
 def test_dry_run_json_has_the_stable_keys(tmp_path):
     config = write_config(tmp_path, TEST6)
     report = agent(config, "--once", "--dry-run", "--output", "json").json()
-    assert sorted(report) == ["capacity", "changes", "errors", "guests", "providers", "reshape",
-                              "warnings"]
+    assert sorted(report) == [
+        "capacity",
+        "changes",
+        "errors",
+        "guests",
+        "providers",
+        "reshape",
+        "warnings",
+    ]
     assert report["capacity"]["ok"] is True and report["errors"] == []
     root = report["providers"][0]
     assert sorted(root) == ["inventories", "name", "parent", "traits", "uuid"]
     assert root["parent"] is None and root["uuid"] is None
     assert sorted(root["inventories"]["VCPU"]) == [
-        "allocation_ratio", "max_unit", "min_unit", "reserved", "step_size", "total"]
+        "allocation_ratio",
+        "max_unit",
+        "min_unit",
+        "reserved",
+        "step_size",
+        "total",
+    ]
     assert report["changes"] is None and report["reshape"] is None
 
 
 def test_dedicated_and_shared_sets_give_pcpu_and_vcpu(tmp_path):
-    config = write_config(tmp_path, TEST6, extra="cpu_dedicated_set = 2-4,6\n"
-                                                  "cpu_shared_set = 0-1\n")
-    inventories = agent(config, "--once", "--dry-run", "--output", "json").json()[
-        "providers"][0]["inventories"]
+    config = write_config(
+        tmp_path, TEST6, extra="cpu_dedicated_set = 2-4,6\ncpu_shared_set = 0-1\n"
+    )
+    inventories = agent(config, "--once", "--dry-run", "--output", "json").json()["providers"][0][
+        "inventories"
+    ]
     assert inventories["PCPU"]["total"] == 4 and inventories["PCPU"]["allocation_ratio"] == 1.0
     assert inventories["VCPU"]["total"] == 2 and inventories["VCPU"]["allocation_ratio"] == 4.0
 
 
 def test_only_dedicated_set_reports_no_vcpu(tmp_path):
     config = write_config(tmp_path, TEST6, extra="cpu_dedicated_set = 0-4\n")
-    inventories = agent(config, "--once", "--dry-run", "--output", "json").json()[
-        "providers"][0]["inventories"]
+    inventories = agent(config, "--once", "--dry-run", "--output", "json").json()["providers"][0][
+        "inventories"
+    ]
     assert "VCPU" not in inventories and inventories["PCPU"]["total"] == 5
 
 
 def test_reserved_disk_is_rounded_up_to_whole_gib(tmp_path):
     config = write_config(tmp_path, TEST6, extra="reserved_host_disk_mb = 1025\n")
-    disk = agent(config, "--once", "--dry-run", "--output", "json").json()[
-        "providers"][0]["inventories"]["DISK_GB"]
+    disk = agent(config, "--once", "--dry-run", "--output", "json").json()["providers"][0][
+        "inventories"
+    ]["DISK_GB"]
     assert disk["reserved"] == 2
 
 
 def test_malformed_cpu_spec_exits_78_naming_option_and_value(tmp_path):
     config = write_config(tmp_path, TEST6, extra="cpu_dedicated_set = 0-3,x\n")
-    assert_config_refusal(agent(config, "--once", "--dry-run"),
-                          "[compute] cpu_dedicated_set = '0-3,x'", "'x'")
+    assert_config_refusal(
+        agent(config, "--once", "--dry-run"), "[compute] cpu_dedicated_set = '0-3,x'", "'x'"
+    )
 
 
 def test_offline_cpu_in_dedicated_set_exits_78_with_the_fix(tmp_path):
     config = write_config(tmp_path, TEST6, extra="cpu_dedicated_set = 4-7\n")
-    assert_config_refusal(agent(config, "--once", "--dry-run"),
-                          "names offline CPUs 5,7", "online: 0-4,6", "remove them")
+    assert_config_refusal(
+        agent(config, "--once", "--dry-run"),
+        "names offline CPUs 5,7",
+        "online: 0-4,6",
+        "remove them",
+    )
 
 
 def test_all_problems_are_reported_in_one_run(tmp_path):
-    config = write_config(tmp_path, TEST6, extra="cpu_dedicated_set = 0-3\n"
-                                                  "cpu_shared_set = 3-9\n"
-                                                  "cpu_allocation_ratio = -2\n")
+    config = write_config(
+        tmp_path,
+        TEST6,
+        extra="cpu_dedicated_set = 0-3\ncpu_shared_set = 3-9\ncpu_allocation_ratio = -2\n",
+    )
     result = agent(config, "--once", "--dry-run")
     assert_config_refusal(result, "cpu_allocation_ratio = -2.0 must be greater than 0")
-    result = agent(write_config(tmp_path / "b", TEST6, extra="cpu_dedicated_set = 0-3\n"
-                                                            "cpu_shared_set = 3-9\n"),
-                   "--once", "--dry-run")
+    result = agent(
+        write_config(
+            tmp_path / "b", TEST6, extra="cpu_dedicated_set = 0-3\ncpu_shared_set = 3-9\n"
+        ),
+        "--once",
+        "--dry-run",
+    )
     assert_config_refusal(result, "3 problems", "overlap on CPUs 3", "8-9", "5,7")
 
 
 def test_negative_reserved_memory_exits_78(tmp_path):
     config = write_config(tmp_path, TEST6, extra="reserved_host_memory_mb = -1\n")
-    assert_config_refusal(agent(config, "--once", "--dry-run"),
-                          "[compute] reserved_host_memory_mb")
+    assert_config_refusal(agent(config, "--once", "--dry-run"), "[compute] reserved_host_memory_mb")
 
 
 def test_reserved_memory_at_or_above_total_exits_78(tmp_path):
     config = write_config(tmp_path, TEST6, extra="reserved_host_memory_mb = 999999\n")
-    assert_config_refusal(agent(config, "--once", "--dry-run"),
-                          "reserved_host_memory_mb = 999999 is not below the host's 8183 MiB")
+    assert_config_refusal(
+        agent(config, "--once", "--dry-run"),
+        "reserved_host_memory_mb = 999999 is not below the host's 8183 MiB",
+    )
 
 
 def test_unknown_option_exits_78_naming_it(tmp_path):
     config = write_config(tmp_path, TEST6, extra="cpu_dedicated_sets = 1\n")
-    assert_config_refusal(agent(config, "--once", "--dry-run"),
-                          "unknown option [compute] cpu_dedicated_sets")
+    assert_config_refusal(
+        agent(config, "--once", "--dry-run"), "unknown option [compute] cpu_dedicated_sets"
+    )
 
 
 def test_missing_config_file_exits_78(tmp_path):
-    assert_config_refusal(agent(tmp_path / "nope.conf", "--once", "--dry-run"),
-                          str(tmp_path / "nope.conf"))
+    assert_config_refusal(
+        agent(tmp_path / "nope.conf", "--once", "--dry-run"), str(tmp_path / "nope.conf")
+    )
 
 
 def test_unparsable_config_file_exits_78(tmp_path):
@@ -131,10 +162,12 @@ def test_garbage_sysfs_file_is_a_clear_error_not_a_traceback(tmp_path):
     (root / "present").write_text("0-3\n")
     (root / "online").write_text("zero-three\n")
     config = tmp_path / "c.conf"
-    config.write_text(isolated_config(tmp_path) +
-                      f"[host]\nsysfs_root = {tmp_path / 'sys'}\n[libvirt]\nconnection_uri =\n"
-                      f"[compute]\ninstances_path = {tmp_path}\n"
-                      f"[agent]\nstate_path = {tmp_path / 'state'}\n")
+    config.write_text(
+        isolated_config(tmp_path)
+        + f"[host]\nsysfs_root = {tmp_path / 'sys'}\n[libvirt]\nconnection_uri =\n"
+        f"[compute]\ninstances_path = {tmp_path}\n"
+        f"[agent]\nstate_path = {tmp_path / 'state'}\n"
+    )
     result = agent(config, "--once", "--dry-run")
     assert result.code == 69, result.stderr
     assert "Traceback" not in result.stderr
@@ -142,10 +175,14 @@ def test_garbage_sysfs_file_is_a_clear_error_not_a_traceback(tmp_path):
 
 
 def test_check_config_prints_the_partition_per_numa_node(tmp_path):
-    config = write_config(tmp_path, TEST3, extra="cpu_dedicated_set = 0-23\n"
-                                                  "cpu_shared_set = 24-39\n"
-                                                  "[placement]\nauth_type = none\n"
-                                                  "endpoint_override = http://127.0.0.1:9\n")
+    config = write_config(
+        tmp_path,
+        TEST3,
+        extra="cpu_dedicated_set = 0-23\n"
+        "cpu_shared_set = 24-39\n"
+        "[placement]\nauth_type = none\n"
+        "endpoint_override = http://127.0.0.1:9\n",
+    )
     result = agent(config, "--check-config")
     assert result.code == 0, result.stderr
     assert "NUMA node 0: dedicated [0,4,8,12,16,20]  shared []  unused []" in result.stdout
@@ -162,8 +199,9 @@ def test_once_without_placement_configured_is_refused_clearly(tmp_path):
 
 def test_dry_run_reads_guests_through_libvirt_test_driver(tmp_path):
     config = write_config(tmp_path, TEST6)
-    text = config.read_text().replace("connection_uri =\n",
-                                      f"connection_uri = test://{LIBVIRT_HOST}\n")
+    text = config.read_text().replace(
+        "connection_uri =\n", f"connection_uri = test://{LIBVIRT_HOST}\n"
+    )
     config.write_text(text)
     result = agent(config, "--once", "--dry-run", "--output", "json")
     assert result.code == 0, result.stderr

@@ -26,11 +26,21 @@ MASK = "<machine-dependent>"
 
 
 # Multi-NUMA hosts, also run with numa_in_placement (one child per node).
-NUMA_TREES = [t for t in TREES if tree_name(t) in {
-    "virhostcpudata/linux-test3", "virhostcpudata/linux-test8",
-    "virhostcpudata/linux-deconf-cpus", "virhostcpudata/linux-subcores1",
-    "virhostcpudata/linux-subcores2", "virhostcpudata/linux-subcores3",
-    "vircaps2xmldata/linux-hmat", "vircaps2xmldata/linux-resctrl"}]
+NUMA_TREES = [
+    t
+    for t in TREES
+    if tree_name(t)
+    in {
+        "virhostcpudata/linux-test3",
+        "virhostcpudata/linux-test8",
+        "virhostcpudata/linux-deconf-cpus",
+        "virhostcpudata/linux-subcores1",
+        "virhostcpudata/linux-subcores2",
+        "virhostcpudata/linux-subcores3",
+        "vircaps2xmldata/linux-hmat",
+        "vircaps2xmldata/linux-resctrl",
+    }
+]
 NUMA_EXTRA = "numa_in_placement = true\n"
 
 
@@ -39,8 +49,12 @@ def golden_path(system_dir: Path, variant: str = "") -> Path:
 
 
 def dry_run(system_dir: Path, tmp_path: Path, extra: str = "") -> dict:
-    config = write_config(tmp_path, system_dir, host=system_dir.parent.name
-                          if system_dir.name == "system" else system_dir.name, extra=extra)
+    config = write_config(
+        tmp_path,
+        system_dir,
+        host=system_dir.parent.name if system_dir.name == "system" else system_dir.name,
+        extra=extra,
+    )
     result = run_agent("--config-file", str(config), "--once", "--dry-run", "--output", "json")
     assert result.code == 0, result.stderr
     assert "Traceback" not in result.stderr
@@ -50,13 +64,13 @@ def dry_run(system_dir: Path, tmp_path: Path, extra: str = "") -> dict:
 def mask_machine_values(report: dict, tmp_path: Path, memory_from_psutil: bool) -> dict:
     root = report["providers"][0]
     disk = root["inventories"].get("DISK_GB")
-    expected_disk = psutil.disk_usage(str(tmp_path / "instances")).total // 1024 ** 3
+    expected_disk = psutil.disk_usage(str(tmp_path / "instances")).total // 1024**3
     if disk:
         assert disk["total"] == expected_disk
         disk["total"] = disk["max_unit"] = MASK
     memory = root["inventories"].get("MEMORY_MB")
     if memory_from_psutil and memory:
-        assert memory["total"] == psutil.virtual_memory().total // 1024 ** 2
+        assert memory["total"] == psutil.virtual_memory().total // 1024**2
         memory["total"] = memory["max_unit"] = MASK
     root_dir = str(tmp_path / "sysroot")
     report["warnings"] = [w.replace(root_dir, "<sysfs_root>") for w in report["warnings"]]
@@ -69,8 +83,9 @@ def has_node_meminfo(system_dir: Path) -> bool:
 
 @pytest.mark.parametrize("system_dir", TREES, ids=tree_name)
 def test_dry_run_json_matches_reviewed_golden_file(system_dir, tmp_path):
-    report = mask_machine_values(dry_run(system_dir, tmp_path), tmp_path,
-                                 memory_from_psutil=not has_node_meminfo(system_dir))
+    report = mask_machine_values(
+        dry_run(system_dir, tmp_path), tmp_path, memory_from_psutil=not has_node_meminfo(system_dir)
+    )
     assert_golden(report, golden_path(system_dir))
 
 
@@ -82,8 +97,10 @@ def assert_golden(report: dict, path: Path) -> None:
         text = json.dumps(report, indent=2, sort_keys=True) + "\n"
         if not path.exists() or json.loads(path.read_text()) != report:
             path.write_text(text)
-            pytest.fail(f"rewrote {path}: review it (git diff {path.parent}), commit it, "
-                        "then run again without NODE_AGENT_REGEN_GOLDEN")
+            pytest.fail(
+                f"rewrote {path}: review it (git diff {path.parent}), commit it, "
+                "then run again without NODE_AGENT_REGEN_GOLDEN"
+            )
     assert path.exists(), f"no golden file {path}; run with NODE_AGENT_REGEN_GOLDEN=1"
     assert report == json.loads(path.read_text())
 
@@ -104,8 +121,11 @@ def test_regeneration_rewrites_a_changed_golden_file_but_fails_the_run(tmp_path,
 
 @pytest.mark.parametrize("system_dir", NUMA_TREES, ids=tree_name)
 def test_numa_in_placement_dry_run_matches_reviewed_golden_file(system_dir, tmp_path):
-    report = mask_machine_values(dry_run(system_dir, tmp_path, NUMA_EXTRA), tmp_path,
-                                 memory_from_psutil=not has_node_meminfo(system_dir))
+    report = mask_machine_values(
+        dry_run(system_dir, tmp_path, NUMA_EXTRA),
+        tmp_path,
+        memory_from_psutil=not has_node_meminfo(system_dir),
+    )
     assert_golden(report, golden_path(system_dir, "__numa"))
 
 
@@ -117,8 +137,7 @@ def test_numa_children_are_the_nodes_with_cpus_or_memory(system_dir, tmp_path):
     host = report["providers"][0]["name"]
     with_cpus = {node for node, facts in truth["nodes"].items() if facts["online_cpus"]}
     assert {f"{host}_NUMA_{n}" for n in with_cpus} <= set(children)
-    vcpus = sum(p["inventories"].get("VCPU", {}).get("total", 0)
-                for p in report["providers"])
+    vcpus = sum(p["inventories"].get("VCPU", {}).get("total", 0) for p in report["providers"])
     assert vcpus == truth["online_cpus"]
     assert all("HW_NUMA_ROOT" in p["traits"] for p in children.values())
 

@@ -10,10 +10,12 @@ TEST6 = HOSTDATA / "virhostcpudata" / "linux-test6"
 
 def _nova_conf(tmp_path, log_dir) -> str:
     path = tmp_path / "nova.conf"
-    path.write_text("[DEFAULT]\ndebug = true\nmy_ip = 10.0.0.7\nstate_path = /var/lib/nova\n"
-                    f"log_dir = {log_dir}\ncompute_driver = libvirt.LibvirtDriver\n"
-                    "use_neutron = true\n[libvirt]\nimages_type = rbd\n"
-                    "images_rbd_pool = vms\n")
+    path.write_text(
+        "[DEFAULT]\ndebug = true\nmy_ip = 10.0.0.7\nstate_path = /var/lib/nova\n"
+        f"log_dir = {log_dir}\ncompute_driver = libvirt.LibvirtDriver\n"
+        "use_neutron = true\n[libvirt]\nimages_type = rbd\n"
+        "images_rbd_pool = vms\n"
+    )
     return str(path)
 
 
@@ -22,10 +24,17 @@ def test_novas_log_dir_is_not_the_agents_and_the_debug_line_reaches_the_agents_l
     # could not open its log (exit 78), or would write into nova's.
     novas_log_dir = tmp_path / "var-log-nova"
     log_file = tmp_path / "agent.log"
-    config = write_config(tmp_path, TEST6, extra=f"[DEFAULT]\nlog_file = {log_file}\n"
-                                                 "debug = true\n")
-    result = run_agent("--config-file", _nova_conf(tmp_path, novas_log_dir),
-                       "--config-file", str(config), "--once", "--dry-run")
+    config = write_config(
+        tmp_path, TEST6, extra=f"[DEFAULT]\nlog_file = {log_file}\ndebug = true\n"
+    )
+    result = run_agent(
+        "--config-file",
+        _nova_conf(tmp_path, novas_log_dir),
+        "--config-file",
+        str(config),
+        "--once",
+        "--dry-run",
+    )
     assert result.code == 0, result.stderr
     assert not novas_log_dir.exists()
     logged = log_file.read_text()
@@ -35,8 +44,16 @@ def test_novas_log_dir_is_not_the_agents_and_the_debug_line_reaches_the_agents_l
 
 def test_images_type_rbd_is_named_in_the_warnings_with_what_is_reported(tmp_path):
     config = write_config(tmp_path, TEST6)
-    result = run_agent("--config-file", _nova_conf(tmp_path, tmp_path / "nova-log"),
-                       "--config-file", str(config), "--once", "--dry-run", "--output", "json")
+    result = run_agent(
+        "--config-file",
+        _nova_conf(tmp_path, tmp_path / "nova-log"),
+        "--config-file",
+        str(config),
+        "--once",
+        "--dry-run",
+        "--output",
+        "json",
+    )
     assert result.code == 0, result.stderr
     [warning] = [w for w in result.json()["warnings"] if "images_type" in w]
     assert warning.startswith("[libvirt] images_type = rbd: nova reports the Ceph pool's")

@@ -19,10 +19,13 @@ from tests.cli.runner import run_agent, write_config
 from tests.hostdata import HOSTDATA
 
 TEST6 = HOSTDATA / "virhostcpudata" / "linux-test6"
-LOGIN_PAGE = ("<!DOCTYPE html>\n<html><head><title>Sign in</title></head>\n"
-              "<body><form action='/login'>" + "x" * 500 + "</form></body></html>")
-VERSIONS = json.dumps({"versions": [{"id": "v1.0", "min_version": "1.0",
-                                     "max_version": "1.39", "status": "CURRENT"}]})
+LOGIN_PAGE = (
+    "<!DOCTYPE html>\n<html><head><title>Sign in</title></head>\n"
+    "<body><form action='/login'>" + "x" * 500 + "</form></body></html>"
+)
+VERSIONS = json.dumps(
+    {"versions": [{"id": "v1.0", "min_version": "1.0", "max_version": "1.39", "status": "CURRENT"}]}
+)
 SECRET = "s3cret-token-value"
 
 
@@ -56,23 +59,33 @@ def _serve(root: str | None, body: str, kind: str, reads: str | None = None):
     return server
 
 
-@pytest.mark.parametrize("root, body, kind, said, reads", [
-    (None, LOGIN_PAGE, "text/html", "GET / -> 200", None),  # the proxy answers everything
-    (VERSIONS, LOGIN_PAGE, "text/html", "not JSON (text/html)", None),
-    (VERSIONS, "", "application/json", "empty answer", None),
-    (VERSIONS, "{}", "application/json", "lacks resource_providers", None),
-    (VERSIONS, "[]", "application/json", "a JSON list", None),
-    # Reads pass (no provider yet), writes get the page: the first write ends the sync.
-    (VERSIONS, LOGIN_PAGE, "text/html", "-> 200 from", NO_PROVIDERS),
-], ids=["html-everywhere", "html", "empty", "empty-object", "list", "html-to-writes"])
-def test_once_against_a_non_placement_answer_exits_75_naming_it(tmp_path, root, body, kind,
-                                                                said, reads):
+@pytest.mark.parametrize(
+    "root, body, kind, said, reads",
+    [
+        (None, LOGIN_PAGE, "text/html", "GET / -> 200", None),  # the proxy answers everything
+        (VERSIONS, LOGIN_PAGE, "text/html", "not JSON (text/html)", None),
+        (VERSIONS, "", "application/json", "empty answer", None),
+        (VERSIONS, "{}", "application/json", "lacks resource_providers", None),
+        (VERSIONS, "[]", "application/json", "a JSON list", None),
+        # Reads pass (no provider yet), writes get the page: the first write ends the sync.
+        (VERSIONS, LOGIN_PAGE, "text/html", "-> 200 from", NO_PROVIDERS),
+    ],
+    ids=["html-everywhere", "html", "empty", "empty-object", "list", "html-to-writes"],
+)
+def test_once_against_a_non_placement_answer_exits_75_naming_it(
+    tmp_path, root, body, kind, said, reads
+):
     server = _serve(root, body, kind, reads)
     try:
         url = f"http://127.0.0.1:{server.server_address[1]}"
-        config = write_config(tmp_path, TEST6, extra=(
-            "[placement]\nauth_type = admin_token\n"
-            f"token = {SECRET}\nendpoint_override = {url}\n"))
+        config = write_config(
+            tmp_path,
+            TEST6,
+            extra=(
+                "[placement]\nauth_type = admin_token\n"
+                f"token = {SECRET}\nendpoint_override = {url}\n"
+            ),
+        )
         result = run_agent("--config-file", str(config), "--once")
     finally:
         server.shutdown()
@@ -83,5 +96,5 @@ def test_once_against_a_non_placement_answer_exits_75_naming_it(tmp_path, root, 
     assert SECRET not in result.stderr + result.stdout
     if body == LOGIN_PAGE:
         assert "<title>Sign in</title>" in result.stderr  # the start of what came back
-        assert "x" * 300 not in result.stderr             # not all of it
-        assert result.stderr.count("not JSON") == 1         # one error, then it stops
+        assert "x" * 300 not in result.stderr  # not all of it
+        assert result.stderr.count("not JSON") == 1  # one error, then it stops

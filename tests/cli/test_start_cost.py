@@ -21,19 +21,41 @@ UNUSED_BY_A_DRY_RUN = ("keystoneauth1", "requests", "urllib3", "oslo_messaging")
 # the owner mark's HMAC (OpenSSL): together about 0.08 s CPU and 3 MiB; and
 # oslo.log's logging machinery (about 3 MiB), for a run that logs to stderr only
 # (node_agent/logs.py; with a log file it is loaded: test_operator_lifecycle).
-ENGINE_UNUSED_BY_A_DRY_RUN = ("node_agent.placement.sync", "node_agent.placement.reshaper",
-                              "node_agent.cycle.reconcile", "node_agent.cycle.audit",
-                              "node_agent.service.daemon", "node_agent.remote.messaging",
-                              "node_agent.cli.ctl", "node_agent.cli.decommission", "hmac",
-                              "oslo_log.log")
+ENGINE_UNUSED_BY_A_DRY_RUN = (
+    "node_agent.placement.sync",
+    "node_agent.placement.reshaper",
+    "node_agent.cycle.reconcile",
+    "node_agent.cycle.audit",
+    "node_agent.service.daemon",
+    "node_agent.remote.messaging",
+    "node_agent.cli.ctl",
+    "node_agent.cli.decommission",
+    "hmac",
+    "oslo_log.log",
+)
 
 
 def imported_by(config: Path, *args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
-    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "node_agent.cli.main",
-                           "--config-file", str(config), *args],
-                          capture_output=True, text=True, timeout=120)
-    modules = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines()
-               if line.startswith("import time:") and "|" in line}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "importtime",
+            "-m",
+            "node_agent.cli.main",
+            "--config-file",
+            str(config),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    modules = {
+        line.rsplit("|", 1)[1].strip()
+        for line in proc.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
     return proc, modules
 
 
@@ -46,9 +68,11 @@ def test_dry_run_without_placement_imports_no_http_auth_or_messaging_library(tmp
 
 
 def test_a_placement_section_is_checked_with_keystoneauth(tmp_path):
-    config = write_config(tmp_path, TEST6, extra="[placement]\nauth_type = none\n"
-                                                  "endpoint_override = http://127.0.0.1:9\n"
-                                                  "region = x\n")
+    config = write_config(
+        tmp_path,
+        TEST6,
+        extra="[placement]\nauth_type = none\nendpoint_override = http://127.0.0.1:9\nregion = x\n",
+    )
     proc, modules = imported_by(config, "--once", "--dry-run")
     assert proc.returncode == 78
     assert "unknown option [placement] region" in proc.stderr

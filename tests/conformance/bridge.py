@@ -37,9 +37,14 @@ class NovaBridge:
         # Open for the bridge's life: nova's stderr, read when a call fails.
         self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self._proc = subprocess.Popen(
-            [str(python), str(script)], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, stderr=self._stderr, text=True, bufsize=1,
-            env={**os.environ, "PYTHONPATH": ""})
+            [str(python), str(script)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            bufsize=1,
+            env={**os.environ, "PYTHONPATH": ""},
+        )
 
     def call(self, op: str, **args):
         """nova's answer to ``op``; BridgeError when the nova side broke."""
@@ -51,8 +56,7 @@ class NovaBridge:
             line = ""
         if not line:
             self._stderr.seek(0)
-            raise BridgeError(f"the nova side exited during {op}: "
-                              f"{self._stderr.read()[-2000:]}")
+            raise BridgeError(f"the nova side exited during {op}: {self._stderr.read()[-2000:]}")
         answer = json.loads(line)
         if "error" in answer:
             raise BridgeError(f"{op}: {answer['error']}")

@@ -13,16 +13,23 @@ from tests.real_parts import skip_or_fail
 
 HERE = Path(__file__).parent
 # Why the suite did not run, or which listed areas no test reported.
-_RUN: dict[str, object] = {"not_run": None, "nova_ran": False, "deselected": 0,
-                           "whole": False, "unchecked": []}
+_RUN: dict[str, object] = {
+    "not_run": None,
+    "nova_ran": False,
+    "deselected": 0,
+    "whole": False,
+    "unchecked": [],
+}
 
 
 @pytest.fixture(scope="session")
 def nova():
     python = nova_python()
     if python is None:
-        reason = (f"nova's virtualenv {NOVA_VENV} is not built (make "
-                  ".venv-nova/.installed failed or was not run)")
+        reason = (
+            f"nova's virtualenv {NOVA_VENV} is not built (make "
+            ".venv-nova/.installed failed or was not run)"
+        )
         _RUN["not_run"] = reason
         warnings.warn(f"NOVA CONFORMANCE NOT RUN: {reason}", stacklevel=1)
         skip_or_fail(f"NOVA CONFORMANCE NOT RUN: {reason}")
@@ -57,8 +64,9 @@ def pytest_sessionfinish(session, exitstatus):
 
 def pytest_terminal_summary(terminalreporter):
     if _RUN["not_run"]:
-        terminalreporter.write_line(f"nova conformance: NOT RUN ({_RUN['not_run']})",
-                                    red=True, bold=True)
+        terminalreporter.write_line(
+            f"nova conformance: NOT RUN ({_RUN['not_run']})", red=True, bold=True
+        )
     if not RESULTS and not _RUN["unchecked"]:
         return
     table = listed()
@@ -67,8 +75,12 @@ def pytest_terminal_summary(terminalreporter):
         in_table = sum(1 for a in table.values() if a == area)
         terminalreporter.write_line(
             f"{area:16s} {observed.cases:6d} cases, {len(observed.differences)} "
-            f"differences observed, {in_table} listed in nova-differences.yaml")
+            f"differences observed, {in_table} listed in nova-differences.yaml"
+        )
     for area in _RUN["unchecked"]:
         terminalreporter.write_line(
             f"FAILED: area {area} has rows in docs/design/nova-differences.yaml but no "
-            "test reported it: its rows were never checked", red=True, bold=True)
+            "test reported it: its rows were never checked",
+            red=True,
+            bold=True,
+        )

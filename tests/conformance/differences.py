@@ -53,15 +53,20 @@ def check(observed: Observed, record: bool = True) -> None:
     problems = []
     for diff_id in sorted(seen - expected):
         examples = observed.differences[diff_id][:5]
-        where = (f" (listed for area {table[diff_id]})" if diff_id in table else "")
-        problems.append(f"unlisted difference {diff_id}{where} in {len(observed.differences[diff_id])} "
-                        f"case(s), e.g.:\n    " + "\n    ".join(examples))
+        where = f" (listed for area {table[diff_id]})" if diff_id in table else ""
+        problems.append(
+            f"unlisted difference {diff_id}{where} in {len(observed.differences[diff_id])} "
+            f"case(s), e.g.:\n    " + "\n    ".join(examples)
+        )
     for diff_id in sorted(expected - seen):
-        problems.append(f"listed difference {diff_id} no longer occurs: remove its "
-                        f"row from {TABLE.relative_to(TABLE.parents[2])} "
-                        "(then `make docs-design`)")
-    assert not problems, (f"{observed.area} ({observed.cases} cases) against nova:\n  "
-                          + "\n  ".join(problems))
+        problems.append(
+            f"listed difference {diff_id} no longer occurs: remove its "
+            f"row from {TABLE.relative_to(TABLE.parents[2])} "
+            "(then `make docs-design`)"
+        )
+    assert not problems, (
+        f"{observed.area} ({observed.cases} cases) against nova:\n  " + "\n  ".join(problems)
+    )
 
 
 def unchecked_areas(results: dict[str, Observed], table: dict[str, str]) -> list[str]:

@@ -37,15 +37,24 @@ CONF([], project="nova", default_config_files=[])
 
 # (group, name) of every option an operation may set; None is [DEFAULT].
 _OPTIONS = {
-    "cpu_dedicated_set": "compute", "cpu_shared_set": "compute",
-    "vcpu_pin_set": None, "reserved_host_cpus": None,
-    "reserved_host_memory_mb": None, "reserved_host_disk_mb": None,
-    "cpu_allocation_ratio": None, "ram_allocation_ratio": None,
-    "disk_allocation_ratio": None, "initial_cpu_allocation_ratio": None,
-    "initial_ram_allocation_ratio": None, "initial_disk_allocation_ratio": None,
+    "cpu_dedicated_set": "compute",
+    "cpu_shared_set": "compute",
+    "vcpu_pin_set": None,
+    "reserved_host_cpus": None,
+    "reserved_host_memory_mb": None,
+    "reserved_host_disk_mb": None,
+    "cpu_allocation_ratio": None,
+    "ram_allocation_ratio": None,
+    "disk_allocation_ratio": None,
+    "initial_cpu_allocation_ratio": None,
+    "initial_ram_allocation_ratio": None,
+    "initial_disk_allocation_ratio": None,
     "cpu_power_management": "libvirt",
-    "virt_type": "libvirt", "swtpm_enabled": "libvirt", "cpu_mode": "libvirt",
-    "cpu_models": "libvirt", "cpu_model_extra_flags": "libvirt",
+    "virt_type": "libvirt",
+    "swtpm_enabled": "libvirt",
+    "cpu_mode": "libvirt",
+    "cpu_models": "libvirt",
+    "cpu_model_extra_flags": "libvirt",
     "skip_cpu_compare_at_startup": "workarounds",
     "num_intel_tdx_guests": "libvirt",
 }
@@ -110,14 +119,19 @@ def cpu_sets(cases):
     """Per case ``{options, online, present}``: nova's start-up check
     (``_check_cpu_set_configuration``), then ``_get_vcpu_available`` and
     ``_get_pcpu_available`` of the libvirt driver, and the VCPU reserved."""
+
     def one(case):
         _configure(case["options"])
         drv = _Driver(case["online"], case["present"])
         libvirt_driver.LibvirtDriver._check_cpu_set_configuration(drv)
         vcpu = libvirt_driver.LibvirtDriver._get_vcpu_available(drv)
         pcpu = libvirt_driver.LibvirtDriver._get_pcpu_available(drv)
-        return {"vcpu": sorted(vcpu), "pcpu": sorted(pcpu),
-                "vcpu_reserved": CONF.reserved_host_cpus}
+        return {
+            "vcpu": sorted(vcpu),
+            "pcpu": sorted(pcpu),
+            "vcpu_reserved": CONF.reserved_host_cpus,
+        }
+
     try:
         return _each(cases, one)
     finally:
@@ -127,13 +141,18 @@ def cpu_sets(cases):
 def ratios(cases):
     """Per case ``{options, inventory}``: ``ComputeDriver._get_allocation_ratios``
     and the reserved values ``update_provider_tree`` writes."""
+
     def one(case):
         _configure(case["options"])
         result = virt_driver.ComputeDriver._get_allocation_ratios(case["inventory"])
-        return {"ratios": result,
-                "reserved": {"MEMORY_MB": CONF.reserved_host_memory_mb,
-                             "DISK_GB": compute_utils.convert_mb_to_ceil_gb(
-                                 CONF.reserved_host_disk_mb)}}
+        return {
+            "ratios": result,
+            "reserved": {
+                "MEMORY_MB": CONF.reserved_host_memory_mb,
+                "DISK_GB": compute_utils.convert_mb_to_ceil_gb(CONF.reserved_host_disk_mb),
+            },
+        }
+
     try:
         return _each(cases, one)
     finally:
@@ -146,8 +165,12 @@ def provider_configs(directory):
         configs = provider_config.get_provider_configs(directory)
     except Exception as exc:
         return _refusal(exc)
-    return {"value": {key: {k: v for k, v in value.items() if k != "__source_file"}
-                      for key, value in configs.items()}}
+    return {
+        "value": {
+            key: {k: v for k, v in value.items() if k != "__source_file"}
+            for key, value in configs.items()
+        }
+    }
 
 
 def merge_provider_configs(directory, tree):
@@ -169,7 +192,8 @@ def merge_provider_configs(directory, tree):
     tracker = type("Tracker", (), {})()
     tracker.absent_providers = set()
     tracker._get_providers_to_update = functools.partial(
-        ResourceTracker._get_providers_to_update, tracker)
+        ResourceTracker._get_providers_to_update, tracker
+    )
     try:
         ResourceTracker._merge_provider_configs(tracker, configs, ptree)
     except Exception as exc:
@@ -177,8 +201,14 @@ def merge_provider_configs(directory, tree):
     out = []
     for p in tree:
         data = ptree.data(p["uuid"])
-        out.append({"name": data.name, "uuid": data.uuid,
-                    "inventories": data.inventory, "traits": sorted(data.traits)})
+        out.append(
+            {
+                "name": data.name,
+                "uuid": data.uuid,
+                "inventories": data.inventory,
+                "traits": sorted(data.traits),
+            }
+        )
     return {"value": out}
 
 
@@ -193,11 +223,14 @@ class _CapsHost:
 
     def __init__(self, case):
         from nova.virt.libvirt import config as vconfig
+
         self._case = case
         self._caps = vconfig.LibvirtConfigCaps()
-        self._caps.parse_str(case.get("capabilities_xml") or
-                             "<capabilities><host><cpu><arch>%s</arch></cpu></host>"
-                             "</capabilities>" % case["host_arch"])
+        self._caps.parse_str(
+            case.get("capabilities_xml")
+            or "<capabilities><host><cpu><arch>%s</arch></cpu></host></capabilities>"
+            % case["host_arch"]
+        )
         self._domain_caps = {}
         for arch, machines in (case.get("domain_caps") or {}).items():
             for machine, xml in machines.items():
@@ -215,8 +248,8 @@ class _CapsHost:
     def has_min_version(self, lv_ver=None, hv_ver=None, hv_type=None):
         def ok(have, want):
             return want is None or tuple(have) >= tuple(want)
-        return (ok(self._case["libvirt_version"], lv_ver)
-                and ok(self._case["qemu_version"], hv_ver))
+
+        return ok(self._case["libvirt_version"], lv_ver) and ok(self._case["qemu_version"], hv_ver)
 
     def get_cpu_model_names(self):
         return list(self._case["model_names"])
@@ -226,6 +259,7 @@ class _CapsHost:
 
     def baselineCPU(self, xmls, flags=0):
         from nova.virt.libvirt import config as vconfig
+
         cpu = vconfig.LibvirtConfigCPU()
         cpu.parse_str(xmls[0])
         return self._case["baseline"][cpu.model]
@@ -236,8 +270,15 @@ class _CapsHost:
 
 def _HostClass():
     from nova.virt.libvirt import host as libvirt_host
-    return type("H", (), {"tpm_models": libvirt_host.Host.tpm_models,
-                          "tpm_versions": libvirt_host.Host.tpm_versions})
+
+    return type(
+        "H",
+        (),
+        {
+            "tpm_models": libvirt_host.Host.tpm_models,
+            "tpm_versions": libvirt_host.Host.tpm_versions,
+        },
+    )
 
 
 def _caps_driver(case):
@@ -248,10 +289,16 @@ def _caps_driver(case):
     return drv
 
 
-_STATIC = ("_get_packed_virtqueue_traits", "_get_storage_bus_traits",
-           "_get_video_model_traits", "_get_vif_model_traits",
-           "_get_iommu_model_traits", "_get_tpm_traits", "_get_sound_model_traits",
-           "_get_cpu_emulation_arch_traits")
+_STATIC = (
+    "_get_packed_virtqueue_traits",
+    "_get_storage_bus_traits",
+    "_get_video_model_traits",
+    "_get_vif_model_traits",
+    "_get_iommu_model_traits",
+    "_get_tpm_traits",
+    "_get_sound_model_traits",
+    "_get_cpu_emulation_arch_traits",
+)
 
 
 def static_traits(cases):
@@ -268,6 +315,7 @@ def static_traits(cases):
             traits.update(getattr(libvirt_driver.LibvirtDriver, name)(drv))
         _valid, invalid = os_traits.check_traits(traits)
         return {t: v for t, v in traits.items() if t not in invalid}
+
     try:
         return _each(cases, one)
     finally:
@@ -278,12 +326,13 @@ def cpu_mode_traits(cases):
     """Per case ``{options, host_arch, capabilities_xml, model_names,
     baseline}``: nova's start-up check (``_check_cpu_compatibility``, CPU
     comparison skipped) and ``_get_cpu_feature_traits``."""
+
     def one(case):
-        _configure(dict(case["options"], skip_cpu_compare_at_startup=True,
-                        virt_type="kvm"))
+        _configure(dict(case["options"], skip_cpu_compare_at_startup=True, virt_type="kvm"))
         drv = _caps_driver(case)
         libvirt_driver.LibvirtDriver._check_cpu_compatibility(drv)
         return libvirt_driver.LibvirtDriver._get_cpu_feature_traits(drv)
+
     try:
         return _each(cases, one)
     finally:
@@ -295,11 +344,17 @@ def _mem_encryption_host(case):
     (support checks, slots, traits); their reads of /sys go to the files
     ``case["kvm_amd"]`` names, written by ``mem_encryption_children``."""
     from nova.virt.libvirt import host as libvirt_host
+
     members = vars(libvirt_host.Host)
     names = [n for n in members if n.startswith(("supports_amd_sev", "_get_mem_encryption_"))]
-    names += ["supports_intel_tdx", "max_intel_tdx_guests", "_get_tdx_capacity",
-              "_get_cgroup_tdx_capacity", "get_mem_encryption_inventories",
-              "_kernel_supports_amd_sev"]
+    names += [
+        "supports_intel_tdx",
+        "max_intel_tdx_guests",
+        "_get_tdx_capacity",
+        "_get_cgroup_tdx_capacity",
+        "get_mem_encryption_inventories",
+        "_kernel_supports_amd_sev",
+    ]
     host = type("MemHost", (_CapsHost,), {n: members[n] for n in names})(case)
     host._supports_amd_sev = host._supports_amd_sev_es = None
     host._supports_amd_sev_snp = host._supports_intel_tdx = None
@@ -317,6 +372,7 @@ def mem_encryption_children(cases):
     it did not."""
     import os
     import tempfile
+
     from nova.virt.libvirt import host as libvirt_host
 
     def one(case, params):
@@ -325,24 +381,22 @@ def mem_encryption_children(cases):
         for name in case["kvm_amd"]:
             with open(os.path.join(params, name), "w") as f:
                 f.write("Y\n")
-        _configure({k: v for k, v in case["options"].items()
-                    if k != "num_memory_encrypted_guests"})
+        _configure({k: v for k, v in case["options"].items() if k != "num_memory_encrypted_guests"})
         drv = _caps_driver(case)
         drv._host = _mem_encryption_host(case)
         tree = nova_provider_tree.ProviderTree()
         tree.new_root("cn1", "00000000-0000-0000-0000-000000000001")
         libvirt_driver.LibvirtDriver._update_provider_tree_for_memory_encryption(
-            drv, tree, "cn1", None)
+            drv, tree, "cn1", None
+        )
         out = {}
         for name in sorted(tree.get_provider_uuids()):
             data = tree.data(name)
             if data.name != "cn1":
-                out[data.name] = {"inventories": data.inventory,
-                                  "traits": sorted(data.traits)}
+                out[data.name] = {"inventories": data.inventory, "traits": sorted(data.traits)}
         return out
 
-    saved = (libvirt_host.SEV_KERNEL_PARAM_FILE,
-             libvirt_host.MISC_CONTROL_GROUP_CAPACITY_FILE)
+    saved = (libvirt_host.SEV_KERNEL_PARAM_FILE, libvirt_host.MISC_CONTROL_GROUP_CAPACITY_FILE)
     with tempfile.TemporaryDirectory() as params:
         libvirt_host.SEV_KERNEL_PARAM_FILE = os.path.join(params, "%s")
         # No misc cgroup: TDX comes from num_intel_tdx_guests alone.
@@ -350,31 +404,49 @@ def mem_encryption_children(cases):
         try:
             return _each(cases, lambda case: one(case, params))
         finally:
-            (libvirt_host.SEV_KERNEL_PARAM_FILE,
-             libvirt_host.MISC_CONTROL_GROUP_CAPACITY_FILE) = saved
+            (libvirt_host.SEV_KERNEL_PARAM_FILE, libvirt_host.MISC_CONTROL_GROUP_CAPACITY_FILE) = (
+                saved
+            )
             _configure({})
 
 
 def test_data_dir():
     """Where the nova wheel keeps its provider.yaml test data."""
     import os
+
     import nova.tests.unit.compute as pkg
+
     return os.path.join(os.path.dirname(pkg.__file__), "provider_config_data")
 
 
 # The namespaces nova's own sample config is generated from
 # (etc/nova/nova-config-generator.conf), where installed.
 NOVA_CONFIG_NAMESPACES = (
-    "nova.conf", "keystonemiddleware.auth_token", "oslo.log", "oslo.messaging",
-    "oslo.policy", "oslo.privsep", "oslo.service.periodic_task",
-    "oslo.service.service", "oslo.db", "oslo.cache", "oslo.middleware",
-    "oslo.concurrency", "oslo.reports", "oslo.versionedobjects", "os_vif",
-    "castellan.config", "oslo.limit", "os_brick")
+    "nova.conf",
+    "keystonemiddleware.auth_token",
+    "oslo.log",
+    "oslo.messaging",
+    "oslo.policy",
+    "oslo.privsep",
+    "oslo.service.periodic_task",
+    "oslo.service.service",
+    "oslo.db",
+    "oslo.cache",
+    "oslo.middleware",
+    "oslo.concurrency",
+    "oslo.reports",
+    "oslo.versionedobjects",
+    "os_vif",
+    "castellan.config",
+    "oslo.limit",
+    "os_brick",
+)
 
 
 def option_names():
     """{section: sorted option names} of a nova.conf, deprecated names included."""
     from oslo_config import generator
+
     names = {}
     for _namespace, groups in generator._list_opts(NOVA_CONFIG_NAMESPACES):
         for group, opts in groups:
@@ -413,9 +485,11 @@ def local_disk(paths):
             seen.append(["rbd", CONF.libvirt.images_rbd_pool])
             return mock.Mock(get_pool_info=lambda: {"total": 0, "free": 0, "used": 0})
 
-        with mock.patch.object(libvirt_driver.libvirt_utils, "get_fs_info", fs_info), \
-                mock.patch.object(libvirt_driver.lvm, "get_volume_group_info", vg_info), \
-                mock.patch.object(libvirt_driver.rbd_utils, "RBDDriver", rbd_driver):
+        with (
+            mock.patch.object(libvirt_driver.libvirt_utils, "get_fs_info", fs_info),
+            mock.patch.object(libvirt_driver.lvm, "get_volume_group_info", vg_info),
+            mock.patch.object(libvirt_driver.rbd_utils, "RBDDriver", rbd_driver),
+        ):
             libvirt_driver.LibvirtDriver._get_local_gb_info()
         [choice] = seen
         return choice
@@ -428,13 +502,28 @@ def local_disk(paths):
 
 def version():
     import importlib.metadata
+
     return importlib.metadata.version("nova")
 
 
-OPS = {f.__name__: f for f in (parse_cpu_spec, cpu_sets, ratios, provider_configs,
-                               merge_provider_configs, cpu_traits, static_traits,
-                               cpu_mode_traits, mem_encryption_children, test_data_dir,
-                               option_names, local_disk, version)}
+OPS = {
+    f.__name__: f
+    for f in (
+        parse_cpu_spec,
+        cpu_sets,
+        ratios,
+        provider_configs,
+        merge_provider_configs,
+        cpu_traits,
+        static_traits,
+        cpu_mode_traits,
+        mem_encryption_children,
+        test_data_dir,
+        option_names,
+        local_disk,
+        version,
+    )
+}
 
 
 def main():

@@ -40,8 +40,13 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType({{
 def render(version: str, options: dict[str, list[str]]) -> str:
     out = HEADER.format(version=version)
     for section, names in options.items():
-        body = textwrap.fill(" ".join(names), width=70, initial_indent=" " * 8,
-                             subsequent_indent=" " * 8, break_on_hyphens=False)
+        body = textwrap.fill(
+            " ".join(names),
+            width=70,
+            initial_indent=" " * 8,
+            subsequent_indent=" " * 8,
+            break_on_hyphens=False,
+        )
         out += f'    "{section}": frozenset("""\n{body}\n    """.split()),\n'
     return out + "})\n"
 

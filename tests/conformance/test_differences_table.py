@@ -39,11 +39,14 @@ def test_a_listed_area_no_test_reported_is_named():
     assert differences.unchecked_areas(results, table) == []
 
 
-@pytest.mark.parametrize("selected, deselected, whole", [
-    ({"test_a.py", "test_b.py"}, 0, True),
-    ({"test_a.py"}, 0, False),                  # one file given on the command line
-    ({"test_a.py", "test_b.py"}, 3, False),     # -k
-])
+@pytest.mark.parametrize(
+    "selected, deselected, whole",
+    [
+        ({"test_a.py", "test_b.py"}, 0, True),
+        ({"test_a.py"}, 0, False),  # one file given on the command line
+        ({"test_a.py", "test_b.py"}, 3, False),  # -k
+    ],
+)
 def test_only_a_run_of_the_whole_suite_can_miss_an_area(selected, deselected, whole):
     assert differences.whole_suite(selected, {"test_a.py", "test_b.py"}, deselected) is whole
 
@@ -53,7 +56,8 @@ def test_the_rendered_page_is_the_data_file_rendered():
     the YAML, `make docs-design` must be run and its output committed."""
     page = docs_design.DIFFERENCES_PAGE.read_text(encoding="utf-8")
     assert page == docs_design.render(docs_design.load_differences()), (
-        "docs/design/nova-differences.md is stale: run `make docs-design` and commit it")
+        "docs/design/nova-differences.md is stale: run `make docs-design` and commit it"
+    )
 
 
 def test_the_page_shows_every_row_the_tests_read():
@@ -69,15 +73,21 @@ _ROW = """  - id: spec-empty-item
 """
 
 
-@pytest.mark.parametrize("rows, message", [
-    (_ROW + _ROW, "'spec-empty-item' is listed twice"),
-    (_ROW.replace("area: cpu_spec", "area: CPU spec"), "is not a conformance area name"),
-    (_ROW.replace("id: spec-empty-item", "id: Spec_Empty"), "is not lower-case words"),
-    (_ROW.replace("    reason: a typo\n", ""), "expected the fields id, area, difference, reason"),
-    (_ROW + "    why: extra\n", "expected the fields id, area, difference, reason"),
-    (_ROW.replace("reason: a typo", "reason: a | b"), "would break the rendered table"),
-    (_ROW.replace("reason: a typo", "reason: ''"), "rows[0].reason: must be non-empty text"),
-])
+@pytest.mark.parametrize(
+    "rows, message",
+    [
+        (_ROW + _ROW, "'spec-empty-item' is listed twice"),
+        (_ROW.replace("area: cpu_spec", "area: CPU spec"), "is not a conformance area name"),
+        (_ROW.replace("id: spec-empty-item", "id: Spec_Empty"), "is not lower-case words"),
+        (
+            _ROW.replace("    reason: a typo\n", ""),
+            "expected the fields id, area, difference, reason",
+        ),
+        (_ROW + "    why: extra\n", "expected the fields id, area, difference, reason"),
+        (_ROW.replace("reason: a typo", "reason: a | b"), "would break the rendered table"),
+        (_ROW.replace("reason: a typo", "reason: ''"), "rows[0].reason: must be non-empty text"),
+    ],
+)
 def test_a_malformed_data_file_is_refused_naming_the_row(rows, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         docs_design.parse_differences("about: text\nrows:\n" + rows)

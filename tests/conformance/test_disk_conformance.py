@@ -18,8 +18,7 @@ IMAGES_TYPES = (None, "default", "raw", "flat", "qcow2", "ploop", "lvm", "rbd")
 def nova_confs() -> list[str]:
     """Every combination of the options that decide what DISK_GB sizes."""
     confs = []
-    for state, instances, images in itertools.product(STATE_PATHS, INSTANCES_PATHS,
-                                                      IMAGES_TYPES):
+    for state, instances, images in itertools.product(STATE_PATHS, INSTANCES_PATHS, IMAGES_TYPES):
         if instances == "$state_path/vms" and state is None:
             continue  # $pybasedir: where nova's Python package is, not a host path
         text = "[DEFAULT]\nmy_ip = 10.0.0.7\n"
@@ -55,7 +54,9 @@ def test_disk_gb_sizes_what_nova_sizes_on_the_same_nova_conf(nova, tmp_path):
         kind, where = answer["value"]
         if kind == "fs" and os.path.normpath(where) == os.path.normpath(settings.instances_path):
             continue
-        observed.add(_difference(text, answer["value"], settings.instances_path),
-                     f"{text!r}: nova sizes {kind} {where}, the agent the filesystem "
-                     f"of {settings.instances_path}")
+        observed.add(
+            _difference(text, answer["value"], settings.instances_path),
+            f"{text!r}: nova sizes {kind} {where}, the agent the filesystem "
+            f"of {settings.instances_path}",
+        )
     check(observed)

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import yaml
 
-from node_agent.host.capabilities import parse_cpu_model_xml
-from node_agent.tree.cpu_traits import X86_FEATURE_TRAITS, feature_traits
-from node_agent.model.cpuset import CpuSetSyntaxError, parse_cpu_spec
-from node_agent.errors import ConfigError
-from node_agent.policy.partition import partition_cpus
-from node_agent.policy.provider_config import apply_provider_configs
 from node_agent.config.provider_files import load_provider_configs
+from node_agent.errors import ConfigError
+from node_agent.host.capabilities import parse_cpu_model_xml
+from node_agent.model.cpuset import CpuSetSyntaxError, parse_cpu_spec
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.model.snapshot import HostCpuModel
+from node_agent.policy.partition import partition_cpus
+from node_agent.policy.provider_config import apply_provider_configs
+from node_agent.tree.cpu_traits import X86_FEATURE_TRAITS, feature_traits
 from tests.conformance import agent_side
 from tests.conformance.differences import UNCLASSIFIED, Observed, check
 from tests.hostdata import HOSTDATA, SYSFS_TREES, tree_name
@@ -42,6 +42,7 @@ def _answer(fn, *args):
 
 
 # ------------------------------------------------------------------ CPU specs
+
 
 def _number(rng: random.Random, huge: bool = True) -> str:
     roll = rng.random()
@@ -114,8 +115,10 @@ def _spec_refusal_id(message: str) -> str:
 
 
 def test_cpu_specs_mean_the_same_or_are_refused(nova):
-    assert SPEC_CASES >= 10_000, (f"NODE_AGENT_CONFORMANCE_SPECS = {SPEC_CASES}: the "
-                                  "issue asks for at least 10,000 specs per run")
+    assert SPEC_CASES >= 10_000, (
+        f"NODE_AGENT_CONFORMANCE_SPECS = {SPEC_CASES}: the "
+        "issue asks for at least 10,000 specs per run"
+    )
     specs = generated_specs(SEED, SPEC_CASES)
     theirs = nova.call("parse_cpu_spec", specs=specs)
     observed = Observed("cpu_spec", cases=len(specs))
@@ -133,6 +136,7 @@ def test_cpu_specs_mean_the_same_or_are_refused(nova):
 
 
 # ------------------------------------------------------------- CPU-set rules
+
 
 def _half(cpus: list[int]) -> tuple[list[int], list[int]]:
     middle = max(1, len(cpus) // 2)
@@ -156,13 +160,16 @@ def scenarios(online: list[int], present: list[int]) -> dict[str, dict]:
         "shared-only-half": {"cpu_shared_set": _spec(low)},
         "vcpu-pin-set": {"vcpu_pin_set": _spec(low)},
         "vcpu-pin-set-reserved": {"vcpu_pin_set": _spec(online), "reserved_host_cpus": 1},
-        "vcpu-pin-set-with-shared": {"vcpu_pin_set": _spec(low),
-                                     "cpu_shared_set": _spec(online)},
-        "vcpu-pin-set-with-shared-reserved": {"vcpu_pin_set": _spec(low),
-                                              "cpu_shared_set": _spec(online),
-                                              "reserved_host_cpus": 1},
-        "vcpu-pin-set-with-dedicated": {"vcpu_pin_set": _spec(low),
-                                        "cpu_dedicated_set": _spec(high or low)},
+        "vcpu-pin-set-with-shared": {"vcpu_pin_set": _spec(low), "cpu_shared_set": _spec(online)},
+        "vcpu-pin-set-with-shared-reserved": {
+            "vcpu_pin_set": _spec(low),
+            "cpu_shared_set": _spec(online),
+            "reserved_host_cpus": 1,
+        },
+        "vcpu-pin-set-with-dedicated": {
+            "vcpu_pin_set": _spec(low),
+            "cpu_dedicated_set": _spec(high or low),
+        },
         "overlap": {"cpu_shared_set": _spec(online), "cpu_dedicated_set": _spec(low)},
         "reserved-one": {"reserved_host_cpus": 1},
         "reserved-with-shared": {"reserved_host_cpus": 1, "cpu_shared_set": _spec(low)},
@@ -177,7 +184,9 @@ def scenarios(online: list[int], present: list[int]) -> dict[str, dict]:
         table["shared-offline"] = {"cpu_shared_set": _spec(offline)}
         table["vcpu-pin-set-offline"] = {"vcpu_pin_set": _spec(offline)}
         table["dedicated-offline-power-management"] = {
-            "cpu_dedicated_set": _spec(online + offline), "cpu_power_management": True}
+            "cpu_dedicated_set": _spec(online + offline),
+            "cpu_power_management": True,
+        }
     return table
 
 
@@ -199,16 +208,19 @@ def test_cpu_set_rules_match_nova_on_every_fixture_host(nova, tmp_path_factory):
     assert SYSFS_TREES, f"no fixture host under {HOSTDATA} (set NODE_AGENT_HOSTDATA)"
     cases, ours = [], []
     for system in SYSFS_TREES:
-        host = snapshot(str(system.relative_to(HOSTDATA)),
-                        tmp_path_factory.mktemp("host"))
+        host = snapshot(str(system.relative_to(HOSTDATA)), tmp_path_factory.mktemp("host"))
         online, present = host.online.to_list(), host.present.to_list()
         for name, options in scenarios(online, present).items():
             cases.append({"options": options, "online": online, "present": present})
             kind, part = _answer(  # called at once, in this iteration
-                lambda: partition_cpus(agent_side.settings(options), host))  # noqa: B023
+                lambda: partition_cpus(agent_side.settings(options), host)  # noqa: B023
+            )
             if kind == "value":
-                part = {"vcpu": part.shared.to_list(), "pcpu": part.pcpu.to_list(),
-                        "vcpu_reserved": part.vcpu_reserved}
+                part = {
+                    "vcpu": part.shared.to_list(),
+                    "pcpu": part.pcpu.to_list(),
+                    "vcpu_reserved": part.vcpu_reserved,
+                }
             ours.append((tree_name(system), name, kind, part))
     theirs = nova.call("cpu_sets", cases=cases)
     observed = Observed("cpu_sets", cases=len(cases))
@@ -216,9 +228,10 @@ def test_cpu_set_rules_match_nova_on_every_fixture_host(nova, tmp_path_factory):
         if ("refused" in nova_answer) == (kind == "refused"):
             if kind == "refused" or part == nova_answer["value"]:
                 continue
-        observed.add(_cpu_set_difference(name, kind, part, nova_answer),
-                     f"{host} {name} {case['options']}: nova {nova_answer}, "
-                     f"agent {kind} {part}")
+        observed.add(
+            _cpu_set_difference(name, kind, part, nova_answer),
+            f"{host} {name} {case['options']}: nova {nova_answer}, agent {kind} {part}",
+        )
     check(observed)
 
 
@@ -233,16 +246,20 @@ def ratio_cases() -> list[dict]:
         for initial in (None, 8.0):
             for in_placement in (None, 16.0):
                 for reserved_mb in (0, 1, 1024, 1025):
-                    options = {"reserved_host_memory_mb": 512 + reserved_mb,
-                               "reserved_host_disk_mb": reserved_mb}
+                    options = {
+                        "reserved_host_memory_mb": 512 + reserved_mb,
+                        "reserved_host_disk_mb": reserved_mb,
+                    }
                     for kind, _rc in RATIO_KINDS:
                         if explicit is not None:
                             options[f"{kind}_allocation_ratio"] = explicit
                         if initial is not None:
                             options[f"initial_{kind}_allocation_ratio"] = initial
-                    inventory = ({} if in_placement is None else
-                                 {rc: {"allocation_ratio": in_placement}
-                                  for _k, rc in RATIO_KINDS})
+                    inventory = (
+                        {}
+                        if in_placement is None
+                        else {rc: {"allocation_ratio": in_placement} for _k, rc in RATIO_KINDS}
+                    )
                     cases.append({"options": options, "inventory": inventory})
     return cases
 
@@ -252,26 +269,26 @@ def test_ratio_and_reserved_rules_match_nova(nova):
     theirs = nova.call("ratios", cases=cases)
     observed = Observed("ratios", cases=len(cases))
     for case, nova_answer in zip(cases, theirs):
-        kind, ours = _answer(agent_side.ratios_and_reserved, case["options"],
-                             case["inventory"])
+        kind, ours = _answer(agent_side.ratios_and_reserved, case["options"], case["inventory"])
         example = f"{case}: nova {nova_answer}, agent {kind} {ours}"
         if kind == "refused":
-            zero = any(case["options"].get(f"{k}_allocation_ratio") == 0.0
-                       for k, _rc in RATIO_KINDS)
-            observed.add("ratio-zero-refused" if zero else UNCLASSIFIED + " refusal",
-                         example)
+            zero = any(
+                case["options"].get(f"{k}_allocation_ratio") == 0.0 for k, _rc in RATIO_KINDS
+            )
+            observed.add("ratio-zero-refused" if zero else UNCLASSIFIED + " refusal", example)
             continue
         if ours["reserved"] != nova_answer["value"]["reserved"]:
             observed.add(UNCLASSIFIED + " reserved", example)
         if ours["ratios"] != nova_answer["value"]["ratios"]:
             kept = case["inventory"] and not any(
-                case["options"].get(f"{k}_allocation_ratio") for k, _rc in RATIO_KINDS)
-            observed.add("ratio-placement-kept" if kept else UNCLASSIFIED + " ratio",
-                         example)
+                case["options"].get(f"{k}_allocation_ratio") for k, _rc in RATIO_KINDS
+            )
+            observed.add("ratio-placement-kept" if kept else UNCLASSIFIED + " ratio", example)
     check(observed)
 
 
 # ---------------------------------------------------------- provider.yaml
+
 
 def _nova_data_cases(nova) -> list[tuple[str, object]]:
     """(name, document) from the provider.yaml test data shipped in the nova wheel."""
@@ -288,34 +305,72 @@ def _nova_data_cases(nova) -> list[tuple[str, object]]:
 
 
 OWN_PROVIDER_FILES = {
-    "unknown-top-level-key": {"meta": {"schema_version": "1.0"}, "providers": [],
-                              "extra": 1},
-    "long-trait": {"meta": {"schema_version": "1.0"}, "providers": [
-        {"identification": {"name": "p"},
-         "traits": {"additional": ["CUSTOM_" + "A" * 249]}}]},
-    "long-resource-class": {"meta": {"schema_version": "1.0"}, "providers": [
-        {"identification": {"name": "p"},
-         "inventories": {"additional": [{"CUSTOM_" + "B" * 249: {"total": 1}}]}}]},
-    "trait-255": {"meta": {"schema_version": "1.0"}, "providers": [
-        {"identification": {"name": "p"},
-         "traits": {"additional": ["CUSTOM_" + "A" * 248]}}]},
-    "name-201": {"meta": {"schema_version": "1.0"}, "providers": [
-        {"identification": {"name": "p" * 201}, "traits": {"additional": ["CUSTOM_X"]}}]},
-    "standard-trait": {"meta": {"schema_version": "1.0"}, "providers": [
-        {"identification": {"name": "p"}, "traits": {"additional": ["HW_CPU_X86_AVX"]}}]},
-    "schema-1.1": {"meta": {"schema_version": "1.1"}, "providers": [
-        {"identification": {"name": "p"}, "traits": {"additional": ["CUSTOM_X"]},
-         "new_in_1_1": True}]},
+    "unknown-top-level-key": {"meta": {"schema_version": "1.0"}, "providers": [], "extra": 1},
+    "long-trait": {
+        "meta": {"schema_version": "1.0"},
+        "providers": [
+            {"identification": {"name": "p"}, "traits": {"additional": ["CUSTOM_" + "A" * 249]}}
+        ],
+    },
+    "long-resource-class": {
+        "meta": {"schema_version": "1.0"},
+        "providers": [
+            {
+                "identification": {"name": "p"},
+                "inventories": {"additional": [{"CUSTOM_" + "B" * 249: {"total": 1}}]},
+            }
+        ],
+    },
+    "trait-255": {
+        "meta": {"schema_version": "1.0"},
+        "providers": [
+            {"identification": {"name": "p"}, "traits": {"additional": ["CUSTOM_" + "A" * 248]}}
+        ],
+    },
+    "name-201": {
+        "meta": {"schema_version": "1.0"},
+        "providers": [
+            {"identification": {"name": "p" * 201}, "traits": {"additional": ["CUSTOM_X"]}}
+        ],
+    },
+    "standard-trait": {
+        "meta": {"schema_version": "1.0"},
+        "providers": [
+            {"identification": {"name": "p"}, "traits": {"additional": ["HW_CPU_X86_AVX"]}}
+        ],
+    },
+    "schema-1.1": {
+        "meta": {"schema_version": "1.1"},
+        "providers": [
+            {
+                "identification": {"name": "p"},
+                "traits": {"additional": ["CUSTOM_X"]},
+                "new_in_1_1": True,
+            }
+        ],
+    },
     "schema-2.0": {"meta": {"schema_version": "2.0"}, "providers": []},
     "no-providers": {"meta": {"schema_version": "1.0"}},
-    "name-twice": {"meta": {"schema_version": "1.0"}, "providers": [
-        {"identification": {"name": "p"}, "traits": {"additional": ["CUSTOM_X"]}},
-        {"identification": {"name": "p"}, "traits": {"additional": ["CUSTOM_Y"]}}]},
-    "empty-entry": {"meta": {"schema_version": "1.0"}, "providers": [
-        {"identification": {"name": "p"}}]},
-    "uuid-without-hyphens": {"meta": {"schema_version": "1.0"}, "providers": [
-        {"identification": {"uuid": "9f4b3c1e8d1a4f7c9a4e2b3c4d5e6f70"},
-         "traits": {"additional": ["CUSTOM_X"]}}]},
+    "name-twice": {
+        "meta": {"schema_version": "1.0"},
+        "providers": [
+            {"identification": {"name": "p"}, "traits": {"additional": ["CUSTOM_X"]}},
+            {"identification": {"name": "p"}, "traits": {"additional": ["CUSTOM_Y"]}},
+        ],
+    },
+    "empty-entry": {
+        "meta": {"schema_version": "1.0"},
+        "providers": [{"identification": {"name": "p"}}],
+    },
+    "uuid-without-hyphens": {
+        "meta": {"schema_version": "1.0"},
+        "providers": [
+            {
+                "identification": {"uuid": "9f4b3c1e8d1a4f7c9a4e2b3c4d5e6f70"},
+                "traits": {"additional": ["CUSTOM_X"]},
+            }
+        ],
+    },
 }
 
 
@@ -327,7 +382,8 @@ def _nova_shape(configs: dict) -> dict:
         for item in value.get("inventories", {}).get("additional", []):
             for rc, fields in item.items():
                 invs[rc] = Inventory(**fields).as_placement() | (
-                    {} if "max_unit" in fields else {"max_unit": None})
+                    {} if "max_unit" in fields else {"max_unit": None}
+                )
         out[key] = (invs, sorted(value.get("traits", {}).get("additional", [])))
     return out
 
@@ -335,9 +391,10 @@ def _nova_shape(configs: dict) -> dict:
 def _agent_shape(configs) -> dict:
     out = {}
     for config in configs:
-        invs = {rc: inv.as_placement() | ({} if inv.max_unit is not None
-                                          else {"max_unit": None})
-                for rc, inv in config.inventories.items()}
+        invs = {
+            rc: inv.as_placement() | ({} if inv.max_unit is not None else {"max_unit": None})
+            for rc, inv in config.inventories.items()
+        }
         if invs or config.traits:  # nova drops entries that add nothing
             out[config.identity] = (invs, sorted(config.traits))
     return out
@@ -373,11 +430,16 @@ def test_provider_files_load_as_nova_loads_them(nova, tmp_path):
         nova_refused = "refused" in nova_answer
         if nova_refused and kind == "refused":
             continue
-        if not nova_refused and kind == "value" and \
-                _agent_shape(ours) == _nova_shape(nova_answer["value"]):
+        if (
+            not nova_refused
+            and kind == "value"
+            and _agent_shape(ours) == _nova_shape(nova_answer["value"])
+        ):
             continue
-        observed.add(_provider_file_difference(name, nova_refused, kind, ours),
-                     f"{name}: nova {nova_answer}, agent {kind} {ours}")
+        observed.add(
+            _provider_file_difference(name, nova_refused, kind, ours),
+            f"{name}: nova {nova_answer}, agent {kind} {ours}",
+        )
     check(observed)
 
 
@@ -394,32 +456,54 @@ MERGE_FILES = {
     "compute-node-by-name": [_entry({"name": "$COMPUTE_NODE"}, "CUSTOM_A")],
     "root-by-name": [_entry({"name": "fixture"}, "CUSTOM_A")],
     "root-by-uuid": [_entry({"uuid": ROOT_UUID}, "CUSTOM_A")],
-    "root-by-name-and-uuid": [_entry({"name": "fixture"}, "CUSTOM_A"),
-                              _entry({"uuid": ROOT_UUID}, "CUSTOM_B")],
-    "compute-node-and-explicit": [_entry({"uuid": "$COMPUTE_NODE"}, "CUSTOM_A"),
-                                  _entry({"name": "fixture"}, "CUSTOM_B")],
+    "root-by-name-and-uuid": [
+        _entry({"name": "fixture"}, "CUSTOM_A"),
+        _entry({"uuid": ROOT_UUID}, "CUSTOM_B"),
+    ],
+    "compute-node-and-explicit": [
+        _entry({"uuid": "$COMPUTE_NODE"}, "CUSTOM_A"),
+        _entry({"name": "fixture"}, "CUSTOM_B"),
+    ],
     "child-by-name": [_entry({"name": "fixture_child"}, "CUSTOM_C")],
     "absent-provider": [_entry({"name": "elsewhere"}, "CUSTOM_D")],
-    "class-the-agent-owns": [{"identification": {"name": "fixture"},
-                              "inventories": {"additional": [
-                                  {"CUSTOM_OWNED": {"total": 1}}]}}],
+    "class-the-agent-owns": [
+        {
+            "identification": {"name": "fixture"},
+            "inventories": {"additional": [{"CUSTOM_OWNED": {"total": 1}}]},
+        }
+    ],
 }
 
 
 def _tree() -> ProviderTree:
-    return ProviderTree((
-        Provider(name="fixture", uuid=ROOT_UUID,
-                 inventories={"VCPU": Inventory(total=4, allocation_ratio=4.0),
-                              "CUSTOM_OWNED": Inventory(total=2)},
-                 traits={"COMPUTE_NODE": True}),
-        Provider(name="fixture_child", parent="fixture", uuid=CHILD_UUID)))
+    return ProviderTree(
+        (
+            Provider(
+                name="fixture",
+                uuid=ROOT_UUID,
+                inventories={
+                    "VCPU": Inventory(total=4, allocation_ratio=4.0),
+                    "CUSTOM_OWNED": Inventory(total=2),
+                },
+                traits={"COMPUTE_NODE": True},
+            ),
+            Provider(name="fixture_child", parent="fixture", uuid=CHILD_UUID),
+        )
+    )
 
 
 def _tree_for_nova(tree: ProviderTree) -> list[dict]:
     uuids = {p.name: p.uuid for p in tree.providers}
-    return [{"name": p.name, "uuid": p.uuid, "parent_uuid": uuids.get(p.parent),
-             "inventories": {rc: inv.as_placement() for rc, inv in p.inventories.items()},
-             "traits": sorted(p.wanted_traits)} for p in tree.providers]
+    return [
+        {
+            "name": p.name,
+            "uuid": p.uuid,
+            "parent_uuid": uuids.get(p.parent),
+            "inventories": {rc: inv.as_placement() for rc, inv in p.inventories.items()},
+            "traits": sorted(p.wanted_traits),
+        }
+        for p in tree.providers
+    ]
 
 
 def test_provider_files_apply_to_the_providers_nova_applies_them_to(nova, tmp_path):
@@ -428,41 +512,55 @@ def test_provider_files_apply_to_the_providers_nova_applies_them_to(nova, tmp_pa
     for name, providers in MERGE_FILES.items():
         directory = tmp_path / name
         directory.mkdir()
-        (directory / "p.yaml").write_text(yaml.safe_dump(
-            {"meta": {"schema_version": "1.0"}, "providers": providers}))
-        nova_answer = nova.call("merge_provider_configs", directory=str(directory),
-                                tree=_tree_for_nova(tree))
+        (directory / "p.yaml").write_text(
+            yaml.safe_dump({"meta": {"schema_version": "1.0"}, "providers": providers})
+        )
+        nova_answer = nova.call(
+            "merge_provider_configs", directory=str(directory), tree=_tree_for_nova(tree)
+        )
 
         def ours_fn():
             # Called at once below, in this iteration.
-            merged = apply_provider_configs(tree, load_provider_configs(str(directory)),  # noqa: B023
-                                            {})
+            merged = apply_provider_configs(
+                tree,
+                load_provider_configs(str(directory)),  # noqa: B023
+                {},
+            )
             return {p.name: sorted(p.wanted_traits) for p in merged.providers}
+
         kind, ours = _answer(ours_fn)
         if "refused" in nova_answer or kind == "refused":
             if ("refused" in nova_answer) != (kind == "refused"):
                 diff = {"root-by-name-and-uuid": "provider-file-root-twice"}.get(
-                    name, UNCLASSIFIED + " refusal")
+                    name, UNCLASSIFIED + " refusal"
+                )
                 observed.add(diff, f"{name}: nova {nova_answer}, agent {kind} {ours}")
             continue
-        theirs = {p["name"]: sorted(set(p["traits"]) - {"OWNER_NOVA"})
-                  for p in nova_answer["value"]}
+        theirs = {
+            p["name"]: sorted(set(p["traits"]) - {"OWNER_NOVA"}) for p in nova_answer["value"]
+        }
         if theirs != ours:
             diff = {"compute-node-by-name": "provider-file-compute-node-by-name"}.get(
-                name, UNCLASSIFIED + " silent")
+                name, UNCLASSIFIED + " silent"
+            )
             observed.add(diff, f"{name}: nova {theirs}, agent {ours}")
     check(observed)
 
 
 # ------------------------------------------------------------ CPU traits
 
+
 def _feature_sets() -> list[tuple[str, list[str]]]:
     sets = []
     for path in sorted((HOSTDATA / "cputestdata").glob("*.xml")):
         model = parse_cpu_model_xml(path.read_text())
         sets.append((path.stem, sorted(model.features)))
-    sets.append(("every feature either table knows",
-                 sorted(set(X86_FEATURE_TRAITS) | {"sse3", "vmx", "svm"})))
+    sets.append(
+        (
+            "every feature either table knows",
+            sorted(set(X86_FEATURE_TRAITS) | {"sse3", "vmx", "svm"}),
+        )
+    )
     sets.append(("none", []))
     sets.append(("libvirt's name for SSE3 alone", ["pni"]))
     return sets
@@ -484,21 +582,22 @@ def test_cpu_feature_traits_match_nova_on_every_cputestdata_model(nova):
     theirs_all = nova.call("cpu_traits", feature_sets=[f for _n, f in feature_sets])
     observed = Observed("cpu_traits", cases=len(feature_sets))
     for (name, features), nova_answer in zip(feature_sets, theirs_all):
-        ours = feature_traits(HostCpuModel(arch="x86_64", model="m",
-                                           features=frozenset(features)))
+        ours = feature_traits(HostCpuModel(arch="x86_64", model="m", features=frozenset(features)))
         theirs = nova_answer["value"]
         for trait in sorted(set(ours) | set(theirs)):
             # A difference is a trait one side reports and the other not; a
             # trait one side decides "absent" and the other has no opinion
             # on is reported by neither.
             if bool(ours.get(trait)) != bool(theirs.get(trait)):
-                observed.add(_trait_difference(trait, ours.get(trait), theirs.get(trait)),
-                             f"{name}: {trait} nova {theirs.get(trait)}, "
-                             f"agent {ours.get(trait)}")
+                observed.add(
+                    _trait_difference(trait, ours.get(trait), theirs.get(trait)),
+                    f"{name}: {trait} nova {theirs.get(trait)}, agent {ours.get(trait)}",
+                )
     check(observed)
 
 
 # ------------------------------------------------------------ nova.conf names
+
 
 def test_the_shipped_list_of_nova_options_is_novas(nova):
     from node_agent.config import nova_options
@@ -507,4 +606,5 @@ def test_the_shipped_list_of_nova_options_is_novas(nova):
     expected = render(nova.call("version"), nova.call("option_names"))
     assert Path(nova_options.__file__).read_text() == expected, (
         "node_agent/config/nova_options.py no longer matches nova: run "
-        "PYTHONPATH=. .venv/bin/python -m tests.conformance.regen_nova_options")
+        "PYTHONPATH=. .venv/bin/python -m tests.conformance.regen_nova_options"
+    )

@@ -28,7 +28,15 @@ import pytest
 from node_agent.host.domain import parse_domain
 from node_agent.model.cpuset import CpuSet
 from node_agent.policy.guest_cpu import (
-    BY_EXTRA_SPECS, BY_IMAGE, BY_NO_PINS, BY_PINNING, DEDICATED, MIXED, SHARED, classify)
+    BY_EXTRA_SPECS,
+    BY_IMAGE,
+    BY_NO_PINS,
+    BY_PINNING,
+    DEDICATED,
+    MIXED,
+    SHARED,
+    classify,
+)
 from tests.conformance.bridge import NOVA_VENV, nova_python
 from tests.conformance.differences import UNCLASSIFIED, Observed, check
 from tests.real_parts import skip_or_fail
@@ -51,13 +59,21 @@ def test_guest_nova_wrote_is_counted_as_nova_counts_it(name):
     nova = CASES[name]["nova"]
     found = _classified(name)
     assert (found.policy, found.vcpu, found.pcpu, sorted(found.dedicated_vcpus)) == (
-        nova["policy"], nova["resources"]["VCPU"], nova["resources"]["PCPU"],
-        nova["dedicated_vcpus"]), found.describe()
+        nova["policy"],
+        nova["resources"]["VCPU"],
+        nova["resources"]["PCPU"],
+        nova["dedicated_vcpus"],
+    ), found.describe()
     assert found.emulator_isolate == (nova["emulator_threads_policy"] == "isolate")
     assert found.dedicated_cpus == CpuSet(nova["dedicated_host_cpus"])
-    expected_rule = BY_IMAGE if (
-        "hw:cpu_policy" not in CASES[name]["flavor"]["extra_specs"]
-        and "hw_cpu_policy" in CASES[name]["image_properties"]) else BY_EXTRA_SPECS
+    expected_rule = (
+        BY_IMAGE
+        if (
+            "hw:cpu_policy" not in CASES[name]["flavor"]["extra_specs"]
+            and "hw_cpu_policy" in CASES[name]["image_properties"]
+        )
+        else BY_EXTRA_SPECS
+    )
     assert found.rule == expected_rule
 
 
@@ -67,18 +83,25 @@ def test_guest_an_older_nova_wrote_is_read_by_its_pinning_shape(name):
     nova, shape = case["nova"], case["shape"]
     found = _classified(name, "pre-extra-specs")
     assert found.rule in (BY_PINNING, BY_NO_PINS)
-    got = {"policy": found.policy, "vcpu": found.vcpu, "pcpu": found.pcpu,
-           "dedicated_vcpus": sorted(found.dedicated_vcpus),
-           "emulator_isolate": found.emulator_isolate}
+    got = {
+        "policy": found.policy,
+        "vcpu": found.vcpu,
+        "pcpu": found.pcpu,
+        "dedicated_vcpus": sorted(found.dedicated_vcpus),
+        "emulator_isolate": found.emulator_isolate,
+    }
     if shape["ambiguous"]:
         # nova's pins cannot tell this one apart: the documented fallback
         # (the shape reading the corpus records with its reason) holds.
         assert got == shape["fallback"], shape["ambiguous"]
     else:
-        assert got == {"policy": nova["policy"], "vcpu": nova["resources"]["VCPU"],
-                       "pcpu": nova["resources"]["PCPU"],
-                       "dedicated_vcpus": nova["dedicated_vcpus"],
-                       "emulator_isolate": nova["emulator_threads_policy"] == "isolate"}
+        assert got == {
+            "policy": nova["policy"],
+            "vcpu": nova["resources"]["VCPU"],
+            "pcpu": nova["resources"]["PCPU"],
+            "dedicated_vcpus": nova["dedicated_vcpus"],
+            "emulator_isolate": nova["emulator_threads_policy"] == "isolate",
+        }
 
 
 def test_corpus_spans_the_hosts_policies_and_ambiguities_it_claims():
@@ -97,21 +120,30 @@ def test_corpus_spans_the_hosts_policies_and_ambiguities_it_claims():
 def test_committed_corpus_is_what_nova_writes_today(tmp_path):
     python = nova_python()
     if python is None:
-        skip_or_fail(f"nova's virtualenv {NOVA_VENV} is not built: the nova guest "
-                     "corpus cannot be checked against nova (make nova-venv)")
-    run = subprocess.run([str(python), str(GENERATOR), str(tmp_path)],
-                         env={**os.environ, "PYTHONPATH": ""}, capture_output=True,
-                         text=True, timeout=300)
+        skip_or_fail(
+            f"nova's virtualenv {NOVA_VENV} is not built: the nova guest "
+            "corpus cannot be checked against nova (make nova-venv)"
+        )
+    run = subprocess.run(
+        [str(python), str(GENERATOR), str(tmp_path)],
+        env={**os.environ, "PYTHONPATH": ""},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     fresh = {p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file()}
     committed = {p.relative_to(CORPUS) for p in (CORPUS / "xml").glob("*.xml")}
     committed.add(Path("cases.json"))
     assert fresh == committed
-    stale = sorted(str(p) for p in fresh
-                   if (tmp_path / p).read_bytes() != (CORPUS / p).read_bytes())
-    assert not stale, (f"the committed corpus differs from what nova writes now: {stale}; "
-                       f"regenerate it with `make nova-guests` ({sys.executable} ran "
-                       "this test)")
+    stale = sorted(
+        str(p) for p in fresh if (tmp_path / p).read_bytes() != (CORPUS / p).read_bytes()
+    )
+    assert not stale, (
+        f"the committed corpus differs from what nova writes now: {stale}; "
+        f"regenerate it with `make nova-guests` ({sys.executable} ran "
+        "this test)"
+    )
 
 
 def test_pinning_shape_differs_from_nova_only_where_the_table_says_why():
@@ -123,7 +155,10 @@ def test_pinning_shape_differs_from_nova_only_where_the_table_says_why():
         nova = CASES[name]["nova"]
         found = _classified(name, "pre-extra-specs")
         if (found.policy, found.vcpu, found.pcpu) == (
-                nova["policy"], nova["resources"]["VCPU"], nova["resources"]["PCPU"]):
+            nova["policy"],
+            nova["resources"]["VCPU"],
+            nova["resources"]["PCPU"],
+        ):
             continue
         reason = CASES[name]["shape"]["ambiguous"] or ""
         if "resources:*" in reason:

@@ -24,9 +24,23 @@ def _env(tmp_path, strict: bool) -> dict:
 
 def _run_conformance_test(tmp_path, strict: bool) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-W",
-         "ignore::UserWarning", "tests/conformance/test_disk_conformance.py"],
-        cwd=REPO, env=_env(tmp_path, strict), capture_output=True, text=True, timeout=120)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-W",
+            "ignore::UserWarning",
+            "tests/conformance/test_disk_conformance.py",
+        ],
+        cwd=REPO,
+        env=_env(tmp_path, strict),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_without_novas_venv_the_suite_skips_and_says_not_run(tmp_path):
@@ -43,8 +57,9 @@ def test_without_novas_venv_the_strict_mode_fails(tmp_path):
     assert "nova conformance: NOT RUN (nova's virtualenv" in run.stdout
 
 
-@pytest.mark.parametrize("strict, outcome", [(False, pytest.skip.Exception),
-                                             (True, pytest.fail.Exception)])
+@pytest.mark.parametrize(
+    "strict, outcome", [(False, pytest.skip.Exception), (True, pytest.fail.Exception)]
+)
 def test_skip_or_fail_follows_the_variable(monkeypatch, strict, outcome):
     monkeypatch.delenv(REQUIRE_REAL, raising=False)
     if strict:
@@ -57,9 +72,19 @@ def test_skip_or_fail_follows_the_variable(monkeypatch, strict, outcome):
 def test_make_fails_when_novas_venv_cannot_be_built_in_the_strict_mode(tmp_path, strict, code):
     # PYTHON=false: building the venv fails at once, nothing is installed.
     run = subprocess.run(
-        ["make", "--no-print-directory", "nova-venv", f"NOVA_VENV={tmp_path / 'venv'}",
-         "PYTHON=false"], cwd=REPO, env=_env(tmp_path, strict), capture_output=True,
-        text=True, timeout=60)
+        [
+            "make",
+            "--no-print-directory",
+            "nova-venv",
+            f"NOVA_VENV={tmp_path / 'venv'}",
+            "PYTHON=false",
+        ],
+        cwd=REPO,
+        env=_env(tmp_path, strict),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert run.returncode == code, run.stdout + run.stderr
     said = run.stdout + run.stderr
     assert ("ERROR" if strict else "WARNING") in said and "could not be built" in said

@@ -22,11 +22,11 @@ from node_agent.host.discover import cpu_model_xml, guest_cpu_models
 from node_agent.host.domain_capabilities import parse_domain_capabilities
 from node_agent.host.hypervisor import Hypervisor
 from node_agent.model.snapshot import HostCpuModel, HypervisorInfo
+from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 from node_agent.tree.build import trait_settings
 from node_agent.tree.cpu_traits import guest_cpu_traits
 from node_agent.tree.hypervisor_traits import hypervisor_traits
 from node_agent.tree.mem_encryption import host_mem_encryption, mem_encryption_children
-from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 from tests.conformance import agent_side
 from tests.conformance.differences import UNCLASSIFIED, Observed, check
 from tests.hostdata import HOSTDATA
@@ -51,37 +51,62 @@ def _static_cases() -> list[tuple[str, dict]]:
         caps = parse_domain_capabilities(xml)
         for options in option_sets:
             for libvirt_version in (LIBVIRT_VERSION, (10, 4, 0)):
-                cases.append((f"{path.name} {options} libvirt {libvirt_version}", {
-                    "options": options, "host_arch": caps.arch,
-                    "domain_caps": {caps.arch: {caps.machine: xml}},
-                    "libvirt_version": libvirt_version,
-                    "qemu_version": _qemu_version(path)}))
+                cases.append(
+                    (
+                        f"{path.name} {options} libvirt {libvirt_version}",
+                        {
+                            "options": options,
+                            "host_arch": caps.arch,
+                            "domain_caps": {caps.arch: {caps.machine: xml}},
+                            "libvirt_version": libvirt_version,
+                            "qemu_version": _qemu_version(path),
+                        },
+                    )
+                )
     # One host emulating several architectures: x86_64 KVM plus TCG guests.
     several = {}
-    for name in ("qemu_8.2.0-q35.x86_64.xml", "qemu_10.0.0-virt.aarch64.xml",
-                 "qemu_10.0.0.s390x.xml", "qemu_10.0.0.ppc64.xml"):
+    for name in (
+        "qemu_8.2.0-q35.x86_64.xml",
+        "qemu_10.0.0-virt.aarch64.xml",
+        "qemu_10.0.0.s390x.xml",
+        "qemu_10.0.0.ppc64.xml",
+    ):
         xml = (DOMCAPS / name).read_text()
         caps = parse_domain_capabilities(xml)
         several.setdefault(caps.arch, {})[caps.machine] = xml
     for options in ({}, {"swtpm_enabled": True}):
-        cases.append((f"x86_64 host emulating 4 archs {options}", {
-            "options": options, "host_arch": "x86_64", "domain_caps": several,
-            "libvirt_version": LIBVIRT_VERSION, "qemu_version": (8, 2, 0)}))
+        cases.append(
+            (
+                f"x86_64 host emulating 4 archs {options}",
+                {
+                    "options": options,
+                    "host_arch": "x86_64",
+                    "domain_caps": several,
+                    "libvirt_version": LIBVIRT_VERSION,
+                    "qemu_version": (8, 2, 0),
+                },
+            )
+        )
     return cases
 
 
 def _agent_static(case: dict) -> dict[str, bool]:
     settings = agent_side.settings(case["options"])
-    caps = tuple(parse_domain_capabilities(xml) for machines in case["domain_caps"].values()
-                 for xml in machines.values())
+    caps = tuple(
+        parse_domain_capabilities(xml)
+        for machines in case["domain_caps"].values()
+        for xml in machines.values()
+    )
     info = HypervisorInfo(tuple(case["libvirt_version"]), tuple(case["qemu_version"]), caps)
     return hypervisor_traits(info, trait_settings(settings), case["host_arch"])
 
 
 def _static_difference(case: dict, trait: str) -> str:
     if trait in ("COMPUTE_SECURITY_TPM_2_0", "COMPUTE_SECURITY_TPM_1_2"):
-        native = [parse_domain_capabilities(xml)
-                  for xml in case["domain_caps"].get(case["host_arch"], {}).values()]
+        native = [
+            parse_domain_capabilities(xml)
+            for xml in case["domain_caps"].get(case["host_arch"], {}).values()
+        ]
         if native and not native[0].tpm_supported:
             return "tpm-unsupported-versions-assumed"
     return UNCLASSIFIED + " trait"
@@ -96,9 +121,10 @@ def test_static_traits_match_nova_on_libvirts_domain_capabilities(nova):
         theirs, ours = answer["value"], _agent_static(case)
         for trait in sorted(set(theirs) | set(ours)):
             if bool(theirs.get(trait)) != bool(ours.get(trait)):
-                observed.add(_static_difference(case, trait),
-                             f"{name}: {trait} nova {theirs.get(trait)}, "
-                             f"agent {ours.get(trait)}")
+                observed.add(
+                    _static_difference(case, trait),
+                    f"{name}: {trait} nova {theirs.get(trait)}, agent {ours.get(trait)}",
+                )
     check(observed)
 
 
@@ -113,8 +139,7 @@ CPU_SETTINGS = [
     {"cpu_mode": "custom", "cpu_models": ["Haswell-noTSX"]},
     {"cpu_mode": "custom", "cpu_models": ["haswell-notsx"]},
     {"cpu_mode": "custom", "cpu_models": ["SandyBridge", "IvyBridge", "Broadwell-noTSX"]},
-    {"cpu_mode": "custom", "cpu_models": ["Nehalem"],
-     "cpu_model_extra_flags": ["+avx", "-sse4.2"]},
+    {"cpu_mode": "custom", "cpu_models": ["Nehalem"], "cpu_model_extra_flags": ["+avx", "-sse4.2"]},
     {"cpu_mode": "custom", "cpu_models": ["EPYC"]},
     {"cpu_mode": "none"},
     {"cpu_mode": "none", "cpu_model_extra_flags": ["+avx2"]},
@@ -138,21 +163,21 @@ def _host_cpu(hypervisor, path) -> HostCpuModel:
     xml = path.read_text()
     listed = parse_cpu_model_xml(xml)
     expanded = parse_cpu_model_xml(hypervisor.expand_cpu_features(xml))
-    return HostCpuModel("x86_64", listed.model, listed.vendor,
-                        listed.features | expanded.features)
+    return HostCpuModel("x86_64", listed.model, listed.vendor, listed.features | expanded.features)
 
 
 def _capabilities_xml(host: HostCpuModel) -> str:
     features = "".join(f"<feature name='{name}'/>" for name in sorted(host.features))
-    return (f"<capabilities><host><cpu><arch>{host.arch}</arch><model>{host.model}</model>"
-            f"<vendor>{host.vendor}</vendor>{features}</cpu></host></capabilities>")
+    return (
+        f"<capabilities><host><cpu><arch>{host.arch}</arch><model>{host.model}</model>"
+        f"<vendor>{host.vendor}</vendor>{features}</cpu></host></capabilities>"
+    )
 
 
 def _agent_cpu_traits(hypervisor, host: HostCpuModel, options: dict):
     settings = load_settings(agent_side.agent_conf(options))
     models = guest_cpu_models(hypervisor, host, settings)
-    return guest_cpu_traits(settings.cpu_mode, host, models,
-                            settings.cpu_model_extra_flags)
+    return guest_cpu_traits(settings.cpu_mode, host, models, settings.cpu_model_extra_flags)
 
 
 def _cpu_case(hypervisor, host: HostCpuModel, options: dict) -> dict:
@@ -160,14 +185,22 @@ def _cpu_case(hypervisor, host: HostCpuModel, options: dict) -> dict:
     model it may ask about (the configured ones and the arch default)."""
     names = hypervisor.cpu_model_names("x86_64")
     by_lower = {name.lower(): name for name in names}
-    wanted = {by_lower[m.lower()] for m in options.get("cpu_models", ())
-              if m.lower() in by_lower} | {"qemu64"}
-    baseline = {model: hypervisor.expand_cpu_features(
-        cpu_model_xml(host.arch, model, host.vendor)) for model in sorted(wanted)}
-    return {"options": options, "host_arch": "x86_64",
-            "capabilities_xml": _capabilities_xml(host),
-            "model_names": names, "baseline": baseline,
-            "libvirt_version": LIBVIRT_VERSION, "qemu_version": (8, 2, 0)}
+    wanted = {
+        by_lower[m.lower()] for m in options.get("cpu_models", ()) if m.lower() in by_lower
+    } | {"qemu64"}
+    baseline = {
+        model: hypervisor.expand_cpu_features(cpu_model_xml(host.arch, model, host.vendor))
+        for model in sorted(wanted)
+    }
+    return {
+        "options": options,
+        "host_arch": "x86_64",
+        "capabilities_xml": _capabilities_xml(host),
+        "model_names": names,
+        "baseline": baseline,
+        "libvirt_version": LIBVIRT_VERSION,
+        "qemu_version": (8, 2, 0),
+    }
 
 
 # Traits compared: those nova's table decides. The agent's wider table and
@@ -176,32 +209,38 @@ _NOT_COMPARED = {"HW_CPU_X86_SSE3"}
 
 
 def _cpu_difference(options: dict, trait: str, theirs) -> str:
-    _enabled, disabled = ({f.lstrip("+").lower() for f in options.get(
-        "cpu_model_extra_flags", ()) if not f.startswith("-")},
-        {f[1:].lower() for f in options.get("cpu_model_extra_flags", ())
-         if f.startswith("-")})
+    _enabled, disabled = (
+        {
+            f.lstrip("+").lower()
+            for f in options.get("cpu_model_extra_flags", ())
+            if not f.startswith("-")
+        },
+        {f[1:].lower() for f in options.get("cpu_model_extra_flags", ()) if f.startswith("-")},
+    )
     if theirs and disabled and options.get("cpu_mode") != "none":
         return "cpu-extra-flag-disabled"
     return UNCLASSIFIED + " trait"
 
 
-def test_cpu_traits_follow_cpu_mode_as_nova_on_every_cputestdata_host(
-        nova, libvirt_test_driver):
-    hosts = [(path.stem, _host_cpu(libvirt_test_driver, path))
-             for path in sorted(CPUS.glob("*.xml"))]
+def test_cpu_traits_follow_cpu_mode_as_nova_on_every_cputestdata_host(nova, libvirt_test_driver):
+    hosts = [
+        (path.stem, _host_cpu(libvirt_test_driver, path)) for path in sorted(CPUS.glob("*.xml"))
+    ]
     assert hosts, f"no CPU model under {CPUS}"
-    cases = [(f"{name} {options}", host, options)
-             for name, host in hosts for options in CPU_SETTINGS]
-    answers = nova.call("cpu_mode_traits", cases=[
-        _cpu_case(libvirt_test_driver, host, options) for _n, host, options in cases])
+    cases = [
+        (f"{name} {options}", host, options) for name, host in hosts for options in CPU_SETTINGS
+    ]
+    answers = nova.call(
+        "cpu_mode_traits",
+        cases=[_cpu_case(libvirt_test_driver, host, options) for _n, host, options in cases],
+    )
     observed = Observed("cpu_mode", cases=len(cases))
     for (name, host, options), answer in zip(cases, answers):
         try:
             ours = _agent_cpu_traits(libvirt_test_driver, host, options)
         except ConfigError as exc:
             if "refused" not in answer:
-                observed.add(UNCLASSIFIED + " agent refuses",
-                             f"{name}: agent {exc}, nova {answer}")
+                observed.add(UNCLASSIFIED + " agent refuses", f"{name}: agent {exc}, nova {answer}")
             continue
         if "refused" in answer:
             observed.add(UNCLASSIFIED + " nova refuses", f"{name}: nova {answer['refused']}")
@@ -209,8 +248,10 @@ def test_cpu_traits_follow_cpu_mode_as_nova_on_every_cputestdata_host(
         theirs = answer["value"]
         for trait in sorted(set(theirs) - _NOT_COMPARED):
             if bool(theirs[trait]) != bool(ours.get(trait)):
-                observed.add(_cpu_difference(options, trait, theirs[trait]),
-                             f"{name}: {trait} nova {theirs[trait]}, agent {ours.get(trait)}")
+                observed.add(
+                    _cpu_difference(options, trait, theirs[trait]),
+                    f"{name}: {trait} nova {theirs[trait]}, agent {ours.get(trait)}",
+                )
     check(observed)
 
 
@@ -220,8 +261,12 @@ def test_cpu_traits_follow_cpu_mode_as_nova_on_every_cputestdata_host(
 KERNELS = ((), ("sev",), ("sev", "sev_es"), ("sev", "sev_es", "sev_snp"))
 # The options both sides get; num_intel_tdx_guests is nova's only (the agent
 # ignores it in a nova.conf), num_memory_encrypted_guests older nova's.
-MEM_OPTIONS = ({}, {"num_memory_encrypted_guests": 16}, {"num_memory_encrypted_guests": 0},
-               {"cpu_mode": "host-passthrough", "num_intel_tdx_guests": 8})
+MEM_OPTIONS = (
+    {},
+    {"num_memory_encrypted_guests": 16},
+    {"num_memory_encrypted_guests": 0},
+    {"cpu_mode": "host-passthrough", "num_intel_tdx_guests": 8},
+)
 AGENT_ONLY_OPTIONS = {"num_intel_tdx_guests"}
 
 
@@ -229,41 +274,63 @@ def _mem_cases() -> list[tuple[str, dict]]:
     sources = [(p.name, p.read_text()) for p in sorted(DOMCAPS.glob("*.xml"))]
     amd = (DOMCAPS / "qemu_10.0.0-q35.x86_64+amdsev.xml").read_text()
     # libvirt before 8.0 says SEV is supported but not for how many guests.
-    sources.append(("amdsev without maxGuests", amd.replace(
-        "<maxGuests>59</maxGuests>", "").replace("<maxESGuests>450</maxESGuests>", "")))
+    sources.append(
+        (
+            "amdsev without maxGuests",
+            amd.replace("<maxGuests>59</maxGuests>", "").replace(
+                "<maxESGuests>450</maxESGuests>", ""
+            ),
+        )
+    )
     cases = []
     for name, xml in sources:
         caps = parse_domain_capabilities(xml)
         for kvm_amd in KERNELS:
             for options in MEM_OPTIONS:
                 for qemu in ((7, 2, 0), (10, 0, 0)):
-                    cases.append((f"{name} kvm_amd={kvm_amd} {options} qemu {qemu}", {
-                        "options": options, "host_arch": caps.arch,
-                        "domain_caps": {caps.arch: {caps.machine: xml}},
-                        "libvirt_version": LIBVIRT_VERSION, "qemu_version": qemu,
-                        "kvm_amd": list(kvm_amd)}))
+                    cases.append(
+                        (
+                            f"{name} kvm_amd={kvm_amd} {options} qemu {qemu}",
+                            {
+                                "options": options,
+                                "host_arch": caps.arch,
+                                "domain_caps": {caps.arch: {caps.machine: xml}},
+                                "libvirt_version": LIBVIRT_VERSION,
+                                "qemu_version": qemu,
+                                "kvm_amd": list(kvm_amd),
+                            },
+                        )
+                    )
     return cases
 
 
 def _agent_mem(case: dict) -> dict:
     options = {k: v for k, v in case["options"].items() if k not in AGENT_ONLY_OPTIONS}
     settings = agent_side.settings(options)
-    caps = tuple(parse_domain_capabilities(xml) for machines in case["domain_caps"].values()
-                 for xml in machines.values())
-    info = HypervisorInfo(tuple(case["libvirt_version"]), tuple(case["qemu_version"]), caps,
-                          frozenset(case["kvm_amd"]))
-    offered = host_mem_encryption(info, case["host_arch"],
-                                  settings.num_memory_encrypted_guests)
-    return {child.name: {"inventories": {rc: inv.as_placement()
-                                         for rc, inv in child.inventories.items()},
-                         "traits": sorted(child.wanted_traits)}
-            for child in mem_encryption_children("cn1", offered)}
+    caps = tuple(
+        parse_domain_capabilities(xml)
+        for machines in case["domain_caps"].values()
+        for xml in machines.values()
+    )
+    info = HypervisorInfo(
+        tuple(case["libvirt_version"]),
+        tuple(case["qemu_version"]),
+        caps,
+        frozenset(case["kvm_amd"]),
+    )
+    offered = host_mem_encryption(info, case["host_arch"], settings.num_memory_encrypted_guests)
+    return {
+        child.name: {
+            "inventories": {rc: inv.as_placement() for rc, inv in child.inventories.items()},
+            "traits": sorted(child.wanted_traits),
+        }
+        for child in mem_encryption_children("cn1", offered)
+    }
 
 
 def _mem_difference(case: dict, name: str, theirs, ours) -> str:
     if theirs and ours and theirs["inventories"] == ours["inventories"]:
-        if (set(ours["traits"]) ^ set(theirs["traits"])
-                == {AGENT_CHILD_TRAIT, "OWNER_NOVA"}):
+        if set(ours["traits"]) ^ set(theirs["traits"]) == {AGENT_CHILD_TRAIT, "OWNER_NOVA"}:
             return "mem-encryption-owner-mark"
     if name.endswith("_intel_tdx") and ours is None:
         return "mem-encryption-tdx"
@@ -292,8 +359,9 @@ def test_mem_encryption_children_match_nova_on_libvirts_domain_capabilities(nova
         theirs = answer["value"]
         for child in sorted(set(theirs) | set(ours)):
             if theirs.get(child) != ours.get(child):
-                observed.add(_mem_difference(case, child, theirs.get(child), ours.get(child)),
-                             f"{name}: {child} nova {theirs.get(child)}, "
-                             f"agent {ours.get(child)}")
+                observed.add(
+                    _mem_difference(case, child, theirs.get(child), ours.get(child)),
+                    f"{name}: {child} nova {theirs.get(child)}, agent {ours.get(child)}",
+                )
     assert reported > 0, "no case reported a memory-encryption child: the test proves nothing"
     check(observed)

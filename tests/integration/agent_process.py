@@ -16,8 +16,8 @@ from pathlib import Path
 from tests.hostdata import HOSTDATA
 from tests.machine_id import isolated_config
 
-SMALL_HOST = HOSTDATA / "vircaps2xmldata/linux-basic/system"      # 16 CPUs
-OTHER_HOST = HOSTDATA / "virhostcpudata/linux-test1"               # another shape
+SMALL_HOST = HOSTDATA / "vircaps2xmldata/linux-basic/system"  # 16 CPUs
+OTHER_HOST = HOSTDATA / "virhostcpudata/linux-test1"  # another shape
 AGENT = Path(sys.executable).with_name("node-agent")
 NOBODY_UID = NOBODY_GID = 65534
 
@@ -87,15 +87,23 @@ class AgentProcess:
     must then be a directory others can traverse (``world_readable_dir``);
     the fixture host is copied into it and the state directory is nobody's."""
 
-    def __init__(self, tmp_path: Path, placement_url: str, host: str,
-                 agent_options: str = "report_interval = 1\n", extra: str = "",
-                 system_dir: Path = SMALL_HOST, as_nobody: bool = False):
+    def __init__(
+        self,
+        tmp_path: Path,
+        placement_url: str,
+        host: str,
+        agent_options: str = "report_interval = 1\n",
+        extra: str = "",
+        system_dir: Path = SMALL_HOST,
+        as_nobody: bool = False,
+    ):
         self.dir = tmp_path
         self.host = host
         self.placement_url = placement_url
         self.as_nobody = as_nobody
         if as_nobody:
             from tests.reliability.nobody import skip_unless_root_with_setpriv, stage_tree
+
             skip_unless_root_with_setpriv()
             system_dir = stage_tree(system_dir, tmp_path)
         self.sysroot = tmp_path / "sysroot"
@@ -109,6 +117,7 @@ class AgentProcess:
         self.proc: subprocess.Popen | None = None
         if as_nobody:
             from tests.reliability.nobody import open_to_everyone
+
             open_to_everyone(tmp_path)
             self.notify.path.chmod(0o777)  # sending to a socket needs write access
             state = tmp_path / "state"
@@ -116,18 +125,19 @@ class AgentProcess:
             os.chown(state, NOBODY_UID, NOBODY_GID)
 
     def config_text(self, reserved_memory_mb: int = 512) -> str:
-        return (isolated_config(self.dir) +
-                f"[DEFAULT]\nhost = {self.host}\n"
-                f"{self.extra}"
-                f"[agent]\nstate_path = {self.dir / 'state'}\n"
-                f"[host]\nsysfs_root = {self.sysroot}\n"
-                "[libvirt]\nconnection_uri =\n"
-                f"[compute]\ninstances_path = {self.dir}\n"
-                f"reserved_host_memory_mb = {reserved_memory_mb}\n"
-                f"[agent]\nstartup_splay = 0\nretry_max_interval = 2\n"
-                f"{self.agent_options}"
-                "[placement]\nauth_type = admin_token\ntoken = admin\n"
-                f"endpoint_override = {self.placement_url}\n")
+        return (
+            isolated_config(self.dir) + f"[DEFAULT]\nhost = {self.host}\n"
+            f"{self.extra}"
+            f"[agent]\nstate_path = {self.dir / 'state'}\n"
+            f"[host]\nsysfs_root = {self.sysroot}\n"
+            "[libvirt]\nconnection_uri =\n"
+            f"[compute]\ninstances_path = {self.dir}\n"
+            f"reserved_host_memory_mb = {reserved_memory_mb}\n"
+            f"[agent]\nstartup_splay = 0\nretry_max_interval = 2\n"
+            f"{self.agent_options}"
+            "[placement]\nauth_type = admin_token\ntoken = admin\n"
+            f"endpoint_override = {self.placement_url}\n"
+        )
 
     def write_config(self, text: str | None = None) -> None:
         self.config.write_text(text if text is not None else self.config_text())
@@ -142,11 +152,13 @@ class AgentProcess:
         cwd = None
         if self.as_nobody:
             from tests.reliability.nobody import as_nobody
+
             command, env = as_nobody("-m", "node_agent.cli.main", *command[1:], env=env)
             cwd = "/"
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(command, env=env, stdout=log,
-                                         stderr=subprocess.STDOUT, cwd=cwd)
+            self.proc = subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=cwd
+            )
         return self
 
     def log(self) -> str:
@@ -169,8 +181,9 @@ class AgentProcess:
     def status_after(self, predicate, timeout: float = 20) -> str:
         """The next STATUS= text that satisfies ``predicate``."""
         found = self.notify.wait_for(
-            lambda d: d.startswith("STATUS=") and predicate(d[len("STATUS="):]), timeout)
-        return found[len("STATUS="):]
+            lambda d: d.startswith("STATUS=") and predicate(d[len("STATUS=") :]), timeout
+        )
+        return found[len("STATUS=") :]
 
     def new_status(self, predicate, timeout: float = 20) -> str:
         """Like :meth:`status_after`, ignoring datagrams already read."""

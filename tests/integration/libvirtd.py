@@ -43,8 +43,7 @@ QEMU_BY_MACHINE = {
     "s390x": "qemu-system-s390x",
 }
 # The machine type each emulator runs a no-disk guest with.
-MACHINE_TYPE = {"x86_64": "pc", "aarch64": "virt", "ppc64le": "pseries",
-                "s390x": "s390-ccw-virtio"}
+MACHINE_TYPE = {"x86_64": "pc", "aarch64": "virt", "ppc64le": "pseries", "s390x": "s390-ccw-virtio"}
 
 # Host paths the daemon sees replaced by directories of its own: whole /run
 # and /var, because /var/lib/libvirt and friends may not exist on the host
@@ -132,15 +131,21 @@ class _Daemon:
 def unavailable_reason() -> Optional[str]:
     """Why a private libvirtd cannot run here, or None when it can."""
     if os.geteuid() != 0:
-        return ("a private libvirtd with QEMU guests needs root (its own mount "
-                "namespace, guests running as root); run the suite as root, as CI does")
-    missing = [name for name in ("libvirtd", "virtlogd", "unshare", emulator_name())
-               if not _which(name)]
+        return (
+            "a private libvirtd with QEMU guests needs root (its own mount "
+            "namespace, guests running as root); run the suite as root, as CI does"
+        )
+    missing = [
+        name for name in ("libvirtd", "virtlogd", "unshare", emulator_name()) if not _which(name)
+    ]
     if missing:
-        return (f"{', '.join(missing)} not installed: `make install` adds Debian's "
-                "libvirt-daemon, libvirt-daemon-driver-qemu and the QEMU emulator")
-    probe = subprocess.run(["unshare", "--mount", "--propagation", "private", "true"],
-                           capture_output=True, text=True)
+        return (
+            f"{', '.join(missing)} not installed: `make install` adds Debian's "
+            "libvirt-daemon, libvirt-daemon-driver-qemu and the QEMU emulator"
+        )
+    probe = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "true"], capture_output=True, text=True
+    )
     if probe.returncode != 0:
         return f"cannot create a private mount namespace for libvirtd: {probe.stderr.strip()}"
     return None
@@ -161,8 +166,10 @@ def hugepage_reason(memory_kib: int) -> Optional[str]:
     free = int(meminfo.get("HugePages_Free", "0").split()[0])
     size_kib = int(meminfo.get("Hugepagesize", "0 kB").split()[0])
     if free * size_kib < memory_kib:
-        return (f"the host has {free} free huge pages of {size_kib} KiB, fewer than the "
-                f"{memory_kib} KiB the guest needs (set vm.nr_hugepages to try it)")
+        return (
+            f"the host has {free} free huge pages of {size_kib} KiB, fewer than the "
+            f"{memory_kib} KiB the guest needs (set vm.nr_hugepages to try it)"
+        )
     return None
 
 
@@ -218,17 +225,18 @@ class Libvirtd:
         (etc / "libvirtd.conf").write_text(
             f'unix_sock_dir = "{self.run_dir}"\n'
             'auth_unix_ro = "none"\nauth_unix_rw = "none"\n'
-            f'log_outputs = "3:file:{self.log_dir}/libvirtd.log"\n')
-        (etc / "virtlogd.conf").write_text(
-            f'log_outputs = "3:file:{self.log_dir}/virtlogd.log"\n')
+            f'log_outputs = "3:file:{self.log_dir}/libvirtd.log"\n'
+        )
+        (etc / "virtlogd.conf").write_text(f'log_outputs = "3:file:{self.log_dir}/virtlogd.log"\n')
         (etc / "qemu.conf").write_text(
             'user = "root"\ngroup = "root"\ndynamic_ownership = 0\n'
             'security_driver = "none"\ncgroup_controllers = [ ]\n'
-            'remember_owner = 0\n'
+            "remember_owner = 0\n"
             # QEMU stays in this namespace (no private /dev of its own), so
             # the holder's sweep finds it.
-            'namespaces = [ ]\n'
-            f'hugetlbfs_mount = "{self.base / "hugepages"}"\n')
+            "namespaces = [ ]\n"
+            f'hugetlbfs_mount = "{self.base / "hugepages"}"\n'
+        )
 
     def _accounts(self) -> list[tuple[str, str]]:
         """Private /etc/passwd and /etc/group naming the qemu driver's default
@@ -237,11 +245,15 @@ class Libvirtd:
         Returns the bind mounts needed (none when the host has them)."""
         import grp
         import pwd
+
         binds = []
         group_ids = {g.gr_gid for g in grp.getgrall()}
         names = {g.gr_name for g in grp.getgrall()}
-        added = [f"{name}:x:{_free_id(group_ids)}:\n"
-                 for name in ("kvm", "libvirt-qemu") if name not in names]
+        added = [
+            f"{name}:x:{_free_id(group_ids)}:\n"
+            for name in ("kvm", "libvirt-qemu")
+            if name not in names
+        ]
         if added:
             (self.base / "group").write_text(Path("/etc/group").read_text() + "".join(added))
             binds.append(("group", "/etc/group"))
@@ -250,7 +262,8 @@ class Libvirtd:
             uid = _free_id(set(users.values()))
             (self.base / "passwd").write_text(
                 Path("/etc/passwd").read_text()
-                + f"libvirt-qemu:x:{uid}:{uid}::/var/lib/libvirt:/usr/sbin/nologin\n")
+                + f"libvirt-qemu:x:{uid}:{uid}::/var/lib/libvirt:/usr/sbin/nologin\n"
+            )
             binds.append(("passwd", "/etc/passwd"))
         return binds
 
@@ -263,8 +276,10 @@ class Libvirtd:
         if self._holder is None:
             self._write_config()
             mounts = [(rel, f"/{rel}") for rel in _PRIVATE] + self._accounts()
-            binds = " && ".join(f"mount --bind {shlex.quote(str(self.base / rel))} {target}"
-                                for rel, target in mounts)
+            binds = " && ".join(
+                f"mount --bind {shlex.quote(str(self.base / rel))} {target}"
+                for rel, target in mounts
+            )
             # Optional: without it only the hugepage-backed guest is skipped.
             huge = shlex.quote(str(self.base / "hugepages"))
             binds += f" && (mount -t hugetlbfs hugetlbfs {huge} || true)"
@@ -272,13 +287,24 @@ class Libvirtd:
             # and ends it when its stdin closes: on stop(), or when the test
             # process dies, even by SIGKILL.
             self._holder = subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                 f"{binds} && exec {shlex.quote(sys.executable)} -c {shlex.quote(_HOLDER)}"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True)
+                [
+                    "unshare",
+                    "--mount",
+                    "--propagation",
+                    "private",
+                    "sh",
+                    "-c",
+                    f"{binds} && exec {shlex.quote(sys.executable)} -c {shlex.quote(_HOLDER)}",
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
             self._wait(self._mounted, "the private mount namespace", self._holder)
-            virtlogd = self._spawn(["virtlogd", "--pid-file", str(self.base / "virtlogd.pid")],
-                                   "virtlogd.stderr")
+            virtlogd = self._spawn(
+                ["virtlogd", "--pid-file", str(self.base / "virtlogd.pid")], "virtlogd.stderr"
+            )
             self._wait(lambda: (self.run_dir / "virtlogd-sock").exists(), "virtlogd", virtlogd)
         self._start_libvirtd()
         return self
@@ -299,20 +325,24 @@ class Libvirtd:
     def _spawn(self, argv: list[str], stderr: str) -> _Daemon:
         """Start ``argv`` in the namespace, as a child of the holder."""
         import json
-        self._holder.stdin.write(json.dumps(
-            {"argv": argv, "stderr": str(self.log_dir / stderr)}) + "\n")
+
+        self._holder.stdin.write(
+            json.dumps({"argv": argv, "stderr": str(self.log_dir / stderr)}) + "\n"
+        )
         self._holder.stdin.flush()
         return _Daemon(int(self._holder.stdout.readline()))
 
     def _start_libvirtd(self) -> None:
         sock = self.run_dir / "libvirt-sock-ro"
         sock.unlink(missing_ok=True)
-        self.proc = self._spawn(["libvirtd", "--pid-file", str(self.base / "libvirtd.pid")],
-                                "libvirtd.stderr")
+        self.proc = self._spawn(
+            ["libvirtd", "--pid-file", str(self.base / "libvirtd.pid")], "libvirtd.stderr"
+        )
         self._wait(self._answers, "libvirtd's read-only socket", self.proc)
 
     def _answers(self) -> bool:
         import libvirt
+
         try:
             libvirt.openReadOnly(self.ro_uri).close()
             return True
@@ -325,8 +355,10 @@ class Libvirtd:
             if proc.poll() is not None or time.monotonic() > deadline:
                 ended = getattr(proc, "stderr", None) and proc.poll() is not None
                 stderr = proc.stderr.read() if ended else ""
-                raise RuntimeError(f"{what} did not come up (exit {proc.poll()}) {stderr}; "
-                                   f"see {self.log_dir}: {self.log_tail()}")
+                raise RuntimeError(
+                    f"{what} did not come up (exit {proc.poll()}) {stderr}; "
+                    f"see {self.log_dir}: {self.log_tail()}"
+                )
             time.sleep(0.05)
 
     def log_tail(self, lines: int = 15) -> str:
@@ -376,6 +408,7 @@ class Libvirtd:
 
     def rw(self):
         import libvirt
+
         if self._rw is None:
             self._rw = libvirt.open(self.rw_uri)
         return self._rw
@@ -388,9 +421,17 @@ class Libvirtd:
         self.rw().lookupByUUIDString(uuid).destroy()
 
 
-def guest_xml(name: str, uuid: str, *, vcpus: int = 1, memory_kib: int = 65536,
-              pins: Optional[dict[int, str]] = None, numa_nodeset: Optional[str] = None,
-              hugepages: bool = False, nova: Optional[dict] = None) -> str:
+def guest_xml(
+    name: str,
+    uuid: str,
+    *,
+    vcpus: int = 1,
+    memory_kib: int = 65536,
+    pins: Optional[dict[int, str]] = None,
+    numa_nodeset: Optional[str] = None,
+    hugepages: bool = False,
+    nova: Optional[dict] = None,
+) -> str:
     """A QEMU guest with no disk, ``<domain type='qemu'>`` (TCG, no KVM needed).
 
     ``pins``: vCPU -> host cpuset (``<vcpupin>``); ``numa_nodeset``: strict
@@ -400,11 +441,18 @@ def guest_xml(name: str, uuid: str, *, vcpus: int = 1, memory_kib: int = 65536,
     arch = platform.machine()
     cputune = ""
     if pins:
-        cputune = "<cputune>" + "".join(
-            f"<vcpupin vcpu='{vcpu}' cpuset='{cpus}'/>" for vcpu, cpus in sorted(pins.items())
-        ) + "</cputune>"
-    numatune = (f"<numatune><memory mode='strict' nodeset='{numa_nodeset}'/></numatune>"
-                if numa_nodeset is not None else "")
+        cputune = (
+            "<cputune>"
+            + "".join(
+                f"<vcpupin vcpu='{vcpu}' cpuset='{cpus}'/>" for vcpu, cpus in sorted(pins.items())
+            )
+            + "</cputune>"
+        )
+    numatune = (
+        f"<numatune><memory mode='strict' nodeset='{numa_nodeset}'/></numatune>"
+        if numa_nodeset is not None
+        else ""
+    )
     backing = "<memoryBacking><hugepages/></memoryBacking>" if hugepages else ""
     metadata = ""
     if nova:
@@ -413,11 +461,13 @@ def guest_xml(name: str, uuid: str, *, vcpus: int = 1, memory_kib: int = 65536,
             f"<nova:name>{name}</nova:name>"
             f"<nova:flavor name='{nova['flavor']}'><nova:memory>{nova['memory_mb']}"
             f"</nova:memory><nova:vcpus>{vcpus}</nova:vcpus></nova:flavor>"
-            "</nova:instance></metadata>")
+            "</nova:instance></metadata>"
+        )
     return (
         f"<domain type='qemu'><name>{name}</name><uuid>{uuid}</uuid>{metadata}"
         f"<memory unit='KiB'>{memory_kib}</memory><vcpu placement='static'>{vcpus}</vcpu>"
         f"{cputune}{numatune}{backing}"
         f"<os><type arch='{arch}' machine='{MACHINE_TYPE.get(arch, 'virt')}'>hvm</type></os>"
         f"<devices><emulator>{_which(emulator_name()) or emulator_name()}</emulator>"
-        "</devices></domain>")
+        "</devices></domain>"
+    )

@@ -54,8 +54,13 @@ CPU_CLASSES = ("VCPU", "PCPU")
 
 
 def flavor(name, vcpus, memory_mb=512, root_gb=1, **extra_specs) -> dict:
-    return {"name": name, "vcpus": vcpus, "memory_mb": memory_mb, "root_gb": root_gb,
-            "extra_specs": {k.replace("__", ":"): v for k, v in extra_specs.items()}}
+    return {
+        "name": name,
+        "vcpus": vcpus,
+        "memory_mb": memory_mb,
+        "root_gb": root_gb,
+        "extra_specs": {k.replace("__", ":"): v for k, v in extra_specs.items()},
+    }
 
 
 def pinned(name, vcpus, memory_mb=512, **extra) -> dict:
@@ -69,10 +74,10 @@ def pinned(name, vcpus, memory_mb=512, **extra) -> dict:
 class Topology:
     """The sysfs tree as read by this module (not by the agent)."""
 
-    nodes: dict            # node id -> sorted host CPUs
+    nodes: dict  # node id -> sorted host CPUs
     online: frozenset
     node_memory_kib: dict  # node id -> MemTotal kB
-    core: dict             # cpu -> (package, core)
+    core: dict  # cpu -> (package, core)
 
     def caps_xml(self) -> str:
         """libvirt's capabilities for these cells, what nova's driver reads."""
@@ -84,16 +89,21 @@ class Topology:
                 cpu_lines.append(
                     f"<cpu id='{cpu}' socket_id='{self.core[cpu][0]}' "
                     f"core_id='{self.core[cpu][1]}' "
-                    f"siblings='{','.join(map(str, siblings))}'/>")
+                    f"siblings='{','.join(map(str, siblings))}'/>"
+                )
             mem = self.node_memory_kib[node]
-            cells.append(f"<cell id='{node}'><memory unit='KiB'>{mem}</memory>"
-                         f"<pages unit='KiB' size='4'>{mem // 4}</pages>"
-                         f"<cpus num='{len(cpus)}'>{''.join(cpu_lines)}</cpus></cell>")
-        return ("<capabilities><host><uuid>00000000-0000-4000-8000-000000000000</uuid>"
-                "<cpu><arch>x86_64</arch><model>Skylake-Client-IBRS</model>"
-                "<vendor>Intel</vendor></cpu>"
-                f"<topology><cells num='{len(cells)}'>{''.join(cells)}</cells></topology>"
-                "</host></capabilities>")
+            cells.append(
+                f"<cell id='{node}'><memory unit='KiB'>{mem}</memory>"
+                f"<pages unit='KiB' size='4'>{mem // 4}</pages>"
+                f"<cpus num='{len(cpus)}'>{''.join(cpu_lines)}</cpus></cell>"
+            )
+        return (
+            "<capabilities><host><uuid>00000000-0000-4000-8000-000000000000</uuid>"
+            "<cpu><arch>x86_64</arch><model>Skylake-Client-IBRS</model>"
+            "<vendor>Intel</vendor></cpu>"
+            f"<topology><cells num='{len(cells)}'>{''.join(cells)}</cells></topology>"
+            "</host></capabilities>"
+        )
 
 
 def _cpulist(text: str) -> set:
@@ -111,8 +121,11 @@ def read_topology(system: Path) -> Topology:
     for node_dir in sorted((system / "node").glob("node[0-9]*")):
         node = int(node_dir.name[4:])
         listed = node_dir / "cpulist"
-        cpus = (_cpulist(listed.read_text()) if listed.exists() else
-                {int(p.name[3:]) for p in node_dir.glob("cpu[0-9]*")})
+        cpus = (
+            _cpulist(listed.read_text())
+            if listed.exists()
+            else {int(p.name[3:]) for p in node_dir.glob("cpu[0-9]*")}
+        )
         nodes[node] = sorted(cpus)
         for line in (node_dir / "meminfo").read_text().splitlines():
             if "MemTotal:" in line:
@@ -121,8 +134,10 @@ def read_topology(system: Path) -> Topology:
     core = {}
     for cpu in online:
         topo = system / "cpu" / f"cpu{cpu}" / "topology"
-        core[cpu] = (int((topo / "physical_package_id").read_text()),
-                     int((topo / "core_id").read_text()))
+        core[cpu] = (
+            int((topo / "physical_package_id").read_text()),
+            int((topo / "core_id").read_text()),
+        )
     return Topology(nodes, frozenset(online), memory, core)
 
 
@@ -160,29 +175,44 @@ class Truth:
         shared CPUs x ratio, its RAM (reserved memory not taken off: a
         bound, the node's share of it is the agent's choice)."""
         cpus = self.node_cpus.get(node, frozenset())
-        return {"PCPU": len(cpus & self.dedicated),
-                "VCPU": int(len(cpus & self.shared) * self.cpu_allocation_ratio),
-                "MEMORY_MB": self.node_memory_mb.get(node, 0)}
+        return {
+            "PCPU": len(cpus & self.dedicated),
+            "VCPU": int(len(cpus & self.shared) * self.cpu_allocation_ratio),
+            "MEMORY_MB": self.node_memory_mb.get(node, 0),
+        }
 
     @classmethod
     def of(cls, topology: Topology, config: Config, instances_path: str) -> "Truth":
         online = topology.online
-        dedicated = frozenset(_cpulist(config.dedicated) & online) if config.dedicated \
-            else frozenset()
-        shared = (_cpulist(config.shared) & online if config.shared
-                  else (set() if config.dedicated else set(online)))
+        dedicated = (
+            frozenset(_cpulist(config.dedicated) & online) if config.dedicated else frozenset()
+        )
+        shared = (
+            _cpulist(config.shared) & online
+            if config.shared
+            else (set() if config.dedicated else set(online))
+        )
         # On a fixture root the node sums are the host's RAM (psutil
         # describes the machine running the tests, not the fixture).
-        memory_mb = (sum(topology.node_memory_kib.values()) // 1024
-                     if topology.node_memory_kib else psutil.virtual_memory().total // MIB)
-        capacity = {"VCPU": int(len(shared) * config.cpu_allocation_ratio),
-                    "PCPU": len(dedicated),
-                    "MEMORY_MB": memory_mb - config.reserved_host_memory_mb,
-                    "DISK_GB": shutil.disk_usage(instances_path).total // GIB}
-        return cls(capacity, dedicated, frozenset(shared),
-                   {n: frozenset(c) for n, c in topology.nodes.items()},
-                   {n: kib // 1024 for n, kib in topology.node_memory_kib.items()},
-                   config.cpu_allocation_ratio)
+        memory_mb = (
+            sum(topology.node_memory_kib.values()) // 1024
+            if topology.node_memory_kib
+            else psutil.virtual_memory().total // MIB
+        )
+        capacity = {
+            "VCPU": int(len(shared) * config.cpu_allocation_ratio),
+            "PCPU": len(dedicated),
+            "MEMORY_MB": memory_mb - config.reserved_host_memory_mb,
+            "DISK_GB": shutil.disk_usage(instances_path).total // GIB,
+        }
+        return cls(
+            capacity,
+            dedicated,
+            frozenset(shared),
+            {n: frozenset(c) for n, c in topology.nodes.items()},
+            {n: kib // 1024 for n, kib in topology.node_memory_kib.items()},
+            config.cpu_allocation_ratio,
+        )
 
 
 # ------------------------------------------------------------------ one host
@@ -192,8 +222,13 @@ class AgentHost:
     """A compute host: a sysfs fixture tree, the domains nova defined on it
     (a libvirt test-driver XML file), its config, and the agent's state."""
 
-    def __init__(self, tmp: Path, url: str, name: str,
-                 tree: Path = HOSTDATA / "virhostcpudata" / "linux-test4"):
+    def __init__(
+        self,
+        tmp: Path,
+        url: str,
+        name: str,
+        tree: Path = HOSTDATA / "virhostcpudata" / "linux-test4",
+    ):
         tmp.mkdir(parents=True, exist_ok=True)
         self.tmp, self.url, self.name = tmp, url, name
         self.sysfs = str(sysfs_root_for(tree, tmp))
@@ -222,13 +257,22 @@ class AgentHost:
 
     def settings(self):
         cfg = self.config
-        base = make_settings(self.name, self.sysfs, self.uri, self.state_dir, str(self.tmp),
-                             cfg.dedicated, cfg.shared)
+        base = make_settings(
+            self.name,
+            self.sysfs,
+            self.uri,
+            self.state_dir,
+            str(self.tmp),
+            cfg.dedicated,
+            cfg.shared,
+        )
         return dataclasses.replace(
-            base, cpu_allocation_ratio=cfg.cpu_allocation_ratio,
+            base,
+            cpu_allocation_ratio=cfg.cpu_allocation_ratio,
             reserved_host_memory_mb=cfg.reserved_host_memory_mb,
             numa_in_placement=cfg.numa_in_placement,
-            provider_config_location=str(self.tmp / "provider_config"))
+            provider_config_location=str(self.tmp / "provider_config"),
+        )
 
     def cycle(self, before_post: Optional[Callable] = None):
         """One agent cycle: (reshape outcome or refusal, sync report, desired)."""
@@ -240,8 +284,11 @@ class AgentHost:
 
     def nova_options(self) -> dict:
         cfg = self.config
-        return {"cpu_dedicated_set": cfg.dedicated, "cpu_shared_set": cfg.shared,
-                "cpu_allocation_ratio": cfg.cpu_allocation_ratio}
+        return {
+            "cpu_dedicated_set": cfg.dedicated,
+            "cpu_shared_set": cfg.shared,
+            "cpu_allocation_ratio": cfg.cpu_allocation_ratio,
+        }
 
     @property
     def root(self) -> str:
@@ -259,7 +306,7 @@ class Guest:
     host: str
     pins: dict = dataclasses.field(default_factory=dict)  # vcpu -> [host cpus]
     migration: Optional[str] = None
-    source: Optional[str] = None   # resize in flight: the source host
+    source: Optional[str] = None  # resize in flight: the source host
     old_flavor: Optional[dict] = None
     old_pins: dict = dataclasses.field(default_factory=dict)
 
@@ -269,8 +316,9 @@ class Guest:
         policy = self.flavor["extra_specs"].get("hw:cpu_policy")
         if policy not in ("dedicated", "mixed"):
             return 0
-        return sum(1 for cpus in pins.values() if len(cpus) == 1) if policy == "mixed" \
-            else len(pins)
+        return (
+            sum(1 for cpus in pins.values() if len(cpus) == 1) if policy == "mixed" else len(pins)
+        )
 
 
 class Cloud:
@@ -283,7 +331,7 @@ class Cloud:
         self.placement = PlacementClient.for_endpoint(url)
         self.hosts: dict[str, AgentHost] = {}
         self.guests: dict[str, Guest] = {}
-        self.refused_on_host: list[str] = []   # nova's compute claim failed
+        self.refused_on_host: list[str] = []  # nova's compute claim failed
         self.queries: list[list[str]] = []
         # (host, from the first query) of each candidate of the last select
         self.last_candidates: list[tuple[str, bool]] = []
@@ -302,12 +350,16 @@ class Cloud:
     def configure(self, host: AgentHost, **changes) -> None:
         """The operator edits the host's config (nova-compute's and the agent's)."""
         host.config = dataclasses.replace(host.config, **changes)
-        self.nova.call("host_config", host=host.name, caps=host.topology.caps_xml(),
-                       online=sorted(host.topology.online), options=host.nova_options())
+        self.nova.call(
+            "host_config",
+            host=host.name,
+            caps=host.topology.caps_xml(),
+            online=sorted(host.topology.online),
+            options=host.nova_options(),
+        )
 
     def tree_of(self, host: AgentHost) -> list[dict]:
-        return self.placement.get(
-            f"/resource_providers?in_tree={host.root}")["resource_providers"]
+        return self.placement.get(f"/resource_providers?in_tree={host.root}")["resource_providers"]
 
     def provider_hosts(self) -> dict:
         """provider uuid -> the host whose tree holds it."""
@@ -328,11 +380,17 @@ class Cloud:
     # ------------------------------------------------------------ boot
 
     def _spec_args(self, instance: str, fl: dict, image_properties=None) -> dict:
-        return {"instance": instance, "flavor": fl, "image_properties": image_properties or {},
-                "project_id": PROJECT, "user_id": USER}
+        return {
+            "instance": instance,
+            "flavor": fl,
+            "image_properties": image_properties or {},
+            "project_id": PROJECT,
+            "user_id": USER,
+        }
 
-    def select(self, instance: str, fl: dict, accept: Callable[[AgentHost], bool],
-               image_properties=None):
+    def select(
+        self, instance: str, fl: dict, accept: Callable[[AgentHost], bool], image_properties=None
+    ):
         """nova's queries; the first allocation request all on one accepted host."""
         answer = self.nova.call("select", **self._spec_args(instance, fl, image_properties))
         self.queries.append(answer["queries"])
@@ -348,18 +406,27 @@ class Cloud:
             hosts = {owner.get(rp) for rp in request["allocations"]}
             if len(hosts) == 1:
                 host = hosts.pop()
-                if (host is not None and accept(host) and
-                        self.nova.call("fits", host=host.name, flavor=fl,
-                                       image_properties=image_properties or {})):
+                if (
+                    host is not None
+                    and accept(host)
+                    and self.nova.call(
+                        "fits", host=host.name, flavor=fl, image_properties=image_properties or {}
+                    )
+                ):
                     return host, request, answer["version"]
         return None, None, answer["version"]
 
     def _spawn(self, guest: Guest, host: AgentHost, runstate: int = 1) -> bool:
-        answer = self.nova.call("spawn", host=host.name, instance=guest.uuid,
-                                name=guest.name, display_name=guest.name,
-                                flavor=guest.flavor, owner={"project_id": PROJECT,
-                                                            "user_id": USER},
-                                runstate=runstate)
+        answer = self.nova.call(
+            "spawn",
+            host=host.name,
+            instance=guest.uuid,
+            name=guest.name,
+            display_name=guest.name,
+            flavor=guest.flavor,
+            owner={"project_id": PROJECT, "user_id": USER},
+            runstate=runstate,
+        )
         if "refused" in answer:
             self.refused_on_host.append(f"{guest.name} on {host.name}: {answer['refused']}")
             return False
@@ -376,12 +443,17 @@ class Cloud:
         self._count += 1
         instance = str(uuid.uuid4())
         names = {h.name for h in on} if on else set(self.hosts)
-        host, request, version = self.select(instance, fl, lambda h: h.name in names,
-                                             image_properties)
+        host, request, version = self.select(
+            instance, fl, lambda h: h.name in names, image_properties
+        )
         if host is None:
             return None
-        claimed = self.nova.call("claim", allocation_request=request, version=version,
-                                 **self._spec_args(instance, fl, image_properties))
+        claimed = self.nova.call(
+            "claim",
+            allocation_request=request,
+            version=version,
+            **self._spec_args(instance, fl, image_properties),
+        )
         assert claimed is True, f"nova's claim of {instance} failed: {claimed}"
         guest = Guest(instance, f"instance-{self._count:08x}", fl, host.name)
         if not self._spawn(guest, host):
@@ -401,19 +473,25 @@ class Cloud:
         migration = str(uuid.uuid4())
         moved = self.nova.call("move", source=guest.uuid, target=migration)
         assert moved is True, f"move_allocations to the migration: {moved}"
-        host, request, version = self.select(guest.uuid, new_flavor,
-                                             lambda h: h.name != source.name)
+        host, request, version = self.select(
+            guest.uuid, new_flavor, lambda h: h.name != source.name
+        )
         if host is None:
             assert self.nova.call("move", source=migration, target=guest.uuid) is True
             return None
-        claimed = self.nova.call("claim", allocation_request=request, version=version,
-                                 **self._spec_args(guest.uuid, new_flavor))
+        claimed = self.nova.call(
+            "claim",
+            allocation_request=request,
+            version=version,
+            **self._spec_args(guest.uuid, new_flavor),
+        )
         assert claimed is True, f"claim on the destination: {claimed}"
         guest.migration, guest.source = migration, source.name
         guest.old_flavor, guest.old_pins = guest.flavor, guest.pins
         # The source guest is powered off but stays defined until confirm.
         source.domains[guest.uuid] = source.domains[guest.uuid].replace(
-            "<test:runstate>1</test:runstate>", "<test:runstate>5</test:runstate>")
+            "<test:runstate>1</test:runstate>", "<test:runstate>5</test:runstate>"
+        )
         source.write_domains()
         guest.flavor, guest.host = new_flavor, host.name
         if not self._spawn(guest, host):
@@ -440,7 +518,8 @@ class Cloud:
         self.nova.call("destroy", host=dest.name, instance=guest.uuid)
         moved = self.nova.call("move", source=guest.migration, target=guest.uuid)
         source.domains[guest.uuid] = source.domains[guest.uuid].replace(
-            "<test:runstate>5</test:runstate>", "<test:runstate>1</test:runstate>")
+            "<test:runstate>5</test:runstate>", "<test:runstate>1</test:runstate>"
+        )
         source.write_domains()
         guest.flavor, guest.pins, guest.host = guest.old_flavor, guest.old_pins, source.name
         guest.migration = guest.source = guest.old_flavor = None
@@ -474,8 +553,7 @@ class Cloud:
         """rc -> (used, capacity) summed over the host's tree, and per provider."""
         per_rp, total = {}, {}
         for rp in self.tree_of(host):
-            inv = self.placement.get(f"/resource_providers/{rp['uuid']}/inventories")[
-                "inventories"]
+            inv = self.placement.get(f"/resource_providers/{rp['uuid']}/inventories")["inventories"]
             used = self.placement.get(f"/resource_providers/{rp['uuid']}/usages")["usages"]
             per_rp[rp["name"]] = {}
             for rc, record in inv.items():
@@ -485,8 +563,7 @@ class Cloud:
                 total[rc] = (u + used.get(rc, 0), c + cap)
         return {"total": total, "providers": per_rp}
 
-    def pcpu_held(self, host: AgentHost, consumer: str, allocations=None,
-                  rps=None) -> dict:
+    def pcpu_held(self, host: AgentHost, consumer: str, allocations=None, rps=None) -> dict:
         """What ``consumer`` holds on ``host``'s tree, rc -> amount."""
         rps = rps if rps is not None else {rp["uuid"] for rp in self.tree_of(host)}
         if allocations is not None:
@@ -504,16 +581,17 @@ class Cloud:
     def holder_on(self, guest: Guest, host: AgentHost) -> str:
         """Who holds the guest's resources on ``host``: the migration on a
         resize's source, else the instance."""
-        return guest.migration if guest.migration and guest.source == host.name \
-            else guest.uuid
+        return guest.migration if guest.migration and guest.source == host.name else guest.uuid
 
     def domains_on(self, host: AgentHost):
         """(guest, its pins on this host) for every domain defined there."""
         for guest in self.guests.values():
             if guest.uuid in host.domains:
                 if guest.source == host.name:
-                    flavor_pins = (dataclasses.replace(guest, flavor=guest.old_flavor),
-                                   guest.old_pins)
+                    flavor_pins = (
+                        dataclasses.replace(guest, flavor=guest.old_flavor),
+                        guest.old_pins,
+                    )
                 else:
                     flavor_pins = (guest, guest.pins)
                 yield flavor_pins
@@ -549,8 +627,10 @@ def check_host(cloud: Cloud, host: AgentHost, over: Optional[dict] = None) -> li
             physical = truth.node_capacity(node)
             for rc, (used, _cap) in classes.items():
                 if rc in physical and used > max(physical[rc], (over or {}).get(rc, 0)):
-                    problems.append(f"{name}: {rc} allocated {used} > physical "
-                                    f"{physical[rc]} of NUMA node {node}")
+                    problems.append(
+                        f"{name}: {rc} allocated {used} > physical "
+                        f"{physical[rc]} of NUMA node {node}"
+                    )
     if not host.config.legacy:
         pcpu_used = usage["total"].get("PCPU", (0, 0))[0]
         uncounted = _uncounted(cloud, host)
@@ -558,7 +638,8 @@ def check_host(cloud: Cloud, host: AgentHost, over: Optional[dict] = None) -> li
             problems.append(
                 f"{host.name}: PCPU double-booked: {pcpu_used} held in Placement plus "
                 f"pinned vCPUs held as no PCPU {uncounted} > "
-                f"{len(truth.dedicated)} dedicated CPUs")
+                f"{len(truth.dedicated)} dedicated CPUs"
+            )
     problems.extend(cloud.refused_on_host)
     return problems
 
@@ -570,8 +651,7 @@ def _uncounted(cloud: Cloud, host: AgentHost) -> list[tuple[str, int]]:
     rps = {rp["uuid"] for rp in cloud.tree_of(host)}
     for guest, pins in cloud.domains_on(host):
         wanted = guest.dedicated_vcpus(pins)
-        held = cloud.pcpu_held(host, cloud.holder_on(guest, host), allocations,
-                               rps).get("PCPU", 0)
+        held = cloud.pcpu_held(host, cloud.holder_on(guest, host), allocations, rps).get("PCPU", 0)
         if wanted and held < wanted:
             found.append((guest.name, wanted - held))
     return found
@@ -584,8 +664,10 @@ def pinned_not_on_pcpu(cloud: Cloud, host: AgentHost) -> list[str]:
     vCPU as PCPU (its reshape moves them; its scheduler claims them)."""
     if host.config.legacy:
         return []
-    return [f"{name}: {n} dedicated vCPUs not held as PCPU on {host.name}"
-            for name, n in _uncounted(cloud, host)]
+    return [
+        f"{name}: {n} dedicated vCPUs not held as PCPU on {host.name}"
+        for name, n in _uncounted(cloud, host)
+    ]
 
 
 def _node_of(provider_name: str) -> Optional[int]:

@@ -113,28 +113,47 @@ class _State:
 
 def _flavor(spec):
     return objects.Flavor(
-        name=spec["name"], flavorid=spec["name"], memory_mb=spec["memory_mb"],
-        vcpus=spec["vcpus"], root_gb=spec.get("root_gb", 0),
-        ephemeral_gb=spec.get("ephemeral_gb", 0), swap=spec.get("swap", 0),
-        extra_specs=dict(spec.get("extra_specs", {})))
+        name=spec["name"],
+        flavorid=spec["name"],
+        memory_mb=spec["memory_mb"],
+        vcpus=spec["vcpus"],
+        root_gb=spec.get("root_gb", 0),
+        ephemeral_gb=spec.get("ephemeral_gb", 0),
+        swap=spec.get("swap", 0),
+        extra_specs=dict(spec.get("extra_specs", {})),
+    )
 
 
 def _image(props):
-    return objects.ImageMeta.from_dict({
-        "id": "c0ffee00-0000-4000-8000-000000000001", "name": "cirros",
-        "disk_format": "qcow2", "container_format": "bare",
-        "properties": dict(props or {})})
+    return objects.ImageMeta.from_dict(
+        {
+            "id": "c0ffee00-0000-4000-8000-000000000001",
+            "name": "cirros",
+            "disk_format": "qcow2",
+            "container_format": "bare",
+            "properties": dict(props or {}),
+        }
+    )
 
 
 def _request_spec(args):
     flavor = _flavor(args["flavor"])
     spec = objects.RequestSpec(
-        flavor=flavor, image=_image(args.get("image_properties")),
-        project_id=args["project_id"], user_id=args["user_id"],
-        num_instances=1, is_bfv=False, instance_uuid=args["instance"],
-        requested_resources=[], request_level_params=objects.RequestLevelParams(),
-        scheduler_hints={}, force_hosts=[], force_nodes=[], ignore_hosts=[],
-        pci_requests=objects.InstancePCIRequests(requests=[]))
+        flavor=flavor,
+        image=_image(args.get("image_properties")),
+        project_id=args["project_id"],
+        user_id=args["user_id"],
+        num_instances=1,
+        is_bfv=False,
+        instance_uuid=args["instance"],
+        requested_resources=[],
+        request_level_params=objects.RequestLevelParams(),
+        scheduler_hints={},
+        force_hosts=[],
+        force_nodes=[],
+        ignore_hosts=[],
+        pci_requests=objects.InstancePCIRequests(requests=[]),
+    )
     spec.numa_topology = hardware.numa_get_constraints(flavor, spec.image)
     return spec
 
@@ -143,8 +162,12 @@ def init(args):
     from keystoneauth1 import adapter, session, token_endpoint
 
     auth = token_endpoint.Token(args["url"], "admin")
-    ksa = adapter.Adapter(session.Session(auth=auth), service_type="placement",
-                          endpoint_override=args["url"], raise_exc=False)
+    ksa = adapter.Adapter(
+        session.Session(auth=auth),
+        service_type="placement",
+        endpoint_override=args["url"],
+        raise_exc=False,
+    )
     _State.client = report.SchedulerReportClient(adapter=ksa)
     _State.context = nova_context.get_admin_context()
     _State.hosts = {}
@@ -159,45 +182,54 @@ def select(args):
     for flt in FILTERS:
         flt(ctx, spec)
     resources = scheduler_utils.resources_from_request_spec(
-        ctx, spec, None, enable_pinning_translate=True)
+        ctx, spec, None, enable_pinning_translate=True
+    )
     queries = [resources.to_querystring()]
     alloc_reqs, summaries, version = client.get_allocation_candidates(ctx, resources)
     alloc_reqs, summaries = alloc_reqs or [], summaries or {}
     first = len(alloc_reqs)
-    if (resources.cpu_pinning_requested
-            and not CONF.workarounds.disable_fallback_pcpu_query):
+    if resources.cpu_pinning_requested and not CONF.workarounds.disable_fallback_pcpu_query:
         resources = scheduler_utils.resources_from_request_spec(
-            ctx, spec, None, enable_pinning_translate=False)
+            ctx, spec, None, enable_pinning_translate=False
+        )
         queries.append(resources.to_querystring())
         res = client.get_allocation_candidates(ctx, resources)
         if res and res[0] is not None:
             alloc_reqs.extend(res[0])
             summaries.update(res[1])
-    return {"allocation_requests": alloc_reqs, "from_first_query": first,
-            "version": version, "queries": queries}
+    return {
+        "allocation_requests": alloc_reqs,
+        "from_first_query": first,
+        "version": version,
+        "queries": queries,
+    }
 
 
 def claim(args):
     """``scheduler.utils.claim_resources`` for a new instance consumer."""
     spec = _request_spec(args)
     return scheduler_utils.claim_resources(
-        _State.context, _State.client, spec, args["instance"],
-        args["allocation_request"], args["version"])
+        _State.context,
+        _State.client,
+        spec,
+        args["instance"],
+        args["allocation_request"],
+        args["version"],
+    )
 
 
 def move(args):
     """``move_allocations``: True, or False / the exception's name."""
     try:
-        return _State.client.move_allocations(_State.context, args["source"],
-                                              args["target"])
+        return _State.client.move_allocations(_State.context, args["source"], args["target"])
     except Exception as exc:  # nova raising is an answer here
         return f"{type(exc).__name__}: {exc}"
 
 
 def delete(args):
     return _State.client.delete_allocation_for_instance(
-        _State.context, args["consumer"], consumer_type=args.get("type", "instance"),
-        force=True)
+        _State.context, args["consumer"], consumer_type=args.get("type", "instance"), force=True
+    )
 
 
 # ------------------------------------------------------------------ compute
@@ -233,8 +265,12 @@ class _Driver(libvirt_driver.LibvirtDriver):
         self._reserved_hugepages = {}
 
 
-_OPTIONS = {"cpu_dedicated_set": "compute", "cpu_shared_set": "compute",
-            "vcpu_pin_set": None, "cpu_allocation_ratio": None}
+_OPTIONS = {
+    "cpu_dedicated_set": "compute",
+    "cpu_shared_set": "compute",
+    "vcpu_pin_set": None,
+    "cpu_allocation_ratio": None,
+}
 
 
 def _configure(options):
@@ -260,17 +296,20 @@ def host_config(args):
     """A host's libvirt capabilities and its CPU options (nova.conf of the
     compute); guests it runs are kept."""
     old = _State.hosts.get(args["host"], {})
-    _State.hosts[args["host"]] = {"caps": args["caps"], "online": args["online"],
-                                  "options": args.get("options") or {},
-                                  "guests": old.get("guests", {})}
+    _State.hosts[args["host"]] = {
+        "caps": args["caps"],
+        "online": args["online"],
+        "options": args.get("options") or {},
+        "guests": old.get("guests", {}),
+    }
     return {}
 
 
 def _limits(name):
     options = _State.hosts[name]["options"]
     return objects.NUMATopologyLimits(
-        cpu_allocation_ratio=options.get("cpu_allocation_ratio") or 4.0,
-        ram_allocation_ratio=1.0)
+        cpu_allocation_ratio=options.get("cpu_allocation_ratio") or 4.0, ram_allocation_ratio=1.0
+    )
 
 
 def fits(args):
@@ -278,15 +317,18 @@ def fits(args):
     the host's topology (with the pins of the guests it runs) and
     ``numa_fit_instance_to_host``, what ``NUMATopologyFilter.host_passes``
     asks. A flavor with no NUMA topology always passes."""
-    wanted = hardware.numa_get_constraints(_flavor(args["flavor"]),
-                                           _image(args.get("image_properties")))
+    wanted = hardware.numa_get_constraints(
+        _flavor(args["flavor"]), _image(args.get("image_properties"))
+    )
     if wanted is None:
         return True
     _drv, topology = _host_topology(args["host"])
     if topology is None:
         return True
-    return hardware.numa_fit_instance_to_host(
-        topology, wanted, None, limits=_limits(args["host"])) is not None
+    return (
+        hardware.numa_fit_instance_to_host(topology, wanted, None, limits=_limits(args["host"]))
+        is not None
+    )
 
 
 def spawn(args):
@@ -299,11 +341,12 @@ def spawn(args):
     drv, topology = _host_topology(name)
     fitted = None
     if wanted is not None:
-        fitted = hardware.numa_fit_instance_to_host(topology, wanted, None,
-                                                    limits=_limits(name))
+        fitted = hardware.numa_fit_instance_to_host(topology, wanted, None, limits=_limits(name))
         if fitted is None:
-            return {"refused": f"numa_fit_instance_to_host: no room on {name} for "
-                               f"{flavor.name} ({flavor.vcpus} vCPUs)"}
+            return {
+                "refused": f"numa_fit_instance_to_host: no room on {name} for "
+                f"{flavor.name} ({flavor.vcpus} vCPUs)"
+            }
         _State.hosts[name]["guests"][args["instance"]] = fitted.obj_to_primitive()
     numa = drv._get_guest_numa_config(fitted, flavor, image)
     guest = vconfig.LibvirtConfigGuest()
@@ -322,27 +365,42 @@ def spawn(args):
         guest.cpu.numa = numa.numaconfig
     owner = args["owner"]
     dmeta = virt_driver.InstanceDriverMetadata(
-        root_type="image", root_id=image.id,
-        instance_meta=virt_driver.NovaInstanceMeta(name=args["display_name"],
-                                                   uuid=args["instance"]),
-        owner=virt_driver.OwnerMeta(userid=owner["user_id"], username="demo",
-                                    projectid=owner["project_id"], projectname="demo"),
-        image=virt_driver.ImageMeta(id=image.id, name=image.name,
-                                    container_format="bare", disk_format="qcow2",
-                                    min_disk=0, min_ram=0,
-                                    properties=dict(args.get("image_properties") or {})),
-        flavor=virt_driver.FlavorMeta(name=flavor.name, flavorid=flavor.flavorid,
-                                      memory_mb=flavor.memory_mb, vcpus=flavor.vcpus,
-                                      root_gb=flavor.root_gb,
-                                      ephemeral_gb=flavor.ephemeral_gb,
-                                      extra_specs=dict(flavor.extra_specs),
-                                      swap=flavor.swap),
-        network_info=network_model.NetworkInfo([]))
+        root_type="image",
+        root_id=image.id,
+        instance_meta=virt_driver.NovaInstanceMeta(
+            name=args["display_name"], uuid=args["instance"]
+        ),
+        owner=virt_driver.OwnerMeta(
+            userid=owner["user_id"],
+            username="demo",
+            projectid=owner["project_id"],
+            projectname="demo",
+        ),
+        image=virt_driver.ImageMeta(
+            id=image.id,
+            name=image.name,
+            container_format="bare",
+            disk_format="qcow2",
+            min_disk=0,
+            min_ram=0,
+            properties=dict(args.get("image_properties") or {}),
+        ),
+        flavor=virt_driver.FlavorMeta(
+            name=flavor.name,
+            flavorid=flavor.flavorid,
+            memory_mb=flavor.memory_mb,
+            vcpus=flavor.vcpus,
+            root_gb=flavor.root_gb,
+            ephemeral_gb=flavor.ephemeral_gb,
+            extra_specs=dict(flavor.extra_specs),
+            swap=flavor.swap,
+        ),
+        network_info=network_model.NetworkInfo([]),
+    )
     guest.metadata.append(drv._get_guest_config_meta(dmeta))
     xml = guest.to_xml()
     # libvirt's test driver loads test domains only.
-    xml = xml.replace('<domain type="kvm">',
-                      f'<domain type="test" xmlns:test="{TEST_NS}">', 1)
+    xml = xml.replace('<domain type="kvm">', f'<domain type="test" xmlns:test="{TEST_NS}">', 1)
     runstate = args.get("runstate", 1)
     xml = xml.replace("</domain>", f"<test:runstate>{runstate}</test:runstate></domain>")
     pins = {}
@@ -359,8 +417,9 @@ def destroy(args):
     return {}
 
 
-OPS = {f.__name__: f for f in (init, select, claim, move, delete, host_config,
-                                fits, spawn, destroy)}
+OPS = {
+    f.__name__: f for f in (init, select, claim, move, delete, host_config, fits, spawn, destroy)
+}
 
 
 def main():
@@ -369,8 +428,7 @@ def main():
         try:
             answer = {"ok": OPS[request["op"]](request.get("args", {}))}
         except Exception as exc:  # reported to the caller, the process lives on
-            answer = {"error": f"{type(exc).__name__}: {exc}\n"
-                               f"{traceback.format_exc()[-3000:]}"}
+            answer = {"error": f"{type(exc).__name__}: {exc}\n{traceback.format_exc()[-3000:]}"}
         sys.stdout.write(json.dumps(answer) + "\n")
         sys.stdout.flush()
 

@@ -46,21 +46,35 @@ class PostgresCluster:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{DATABASE}"
 
     def _run(self, name: str, *args: str) -> None:
-        done = subprocess.run(self.as_user + [str(_pg_bin(name)), *args], cwd=self.dir,
-                              capture_output=True, text=True, timeout=START_TIMEOUT)
+        done = subprocess.run(
+            self.as_user + [str(_pg_bin(name)), *args],
+            cwd=self.dir,
+            capture_output=True,
+            text=True,
+            timeout=START_TIMEOUT,
+        )
         if done.returncode != 0:
             raise RuntimeError(f"{name} failed: {done.stderr.strip() or done.stdout}")
 
     def start(self) -> "PostgresCluster":
         data = self.dir / "data"
-        self._run("initdb", "-D", str(data), "-A", "trust", "-U", "postgres",
-                  "-E", "UTF8", "--no-sync")
-        self._run("pg_ctl", "-D", str(data), "-l", str(self.dir / "server.log"), "-w",
-                  "-t", str(START_TIMEOUT), "-o",
-                  f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} "
-                  "-c fsync=off", "start")
-        self._run("createdb", "-h", str(self.dir), "-p", str(self.port), "-U", "postgres",
-                  DATABASE)
+        self._run(
+            "initdb", "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8", "--no-sync"
+        )
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(data),
+            "-l",
+            str(self.dir / "server.log"),
+            "-w",
+            "-t",
+            str(START_TIMEOUT),
+            "-o",
+            f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c fsync=off",
+            "start",
+        )
+        self._run("createdb", "-h", str(self.dir), "-p", str(self.port), "-U", "postgres", DATABASE)
         return self
 
     def log(self) -> str:
@@ -70,8 +84,7 @@ class PostgresCluster:
     def stop(self) -> None:
         try:
             if (self.dir / "data" / "postmaster.pid").exists():
-                self._run("pg_ctl", "-D", str(self.dir / "data"), "-m", "immediate",
-                          "-w", "stop")
+                self._run("pg_ctl", "-D", str(self.dir / "data"), "-m", "immediate", "-w", "stop")
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -79,8 +92,7 @@ class PostgresCluster:
 @pytest.fixture
 def postgres_cluster():
     if _pg_bin("initdb") is None or _pg_bin("pg_ctl") is None:
-        skip_or_fail("PostgreSQL's server binaries are not installed "
-                    "(apt-get install postgresql)")
+        skip_or_fail("PostgreSQL's server binaries are not installed (apt-get install postgresql)")
     cluster = PostgresCluster()
     try:
         yield cluster.start()

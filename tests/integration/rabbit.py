@@ -39,26 +39,28 @@ def _environment(base: Path, node: str, port: int, dist_port: int, extra: str = 
     cookie.write_text(f"natest{os.getpid()}{port}")
     cookie.chmod(0o400)
     (base / "rabbitmq.conf").write_text(
-        f"listeners.tcp.1 = 127.0.0.1:{port}\n"
-        "loopback_users.guest = true\n" + extra)
+        f"listeners.tcp.1 = 127.0.0.1:{port}\nloopback_users.guest = true\n" + extra
+    )
     (base / "enabled_plugins").write_text("[].\n")
     (base / "env.conf").write_text("")
     env = dict(os.environ)
-    env.update({
-        "HOME": str(home),
-        "RABBITMQ_NODENAME": node,
-        "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
-        "RABBITMQ_NODE_PORT": str(port),
-        "RABBITMQ_DIST_PORT": str(dist_port),
-        "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
-        "RABBITMQ_LOG_BASE": str(base / "log"),
-        "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq.conf"),
-        "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
-        "RABBITMQ_CONF_ENV_FILE": str(base / "env.conf"),
-        "RABBITMQ_PID_FILE": str(base / "rabbit.pid"),
-        "ERL_EPMD_ADDRESS": "127.0.0.1",
-        "ERL_FLAGS": "-kernel inet_dist_use_interface {127,0,0,1}",
-    })
+    env.update(
+        {
+            "HOME": str(home),
+            "RABBITMQ_NODENAME": node,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(port),
+            "RABBITMQ_DIST_PORT": str(dist_port),
+            "RABBITMQ_MNESIA_BASE": str(base / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(base / "log"),
+            "RABBITMQ_CONFIG_FILE": str(base / "rabbitmq.conf"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(base / "enabled_plugins"),
+            "RABBITMQ_CONF_ENV_FILE": str(base / "env.conf"),
+            "RABBITMQ_PID_FILE": str(base / "rabbit.pid"),
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
+            "ERL_FLAGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+        }
+    )
     return env
 
 
@@ -80,16 +82,52 @@ def make_ca(base: Path) -> dict:
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-            "-subj", "/CN=node-agent test CA", "-keyout", str(files["ca_key"]),
-            "-out", str(files["ca"]))
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=127.0.0.1",
-            "-keyout", str(files["key"]), "-out", str(files["csr"]))
+    openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=node-agent test CA",
+        "-keyout",
+        str(files["ca_key"]),
+        "-out",
+        str(files["ca"]),
+    )
+    openssl(
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=127.0.0.1",
+        "-keyout",
+        str(files["key"]),
+        "-out",
+        str(files["csr"]),
+    )
     extensions = base / "san.cnf"
     extensions.write_text("subjectAltName = IP:127.0.0.1, DNS:localhost\n")
-    openssl("x509", "-req", "-in", str(files["csr"]), "-CA", str(files["ca"]),
-            "-CAkey", str(files["ca_key"]), "-CAcreateserial", "-days", "2",
-            "-extfile", str(extensions), "-out", str(files["cert"]))
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        str(files["csr"]),
+        "-CA",
+        str(files["ca"]),
+        "-CAkey",
+        str(files["ca_key"]),
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        str(extensions),
+        "-out",
+        str(files["cert"]),
+    )
     return files
 
 
@@ -102,13 +140,18 @@ class Broker:
         self.port = free_port()
         self.tls_port = free_port() if tls else None
         self.node = f"na-test-{os.getpid()}-{self.port}@localhost"
-        extra = "" if not tls else (
-            f"listeners.ssl.1 = 127.0.0.1:{self.tls_port}\n"
-            f"ssl_options.cacertfile = {tls['ca']}\n"
-            f"ssl_options.certfile = {tls['cert']}\n"
-            f"ssl_options.keyfile = {tls['key']}\n"
-            "ssl_options.verify = verify_none\n"
-            "ssl_options.fail_if_no_peer_cert = false\n")
+        extra = (
+            ""
+            if not tls
+            else (
+                f"listeners.ssl.1 = 127.0.0.1:{self.tls_port}\n"
+                f"ssl_options.cacertfile = {tls['ca']}\n"
+                f"ssl_options.certfile = {tls['cert']}\n"
+                f"ssl_options.keyfile = {tls['key']}\n"
+                "ssl_options.verify = verify_none\n"
+                "ssl_options.fail_if_no_peer_cert = false\n"
+            )
+        )
         self.env = _environment(base, self.node, self.port, free_port(), extra)
         self.proc: subprocess.Popen | None = None
 
@@ -123,23 +166,35 @@ class Broker:
     def start(self) -> "Broker":
         # The broker holds its own copy of the descriptor; ours closes here.
         with open(self.base / "server.out", "wb") as out:
-            self.proc = subprocess.Popen([str(SERVER)], env=self.env, stdout=out,
-                                         stderr=subprocess.STDOUT,
-                                         cwd=str(self.base), start_new_session=True)
+            self.proc = subprocess.Popen(
+                [str(SERVER)],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=str(self.base),
+                start_new_session=True,
+            )
         deadline = time.monotonic() + START_TIMEOUT
         while not _answers_amqp(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"rabbitmq-server did not start; see "
-                                   f"{self.base / 'server.out'} and {self.base / 'log'}")
+                raise RuntimeError(
+                    f"rabbitmq-server did not start; see "
+                    f"{self.base / 'server.out'} and {self.base / 'log'}"
+                )
             time.sleep(0.2)
         return self
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
             return
-        subprocess.run([str(CTL), "-n", self.node, "stop"], env=self.env,
-                       capture_output=True, timeout=30, check=False)
+        subprocess.run(
+            [str(CTL), "-n", self.node, "stop"],
+            env=self.env,
+            capture_output=True,
+            timeout=30,
+            check=False,
+        )
         try:
             self.proc.wait(15)
         except subprocess.TimeoutExpired:
@@ -150,8 +205,7 @@ class Broker:
 @pytest.fixture(scope="session")
 def rabbitmq(tmp_path_factory):
     if not SERVER.exists() or shutil.which("erl") is None:
-        skip_or_fail("Debian's rabbitmq-server is not installed "
-                    "(apt-get install rabbitmq-server)")
+        skip_or_fail("Debian's rabbitmq-server is not installed (apt-get install rabbitmq-server)")
     broker = Broker(tmp_path_factory.mktemp("rabbitmq")).start()
     yield broker.url
     broker.stop()

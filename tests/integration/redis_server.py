@@ -45,9 +45,23 @@ class RedisServer:
         # The server holds its own copy of the descriptor; ours closes here.
         with open(self.base / "redis.out", "wb") as out:
             self.proc = subprocess.Popen(
-                [str(SERVER), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                 "--appendonly", "no", "--dir", str(self.base)],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                [
+                    str(SERVER),
+                    "--port",
+                    str(self.port),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                    "--dir",
+                    str(self.base),
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + START_TIMEOUT
         while not _answers_ping(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:

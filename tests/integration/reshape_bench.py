@@ -18,13 +18,13 @@ import time
 import uuid
 from pathlib import Path
 
-from node_agent.model.cpuset import CpuSet
 from devenv.embedded_placement import start_subprocess
-from node_agent.placement.client import PlacementClient
+from node_agent.model.cpuset import CpuSet
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
+from node_agent.model.snapshot import Guest
+from node_agent.placement.client import PlacementClient
 from node_agent.placement.reshape_rules import pinned_to_pcpu
 from node_agent.placement.reshaper import ensure_reshaped
-from node_agent.model.snapshot import Guest
 from tests.integration.reshape_driver import allocate
 
 HOST_CPUS = 128
@@ -32,15 +32,26 @@ CHILDREN = 4
 
 
 def tree(name, root_uuid, n, legacy, children):
-    cpus = {"VCPU": Inventory(HOST_CPUS, allocation_ratio=float(n))} if legacy else {
-        "VCPU": Inventory(HOST_CPUS // 2, allocation_ratio=4.0),
-        "PCPU": Inventory(n)}
-    root = Provider(name, uuid=root_uuid, inventories={
-        **cpus, "MEMORY_MB": Inventory(256 * n * 2)})
-    return ProviderTree((root, *(
-        Provider(f"{name}_pf_{k}", parent=name, uuid=uuid_k,
-                 inventories={"SRIOV_NET_VF": Inventory(8)})
-        for k, uuid_k in enumerate(children))))
+    cpus = (
+        {"VCPU": Inventory(HOST_CPUS, allocation_ratio=float(n))}
+        if legacy
+        else {"VCPU": Inventory(HOST_CPUS // 2, allocation_ratio=4.0), "PCPU": Inventory(n)}
+    )
+    root = Provider(name, uuid=root_uuid, inventories={**cpus, "MEMORY_MB": Inventory(256 * n * 2)})
+    return ProviderTree(
+        (
+            root,
+            *(
+                Provider(
+                    f"{name}_pf_{k}",
+                    parent=name,
+                    uuid=uuid_k,
+                    inventories={"SRIOV_NET_VF": Inventory(8)},
+                )
+                for k, uuid_k in enumerate(children)
+            ),
+        )
+    )
 
 
 def run(url: str, n: int) -> dict:
@@ -50,19 +61,32 @@ def run(url: str, n: int) -> dict:
     name = f"bench-{n}"
     children = [str(uuid.uuid4()) for _ in range(CHILDREN)]
     for provider in tree(name, root, n, True, children).providers:
-        scheduler.post("/resource_providers", {
-            "name": provider.name, "uuid": provider.uuid,
-            **({"parent_provider_uuid": root} if provider.parent else {})})
-        scheduler.put(f"/resource_providers/{provider.uuid}/inventories", {
-            "resource_provider_generation": 0,
-            "inventories": {rc: inv.as_placement()
-                            for rc, inv in provider.inventories.items()}})
+        scheduler.post(
+            "/resource_providers",
+            {
+                "name": provider.name,
+                "uuid": provider.uuid,
+                **({"parent_provider_uuid": root} if provider.parent else {}),
+            },
+        )
+        scheduler.put(
+            f"/resource_providers/{provider.uuid}/inventories",
+            {
+                "resource_provider_generation": 0,
+                "inventories": {rc: inv.as_placement() for rc, inv in provider.inventories.items()},
+            },
+        )
     guests = []
     for i in range(n + n // 10):
         pinned = i < n
-        guest = Guest(uuid=str(uuid.uuid4()), name=f"guest-{i}", vcpus=1, running=True,
-                      memory_kb=256 * 1024,
-                      vcpupin=((0, CpuSet([i % (HOST_CPUS // 2)])),) if pinned else ())
+        guest = Guest(
+            uuid=str(uuid.uuid4()),
+            name=f"guest-{i}",
+            vcpus=1,
+            running=True,
+            memory_kb=256 * 1024,
+            vcpupin=((0, CpuSet([i % (HOST_CPUS // 2)])),) if pinned else (),
+        )
         guests.append(guest)
         allocate(scheduler, guest.uuid, {root: {"VCPU": 1, "MEMORY_MB": 256}})
     dedicated = CpuSet(range(HOST_CPUS // 2))
@@ -71,9 +95,15 @@ def run(url: str, n: int) -> dict:
     outcome = ensure_reshaped(agent, desired, guests, pinned_to_pcpu(guests, root, dedicated))
     elapsed = time.monotonic() - start
     assert outcome.reshaped and outcome.consumers_moved == n
-    return {"consumers": n, "providers": 1 + CHILDREN, "requests": agent.stats.total, "reads": agent.stats.reads,
-            "writes": agent.stats.writes, "seconds": round(elapsed, 2),
-            "target": n + 2}
+    return {
+        "consumers": n,
+        "providers": 1 + CHILDREN,
+        "requests": agent.stats.total,
+        "reads": agent.stats.reads,
+        "writes": agent.stats.writes,
+        "seconds": round(elapsed, 2),
+        "target": n + 2,
+    }
 
 
 def main(argv=None) -> int:

@@ -18,14 +18,14 @@ import sys
 import uuid
 from pathlib import Path
 
-from node_agent.model.cpuset import parse_cpu_spec
-from node_agent.cycle.desired import compute_desired
-from node_agent.host.discover import read_guests
-from node_agent.placement.client import PlacementClient
-from node_agent.cycle.reconcile import Reconciler
 from node_agent.config.settings import Settings
-from node_agent.state import StateStore
+from node_agent.cycle.desired import compute_desired
+from node_agent.cycle.reconcile import Reconciler
+from node_agent.host.discover import read_guests
+from node_agent.model.cpuset import parse_cpu_spec
+from node_agent.placement.client import PlacementClient
 from node_agent.placement.sync import TreeSyncer
+from node_agent.state import StateStore
 from tests.hostdata import HOSTDATA, sysfs_root_for
 from tests.machine_id import MACHINE_ID_FILE
 
@@ -34,17 +34,34 @@ USER = "22222222000040008000000000000001"
 LOG = logging.getLogger(__name__)
 
 
-def make_settings(host: str, sysfs_root: str, libvirt_uri: str, state_dir: str,
-                  instances_path: str, dedicated=None, shared=None,
-                  transition=False) -> Settings:
+def make_settings(
+    host: str,
+    sysfs_root: str,
+    libvirt_uri: str,
+    state_dir: str,
+    instances_path: str,
+    dedicated=None,
+    shared=None,
+    transition=False,
+) -> Settings:
     return Settings(
-        host=host, state_path=state_dir, sysfs_root=sysfs_root, libvirt_uri=libvirt_uri,
+        host=host,
+        state_path=state_dir,
+        sysfs_root=sysfs_root,
+        libvirt_uri=libvirt_uri,
         cpu_dedicated_set=parse_cpu_spec(dedicated) if dedicated else None,
-        cpu_shared_set=parse_cpu_spec(shared) if shared else None, vcpu_pin_set=None,
-        reserved_host_cpus=0, reserved_host_memory_mb=512, reserved_host_disk_mb=0,
-        cpu_allocation_ratio=4.0, ram_allocation_ratio=1.0, disk_allocation_ratio=1.0,
-        instances_path=instances_path, pcpu_transition_mode=transition,
-        machine_id_path=str(MACHINE_ID_FILE))
+        cpu_shared_set=parse_cpu_spec(shared) if shared else None,
+        vcpu_pin_set=None,
+        reserved_host_cpus=0,
+        reserved_host_memory_mb=512,
+        reserved_host_disk_mb=0,
+        cpu_allocation_ratio=4.0,
+        ram_allocation_ratio=1.0,
+        disk_allocation_ratio=1.0,
+        instances_path=instances_path,
+        pcpu_transition_mode=transition,
+        machine_id_path=str(MACHINE_ID_FILE),
+    )
 
 
 def agent_cycle(client, settings: Settings, before_post=None):
@@ -53,16 +70,23 @@ def agent_cycle(client, settings: Settings, before_post=None):
     ReshapeRefused when the reshape was refused; SyncReport; Desired)."""
     store = StateStore(Path(settings.state_path))
     desired = compute_desired(settings, state=store.load_or_empty(LOG))
-    outcome = Reconciler(client, TreeSyncer(client, store),
-                         guests_now=lambda: read_guests(settings)).apply(desired, before_post)
+    outcome = Reconciler(
+        client, TreeSyncer(client, store), guests_now=lambda: read_guests(settings)
+    ).apply(desired, before_post)
     return outcome.refused or outcome.reshape, outcome.report, desired
 
 
 def allocate(client, consumer: str, resources_by_rp: dict, generation=None) -> None:
     """Write allocations the way the scheduler does (new consumer: null generation)."""
-    client.put(f"/allocations/{consumer}", {
-        "allocations": {rp: {"resources": res} for rp, res in resources_by_rp.items()},
-        "project_id": PROJECT, "user_id": USER, "consumer_generation": generation})
+    client.put(
+        f"/allocations/{consumer}",
+        {
+            "allocations": {rp: {"resources": res} for rp, res in resources_by_rp.items()},
+            "project_id": PROJECT,
+            "user_id": USER,
+            "consumer_generation": generation,
+        },
+    )
 
 
 # ---------------------------------------------------------------- test fixtures
@@ -84,8 +108,8 @@ class Host:
         xml = tmp_path / "host.xml"
         xml.write_text(HOST_XML.read_text().replace(GUEST_PREFIX, prefix))
         self.uri = f"test://{xml}"
-        self.pinned = prefix + "01"      # 4 vCPUs, pins 2,10,3,11
-        self.pinned_2 = prefix + "02"    # 2 vCPUs, pins 4,12
+        self.pinned = prefix + "01"  # 4 vCPUs, pins 2,10,3,11
+        self.pinned_2 = prefix + "02"  # 2 vCPUs, pins 4,12
         self.unpinned = [prefix + "03", prefix + "05", prefix + "06"]
         self.not_a_guest = str(uuid.uuid4())
         self.state_dir = str(tmp_path / "state")
@@ -94,8 +118,9 @@ class Host:
         self.shared_disk = str(uuid.uuid4())
 
     def settings(self, state_dir=None, **kw):
-        return make_settings(self.name, self.sysfs, self.uri, state_dir or self.state_dir,
-                             str(self.tmp), **kw)
+        return make_settings(
+            self.name, self.sysfs, self.uri, state_dir or self.state_dir, str(self.tmp), **kw
+        )
 
     @property
     def root(self) -> str:
@@ -110,11 +135,13 @@ class Host:
         allocate(self.scheduler, consumer, by_rp)
 
     def make_shared_disk(self):
-        self.scheduler.post("/resource_providers", {"name": f"{self.name}-nfs",
-                                                    "uuid": self.shared_disk})
-        self.scheduler.put(f"/resource_providers/{self.shared_disk}/inventories", {
-            "resource_provider_generation": 0,
-            "inventories": {"DISK_GB": {"total": 10000}}})
+        self.scheduler.post(
+            "/resource_providers", {"name": f"{self.name}-nfs", "uuid": self.shared_disk}
+        )
+        self.scheduler.put(
+            f"/resource_providers/{self.shared_disk}/inventories",
+            {"resource_provider_generation": 0, "inventories": {"DISK_GB": {"total": 10000}}},
+        )
 
     def allocations(self):
         """consumer -> provider -> resources, for every consumer we booted."""
@@ -160,15 +187,21 @@ def expected_after_reshape(before, pinned):
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
-    for name in ("placement", "host", "sysfs_root", "libvirt_uri", "state_dir",
-                 "instances_path"):
+    for name in ("placement", "host", "sysfs_root", "libvirt_uri", "state_dir", "instances_path"):
         parser.add_argument(name)
     parser.add_argument("--dedicated")
     parser.add_argument("--shared")
     args = parser.parse_args(argv)
     print("ready", flush=True)
-    settings = make_settings(args.host, args.sysfs_root, args.libvirt_uri, args.state_dir,
-                             args.instances_path, args.dedicated, args.shared)
+    settings = make_settings(
+        args.host,
+        args.sysfs_root,
+        args.libvirt_uri,
+        args.state_dir,
+        args.instances_path,
+        args.dedicated,
+        args.shared,
+    )
     client = PlacementClient.for_endpoint(args.placement)
     outcome, report, _desired = agent_cycle(client, settings)
     reshaped = getattr(outcome, "reshaped", False)

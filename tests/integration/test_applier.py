@@ -24,22 +24,24 @@ from pathlib import Path
 import pytest
 from oslo_config import cfg
 
-from node_agent.remote import messaging
-from node_agent.remote import signing, upstream
-from node_agent.remote import wire
 from node_agent.cycle.desired import compute_desired
-from node_agent.placement.client import PlacementClient
 from node_agent.cycle.reconcile import Reconciler
-from node_agent.state import StateStore
 from node_agent.model.provider_state import inventories_equal
+from node_agent.placement.client import PlacementClient
 from node_agent.placement.planner import wanted_inventories
 from node_agent.placement.sync import TreeSyncer
+from node_agent.remote import messaging, signing, upstream, wire
+from node_agent.state import StateStore
 from tests.hostdata import sysfs_root_for, sysfs_trees
 from tests.integration.rabbit import free_port
-from tests.integration.reshape_driver import (Host, allocate, boot_legacy_guests,
-                                              cpu_view, expected_after_reshape)
-from tests.integration.test_nested_reshape import (GPU1, GPU2, MDEV_TYPE, NestedHost,
-                                                   guest, prefix)
+from tests.integration.reshape_driver import (
+    Host,
+    allocate,
+    boot_legacy_guests,
+    cpu_view,
+    expected_after_reshape,
+)
+from tests.integration.test_nested_reshape import GPU1, GPU2, MDEV_TYPE, NestedHost, guest, prefix
 from tests.snapshots import settings as make_settings
 
 pytestmark = pytest.mark.integration
@@ -53,8 +55,9 @@ class ApplierProcess:
     def __init__(self, config: Path, log: Path):
         self.log_path = log
         with open(log, "ab") as out:
-            self.proc = subprocess.Popen([str(APPLIER), "--config-file", str(config)],
-                                         stdout=out, stderr=subprocess.STDOUT)
+            self.proc = subprocess.Popen(
+                [str(APPLIER), "--config-file", str(config)], stdout=out, stderr=subprocess.STDOUT
+            )
 
     def log(self) -> str:
         return self.log_path.read_text()
@@ -90,8 +93,7 @@ class ApplierProcess:
 class Bus:
     """One test's topic, applier config and applier processes."""
 
-    def __init__(self, tmp_path: Path, transport_url: str, placement_url: str,
-                 rabbit: str = ""):
+    def __init__(self, tmp_path: Path, transport_url: str, placement_url: str, rabbit: str = ""):
         """``rabbit``: lines of ``[oslo_messaging_rabbit]`` (TLS) for the
         appliers and the agents alike."""
         self.tmp = tmp_path
@@ -108,8 +110,13 @@ class Bus:
         self.appliers: list[ApplierProcess] = []
         self.senders: list[upstream.MessagingUpstream] = []
 
-    def write_config(self, applier: str = "", path: Path | None = None,
-                     state: Path | None = None, placement_url: str | None = None) -> Path:
+    def write_config(
+        self,
+        applier: str = "",
+        path: Path | None = None,
+        state: Path | None = None,
+        placement_url: str | None = None,
+    ) -> Path:
         """The appliers' config; ``applier``: more lines of ``[applier]``."""
         path = path or self.config
         path.write_text(
@@ -119,19 +126,25 @@ class Bus:
             + f"master_key_file = {self.master_file}\n{applier}"
             "[placement]\nauth_type = admin_token\ntoken = admin\n"
             f"endpoint_override = {placement_url or self.placement_url}\n"
-            f"[oslo_messaging_rabbit]\n{self.rabbit}")
+            f"[oslo_messaging_rabbit]\n{self.rabbit}"
+        )
         return path
 
-    def start(self, count: int, applier: str | None = None,
-              placement_url: str | None = None) -> list[ApplierProcess]:
+    def start(
+        self, count: int, applier: str | None = None, placement_url: str | None = None
+    ) -> list[ApplierProcess]:
         """``count`` processes; with ``applier`` (more ``[applier]`` lines)
         or ``placement_url``, each its own config and empty state directory."""
         new = []
         for n in range(len(self.appliers), len(self.appliers) + count):
             config = self.config
             if applier is not None or placement_url is not None:
-                config = self.write_config(applier or "", self.tmp / f"applier-{n}.conf",
-                                           self.tmp / f"applier-state-{n}", placement_url)
+                config = self.write_config(
+                    applier or "",
+                    self.tmp / f"applier-{n}.conf",
+                    self.tmp / f"applier-state-{n}",
+                    placement_url,
+                )
             new.append(ApplierProcess(config, self.tmp / f"applier-{n}.log"))
         self.appliers += new
         for process in new:
@@ -143,8 +156,9 @@ class Bus:
         return signing.host_key(self.master_file.read_text().strip().encode(), host)
 
     def sender(self, host: str, timeout: float = TIMEOUT) -> upstream.MessagingUpstream:
-        sender = upstream.MessagingUpstream(self.conf(), host, self.topic, timeout,
-                                            key=self.key(host))
+        sender = upstream.MessagingUpstream(
+            self.conf(), host, self.topic, timeout, key=self.key(host)
+        )
         self.senders.append(sender)
         return sender
 
@@ -185,14 +199,18 @@ class FixtureAgent:
         base.mkdir(parents=True)
         self.name = name
         self.settings = make_settings(
-            host=name, sysfs_root=str(sysfs_root_for(system_dir, base)),
-            instances_path=str(base), state_path=str(base / "state"),
-            reserved_host_memory_mb=reserved)
+            host=name,
+            sysfs_root=str(sysfs_root_for(system_dir, base)),
+            instances_path=str(base),
+            state_path=str(base / "state"),
+            reserved_host_memory_mb=reserved,
+        )
         self.upstream = bus.sender(name)
         self.desired = compute_desired(self.settings)
 
     def reserve(self, reserved: int) -> None:
         from dataclasses import replace
+
         self.settings = replace(self.settings, reserved_host_memory_mb=reserved)
         self.desired = compute_desired(self.settings)
 
@@ -216,9 +234,10 @@ def fixture_hosts(count: int):
 
 
 def make_agents(bus: Bus, count: int, tag: str) -> list[FixtureAgent]:
-    return [FixtureAgent(bus, f"{tag}-{uuid.uuid4().hex[:6]}-{n}", tree,
-                         bus.tmp / "agents" / f"{n}")
-            for n, tree in enumerate(fixture_hosts(count))]
+    return [
+        FixtureAgent(bus, f"{tag}-{uuid.uuid4().hex[:6]}-{n}", tree, bus.tmp / "agents" / f"{n}")
+        for n, tree in enumerate(fixture_hosts(count))
+    ]
 
 
 def in_threads(agents, work) -> dict:
@@ -248,9 +267,10 @@ def root_of(client, name: str) -> dict:
 def allocations(client, consumers) -> dict:
     """consumer -> provider -> resources (generations left out: they move
     with every inventory write)."""
-    return {c: {rp: a["resources"] for rp, a in
-                client.get(f"/allocations/{c}")["allocations"].items()}
-            for c in consumers}
+    return {
+        c: {rp: a["resources"] for rp, a in client.get(f"/allocations/{c}")["allocations"].items()}
+        for c in consumers
+    }
 
 
 def converged(client, agent: FixtureAgent) -> bool:
@@ -282,10 +302,12 @@ def test_twenty_agents_through_two_appliers_converge_then_heartbeat(bus, placeme
     changed = in_threads(agents[:5], lambda a: a.cycle_until_ok(deadline, failures))
     assert all(r.status == wire.APPLIED and r.ok for r in changed.values())
     assert all(converged(placement, a) for a in agents)
-    print(f"\nBENCH messaging: first apply requests/host "
-          f"{sorted(r.requests for r in applied.values())}; steady: 1 message, 0 requests; "
-          f"one inventory change: {sorted(r.requests for r in changed.values())} requests; "
-          f"{len(failures)} cycles retried")
+    print(
+        f"\nBENCH messaging: first apply requests/host "
+        f"{sorted(r.requests for r in applied.values())}; steady: 1 message, 0 requests; "
+        f"one inventory change: {sorted(r.requests for r in changed.values())} requests; "
+        f"{len(failures)} cycles retried"
+    )
 
 
 def test_applier_killed_during_a_burst_loses_no_allocation(bus, placement):
@@ -319,14 +341,16 @@ def test_stale_message_is_ignored(bus, placement):
     agent = make_agents(bus, 1, "stale")[0]
     client = agent.upstream._client
     newer = wire.body_of(agent.desired)
-    reply = client.call({}, "apply", message=wire.full_message(agent.name, 200, newer,
-                                                                       agent.upstream.key))
+    reply = client.call(
+        {}, "apply", message=wire.full_message(agent.name, 200, newer, agent.upstream.key)
+    )
     assert reply["status"] == wire.APPLIED
 
     agent.reserve(2048)
     older = wire.body_of(agent.desired)
-    reply = client.call({}, "apply", message=wire.full_message(agent.name, 100, older,
-                                                                       agent.upstream.key))
+    reply = client.call(
+        {}, "apply", message=wire.full_message(agent.name, 100, older, agent.upstream.key)
+    )
     assert reply == {"status": wire.STALE, "seq": 100, "last_seq": 200}
     root = root_of(placement, agent.name)
     got = placement.get(f"/resource_providers/{root['uuid']}/inventories")["inventories"]
@@ -335,7 +359,7 @@ def test_stale_message_is_ignored(bus, placement):
 
 
 def test_message_naming_another_hosts_provider_is_refused(bus, placement):
-    applier, = bus.start(1)
+    (applier,) = bus.start(1)
     victim, intruder = make_agents(bus, 2, "own")
     assert victim.cycle().ok
     victim_root = root_of(placement, victim.name)
@@ -343,16 +367,29 @@ def test_message_naming_another_hosts_provider_is_refused(bus, placement):
     client = intruder.upstream._client
 
     body = wire.body_of(intruder.desired)
-    by_name = dict(body["tree"][0], name=f"{victim.name}_NUMA_0", parent=intruder.name,
-                   uuid=None)
-    reply = client.call({}, "apply", message=wire.full_message(
-        intruder.name, 1, {**body, "tree": body["tree"] + [by_name]}, intruder.upstream.key))
+    by_name = dict(body["tree"][0], name=f"{victim.name}_NUMA_0", parent=intruder.name, uuid=None)
+    reply = client.call(
+        {},
+        "apply",
+        message=wire.full_message(
+            intruder.name, 1, {**body, "tree": body["tree"] + [by_name]}, intruder.upstream.key
+        ),
+    )
     assert reply["status"] == wire.REFUSED and "not this host's" in reply["error"]
 
-    by_uuid = dict(body["tree"][0], name=f"{intruder.name}_extra", parent=intruder.name,
-                   uuid=victim_root["uuid"])
-    reply = client.call({}, "apply", message=wire.full_message(
-        intruder.name, 2, {**body, "tree": body["tree"] + [by_uuid]}, intruder.upstream.key))
+    by_uuid = dict(
+        body["tree"][0],
+        name=f"{intruder.name}_extra",
+        parent=intruder.name,
+        uuid=victim_root["uuid"],
+    )
+    reply = client.call(
+        {},
+        "apply",
+        message=wire.full_message(
+            intruder.name, 2, {**body, "tree": body["tree"] + [by_uuid]}, intruder.upstream.key
+        ),
+    )
     assert reply["status"] == wire.REFUSED
     assert "of another host's tree" in reply["error"]
 
@@ -362,8 +399,9 @@ def test_message_naming_another_hosts_provider_is_refused(bus, placement):
 
     # A host whose name is a child's in the victim's tree gets no root there.
     child = f"{victim.name}_{uuid.uuid4().hex[:4]}"
-    placement.post("/resource_providers", {"name": child,
-                                           "parent_provider_uuid": victim_root["uuid"]})
+    placement.post(
+        "/resource_providers", {"name": child, "parent_provider_uuid": victim_root["uuid"]}
+    )
     namesake = FixtureAgent(bus, child, sysfs_trees()[0], bus.tmp / "agents" / "namesake")
     with pytest.raises(upstream.Refused, match="is a child in another tree"):
         namesake.cycle()
@@ -382,7 +420,8 @@ class MessagingHost(Host):
 
 
 def test_reshape_through_the_applier_moves_pinned_guests_in_one_post(
-        bus, tmp_path, placement_server, host_name):
+    bus, tmp_path, placement_server, host_name
+):
     bus.start(1)
     host = MessagingHost(tmp_path, placement_server.url, host_name)
     sender = bus.sender(host_name, timeout=30)
@@ -390,8 +429,9 @@ def test_reshape_through_the_applier_moves_pinned_guests_in_one_post(
     boot_legacy_guests(host)
     before = host.allocations()
 
-    report = sender.send(compute_desired(host.settings(dedicated="2-5,10-13",
-                                                       shared="0-1,6-9,14-15")))
+    report = sender.send(
+        compute_desired(host.settings(dedicated="2-5,10-13", shared="0-1,6-9,14-15"))
+    )
     assert report.ok and report.reshape is not None
     assert report.reshape["totals"]["consumers"] == 2
     assert report.reshape["request_id"]
@@ -407,23 +447,39 @@ def messaging_service(bus, tmp_path, host_name):
 
     agent = AgentProcess(tmp_path / "agent", "unused", host_name)
     text = agent.config_text()
-    text = text[:text.index("[placement]")]  # the hypervisor holds no credentials
+    text = text[: text.index("[placement]")]  # the hypervisor holds no credentials
     text = text.replace("[DEFAULT]\n", f"[DEFAULT]\ntransport_url = {bus.url}\n")
     key_file = tmp_path / "upstream.key"
-    subprocess.run([str(APPLIER), "--config-file", str(bus.config), "derive-key", host_name,
-                    "--output", str(key_file)], check=True, capture_output=True)
-    text = text.replace("[agent]\n", f"[agent]\nupstream = messaging\nupstream_timeout = 2\n"
-                                     f"upstream_topic = {bus.topic}\n"
-                                     f"upstream_key_file = {key_file}\n")
+    subprocess.run(
+        [
+            str(APPLIER),
+            "--config-file",
+            str(bus.config),
+            "derive-key",
+            host_name,
+            "--output",
+            str(key_file),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    text = text.replace(
+        "[agent]\n",
+        f"[agent]\nupstream = messaging\nupstream_timeout = 2\n"
+        f"upstream_topic = {bus.topic}\n"
+        f"upstream_key_file = {key_file}\n",
+    )
     agent.write_config(text)
     return agent
 
 
 def test_reshape_through_the_applier_keeps_a_ratio_the_operator_set_in_placement(
-        bus, tmp_path, placement_server, host_name):
+    bus, tmp_path, placement_server, host_name
+):
     """No ratio in the host's config (nova keeps Placement's): the applier's
     reshape body must not put back the initial ratio over the operator's."""
     from dataclasses import replace
+
     from tests.integration.test_reshape_cost import set_memory_ratio
 
     bus.start(1)
@@ -434,8 +490,11 @@ def test_reshape_through_the_applier_keeps_a_ratio_the_operator_set_in_placement
     boot_legacy_guests(host)
     set_memory_ratio(1.25)(host)
 
-    report = sender.send(compute_desired(replace(
-        host.settings(dedicated="2-5,10-13", shared="0-1,6-9,14-15"), **nova_default)))
+    report = sender.send(
+        compute_desired(
+            replace(host.settings(dedicated="2-5,10-13", shared="0-1,6-9,14-15"), **nova_default)
+        )
+    )
 
     assert report.ok and report.reshape is not None, report.errors
     assert cpu_view(host.inventories()) == {"VCPU": 8, "PCPU": 8}
@@ -443,12 +502,15 @@ def test_reshape_through_the_applier_keeps_a_ratio_the_operator_set_in_placement
 
 
 def test_service_in_messaging_mode_backs_off_without_applier_then_converges(
-        bus, tmp_path, placement, host_name):
+    bus, tmp_path, placement, host_name
+):
     agent = messaging_service(bus, tmp_path, host_name)
     agent.start()
     try:
-        agent.status_after(lambda s: "Placement cannot be used" in s
-                           and "no node-agent-applier answered" in s, timeout=30)
+        agent.status_after(
+            lambda s: "Placement cannot be used" in s and "no node-agent-applier answered" in s,
+            timeout=30,
+        )
         assert placement.get(f"/resource_providers?name={host_name}")["resource_providers"] == []
         bus.start(1)
         agent.status_after(lambda s: s.startswith("ok") and "via applier" in s, timeout=30)
@@ -461,20 +523,22 @@ def test_service_in_messaging_mode_backs_off_without_applier_then_converges(
 
 
 def test_status_in_messaging_mode_after_a_lost_state_file_says_the_applier_keeps_it_closed(
-        bus, tmp_path, placement, host_name):
+    bus, tmp_path, placement, host_name
+):
     """The applier keeps the host closed from the root's disabled trait when
     the host's state file is lost; the host's own status must not say off."""
     from node_agent.state import FILE_NAME
-    from tests.integration.test_messaging import ctl
     from tests.cli.runner import run_agent
+    from tests.integration.test_messaging import ctl
 
     bus.start(1)
     agent = messaging_service(bus, tmp_path, host_name)
     agent.start()
     try:
         agent.status_after(lambda s: s.startswith("ok") and "via applier" in s, timeout=30)
-        on = run_agent("--config-file", str(agent.config), "maintenance", "on",
-                       "--reason", "disk swap")
+        on = run_agent(
+            "--config-file", str(agent.config), "maintenance", "on", "--reason", "disk swap"
+        )
         assert on.code == 0 and "the running service recorded it" in on.stdout, on.stderr
         assert agent.stop() == 0
         (agent.dir / "state" / FILE_NAME).unlink()
@@ -487,8 +551,9 @@ def test_status_in_messaging_mode_after_a_lost_state_file_says_the_applier_keeps
         assert all(inv["reserved"] == inv["total"] for inv in inventories.values())
         status = ctl(bus.url, host_name, "status")["maintenance"]
         assert (status["on"], status["source"]) == (True, "placement")
-        shown = run_agent("--config-file", str(agent.config), "maintenance", "status",
-                          "--output", "json")
+        shown = run_agent(
+            "--config-file", str(agent.config), "maintenance", "status", "--output", "json"
+        )
         assert shown.code == 0, shown.stderr
         assert shown.json()["maintenance"] == "on"
         assert shown.json()["state_file"]["maintenance"] == "none"
@@ -552,22 +617,25 @@ def sent_once(requests: RequestLog, report: upstream.UpstreamReport) -> None:
 
 
 def test_vgpu_then_numa_reshape_through_the_applier_keep_every_allocation(
-        bus, tmp_path, placement_server, host_name):
+    bus, tmp_path, placement_server, host_name
+):
     bus.start(1)
     p, mdevs = prefix(), [str(uuid.uuid4()) for _ in range(3)]
-    guests = [guest(1, p, pins=(2, 3), nodes="0", mdevs=mdevs[:1]),           # node 0, GPU1
-              guest(2, p, pins=(10, 11), nodes="1", mdevs=mdevs[1:], memory=2048),
-              guest(3, p, nodes="1")]                                          # floating
-    host = NestedHost(tmp_path, placement_server.url, host_name, guests,
-                      gpus={GPU1: mdevs[:2], GPU2: mdevs[2:]})
+    guests = [
+        guest(1, p, pins=(2, 3), nodes="0", mdevs=mdevs[:1]),  # node 0, GPU1
+        guest(2, p, pins=(10, 11), nodes="1", mdevs=mdevs[1:], memory=2048),
+        guest(3, p, nodes="1"),
+    ]  # floating
+    host = NestedHost(
+        tmp_path, placement_server.url, host_name, guests, gpus={GPU1: mdevs[:2], GPU2: mdevs[2:]}
+    )
     a, b, c = (g["uuid"] for g in guests)
     sender = bus.sender(host_name, timeout=30)
     requests = RequestLog(placement_server)
     assert sender.send(compute_desired(host.settings())).ok
     root = host.root
-    host.add_root_vgpu(6)   # VGPU on the root, as nova had it before nested GPUs
-    allocate(host.scheduler, a, {root: {"PCPU": 2, "MEMORY_MB": 1024, "VGPU": 1,
-                                        "DISK_GB": 5}})
+    host.add_root_vgpu(6)  # VGPU on the root, as nova had it before nested GPUs
+    allocate(host.scheduler, a, {root: {"PCPU": 2, "MEMORY_MB": 1024, "VGPU": 1, "DISK_GB": 5}})
     allocate(host.scheduler, b, {root: {"PCPU": 2, "MEMORY_MB": 2048, "VGPU": 2}})
     allocate(host.scheduler, c, {root: {"VCPU": 2, "MEMORY_MB": 1024}})
     before = host.allocations()
@@ -583,14 +651,14 @@ def test_vgpu_then_numa_reshape_through_the_applier_keep_every_allocation(
     assert host.allocations() == {
         a: {root: {"PCPU": 2, "MEMORY_MB": 1024, "DISK_GB": 5}, gpu1: {"VGPU": 1}},
         b: {root: {"PCPU": 2, "MEMORY_MB": 2048}, gpu1: {"VGPU": 1}, gpu2: {"VGPU": 1}},
-        c: before[c]}
+        c: before[c],
+    }
     assert host.inventories(gpu1) == {"VGPU": 4} and host.inventories(gpu2) == {"VGPU": 3}
     assert "VGPU" not in host.inventories(root)
 
     # 2. numa_in_placement: CPU and memory go to the node each guest lives on.
     requests.mark()
-    numa = compute_desired(host.settings(enabled_mdev_types=(MDEV_TYPE,),
-                                         numa_in_placement=True))
+    numa = compute_desired(host.settings(enabled_mdev_types=(MDEV_TYPE,), numa_in_placement=True))
     report = sender.send(numa)
     assert report.status == wire.APPLIED and report.ok, report.errors
     sent_once(requests, report)
@@ -599,7 +667,8 @@ def test_vgpu_then_numa_reshape_through_the_applier_keep_every_allocation(
     assert after == {
         a: {root: {"DISK_GB": 5}, node0: {"PCPU": 2, "MEMORY_MB": 1024}, gpu1: {"VGPU": 1}},
         b: {node1: {"PCPU": 2, "MEMORY_MB": 2048}, gpu1: {"VGPU": 1}, gpu2: {"VGPU": 1}},
-        c: {node1: {"VCPU": 2, "MEMORY_MB": 1024}}}
+        c: {node1: {"VCPU": 2, "MEMORY_MB": 1024}},
+    }
     assert consumer_totals(after) == consumer_totals(before)
     assert set(host.inventories(root)) == {"DISK_GB"} and len(host.tree()) == 5
 
@@ -611,11 +680,14 @@ def test_vgpu_then_numa_reshape_through_the_applier_keep_every_allocation(
 
 
 def test_numa_refusal_through_the_applier_is_an_error_in_the_reply(
-        bus, tmp_path, placement_server, host_name):
-    applier, = bus.start(1)
+    bus, tmp_path, placement_server, host_name
+):
+    (applier,) = bus.start(1)
     p = prefix()
-    guests = [guest(1, p, pins=(2, 3), nodes="0"),
-              guest(2, p, pins=(4, 12), nodes="0-1")]   # one vCPU on each node
+    guests = [
+        guest(1, p, pins=(2, 3), nodes="0"),
+        guest(2, p, pins=(4, 12), nodes="0-1"),
+    ]  # one vCPU on each node
     host = NestedHost(tmp_path, placement_server.url, host_name, guests)
     sender = bus.sender(host_name, timeout=30)
     requests = RequestLog(placement_server)
@@ -632,7 +704,7 @@ def test_numa_refusal_through_the_applier_is_an_error_in_the_reply(
         report = sender.send(numa)
         assert report.status == wire.APPLIED and not report.ok
         assert report.messages == messages
-        refusal, = report.errors
+        (refusal,) = report.errors
         assert f"guest instance-00000002 ({guests[1]['uuid']}) spans NUMA nodes 0-1" in refusal
         assert "instance-00000001" not in refusal
         assert report.reshape["refused"] == [refusal]
@@ -655,10 +727,11 @@ def test_message_of_another_wire_version_is_refused_with_the_side_to_upgrade(bus
     reply = agent.upstream._client.call({}, "apply", message=old)
     assert reply["status"] == wire.REFUSED
     assert "upgrade node-agent on this host" in reply["error"]
-    assert agent.cycle().ok   # the current version is applied
+    assert agent.cycle().ok  # the current version is applied
 
 
 # ---------------------------------------------------------------- cost per host
+
 
 class DirectHost:
     """The direct mode on the same fixture host: what its service keeps
@@ -669,16 +742,21 @@ class DirectHost:
         base.mkdir(parents=True)
         self.now = 0.0
         self.settings = make_settings(
-            host=name, sysfs_root=str(sysfs_root_for(system_dir, base)),
-            instances_path=str(base), state_path=str(base / "state"),
-            reserved_host_memory_mb=512)
+            host=name,
+            sysfs_root=str(sysfs_root_for(system_dir, base)),
+            instances_path=str(base),
+            state_path=str(base / "state"),
+            reserved_host_memory_mb=512,
+        )
         client = PlacementClient.for_endpoint(placement_url)
-        self.syncer = TreeSyncer(client, StateStore(base / "state"),
-                                 full_verify_interval=300, clock=lambda: self.now)
+        self.syncer = TreeSyncer(
+            client, StateStore(base / "state"), full_verify_interval=300, clock=lambda: self.now
+        )
         self.reconciler = Reconciler(client, self.syncer)
 
     def reserve(self, reserved: int) -> None:
         from dataclasses import replace
+
         self.settings = replace(self.settings, reserved_host_memory_mb=reserved)
 
     def cycle(self, advance: float = 60) -> None:
@@ -686,14 +764,18 @@ class DirectHost:
         assert self.reconciler.apply(compute_desired(self.settings)).ok
 
 
-def send_to(applier: ApplierProcess, agent: FixtureAgent, beat: bool = False,
-            timeout: float = TIMEOUT) -> dict:
+def send_to(
+    applier: ApplierProcess, agent: FixtureAgent, beat: bool = False, timeout: float = TIMEOUT
+) -> dict:
     """The agent's message (or heartbeat), delivered to that process only."""
     body = wire.body_of(agent.desired)
     seq = agent.upstream._next_seq()
     key = agent.upstream.key
-    message = (wire.heartbeat(agent.name, seq, wire.digest_of(body), key) if beat
-               else wire.full_message(agent.name, seq, body, key))
+    message = (
+        wire.heartbeat(agent.name, seq, wire.digest_of(body), key)
+        if beat
+        else wire.full_message(agent.name, seq, body, key)
+    )
     client = agent.upstream._client.prepare(server=applier.server, timeout=timeout)
     return client.call({}, "apply", message=message)
 
@@ -703,7 +785,8 @@ def applied_by(bus: Bus, host: str) -> str:
 
 
 def test_host_hopping_between_applier_processes_costs_placement_what_direct_mode_costs(
-        bus, placement, placement_server, tmp_path):
+    bus, placement, placement_server, tmp_path
+):
     """Per host, counted in Placement's log: each message goes to the
     process that did not apply the host last, and costs the requests the
     direct mode's agent pays for the same step."""
@@ -723,14 +806,17 @@ def test_host_hopping_between_applier_processes_costs_placement_what_direct_mode
         def step():
             reply = send_to(applier, agent, beat)
             assert reply["status"] == status and reply.get("ok", True), reply
-            assert f":{applier.proc.pid}:" in applied_by(bus, agent.name) \
-                or status == wire.UNCHANGED
+            assert (
+                f":{applier.proc.pid}:" in applied_by(bus, agent.name) or status == wire.UNCHANGED
+            )
+
         return step
 
     def scheduler_activity():
         for name in (agent.name, direct.settings.host):
-            allocate(placement, str(uuid.uuid4()),
-                     {root_of(placement, name)["uuid"]: {"MEMORY_MB": 256}})
+            allocate(
+                placement, str(uuid.uuid4()), {root_of(placement, name)["uuid"]: {"MEMORY_MB": 256}}
+            )
 
     first = {"messaging": cost(hop(a)), "direct": cost(direct.cycle)}
     # The one request more: the ownership check looks the new root up by name.
@@ -763,8 +849,10 @@ def test_host_hopping_between_applier_processes_costs_placement_what_direct_mode
         state = store.load()
         state["applier"]["cache"]["verified_at"] -= 300
         store.save(state)
-        return {"messaging": cost(hop(applier, beat=True)),
-                "direct": cost(lambda: direct.cycle(300))}
+        return {
+            "messaging": cost(hop(applier, beat=True)),
+            "direct": cost(lambda: direct.cycle(300)),
+        }
 
     # The root's generation moved under the shrink and the grow (the
     # scheduler's allocations), and its traits were not read since: the first
@@ -774,17 +862,21 @@ def test_host_hopping_between_applier_processes_costs_placement_what_direct_mode
     verify = five_minutes_later(a)
     assert len(verify["messaging"]) == len(verify["direct"]) == 1, verify
     assert verify["messaging"][0].startswith("GET /resource_providers?in_tree=")
-    print(f"\nBENCH applier hop, requests per host (messaging/direct): "
-          f"first apply {len(first['messaging'])}/{len(first['direct'])}, steady 0/0, "
-          f"shrink {len(steps['shrink']['messaging'])}/{len(steps['shrink']['direct'])}, "
-          f"grow {len(steps['grow']['messaging'])}/{len(steps['grow']['direct'])}, "
-          f"full verify {len(verify['messaging'])}/{len(verify['direct'])}")
+    print(
+        f"\nBENCH applier hop, requests per host (messaging/direct): "
+        f"first apply {len(first['messaging'])}/{len(first['direct'])}, steady 0/0, "
+        f"shrink {len(steps['shrink']['messaging'])}/{len(steps['shrink']['direct'])}, "
+        f"grow {len(steps['grow']['messaging'])}/{len(steps['grow']['direct'])}, "
+        f"full verify {len(verify['messaging'])}/{len(verify['direct'])}"
+    )
 
 
 # ---------------------------------------------------------------- the capacity invariant
 
+
 def test_dedicated_set_beside_a_stranger_on_vcpu_never_publishes_pcpu_beside_vcpu_via_applier(
-        bus, tmp_path, placement_server, host_name):
+    bus, tmp_path, placement_server, host_name
+):
     """Issue 12's first bullet through the applier: VCPU 16 (legacy), a
     consumer that is no local guest (a migration record, written as the
     scheduler writes it) holds 3 VCPU, then cpu_dedicated_set = 0-15. The
@@ -793,7 +885,7 @@ def test_dedicated_set_beside_a_stranger_on_vcpu_never_publishes_pcpu_beside_vcp
     says so in the reply."""
     from node_agent.policy.capacity import HostLimits, Published, check
 
-    applier, = bus.start(1)
+    (applier,) = bus.start(1)
     host = NestedHost(tmp_path, placement_server.url, host_name, [])
     sender = bus.sender(host_name, timeout=30)
     assert sender.send(compute_desired(host.settings(dedicated=None, shared=None))).ok
@@ -810,43 +902,49 @@ def test_dedicated_set_beside_a_stranger_on_vcpu_never_publishes_pcpu_beside_vcp
         assert any(migration in e for e in report.errors), report.errors
 
     listed = host.scheduler.get(f"/resource_providers?in_tree={root}")["resource_providers"]
-    tree = [Published(rp["name"], rp["parent_provider_uuid"] is None,
-                      host.scheduler.get(f"/resource_providers/{rp['uuid']}/inventories")
-                      ["inventories"]) for rp in listed]
-    verdict = check(tree, HostLimits(cpus=16, memory_mb=10 ** 9, disk_gb=10 ** 9,
-                                     online_cpus=16))
+    tree = [
+        Published(
+            rp["name"],
+            rp["parent_provider_uuid"] is None,
+            host.scheduler.get(f"/resource_providers/{rp['uuid']}/inventories")["inventories"],
+        )
+        for rp in listed
+    ]
+    verdict = check(tree, HostLimits(cpus=16, memory_mb=10**9, disk_gb=10**9, online_cpus=16))
     assert verdict.ok, verdict.lines()
     assert allocations(host.scheduler, [migration]) == before
     assert "not checked" not in applier.log()
 
 
-def test_a_2_0_agent_is_applied_closed_and_the_applier_says_so_once_per_host(
-        bus, placement):
+def test_a_2_0_agent_is_applied_closed_and_the_applier_says_so_once_per_host(bus, placement):
     """A 2.0 message carries no limits: the applier cannot check the
     invariant, so it publishes the tree with every class it checks closed
     (reserved = total) and logs that once for the host. When in doubt,
     publish less. A 2.0 agent does not sign either: applied during an
     upgrade only (``accept_unsigned``)."""
     bus.write_config("accept_unsigned = true\n")
-    applier, = bus.start(1)
+    (applier,) = bus.start(1)
     agent = make_agents(bus, 1, "old-agent")[0]
     body = wire.body_of(agent.desired)
     del body["limits"]
     for seq in (1, 2):
-        old = {**wire.full_message(agent.name, seq, body, agent.upstream.key),
-               "version": "2.0"}
+        old = {**wire.full_message(agent.name, seq, body, agent.upstream.key), "version": "2.0"}
         del old["signature"]
         reply = agent.upstream._client.call({}, "apply", message=old)
         assert reply["status"] == wire.APPLIED and reply["ok"], reply
         root = root_of(placement, agent.name)
         got = placement.get(f"/resource_providers/{root['uuid']}/inventories")["inventories"]
         assert {rc: inv["reserved"] for rc, inv in got.items()} == {
-            rc: inv["total"] for rc, inv in got.items()}
+            rc: inv["total"] for rc, inv in got.items()
+        }
         assert set(got) == set(agent.desired.tree.root.inventories)
-    warned = re.findall(rf"{re.escape(agent.name)} sends wire format 2\.0.*published "
-                        r"closed \(reserved = total\)", applier.log())
+    warned = re.findall(
+        rf"{re.escape(agent.name)} sends wire format 2\.0.*published "
+        r"closed \(reserved = total\)",
+        applier.log(),
+    )
     assert len(warned) == 1, applier.log()
-    assert agent.cycle().ok   # a 2.3 message from the same host: checked and open again
+    assert agent.cycle().ok  # a 2.3 message from the same host: checked and open again
     assert converged(placement, agent)
 
 
@@ -855,7 +953,7 @@ def test_tree_for_a_root_another_machine_marked_is_refused_by_the_applier(bus, p
 
     from node_agent.policy.root_owner import Identity, mark_for, marked
 
-    applier, = bus.start(1)
+    (applier,) = bus.start(1)
     name = f"clone-{uuid.uuid4().hex[:6]}"
     first = FixtureAgent(bus, name, sysfs_trees()[0], bus.tmp / "agents" / "first")
     clone = FixtureAgent(bus, name, sysfs_trees()[1], bus.tmp / "agents" / "clone")
@@ -876,8 +974,10 @@ def test_tree_for_a_root_another_machine_marked_is_refused_by_the_applier(bus, p
 
 # ---------------------------------------------------------------- signed messages
 
+
 def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placement(
-        bus, placement, placement_server):
+    bus, placement, placement_server
+):
     """A hostile hypervisor holds the broker's credentials and its own key:
     whatever it sends in another host's name, or replays of that host's old
     messages, reach no Placement request (its request log stays empty) and
@@ -885,16 +985,18 @@ def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placem
     each refusal by reason; a replay (refused) is told from an honest
     message overtaken by a newer one (stale)."""
     port = free_port()
-    applier, = bus.start(1, applier=f"metrics_port = {port}\n")
+    (applier,) = bus.start(1, applier=f"metrics_port = {port}\n")
     victim, intruder = make_agents(bus, 2, "signed")
-    client = intruder.upstream._client   # any connection to the broker will do
+    client = intruder.upstream._client  # any connection to the broker will do
     key = victim.upstream.key
 
     victim.reserve(1024)
-    overtaken = wire.full_message(victim.name, victim.upstream._next_seq(),
-                                  wire.body_of(victim.desired), key)   # never delivered
-    old = wire.full_message(victim.name, victim.upstream._next_seq(),
-                                wire.body_of(victim.desired), key)
+    overtaken = wire.full_message(
+        victim.name, victim.upstream._next_seq(), wire.body_of(victim.desired), key
+    )  # never delivered
+    old = wire.full_message(
+        victim.name, victim.upstream._next_seq(), wire.body_of(victim.desired), key
+    )
     assert client.call({}, "apply", message=old)["status"] == wire.APPLIED
     victim.reserve(512)
     assert victim.cycle().ok
@@ -905,20 +1007,26 @@ def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placem
     hostile = wire.body_of(victim.desired)
     memory = hostile["tree"][0]["inventories"]["MEMORY_MB"]
     memory["reserved"] = memory["total"]
-    seq = victim.upstream._next_seq() + 10 ** 9
+    seq = victim.upstream._next_seq() + 10**9
     forged = wire.full_message(victim.name, seq, hostile, intruder.upstream.key)
-    tampered = {**wire.full_message(victim.name, seq, wire.body_of(victim.desired),
-                                        key),
-                "body": hostile, "digest": wire.digest_of(hostile)}
-    older = {**hostile, "limits": {k: v for k, v in hostile["limits"].items()
-                                   if k != "mem_encryption"}}     # 2.3's
+    tampered = {
+        **wire.full_message(victim.name, seq, wire.body_of(victim.desired), key),
+        "body": hostile,
+        "digest": wire.digest_of(hostile),
+    }
+    older = {
+        **hostile,
+        "limits": {k: v for k, v in hostile["limits"].items() if k != "mem_encryption"},
+    }  # 2.3's
     unsigned = {**wire.full_message(victim.name, seq, older, key), "version": "2.1"}
     del unsigned["signature"]
-    attempts = {"forged host": (forged, wire.REFUSED, "does not verify"),
-                "bad signature": (tampered, wire.REFUSED, "does not verify"),
-                "unsigned": (unsigned, wire.REFUSED, "carries no signature"),
-                "replayed": (old, wire.REFUSED, "was applied already"),
-                "out of order": (overtaken, wire.STALE, None)}
+    attempts = {
+        "forged host": (forged, wire.REFUSED, "does not verify"),
+        "bad signature": (tampered, wire.REFUSED, "does not verify"),
+        "unsigned": (unsigned, wire.REFUSED, "carries no signature"),
+        "replayed": (old, wire.REFUSED, "was applied already"),
+        "out of order": (overtaken, wire.STALE, None),
+    }
 
     log = RequestLog(placement_server)
     for what, (message, status, words) in attempts.items():
@@ -935,19 +1043,24 @@ def test_forged_tampered_unsigned_and_replayed_messages_change_nothing_in_placem
     assert f"refused a message from {victim.name} (forged; 2 refused so far)" in text
     assert f"refused a message from {victim.name} (unsigned; 3 refused so far)" in text
     assert f"refused a message from {victim.name} (replayed; 4 refused so far)" in text
-    assert re.search(rf"{re.escape(victim.name)} seq {overtaken['seq']} ignored: not above "
-                     r"\d+, the last applied \(an out-of-order message", text)
+    assert re.search(
+        rf"{re.escape(victim.name)} seq {overtaken['seq']} ignored: not above "
+        r"\d+, the last applied \(an out-of-order message",
+        text,
+    )
     assert not any(s in text for s in secrets)
-    assert victim.cycle().ok   # the victim's own next message is applied
+    assert victim.cycle().ok  # the victim's own next message is applied
 
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
         metrics = answer.read().decode()
-    for line in ('node_agent_applier_refused_total{reason="forged"} 2.0',
-                 'node_agent_applier_refused_total{reason="unsigned"} 1.0',
-                 'node_agent_applier_refused_total{reason="expired_key"} 0.0',
-                 'node_agent_applier_refused_total{reason="replayed"} 1.0',
-                 'node_agent_applier_messages_total{status="stale"} 1.0',
-                 'node_agent_applier_messages_total{status="refused"} 4.0'):
+    for line in (
+        'node_agent_applier_refused_total{reason="forged"} 2.0',
+        'node_agent_applier_refused_total{reason="unsigned"} 1.0',
+        'node_agent_applier_refused_total{reason="expired_key"} 0.0',
+        'node_agent_applier_refused_total{reason="replayed"} 1.0',
+        'node_agent_applier_messages_total{status="stale"} 1.0',
+        'node_agent_applier_messages_total{status="refused"} 4.0',
+    ):
         assert line in metrics, metrics
     requests = re.search(r"^node_agent_applier_placement_requests_total (\S+)$", metrics, re.M)
     assert requests and float(requests[1]) > 0, metrics
@@ -967,13 +1080,14 @@ def test_master_rotation_in_the_config_accepts_old_keys_until_the_overlap_ends(b
     new_master = bus.tmp / "new-master.key"
     new_master.write_text(uuid.uuid4().hex + uuid.uuid4().hex + "\n")
     new_master.chmod(0o600)
-    bus.master_file = new_master   # what the appliers' master_key_file names
+    bus.master_file = new_master  # what the appliers' master_key_file names
     rotation = f"previous_master_key_file = {old_master}\nprevious_master_key_until = {{}}\n"
     port = free_port()
-    during, = bus.start(1, applier=rotation.format("2099-01-01T00:00:00Z"))
-    after, = bus.start(1, applier=rotation.format("2020-01-01T00:00:00Z")
-                       + f"metrics_port = {port}\n")
-    late, moved = make_agents(bus, 2, "rotate")   # keys under the new master
+    (during,) = bus.start(1, applier=rotation.format("2099-01-01T00:00:00Z"))
+    (after,) = bus.start(
+        1, applier=rotation.format("2020-01-01T00:00:00Z") + f"metrics_port = {port}\n"
+    )
+    late, moved = make_agents(bus, 2, "rotate")  # keys under the new master
     late.upstream.key = signing.host_key(old_master.read_text().strip().encode(), late.name)
     assert late.upstream.key != bus.key(late.name)
 
@@ -988,33 +1102,36 @@ def test_master_rotation_in_the_config_accepts_old_keys_until_the_overlap_ends(b
 
 
 def test_a_message_that_waits_for_its_hosts_lock_is_counted_as_a_lock_wait(
-        bus, placement, tmp_path):
+    bus, placement, tmp_path
+):
     """Another holder of the host's lock (here the test, through the same
     file locks): the message waits, applies once it is released, and the
     wait shows in the log and in node_agent_applier_lock_waits_total."""
     from node_agent.remote.coordination import Coordination
 
     port = free_port()
-    applier, = bus.start(1, applier=f"metrics_port = {port}\nlock_timeout = 30\n")
+    (applier,) = bus.start(1, applier=f"metrics_port = {port}\nlock_timeout = 30\n")
     agent = make_agents(bus, 1, "waits")[0]
-    assert 'node_agent_applier_lock_waits_total 0.0' in metrics_of(port)
+    assert "node_agent_applier_lock_waits_total 0.0" in metrics_of(port)
     holder = Coordination(None, bus.tmp / "applier-state-0", "the-test")
     replies: list[dict] = []
     try:
         with holder.lock(agent.name, 5):
-            sender = threading.Thread(target=lambda: replies.append(
-                send_to(applier, agent, timeout=60)))
+            sender = threading.Thread(
+                target=lambda: replies.append(send_to(applier, agent, timeout=60))
+            )
             sender.start()
             time.sleep(2)
-            assert not replies, replies   # still waiting for the lock
+            assert not replies, replies  # still waiting for the lock
         sender.join(60)
     finally:
         holder.stop()
     assert replies and replies[0]["status"] == wire.APPLIED, replies
-    assert re.search(rf"{re.escape(agent.name)} seq \d+ waited [\d.]+s for the host's lock",
-                     applier.log())
+    assert re.search(
+        rf"{re.escape(agent.name)} seq \d+ waited [\d.]+s for the host's lock", applier.log()
+    )
     metrics = metrics_of(port)
-    assert 'node_agent_applier_lock_waits_total 1.0' in metrics, metrics
+    assert "node_agent_applier_lock_waits_total 1.0" in metrics, metrics
     assert converged(placement, agent)
 
 

@@ -18,13 +18,21 @@ from node_agent.remote import wire
 from node_agent.remote.coordination import RECORD_PREFIX
 from node_agent.state import decode
 from tests.integration.redis_server import redis_url  # noqa: F401 (fixture)
-from tests.integration.test_applier import (AGENTS, allocations, bus, converged,  # noqa: F401
-                                            in_threads, make_agents, root_of, send_to)
-from tests.reliability.proxy import FaultProxy
 from tests.integration.reshape_driver import allocate
+from tests.integration.test_applier import (  # noqa: F401
+    AGENTS,
+    allocations,
+    bus,
+    converged,
+    in_threads,
+    make_agents,
+    root_of,
+    send_to,
+)
+from tests.reliability.proxy import FaultProxy
 
 pytestmark = pytest.mark.integration
-APPLY_MARGIN = 10   # seconds for one apply on a loaded machine, beyond the lock's wait
+APPLY_MARGIN = 10  # seconds for one apply on a loaded machine, beyond the lock's wait
 
 # The URL sets no expiry: the applier makes it half of its lock_timeout
 # (8 s: a killed holder's lock is free after 4 s).
@@ -41,12 +49,16 @@ def on_redis(url: str, lock_timeout: float = LOCK_TIMEOUT) -> str:
 
 
 def nothing_on_disk(bus) -> bool:
-    return not any(p.is_file() for n in range(len(bus.appliers))
-                   for p in (bus.tmp / f"applier-state-{n}").rglob("*"))
+    return not any(
+        p.is_file()
+        for n in range(len(bus.appliers))
+        for p in (bus.tmp / f"applier-state-{n}").rglob("*")
+    )
 
 
 def test_twenty_agents_through_two_appliers_sharing_only_redis_converge_then_heartbeat(
-        bus, placement, redis_url):
+    bus, placement, redis_url
+):
     first, second = bus.start(2, applier=on_redis(redis_url))
     agents = make_agents(bus, AGENTS, "redis")
     failures: list[str] = []
@@ -64,10 +76,12 @@ def test_twenty_agents_through_two_appliers_sharing_only_redis_converge_then_hea
     # The records the heartbeats were answered from: written by both processes.
     writers = {record(redis_url, a.name)["by"].split(":")[1] for a in agents}
     assert writers == {str(first.proc.pid), str(second.proc.pid)}
-    print(f"\nBENCH messaging on redis: first apply requests/host "
-          f"{sorted(r.requests for r in applied.values())}; steady: "
-          f"{sorted(r.messages for r in steady.values())} messages, 0 requests; "
-          f"{len(failures)} cycles retried")
+    print(
+        f"\nBENCH messaging on redis: first apply requests/host "
+        f"{sorted(r.requests for r in applied.values())}; steady: "
+        f"{sorted(r.messages for r in steady.values())} messages, 0 requests; "
+        f"{len(failures)} cycles retried"
+    )
 
 
 def test_per_host_order_holds_under_a_burst_across_two_appliers(bus, placement, redis_url):
@@ -81,9 +95,12 @@ def test_per_host_order_holds_under_a_burst_across_two_appliers(bus, placement, 
     messages = []
     for n in range(12):
         agent.reserve(256 + 64 * n)
-        messages.append(wire.full_message(agent.name, base + 1 + n,
-                                              wire.body_of(agent.desired), agent.upstream.key))
-    order = list(reversed(messages))   # the newest first: the most stale replies
+        messages.append(
+            wire.full_message(
+                agent.name, base + 1 + n, wire.body_of(agent.desired), agent.upstream.key
+            )
+        )
+    order = list(reversed(messages))  # the newest first: the most stale replies
     replies: dict[int, dict] = {}
 
     def send(k: int) -> None:
@@ -106,8 +123,9 @@ def test_per_host_order_holds_under_a_burst_across_two_appliers(bus, placement, 
     assert got["MEMORY_MB"]["reserved"] == wanted["inventories"]["MEMORY_MB"]["reserved"]
 
 
-def kill_the_lock_holder_then_resend(bus, placement, placement_server, applier: str,
-                                     prefix: str, wait: float, expiry: float):
+def kill_the_lock_holder_then_resend(
+    bus, placement, placement_server, applier: str, prefix: str, wait: float, expiry: float
+):
     """The first applier reaches Placement through a proxy that SIGKILLs it
     on the message's first request, inside the host's lock; the host's next
     message goes to the other applier and must be applied within the lock's
@@ -115,8 +133,8 @@ def kill_the_lock_holder_then_resend(bus, placement, placement_server, applier: 
     and the agent, after checking that the allocation on the host was kept."""
     proxy = FaultProxy(placement_server.url).start()
     try:
-        holder, = bus.start(1, applier=applier, placement_url=proxy.url)
-        other, = bus.start(1, applier=applier)
+        (holder,) = bus.start(1, applier=applier, placement_url=proxy.url)
+        (other,) = bus.start(1, applier=applier)
         agent = make_agents(bus, 1, prefix)[0]
         assert send_to(other, agent)["status"] == wire.APPLIED
         consumer = str(uuid.uuid4())
@@ -152,13 +170,14 @@ def kill_the_lock_holder_then_resend(bus, placement, placement_server, applier: 
 
 
 def test_applier_killed_holding_a_hosts_lock_frees_it_at_the_lock_expiry(
-        bus, placement, placement_server, redis_url):
+    bus, placement, placement_server, redis_url
+):
     """With the URL's defaults, the host's next message, on the other
     applier, waits for the Redis lock to expire (half of lock_timeout, not
     tooz's 30 s) and applies; the allocation on the host is kept."""
     other, _agent = kill_the_lock_holder_then_resend(
-        bus, placement, placement_server, on_redis(redis_url), "killed", 30,
-        expiry=LOCK_TIMEOUT / 2)
+        bus, placement, placement_server, on_redis(redis_url), "killed", 30, expiry=LOCK_TIMEOUT / 2
+    )
     assert "waited" in other.log() and "for the host's lock" in other.log()
     assert f"host locks expire after {LOCK_TIMEOUT // 2}s" in other.log()
 
@@ -176,13 +195,19 @@ def check_config(tmp_path, applier: str, master_mode: int = 0o600):
         "[DEFAULT]\ntransport_url = rabbit://guest:guest@127.0.0.1:5672/\n"
         f"[applier]\nstate_path = {tmp_path / 'state'}\nmaster_key_file = {master}\n"
         f"{applier}[placement]\nauth_type = admin_token\ntoken = admin\n"
-        "endpoint_override = http://127.0.0.1:1\n")
-    return subprocess.run([str(APPLIER), "--config-file", str(config), "--check-config"],
-                          capture_output=True, text=True, timeout=120)
+        "endpoint_override = http://127.0.0.1:1\n"
+    )
+    return subprocess.run(
+        [str(APPLIER), "--config-file", str(config), "--check-config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_check_config_connects_to_the_coordination_backend_and_checks_the_master(
-        tmp_path, redis_url):
+    tmp_path, redis_url
+):
     good = check_config(tmp_path, f"coordination_url = {redis_url}\n")
     assert good.returncode == 0, good.stderr
     assert f"coordination backend answers: {redis_url}" in good.stdout
@@ -193,6 +218,7 @@ def test_check_config_connects_to_the_coordination_backend_and_checks_the_master
     assert "6d" * 32 not in open_master.stdout + open_master.stderr
 
     from tests.integration.rabbit import free_port
+
     closed = f"redis://:S3cret@127.0.0.1:{free_port()}"
     down = check_config(tmp_path, f"coordination_url = {closed}\n")
     assert down.returncode == 75, down.stderr

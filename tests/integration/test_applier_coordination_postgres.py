@@ -17,11 +17,21 @@ from node_agent.remote.coordination import sqlalchemy_url
 from node_agent.remote.sql_records import RECORDS
 from node_agent.state import decode
 from tests.integration.postgres_server import postgres_cluster, postgres_url  # noqa: F401
-from tests.integration.test_applier import (AGENTS, allocations, bus, converged,  # noqa: F401
-                                            in_threads, make_agents, root_of, send_to)
-from tests.integration.test_applier_coordination import (check_config,
-                                                          kill_the_lock_holder_then_resend,
-                                                          nothing_on_disk)
+from tests.integration.test_applier import (  # noqa: F401
+    AGENTS,
+    allocations,
+    bus,
+    converged,
+    in_threads,
+    make_agents,
+    root_of,
+    send_to,
+)
+from tests.integration.test_applier_coordination import (
+    check_config,
+    kill_the_lock_holder_then_resend,
+    nothing_on_disk,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -41,7 +51,8 @@ def on_postgres(url: str, lock_timeout: float = 3) -> str:
 
 
 def test_twenty_agents_through_two_appliers_sharing_only_postgres_converge_then_heartbeat(
-        bus, placement, postgres_url):
+    bus, placement, postgres_url
+):
     first, second = bus.start(2, applier=on_postgres(postgres_url))
     agents = make_agents(bus, AGENTS, "pg")
     failures: list[str] = []
@@ -63,7 +74,8 @@ def test_twenty_agents_through_two_appliers_sharing_only_postgres_converge_then_
 
 
 def test_per_host_order_holds_under_a_burst_across_two_appliers_on_postgres(
-        bus, placement, postgres_url):
+    bus, placement, postgres_url
+):
     """Twelve messages of one host, sent at once from six connections, newest
     first: the newest one applied is what Placement and the row hold."""
     bus.start(2, applier=on_postgres(postgres_url, lock_timeout=60))
@@ -74,8 +86,11 @@ def test_per_host_order_holds_under_a_burst_across_two_appliers_on_postgres(
     messages = []
     for n in range(12):
         agent.reserve(256 + 64 * n)
-        messages.append(wire.full_message(agent.name, base + 1 + n,
-                                          wire.body_of(agent.desired), agent.upstream.key))
+        messages.append(
+            wire.full_message(
+                agent.name, base + 1 + n, wire.body_of(agent.desired), agent.upstream.key
+            )
+        )
     order = list(reversed(messages))
     replies: dict[int, dict] = {}
 
@@ -100,23 +115,32 @@ def test_per_host_order_holds_under_a_burst_across_two_appliers_on_postgres(
 
 
 def test_applier_killed_holding_a_hosts_advisory_lock_frees_it_with_its_session(
-        bus, placement, placement_server, postgres_url):
+    bus, placement, placement_server, postgres_url
+):
     """PostgreSQL ends the killed applier's session and its advisory locks
     with it: the host's next message, on the other applier, applies; the
     allocation is kept."""
     other, agent = kill_the_lock_holder_then_resend(
-        bus, placement, placement_server, on_postgres(postgres_url, lock_timeout=60),
-        "pgkilled", 60, expiry=0)
+        bus,
+        placement,
+        placement_server,
+        on_postgres(postgres_url, lock_timeout=60),
+        "pgkilled",
+        60,
+        expiry=0,
+    )
     assert records(postgres_url)[agent.name]["by"].split(":")[1] == str(other.proc.pid)
 
 
 def test_check_config_connects_to_postgres_and_names_it_without_its_password(
-        tmp_path, postgres_url):
+    tmp_path, postgres_url
+):
     good = check_config(tmp_path, f"coordination_url = {postgres_url}\n")
     assert good.returncode == 0, good.stderr
     assert "coordination backend answers: postgresql://127.0.0.1:" in good.stdout
 
     from tests.integration.rabbit import free_port
+
     closed = f"postgresql://admin:S3cret@127.0.0.1:{free_port()}/coordination"
     down = check_config(tmp_path, f"coordination_url = {closed}\n")
     assert down.returncode == 75, down.stderr
@@ -131,12 +155,13 @@ def test_check_config_connects_to_postgres_and_names_it_without_its_password(
 
 
 def test_a_host_held_past_lock_timeout_on_postgres_is_answered_busy_then_applies(
-        bus, placement, postgres_url, tmp_path):
+    bus, placement, postgres_url, tmp_path
+):
     """tooz's PostgreSQL lock gives up by raising (tenacity's RetryError),
     not by returning False: the applier still answers 'busy'."""
     from node_agent.remote.coordination import Coordination
 
-    applier, = bus.start(1, applier=on_postgres(postgres_url, lock_timeout=1))
+    (applier,) = bus.start(1, applier=on_postgres(postgres_url, lock_timeout=1))
     agent = make_agents(bus, 1, "pgbusy")[0]
     other = Coordination(postgres_url, tmp_path, "the-test").start()
     try:

@@ -29,12 +29,17 @@ def tls_broker(tmp_path_factory):
 
 
 def test_agent_and_applier_speak_tls_to_rabbitmq_with_a_private_ca(
-        tls_broker, tmp_path, placement, placement_server):
+    tls_broker, tmp_path, placement, placement_server
+):
     broker, ca = tls_broker
-    bus = Bus(tmp_path, broker.tls_url, placement_server.url,
-              rabbit=f"ssl = true\nssl_ca_file = {ca['ca']}\n")
+    bus = Bus(
+        tmp_path,
+        broker.tls_url,
+        placement_server.url,
+        rabbit=f"ssl = true\nssl_ca_file = {ca['ca']}\n",
+    )
     try:
-        applier, = bus.start(1)
+        (applier,) = bus.start(1)
         agent = make_agents(bus, 1, "tls")[0]
         report = agent.cycle()
         assert report.status == wire.APPLIED and report.ok
@@ -43,9 +48,9 @@ def test_agent_and_applier_speak_tls_to_rabbitmq_with_a_private_ca(
         bus.stop()
 
 
-
 def test_an_agent_with_the_wrong_ca_gets_a_clear_error_within_seconds(
-        tls_broker, tmp_path, placement_server):
+    tls_broker, tmp_path, placement_server
+):
     """A CA that did not sign the broker's certificate: the handshake fails,
     and the agent's cycle ends with an error naming the bus, in seconds
     (oslo.messaging alone would retry the reply queue's connection forever)."""
@@ -57,8 +62,12 @@ def test_an_agent_with_the_wrong_ca_gets_a_clear_error_within_seconds(
     broker, _ca = tls_broker
     (tmp_path / "stranger-ca").mkdir()
     stranger = make_ca(tmp_path / "stranger-ca")
-    bus = Bus(tmp_path, broker.tls_url, placement_server.url,
-              rabbit=f"ssl = true\nssl_ca_file = {stranger['ca']}\n")
+    bus = Bus(
+        tmp_path,
+        broker.tls_url,
+        placement_server.url,
+        rabbit=f"ssl = true\nssl_ca_file = {stranger['ca']}\n",
+    )
     outcome: list[BaseException] = []
     try:
         agent = make_agents(bus, 1, "wrongca")[0]

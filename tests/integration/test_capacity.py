@@ -13,11 +13,15 @@ import uuid
 
 import pytest
 
-from node_agent.policy.capacity import HostLimits, Published, check, units
 from node_agent.cycle.reconcile import ReshapeRefused
+from node_agent.policy.capacity import HostLimits, Published, check, units
 from tests.cli.runner import run_agent
-from tests.integration.reshape_driver import (Host, allocate, boot_legacy_guests,
-                                              expected_after_reshape)
+from tests.integration.reshape_driver import (
+    Host,
+    allocate,
+    boot_legacy_guests,
+    expected_after_reshape,
+)
 from tests.integration.test_cli_reshape import once, write_config
 from tests.integration.test_nested_reshape import NestedHost, guest, prefix
 from tests.reliability.proxy import FaultProxy
@@ -41,11 +45,15 @@ def host(tmp_path, placement_server, host_name):
 
 def placement_tree(host: Host) -> list[Published]:
     """The whole tree as Placement holds it, read with the scheduler's client."""
-    listing = host.scheduler.get(
-        f"/resource_providers?in_tree={host.root}")["resource_providers"]
-    return [Published(rp["name"], rp["parent_provider_uuid"] is None,
-                      host.scheduler.get(f"/resource_providers/{rp['uuid']}/inventories")
-                      ["inventories"]) for rp in listing]
+    listing = host.scheduler.get(f"/resource_providers?in_tree={host.root}")["resource_providers"]
+    return [
+        Published(
+            rp["name"],
+            rp["parent_provider_uuid"] is None,
+            host.scheduler.get(f"/resource_providers/{rp['uuid']}/inventories")["inventories"],
+        )
+        for rp in listing
+    ]
 
 
 def placement_units(tree: list[Published], rc: str) -> int:
@@ -55,7 +63,7 @@ def placement_units(tree: list[Published], rc: str) -> int:
 def assert_within_the_host(tree: list[Published]) -> None:
     # Memory and disk are those of this machine (psutil); bound them loosely
     # but never twice: the level rule catches a doubled tree whatever the sizes.
-    limits = HostLimits(cpus=CPUS, memory_mb=10 ** 9, disk_gb=10 ** 9, online_cpus=CPUS)
+    limits = HostLimits(cpus=CPUS, memory_mb=10**9, disk_gb=10**9, online_cpus=CPUS)
     verdict = check(tree, limits)
     assert verdict.ok, verdict.lines()
 
@@ -63,7 +71,7 @@ def assert_within_the_host(tree: list[Published]) -> None:
 def test_dedicated_set_beside_a_floating_guest_never_publishes_pcpu_beside_vcpu(host):
     """Issue bullet 1: VCPU 16, a floating guest holds 3, cpu_dedicated_set = 0-15."""
     assert once(write_config(host)).code == 0
-    guest = host.unpinned[0]                      # instance-00000003, not pinned
+    guest = host.unpinned[0]  # instance-00000003, not pinned
     host.boot(guest, vcpu=3, memory=1024)
     before = host.allocations()
 
@@ -75,7 +83,7 @@ def test_dedicated_set_beside_a_floating_guest_never_publishes_pcpu_beside_vcpu(
     tree = placement_tree(host)
     assert placement_units(tree, "PCPU") + placement_units(tree, "VCPU") <= CPUS
     assert_within_the_host(tree)
-    assert host.allocations() == before           # no allocation touched
+    assert host.allocations() == before  # no allocation touched
 
 
 def test_numa_on_with_a_root_allocation_of_no_local_guest_never_doubles_cpus_or_memory(host):
@@ -147,7 +155,8 @@ def test_dry_run_shows_the_verdict_and_the_consumers_that_would_block(host):
 
 
 def test_reshape_committed_but_answer_lost_is_still_reported_as_the_reshape(
-        tmp_path, placement_server, host_name):
+    tmp_path, placement_server, host_name
+):
     """Issue bullet 5: the POST /reshaper went through, its answer was lost,
     the client's retry got a 409 and the re-plan found nothing left to move."""
     proxy = FaultProxy(placement_server.url).start()
@@ -158,10 +167,13 @@ def test_reshape_committed_but_answer_lost_is_still_reported_as_the_reshape(
         before = host.allocations()
         lost = []
         proxy.drop_answer = lambda method, path: (
-            method == "POST" and path.endswith("/reshaper") and not lost
-            and not lost.append(path))
-        result = once(write_config(host, "cpu_dedicated_set = 2-7,10-15\n"
-                                         "cpu_shared_set = 0-1,8-9\n"), "--output", "json")
+            method == "POST" and path.endswith("/reshaper") and not lost and not lost.append(path)
+        )
+        result = once(
+            write_config(host, "cpu_dedicated_set = 2-7,10-15\ncpu_shared_set = 0-1,8-9\n"),
+            "--output",
+            "json",
+        )
     finally:
         proxy.stop()
     assert lost, "the proxy never saw the POST /reshaper"
@@ -173,7 +185,8 @@ def test_reshape_committed_but_answer_lost_is_still_reported_as_the_reshape(
 
 
 def test_numa_reshape_that_would_keep_memory_on_the_root_for_a_stranger_is_not_sent(
-        tmp_path, placement_server, host_name):
+    tmp_path, placement_server, host_name
+):
     """Issue bullet 2 with a guest the NUMA reshape can move: the body would
     keep VCPU and MEMORY_MB on the root for the consumer that is no local
     guest while the children get theirs, in one atomic POST."""
@@ -190,16 +203,23 @@ def test_numa_reshape_that_would_keep_memory_on_the_root_for_a_stranger_is_not_s
     outcome, report, _ = host.cycle(numa_in_placement=True)
 
     listing = host.scheduler.get(f"/resource_providers?in_tree={root}")["resource_providers"]
-    tree = [Published(rp["name"], rp["parent_provider_uuid"] is None,
-                      host.scheduler.get(f"/resource_providers/{rp['uuid']}/inventories")
-                      ["inventories"]) for rp in listing]
+    tree = [
+        Published(
+            rp["name"],
+            rp["parent_provider_uuid"] is None,
+            host.scheduler.get(f"/resource_providers/{rp['uuid']}/inventories")["inventories"],
+        )
+        for rp in listing
+    ]
     assert_within_the_host(tree)
     # Refused whole: the guest's memory cannot go to its node while the
     # stranger's stays on the root. Nothing moved, exit 1 for --once.
     assert isinstance(outcome, ReshapeRefused) and "overstates the host" in str(outcome)
     assert host.allocations() == before
-    assert host.scheduler.get(f"/allocations/{stranger}")["allocations"][root]["resources"] \
-        == {"VCPU": 2, "MEMORY_MB": 512}
+    assert host.scheduler.get(f"/allocations/{stranger}")["allocations"][root]["resources"] == {
+        "VCPU": 2,
+        "MEMORY_MB": 512,
+    }
 
 
 def test_huge_pages_and_memory_together_never_exceed_the_hosts_memory(host, tmp_path):
@@ -213,8 +233,9 @@ def test_huge_pages_and_memory_together_never_exceed_the_hosts_memory(host, tmp_
 
     resctrl = tmp_path / "resctrl"
     resctrl.mkdir()
-    host.sysfs = str(sysfs_root_for(HOSTDATA / "vircaps2xmldata" / "linux-resctrl" / "system",
-                                    resctrl))
+    host.sysfs = str(
+        sysfs_root_for(HOSTDATA / "vircaps2xmldata" / "linux-resctrl" / "system", resctrl)
+    )
     result = once(write_config(host, "numa_in_placement = true\n"))
     assert result.code == 0, result.stderr
 
@@ -223,6 +244,11 @@ def test_huge_pages_and_memory_together_never_exceed_the_hosts_memory(host, tmp_
     assert page_mb == 4096
     memory_mb = psutil.virtual_memory().total // (1024 * 1024)
     assert placement_units(tree, "MEMORY_MB") + page_mb <= memory_mb
-    limits = HostLimits(cpus=CPUS, memory_mb=memory_mb, disk_gb=10 ** 9, online_cpus=CPUS,
-                        hugepages={"CUSTOM_MEMORY_PAGE_1048576": 4})
+    limits = HostLimits(
+        cpus=CPUS,
+        memory_mb=memory_mb,
+        disk_gb=10**9,
+        online_cpus=CPUS,
+        hugepages={"CUSTOM_MEMORY_PAGE_1048576": 4},
+    )
     assert check(tree, limits).ok, check(tree, limits).lines()

@@ -28,7 +28,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def host(tmp_path, placement_server, host_name):
     host = Host(tmp_path, placement_server.url, host_name)
-    assert once(write_config(host)).code == 0     # VCPU 16 at nova's 4.0
+    assert once(write_config(host)).code == 0  # VCPU 16 at nova's 4.0
     return host
 
 
@@ -59,7 +59,7 @@ def test_ratio_cut_below_usage_is_published_and_no_new_claim_fits(host):
     plan = once(config, "--dry-run", "--output", "json")
     assert plan.code == 0, plan.stderr
     assert [(c["class"], c["over"]) for c in plan.json()["below_usage"]] == [("VCPU", 4)]
-    assert host.inventories()["VCPU"]["allocation_ratio"] == 4.0   # dry run wrote nothing
+    assert host.inventories()["VCPU"]["allocation_ratio"] == 4.0  # dry run wrote nothing
 
     result = once(config, "--output", "json")
 
@@ -68,15 +68,21 @@ def test_ratio_cut_below_usage_is_published_and_no_new_claim_fits(host):
     assert host.inventories()["VCPU"]["allocation_ratio"] == 1.0
     [cut] = result.json()["below_usage"]
     assert (cut["class"], cut["provider"], cut["used"], cut["capacity"], cut["over"]) == (
-        "VCPU", host.name, 20, 16, 4)
+        "VCPU",
+        host.name,
+        20,
+        16,
+        4,
+    )
     assert sorted((h["consumer"], h["amount"]) for h in cut["holders"]) == sorted(
-        [(guest, 10), (host.not_a_guest, 10)])
+        [(guest, 10), (host.not_a_guest, 10)]
+    )
     assert any(h["guest"] for h in cut["holders"] if h["consumer"] == guest)
     assert "warning: capacity published below usage: VCPU" in result.stderr
     assert any("capacity cut below usage: VCPU" in w for w in result.json()["warnings"])
     # Placement holds the new limit: the scheduler cannot refill past it.
     assert claim_refused(host, {"VCPU": 1})
-    assert host.allocations() == before           # no allocation touched
+    assert host.allocations() == before  # no allocation touched
     assert_within_the_host(placement_tree(host))
     again = once(config, "--output", "json")
     assert again.code == 0 and again.json()["changes"] == [], again.stderr

@@ -140,24 +140,36 @@ def configured_cpus(dedicated, shared) -> frozenset:
 
 def open_classes(tree: list[Published]) -> list[str]:
     """``provider: class`` for each inventory not fully reserved."""
-    return [f"{p.name}: {rc}" for p in tree for rc, record in sorted(p.inventories.items())
-            if record["reserved"] < record["total"]]
+    return [
+        f"{p.name}: {rc}"
+        for p in tree
+        for rc, record in sorted(p.inventories.items())
+        if record["reserved"] < record["total"]
+    ]
 
 
 def simple_verdict(tree: list[Published], cpus: int, memory_mb: int) -> list[str]:
     """The invariant, re-stated without node_agent's code."""
     problems = []
-    cpu = sum(schedulable(rc, p.inventories[rc]) for p in tree
-              for rc in ("PCPU", "VCPU") if rc in p.inventories)
+    cpu = sum(
+        schedulable(rc, p.inventories[rc])
+        for p in tree
+        for rc in ("PCPU", "VCPU")
+        if rc in p.inventories
+    )
     if cpu > cpus:
         problems.append(f"PCPU + VCPU: {cpu} schedulable on {cpus} online CPUs")
-    memory = sum(schedulable("MEMORY_MB", p.inventories["MEMORY_MB"])
-                 for p in tree if "MEMORY_MB" in p.inventories)
+    memory = sum(
+        schedulable("MEMORY_MB", p.inventories["MEMORY_MB"])
+        for p in tree
+        if "MEMORY_MB" in p.inventories
+    )
     if memory > memory_mb:
         problems.append(f"MEMORY_MB: {memory} schedulable on a {memory_mb} MiB host")
     for rc in {rc for p in tree for rc in p.inventories}:
-        levels = {p.root for p in tree
-                  if rc in p.inventories and schedulable(rc, p.inventories[rc])}
+        levels = {
+            p.root for p in tree if rc in p.inventories and schedulable(rc, p.inventories[rc])
+        }
         if levels == {True, False}:
             problems.append(f"{rc} schedulable on the root and on a child")
     return problems
@@ -193,8 +205,8 @@ class CapacityMachine(RuleBasedStateMachine):
     """One compute node per example: its own name, state dir and host.xml."""
 
     url: str = ""
-    steps_run = 0                # checked steps, over every example
-    outcomes: ClassVar[list] = []         # "ok" / "refused" / "error" per cycle
+    steps_run = 0  # checked steps, over every example
+    outcomes: ClassVar[list] = []  # "ok" / "refused" / "error" per cycle
     seconds: ClassVar[dict] = {"cycle": 0.0, "check": 0.0}
     tmp_root: Path = Path("/tmp")
 
@@ -207,18 +219,26 @@ class CapacityMachine(RuleBasedStateMachine):
         self.state_dir = str(self.tmp / "state")
         self.agent = PlacementClient.for_endpoint(self.url)
         self.scheduler = PlacementClient.for_endpoint(self.url)
-        self.config = {"dedicated": None, "shared": None, "numa": False,
-                       "cpu_ratio": 4.0, "ram_ratio": 1.0}
-        self.guests: dict[str, dict] = {}      # uuid -> domain (pins: pinned)
-        self.consumers: dict[str, dict] = {}   # uuid -> provider -> resources
-        self.providers: set[str] = set()       # every provider the host's tree had
-        self.limits = HostLimits(cpus=len(ONLINE), memory_mb=host_memory_mb(),
-                                 disk_gb=psutil.disk_usage(str(self.tmp)).total // 2 ** 30,
-                                 online_cpus=len(ONLINE))
+        self.config = {
+            "dedicated": None,
+            "shared": None,
+            "numa": False,
+            "cpu_ratio": 4.0,
+            "ram_ratio": 1.0,
+        }
+        self.guests: dict[str, dict] = {}  # uuid -> domain (pins: pinned)
+        self.consumers: dict[str, dict] = {}  # uuid -> provider -> resources
+        self.providers: set[str] = set()  # every provider the host's tree had
+        self.limits = HostLimits(
+            cpus=len(ONLINE),
+            memory_mb=host_memory_mb(),
+            disk_gb=psutil.disk_usage(str(self.tmp)).total // 2**30,
+            online_cpus=len(ONLINE),
+        )
         self.trace: list[str] = []
-        self.clean = False          # the last cycle applied without refusal or error
+        self.clean = False  # the last cycle applied without refusal or error
         self.maintenance_on = False
-        self.closed = False         # a cycle ran with maintenance on: it must hold
+        self.closed = False  # a cycle ran with maintenance on: it must hold
         self.uri = host_xml(self.tmp / "host.xml", [])
         self.restart()
 
@@ -232,9 +252,13 @@ class CapacityMachine(RuleBasedStateMachine):
         c = self.config
         base = make_settings(self.name, self.sysroot, self.uri, self.state_dir, str(self.tmp))
         return dataclasses.replace(
-            base, cpu_dedicated_set=cpu_set(c["dedicated"]), cpu_shared_set=cpu_set(c["shared"]),
-            numa_in_placement=c["numa"], cpu_allocation_ratio=c["cpu_ratio"],
-            ram_allocation_ratio=c["ram_ratio"])
+            base,
+            cpu_dedicated_set=cpu_set(c["dedicated"]),
+            cpu_shared_set=cpu_set(c["shared"]),
+            numa_in_placement=c["numa"],
+            cpu_allocation_ratio=c["cpu_ratio"],
+            ram_allocation_ratio=c["ram_ratio"],
+        )
 
     def cycle(self):
         """One cycle as the service runs it (node_agent.service.daemon.Agent)."""
@@ -252,7 +276,7 @@ class CapacityMachine(RuleBasedStateMachine):
             self.trace.append("ok" if outcome.ok else f"refused: {outcome.errors[:1]}")
             self.clean = outcome.ok
             return outcome.ok
-        except NodeAgentError as exc:       # refusals are allowed
+        except NodeAgentError as exc:  # refusals are allowed
             self.trace.append(f"error: {type(exc).__name__}: {str(exc)[:160]}")
             return False
 
@@ -268,9 +292,14 @@ class CapacityMachine(RuleBasedStateMachine):
         if root is None:
             return [], {}
         listing = self.scheduler.get(f"/resource_providers?in_tree={root}")["resource_providers"]
-        tree = [Published(rp["uuid"], rp["parent_provider_uuid"] is None,
-                          self.scheduler.get(f"/resource_providers/{rp['uuid']}/inventories")
-                          ["inventories"]) for rp in listing]
+        tree = [
+            Published(
+                rp["uuid"],
+                rp["parent_provider_uuid"] is None,
+                self.scheduler.get(f"/resource_providers/{rp['uuid']}/inventories")["inventories"],
+            )
+            for rp in listing
+        ]
         return tree, {rp["uuid"]: rp["name"] for rp in listing}
 
     def held_allocations(self, names: dict) -> dict:
@@ -286,9 +315,15 @@ class CapacityMachine(RuleBasedStateMachine):
     def write_allocation(self, consumer: str, by_rp: dict) -> bool:
         """As the scheduler writes it; False when Placement refuses (no room)."""
         try:
-            self.scheduler.put(f"/allocations/{consumer}", {
-                "allocations": {rp: {"resources": res} for rp, res in by_rp.items()},
-                "project_id": PROJECT, "user_id": USER, "consumer_generation": None})
+            self.scheduler.put(
+                f"/allocations/{consumer}",
+                {
+                    "allocations": {rp: {"resources": res} for rp, res in by_rp.items()},
+                    "project_id": PROJECT,
+                    "user_id": USER,
+                    "consumer_generation": None,
+                },
+            )
         except PlacementError as exc:
             if exc.status != 409:
                 raise
@@ -298,9 +333,15 @@ class CapacityMachine(RuleBasedStateMachine):
 
     def remove_allocation(self, consumer: str) -> None:
         generation = self.scheduler.get(f"/allocations/{consumer}")["consumer_generation"]
-        self.scheduler.put(f"/allocations/{consumer}", {
-            "allocations": {}, "project_id": PROJECT, "user_id": USER,
-            "consumer_generation": generation})
+        self.scheduler.put(
+            f"/allocations/{consumer}",
+            {
+                "allocations": {},
+                "project_id": PROJECT,
+                "user_id": USER,
+                "consumer_generation": generation,
+            },
+        )
         del self.consumers[consumer]
 
     def provider_for(self, rc: str, node: int, tree: list[Published], names: dict):
@@ -317,17 +358,24 @@ class CapacityMachine(RuleBasedStateMachine):
         self.trace.append(step)
         tree, names = self.last_tree = self.tree()
         named = [dataclasses.replace(p, name=names[p.name]) for p in tree]
-        cpus = len(configured_cpus(self.config["dedicated"], self.config["shared"])
-                   if self.clean else ONLINE)
+        cpus = len(
+            configured_cpus(self.config["dedicated"], self.config["shared"])
+            if self.clean
+            else ONLINE
+        )
         verdict = check(named, dataclasses.replace(self.limits, cpus=cpus))
         assert verdict.ok, (step, verdict.lines(), self.trace[-6:])
         problems = simple_verdict(named, cpus, self.limits.memory_mb)
         assert not problems, (step, problems, self.trace[-6:])
         if self.closed:
-            assert not open_classes(named), (step, "maintenance is on but these are open",
-                                             open_classes(named), self.trace[-6:])
+            assert not open_classes(named), (
+                step,
+                "maintenance is on but these are open",
+                open_classes(named),
+                self.trace[-6:],
+            )
         held = self.held_allocations(names)
-        self.providers |= set(names)   # a deleted child still counts as the host's
+        self.providers |= set(names)  # a deleted child still counts as the host's
         for consumer, before in list(self.consumers.items()):
             after = held.get(consumer, {})
             assert after, f"{step}: the allocation of {consumer} was lost (was {before})"
@@ -335,7 +383,10 @@ class CapacityMachine(RuleBasedStateMachine):
                 pinned = bool(self.guests.get(consumer, {}).get("pins"))
                 assert moved_whole(before, after, self.providers, pinned), (
                     f"{step}: the allocation of {consumer} changed, not moved whole",
-                    before, after, self.trace[-6:])
+                    before,
+                    after,
+                    self.trace[-6:],
+                )
                 self.consumers[consumer] = after
 
     def step(self, what: str):
@@ -370,10 +421,15 @@ class CapacityMachine(RuleBasedStateMachine):
         self.config.update(cpu_ratio=cpu, ram_ratio=ram)
         self.step(f"cpu_allocation_ratio={cpu} ram_allocation_ratio={ram}")
 
-    @rule(pinned=st.booleans(), vcpus=st.integers(1, 4), memory=st.sampled_from([512, 2048]),
-          node=st.integers(0, 1), data=st.data())
+    @rule(
+        pinned=st.booleans(),
+        vcpus=st.integers(1, 4),
+        memory=st.sampled_from([512, 2048]),
+        node=st.integers(0, 1),
+        data=st.data(),
+    )
     def guest_arrives(self, pinned, vcpus, memory, node, data):
-        tree, names = self.last_tree      # as the last check read it
+        tree, names = self.last_tree  # as the last check read it
         if not tree:
             return self.step("guest not scheduled: no tree")
         rc = "PCPU" if pinned and any("PCPU" in p.inventories for p in tree) else "VCPU"
@@ -384,13 +440,19 @@ class CapacityMachine(RuleBasedStateMachine):
         if pinned:
             # nova pins a dedicated guest inside cpu_dedicated_set; a legacy
             # host (VCPU only) pinned it anywhere on the node.
-            pool = NODE_CPUS[node] & (self.config["dedicated"] or ONLINE if rc == "PCPU"
-                                      else ONLINE)
+            pool = NODE_CPUS[node] & (
+                self.config["dedicated"] or ONLINE if rc == "PCPU" else ONLINE
+            )
             if len(pool) < vcpus:
                 return self.step("pinned guest not scheduled: too few CPUs to pin")
             pins = tuple(data.draw(st.permutations(sorted(pool)))[:vcpus])
-        guest = {"uuid": str(uuid.uuid4()), "vcpus": vcpus, "memory": memory,
-                 "pins": pins, "nodes": str(node)}
+        guest = {
+            "uuid": str(uuid.uuid4()),
+            "vcpus": vcpus,
+            "memory": memory,
+            "pins": pins,
+            "nodes": str(node),
+        }
         guest["name"] = f"instance-{guest['uuid'][:8]}"
         if not self.write_allocation(guest["uuid"], {where: {rc: vcpus, "MEMORY_MB": memory}}):
             return self.step("guest not scheduled: Placement has no room")
@@ -412,7 +474,8 @@ class CapacityMachine(RuleBasedStateMachine):
         tree, names = self.last_tree
         where = self.provider_for("VCPU", node, tree, names) if tree else None
         if where is None or not self.write_allocation(
-                str(uuid.uuid4()), {where: {"VCPU": vcpus, "MEMORY_MB": memory}}):
+            str(uuid.uuid4()), {where: {"VCPU": vcpus, "MEMORY_MB": memory}}
+        ):
             return self.step("migration record not written")
         self.step(f"migration record arrives: VCPU {vcpus} MEMORY_MB {memory} node {node}")
 
@@ -437,16 +500,19 @@ class CapacityMachine(RuleBasedStateMachine):
     def maintenance(self, on):
         # What ``node-agent maintenance on|off`` writes (node_agent.cli.main).
         StateStore(Path(self.state_dir)).put(
-            MAINTENANCE_KEY, maint.record(on, "property test", "2026-01-01T00:00:00+00:00"))
+            MAINTENANCE_KEY, maint.record(on, "property test", "2026-01-01T00:00:00+00:00")
+        )
         self.maintenance_on = on
         self.closed = self.closed and on
         self.step(f"maintenance {'on' if on else 'off'}")
 
     def teardown(self):
-        CapacityMachine.steps_run += len([t for t in self.trace if not t.startswith(
-            ("ok", "refused", "error"))])
-        CapacityMachine.outcomes.extend(t.split(":")[0] for t in self.trace
-                                        if t.startswith(("ok", "refused", "error")))
+        CapacityMachine.steps_run += len(
+            [t for t in self.trace if not t.startswith(("ok", "refused", "error"))]
+        )
+        CapacityMachine.outcomes.extend(
+            t.split(":")[0] for t in self.trace if t.startswith(("ok", "refused", "error"))
+        )
         if VERBOSE:
             print("\n".join([f"--- {self.name}"] + self.trace))
         shutil.rmtree(self.tmp, ignore_errors=True)
@@ -473,7 +539,8 @@ class SeedSummary:
 
 
 def test_placement_never_overstates_the_host_and_no_allocation_is_lost(
-        placement_server, tmp_path, request):
+    placement_server, tmp_path, request
+):
     CapacityMachine.url = placement_server.url
     CapacityMachine.tmp_root = tmp_path
     chosen = SEED or request.config.getoption("hypothesis_seed", None)
@@ -481,28 +548,41 @@ def test_placement_never_overstates_the_host_and_no_allocation_is_lost(
         raise pytest.UsageError(f"seed {chosen!r}: give a whole number")
     chosen = int(chosen) if chosen is not None else random.getrandbits(32)
     machine = hypothesis_seed(chosen)(type("CapacityMachine", (CapacityMachine,), {}))
-    rerun = (f"capacity property test: {EXAMPLES} examples x {STEPS} steps, seed {chosen} "
-             f"(rerun: NODE_AGENT_PROPERTY_SEED={chosen})")
+    rerun = (
+        f"capacity property test: {EXAMPLES} examples x {STEPS} steps, seed {chosen} "
+        f"(rerun: NODE_AGENT_PROPERTY_SEED={chosen})"
+    )
     print(rerun)
     if not request.config.pluginmanager.has_plugin(SeedSummary.NAME):
         request.config.pluginmanager.register(SeedSummary(rerun), SeedSummary.NAME)
     try:
-        run_state_machine_as_test(machine, settings=settings(
-            max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
-            derandomize=False, suppress_health_check=list(HealthCheck), database=None,
-            print_blob=True))
+        run_state_machine_as_test(
+            machine,
+            settings=settings(
+                max_examples=EXAMPLES,
+                stateful_step_count=STEPS,
+                deadline=None,
+                derandomize=False,
+                suppress_health_check=list(HealthCheck),
+                database=None,
+                print_blob=True,
+            ),
+        )
     except BaseException as exc:
         exc.add_note(rerun)
         raise
     outcomes = CapacityMachine.outcomes
-    print(f"property test: {CapacityMachine.steps_run} steps checked; cycles: "
-          + ", ".join(f"{outcomes.count(k)} {k}" for k in ("ok", "refused", "error"))
-          + "; seconds in " + ", ".join(f"{k} {v:.1f}" for k, v in
-                                      CapacityMachine.seconds.items()))
+    print(
+        f"property test: {CapacityMachine.steps_run} steps checked; cycles: "
+        + ", ".join(f"{outcomes.count(k)} {k}" for k in ("ok", "refused", "error"))
+        + "; seconds in "
+        + ", ".join(f"{k} {v:.1f}" for k, v in CapacityMachine.seconds.items())
+    )
 
 
 def test_replayed_dedicated_set_beside_a_floating_guest_leaves_no_pcpu_beside_vcpu(
-        placement_server, tmp_path):
+    placement_server, tmp_path
+):
     """Issue 12's first bullet as a fixed step sequence of the machine (VCPU
     16, a floating guest holds 3, cpu_dedicated_set = 0-15): the checks
     after the last step catch PCPU 16 + VCPU 16 when enforcement is off."""
@@ -520,16 +600,18 @@ def test_replayed_dedicated_set_beside_a_floating_guest_leaves_no_pcpu_beside_vc
 
 # ------------------------------------------------ the test's own checks, on literals
 
+
 def inv(total, reserved=0, ratio=1.0):
     return {"total": total, "reserved": reserved, "allocation_ratio": ratio}
 
 
 def test_simple_verdict_flags_pcpu_16_beside_vcpu_16_and_a_class_on_two_levels():
     doubled = [Published("root", True, {"PCPU": inv(16), "VCPU": inv(16, ratio=4.0)})]
-    assert simple_verdict(doubled, 16, 1024) == [
-        "PCPU + VCPU: 32 schedulable on 16 online CPUs"]
-    both = [Published("root", True, {"MEMORY_MB": inv(1000)}),
-            Published("root_NUMA_0", False, {"MEMORY_MB": inv(500)})]
+    assert simple_verdict(doubled, 16, 1024) == ["PCPU + VCPU: 32 schedulable on 16 online CPUs"]
+    both = [
+        Published("root", True, {"MEMORY_MB": inv(1000)}),
+        Published("root_NUMA_0", False, {"MEMORY_MB": inv(500)}),
+    ]
     assert simple_verdict(both, 16, 2000) == ["MEMORY_MB schedulable on the root and on a child"]
     closed = [Published("root", True, {"PCPU": inv(16, 16), "VCPU": inv(16, ratio=4.0)})]
     assert simple_verdict(closed, 16, 1024) == []
@@ -539,7 +621,7 @@ def test_moved_whole_allows_a_reshape_and_refuses_a_change_of_amounts():
     before = {"root": {"VCPU": 2, "MEMORY_MB": 512}}
     to_child = {"child": {"VCPU": 2, "MEMORY_MB": 512}}
     assert moved_whole(before, to_child, {"root", "child"}, pinned=False)
-    assert not moved_whole(before, to_child, {"root"}, pinned=False)      # left the tree
+    assert not moved_whole(before, to_child, {"root"}, pinned=False)  # left the tree
     as_pcpu = {"child": {"PCPU": 2, "MEMORY_MB": 512}}
     assert moved_whole(before, as_pcpu, {"root", "child"}, pinned=True)
     assert not moved_whole(before, as_pcpu, {"root", "child"}, pinned=False)
@@ -548,12 +630,14 @@ def test_moved_whole_allows_a_reshape_and_refuses_a_change_of_amounts():
 
 def test_configured_cpus_are_the_sets_or_every_online_cpu_in_legacy_mode():
     assert configured_cpus(None, None) == ONLINE
-    assert configured_cpus(frozenset({2, 3}), None) == {2, 3}     # no VCPU left
+    assert configured_cpus(frozenset({2, 3}), None) == {2, 3}  # no VCPU left
     assert configured_cpus(frozenset({2, 3}), frozenset({0, 1})) == {0, 1, 2, 3}
     assert configured_cpus(None, frozenset({8})) == {8}
 
 
 def test_open_classes_names_each_inventory_not_fully_reserved():
-    tree = [Published("root", True, {"VCPU": inv(16, 16), "MEMORY_MB": inv(1000, 512)}),
-            Published("root_NUMA_0", False, {"PCPU": inv(8, 8)})]
+    tree = [
+        Published("root", True, {"VCPU": inv(16, 16), "MEMORY_MB": inv(1000, 512)}),
+        Published("root_NUMA_0", False, {"PCPU": inv(8, 8)}),
+    ]
     assert open_classes(tree) == ["root: MEMORY_MB"]

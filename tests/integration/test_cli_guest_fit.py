@@ -10,10 +10,14 @@ import pytest
 
 from node_agent.cycle.desired import compute_desired
 from node_agent.cycle.reconcile import Reconciler
-from node_agent.state import StateStore
 from node_agent.placement.sync import TreeSyncer
-from tests.integration.reshape_driver import (Host, boot_legacy_guests, expected_after_reshape,
-                                              reshaper_posts)
+from node_agent.state import StateStore
+from tests.integration.reshape_driver import (
+    Host,
+    boot_legacy_guests,
+    expected_after_reshape,
+    reshaper_posts,
+)
 from tests.integration.test_cli_reshape import once, write_config
 
 pytestmark = pytest.mark.integration
@@ -50,17 +54,15 @@ def test_pinned_guest_on_shared_cpus_is_a_warning_by_name_and_is_reshaped(host):
     assert len(reshaper_posts(host.scheduler)) == 0  # the agent's client posted, not this one
 
 
-def test_floating_guests_with_no_shared_set_left_are_refused_each_cycle_until_fixed(
-        host, caplog):
+def test_floating_guests_with_no_shared_set_left_are_refused_each_cycle_until_fixed(host, caplog):
     before, inventories = host.allocations(), host.inventories()
     store = StateStore(Path(host.state_dir))
     syncer = TreeSyncer(host.agent, store)
-    reconciler = Reconciler(host.agent, syncer)       # one long-lived service
+    reconciler = Reconciler(host.agent, syncer)  # one long-lived service
     host.agent.stats.reset()
     only_dedicated = host.settings(dedicated="2-15")
     for _cycle in range(2):
-        outcome = reconciler.apply(compute_desired(only_dedicated,
-                                                   state=store.load_or_empty(LOG)))
+        outcome = reconciler.apply(compute_desired(only_dedicated, state=store.load_or_empty(LOG)))
         assert not outcome.ok
         text = "\n".join(outcome.errors)
         for name in ("instance-00000003", "instance-00000005", "instance-00000006"):
@@ -68,8 +70,14 @@ def test_floating_guests_with_no_shared_set_left_are_refused_each_cycle_until_fi
         assert "cpu_shared_set is empty" in text and "VCPU and PCPU were kept" in text
     assert host.agent.stats.writes == 0  # nothing but the CPU sets changed
     assert host.allocations() == before and host.inventories() == inventories
-    assert sum("shared guest instance-00000003" in r.getMessage()
-               for r in caplog.records if r.levelno >= logging.ERROR) == 2
+    assert (
+        sum(
+            "shared guest instance-00000003" in r.getMessage()
+            for r in caplog.records
+            if r.levelno >= logging.ERROR
+        )
+        == 2
+    )
 
     # The operator gives floating guests a shared set: the next cycle applies.
     fixed = host.settings(dedicated="2-7,10-15", shared="0-1,8-9")

@@ -3,9 +3,14 @@
 import pytest
 
 from tests.cli.runner import run_agent
+from tests.integration.reshape_driver import (
+    Host,
+    boot_legacy_guests,
+    cpu_view,
+    expected_after_reshape,
+    reshaper_posts,
+)
 from tests.machine_id import isolated_config
-from tests.integration.reshape_driver import (Host, boot_legacy_guests, cpu_view,
-                                              expected_after_reshape, reshaper_posts)
 
 pytestmark = pytest.mark.integration
 
@@ -13,12 +18,13 @@ pytestmark = pytest.mark.integration
 def write_config(host: Host, extra: str = "") -> str:
     path = host.tmp / "node-agent.conf"
     path.write_text(
-        isolated_config(host.tmp) +
-        f"[DEFAULT]\nhost = {host.name}\n[agent]\nstate_path = {host.state_dir}\n"
+        isolated_config(host.tmp)
+        + f"[DEFAULT]\nhost = {host.name}\n[agent]\nstate_path = {host.state_dir}\n"
         f"[host]\nsysfs_root = {host.sysfs}\n[libvirt]\nconnection_uri = {host.uri}\n"
         f"[compute]\ninstances_path = {host.tmp}\n{extra}"
         f"[placement]\nauth_type = admin_token\ntoken = admin\n"
-        f"endpoint_override = {host.url}\n")
+        f"endpoint_override = {host.url}\n"
+    )
     return str(path)
 
 
@@ -26,8 +32,9 @@ def once(config, *args):
     return run_agent("--config-file", config, "--once", *args)
 
 
-def test_dedicated_set_reshapes_pinned_guests_once_through_the_cli(placement_server,
-                                                                   host_name, tmp_path):
+def test_dedicated_set_reshapes_pinned_guests_once_through_the_cli(
+    placement_server, host_name, tmp_path
+):
     host = Host(tmp_path, placement_server.url, host_name)
     legacy = write_config(host)
     assert once(legacy).code == 0
@@ -39,7 +46,7 @@ def test_dedicated_set_reshapes_pinned_guests_once_through_the_cli(placement_ser
     assert plan.code == 0, plan.stderr
     moved = {c["consumer"] for c in plan.json()["reshape"]["consumers"]}
     assert moved == {host.pinned, host.pinned_2}
-    assert host.allocations() == before          # dry-run wrote nothing
+    assert host.allocations() == before  # dry-run wrote nothing
 
     done = once(pinned, "--output", "json")
     assert done.code == 0, done.stderr
@@ -54,7 +61,8 @@ def test_dedicated_set_reshapes_pinned_guests_once_through_the_cli(placement_ser
 
 
 def test_pinned_guest_outside_the_new_dedicated_set_is_a_warning_and_reshaped_as_in_nova(
-        placement_server, host_name, tmp_path):
+    placement_server, host_name, tmp_path
+):
     host = Host(tmp_path, placement_server.url, host_name)
     assert once(write_config(host)).code == 0
     boot_legacy_guests(host)
@@ -64,7 +72,7 @@ def test_pinned_guest_outside_the_new_dedicated_set_is_a_warning_and_reshaped_as
     result = once(stale)
     assert result.code == 0, result.stderr
     assert "Traceback" not in result.stderr
-    shown = result.stdout + result.stderr   # the report's warnings
+    shown = result.stdout + result.stderr  # the report's warnings
     assert "outside cpu_dedicated_set" in shown and "CPUs 10-11" in shown
     assert host.allocations() == expected_after_reshape(before, [host.pinned, host.pinned_2])
     assert cpu_view(host.inventories()) == {"VCPU": 8, "PCPU": 8}

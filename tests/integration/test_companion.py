@@ -64,12 +64,15 @@ class NovaHost:
             f"[compute]\n{compute}resource_provider_association_refresh = 300\n"
             f"[libvirt]\nvirt_type = kvm\nconnection_uri = {self.host.uri}\n"
             f"[placement]\nauth_type = admin_token\ntoken = admin\n"
-            f"endpoint_override = {self.url}\n")
+            f"endpoint_override = {self.url}\n"
+        )
         agent = self.tmp / "node-agent.conf"
-        agent.write_text(isolated_config(self.tmp) +
-                         f"[agent]\nmode = companion\nstate_path = {self.host.state_dir}\n"
-                         f"metrics_textfile = {self.textfile}\n"
-                         f"[host]\nsysfs_root = {self.host.sysfs}\n")
+        agent.write_text(
+            isolated_config(self.tmp)
+            + f"[agent]\nmode = companion\nstate_path = {self.host.state_dir}\n"
+            f"metrics_textfile = {self.textfile}\n"
+            f"[host]\nsysfs_root = {self.host.sysfs}\n"
+        )
         return ["--config-file", str(nova), "--config-file", str(agent)]
 
     def settings(self, compute: str = LEGACY):
@@ -85,34 +88,51 @@ class NovaHost:
         root = self.desired().tree.root
         inventories = {rc: inv.as_placement() for rc, inv in root.inventories.items()}
         inventories["VCPU"]["allocation_ratio"] = 16.0
-        inventories["MEMORY_MB"].update(reserved=memory_reserved,
-                                        allocation_ratio=memory_ratio)
+        inventories["MEMORY_MB"].update(reserved=memory_reserved, allocation_ratio=memory_ratio)
         self.nova.post("/resource_providers", {"name": self.name, "uuid": self.root})
-        self.nova.put(f"/resource_providers/{self.root}/inventories", {
-            "resource_provider_generation": 0, "inventories": inventories})
-        self.nova.put(f"/resource_providers/{self.root}/traits", {
-            "resource_provider_generation": 1,
-            "traits": sorted(root.wanted_traits | {"OWNER_NOVA",
-                                                   "COMPUTE_NET_VIF_MODEL_VIRTIO"})})
+        self.nova.put(
+            f"/resource_providers/{self.root}/inventories",
+            {"resource_provider_generation": 0, "inventories": inventories},
+        )
+        self.nova.put(
+            f"/resource_providers/{self.root}/traits",
+            {
+                "resource_provider_generation": 1,
+                "traits": sorted(
+                    root.wanted_traits | {"OWNER_NOVA", "COMPUTE_NET_VIF_MODEL_VIRTIO"}
+                ),
+            },
+        )
 
     def schedule_every_guest(self):
         """The scheduler's claims, one per guest, in VCPU (a legacy host)."""
         for guest in self.desired().host.guests:
-            self.nova.put(f"/allocations/{guest.uuid}", {
-                "allocations": {self.root: {"resources": {
-                    "VCPU": guest.vcpus, "MEMORY_MB": guest.memory_kb // 1024}}},
-                "project_id": PROJECT, "user_id": USER, "consumer_generation": None})
+            self.nova.put(
+                f"/allocations/{guest.uuid}",
+                {
+                    "allocations": {
+                        self.root: {
+                            "resources": {"VCPU": guest.vcpus, "MEMORY_MB": guest.memory_kb // 1024}
+                        }
+                    },
+                    "project_id": PROJECT,
+                    "user_id": USER,
+                    "consumer_generation": None,
+                },
+            )
             self.consumers.append(guest.uuid)
 
     def placement_record(self) -> dict:
         """Everything the agent could have changed, read by nova's client."""
         base = f"/resource_providers/{self.root}"
-        return {"provider": self.nova.get(base),
-                "inventories": self.nova.get(f"{base}/inventories"),
-                "traits": self.nova.get(f"{base}/traits"),
-                "allocations": self.nova.get(f"{base}/allocations"),
-                "consumers": {c: self.nova.get(f"/allocations/{c}") for c in self.consumers},
-                "named": self.nova.get(f"/resource_providers?name={self.name}")}
+        return {
+            "provider": self.nova.get(base),
+            "inventories": self.nova.get(f"{base}/inventories"),
+            "traits": self.nova.get(f"{base}/traits"),
+            "allocations": self.nova.get(f"{base}/allocations"),
+            "consumers": {c: self.nova.get(f"/allocations/{c}") for c in self.consumers},
+            "named": self.nova.get(f"/resource_providers?name={self.name}"),
+        }
 
 
 @pytest.fixture
@@ -124,8 +144,7 @@ def only_reads(requests: list[str]) -> bool:
     return bool(requests) and all(r.startswith("GET ") for r in requests)
 
 
-def test_once_reports_drift_with_novas_options_and_sends_only_reads(nova_host,
-                                                                     placement_server):
+def test_once_reports_drift_with_novas_options_and_sends_only_reads(nova_host, placement_server):
     nova_host.nova_starts()
     nova_host.schedule_every_guest()
     before = nova_host.placement_record()
@@ -139,11 +158,14 @@ def test_once_reports_drift_with_novas_options_and_sends_only_reads(nova_host,
     # VCPU's 16.0 stays (cpu_allocation_ratio unset: nova keeps Placement's);
     # nova's own traits (OWNER_NOVA, COMPUTE_NET_*) are no drift.
     assert set(drift) == {"MEMORY_MB reserved", "MEMORY_MB allocation_ratio"}
-    assert (drift["MEMORY_MB reserved"]["placement"], drift["MEMORY_MB reserved"]["host"],
-            drift["MEMORY_MB reserved"]["explained_by"]) == (
-        "512", "2048", "[DEFAULT] reserved_host_memory_mb = 2048")
+    assert (
+        drift["MEMORY_MB reserved"]["placement"],
+        drift["MEMORY_MB reserved"]["host"],
+        drift["MEMORY_MB reserved"]["explained_by"],
+    ) == ("512", "2048", "[DEFAULT] reserved_host_memory_mb = 2048")
     assert drift["MEMORY_MB allocation_ratio"]["explained_by"].startswith(
-        "[DEFAULT] ram_allocation_ratio = 1.5")
+        "[DEFAULT] ram_allocation_ratio = 1.5"
+    )
     assert run.json()["changes"] == []
     assert run.json()["audit"]["alarms"] == 0
     # node_exporter's textfile collector sees it from --once too.
@@ -154,8 +176,10 @@ def test_once_reports_drift_with_novas_options_and_sends_only_reads(nova_host,
     text = run_agent(*nova_host.config(), "--once")
     assert text.code == 3, text.stderr
     assert f"provider {nova_host.name} [{nova_host.root}], owned by nova-compute" in text.stdout
-    assert ("MEMORY_MB reserved: Placement 512, this host 2048 -- "
-            "[DEFAULT] reserved_host_memory_mb = 2048") in text.stdout
+    assert (
+        "MEMORY_MB reserved: Placement 512, this host 2048 -- "
+        "[DEFAULT] reserved_host_memory_mb = 2048"
+    ) in text.stdout
 
     audit = run_agent(*nova_host.config(), "audit", "--output", "json")
     assert audit.code == 0, audit.stderr
@@ -174,8 +198,7 @@ def test_once_reports_drift_with_novas_options_and_sends_only_reads(nova_host,
     assert again.json()["companion"]["drift"] == []
 
 
-def test_companion_never_creates_a_provider_the_name_does_not_find(nova_host,
-                                                                    placement_server):
+def test_companion_never_creates_a_provider_the_name_does_not_find(nova_host, placement_server):
     log = RequestLog(placement_server)
     run = run_agent(*nova_host.config(), "--once", "--output", "json")
     assert run.code == 1
@@ -183,12 +206,14 @@ def test_companion_never_creates_a_provider_the_name_does_not_find(nova_host,
     assert "Companion mode never creates one" in run.stderr
     assert run.json()["companion"]["found"] is False
     assert only_reads(log.requests()), log.requests()
-    assert nova_host.nova.get(
-        f"/resource_providers?name={nova_host.name}")["resource_providers"] == []
+    assert (
+        nova_host.nova.get(f"/resource_providers?name={nova_host.name}")["resource_providers"] == []
+    )
 
 
 def test_dry_run_previews_novas_reshape_at_next_restart_stale_pins_included(
-        nova_host, placement_server):
+    nova_host, placement_server
+):
     nova_host.nova_starts()
     nova_host.schedule_every_guest()
     before = nova_host.placement_record()
@@ -201,8 +226,9 @@ def test_dry_run_previews_novas_reshape_at_next_restart_stale_pins_included(
     assert restart["blocking"] == []
     moved = {c["consumer"]: c["moves"] for c in restart["reshape"]["consumers"]}
     assert set(moved) == {guests["instance-00000001"], guests["instance-00000002"]}
-    assert [(m["from_class"], m["to_class"], m["amount"])
-            for m in moved[guests["instance-00000001"]]] == [("VCPU", "PCPU", 4)]
+    assert [
+        (m["from_class"], m["to_class"], m["amount"]) for m in moved[guests["instance-00000001"]]
+    ] == [("VCPU", "PCPU", 4)]
     drift = {d["subject"]: d for d in plan.json()["companion"]["drift"]}
     assert drift["PCPU"]["explained_by"] == "[compute] cpu_dedicated_set = '2-7,10-15'"
 
@@ -212,10 +238,11 @@ def test_dry_run_previews_novas_reshape_at_next_restart_stale_pins_included(
     assert stale.code == 0, stale.stderr
     restart = stale.json()["companion"]["next_restart"]
     assert restart["blocking"] == []
-    assert guests["instance-00000001"] in {c["consumer"]
-                                           for c in restart["reshape"]["consumers"]}
-    assert any("instance-00000001" in w and "outside cpu_dedicated_set" in w
-               for w in stale.json()["warnings"])
+    assert guests["instance-00000001"] in {c["consumer"] for c in restart["reshape"]["consumers"]}
+    assert any(
+        "instance-00000001" in w and "outside cpu_dedicated_set" in w
+        for w in stale.json()["warnings"]
+    )
 
     assert only_reads(log.requests()), log.requests()
     assert nova_host.placement_record() == before
@@ -229,19 +256,18 @@ def test_service_cycles_read_only_on_the_verify_schedule_and_count_the_drift(nov
     loaded = Loaded(None, nova_host.settings(), client)
     agent = Agent()
     try:
-        agent(loaded)          # first cycle: reads the tree, audits, previews
+        agent(loaded)  # first cycle: reads the tree, audits, previews
         first = client.stats.total
         # GET /, ?name, ?in_tree, inventories, traits, the root's allocations
         # (read once for the audit and the restart preview).
         assert first == 6, [p for _m, p, _s in client.stats.log]
         client.stats.reset()
-        agent(loaded)          # steady: nothing due
+        agent(loaded)  # steady: nothing due
         assert client.stats.total == 0
-        gauges = {s.labels["kind"]: s.value
-                  for s in AgentCollector(agent, None)._drift().samples}
+        gauges = {s.labels["kind"]: s.value for s in AgentCollector(agent, None)._drift().samples}
         assert gauges == {"inventory": 2, "trait": 0, "provider": 0}
 
-        agent._companion.full_verify_interval = 0   # the next verify is due
+        agent._companion.full_verify_interval = 0  # the next verify is due
         agent(loaded)
         # ?name, ?in_tree, the allocations: the root's generation did not move.
         assert client.stats.total == 3, [p for _m, p, _s in client.stats.log]
@@ -254,15 +280,17 @@ def test_service_cycles_read_only_on_the_verify_schedule_and_count_the_drift(nov
 def test_companion_with_messaging_upstream_is_refused_as_bad_configuration(nova_host):
     args = nova_host.config()
     agent_conf = Path(args[-1])
-    agent_conf.write_text(agent_conf.read_text().replace(
-        "mode = companion\n", "mode = companion\nupstream = messaging\n"))
+    agent_conf.write_text(
+        agent_conf.read_text().replace(
+            "mode = companion\n", "mode = companion\nupstream = messaging\n"
+        )
+    )
     run = run_agent(*args, "--check-config")
     assert run.code == 78
     assert "mode = companion reads Placement itself" in run.stderr
 
 
-def test_a_change_in_the_drift_is_notified_once_over_the_real_bus(nova_host, rabbitmq,
-                                                                   tmp_path):
+def test_a_change_in_the_drift_is_notified_once_over_the_real_bus(nova_host, rabbitmq, tmp_path):
     from oslo_config import cfg
 
     from node_agent.remote import messaging
@@ -276,8 +304,7 @@ def test_a_change_in_the_drift_is_notified_once_over_the_real_bus(nova_host, rab
     listen_conf([])
     transport = om.get_notification_transport(listen_conf, url=rabbitmq)
     heard = Heard()
-    server = om.get_notification_listener(transport, [om.Target(topic="notifications")],
-                                          [heard])
+    server = om.get_notification_listener(transport, [om.Target(topic="notifications")], [heard])
     server.start()
     conf_file = tmp_path / "bus.conf"
     conf_file.write_text(f"[DEFAULT]\ntransport_url = {rabbitmq}\n")
@@ -292,17 +319,21 @@ def test_a_change_in_the_drift_is_notified_once_over_the_real_bus(nova_host, rab
     agent = Agent(messenger=messenger)
 
     def drift_heard(publisher, event_type, payload):
-        return (event_type == "node_agent.drift.update"
-                and payload["node_agent_object.data"]["host"] == nova_host.name)
+        return (
+            event_type == "node_agent.drift.update"
+            and payload["node_agent_object.data"]["host"] == nova_host.name
+        )
 
     try:
         agent(loaded)
         first = heard.wait_for(drift_heard)[2]
         assert first["node_agent_object.name"] == "DriftPayload"
         assert {d["subject"] for d in first["node_agent_object.data"]["drift"]} == {
-            "MEMORY_MB reserved", "MEMORY_MB allocation_ratio"}
+            "MEMORY_MB reserved",
+            "MEMORY_MB allocation_ratio",
+        }
         agent._companion.full_verify_interval = 0
-        agent(loaded)   # the same differences: nothing sent
+        agent(loaded)  # the same differences: nothing sent
         messenger.flush()
         with pytest.raises(AssertionError, match="no matching notification"):
             heard.wait_for(drift_heard, timeout=3)

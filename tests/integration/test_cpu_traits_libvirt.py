@@ -9,9 +9,9 @@ import os_traits as ot
 import pytest
 
 from node_agent.host.capabilities import parse_cpu_model_xml
-from node_agent.tree.cpu_traits import feature_traits
 from node_agent.host.hypervisor import Hypervisor
 from node_agent.model.snapshot import HostCpuModel
+from node_agent.tree.cpu_traits import feature_traits
 from tests.hostdata import HOSTDATA
 
 CPUS = HOSTDATA / "cputestdata"
@@ -25,8 +25,7 @@ def traits_of(filename: str) -> set[str]:
         expanded = parse_cpu_model_xml(hypervisor.expand_cpu_features(xml))
     finally:
         hypervisor.close()
-    cpu = HostCpuModel("x86_64", listed.model, listed.vendor,
-                       listed.features | expanded.features)
+    cpu = HostCpuModel("x86_64", listed.model, listed.vendor, listed.features | expanded.features)
     return {trait for trait, present in feature_traits(cpu).items() if present}
 
 
@@ -37,8 +36,14 @@ def test_every_host_cpu_model_expands_to_at_least_sse2(filename):
 
 def test_skylake_server_has_avx512_and_the_features_its_model_implies():
     traits = traits_of("x86_64-cpuid-Xeon-Gold-6148-host.xml")
-    assert {ot.HW_CPU_X86_AVX512F, ot.HW_CPU_X86_AVX512BW, ot.HW_CPU_X86_AVX2,
-            ot.HW_CPU_X86_AESNI, ot.HW_CPU_X86_SSE42, ot.HW_CPU_X86_VMX} <= traits
+    assert {
+        ot.HW_CPU_X86_AVX512F,
+        ot.HW_CPU_X86_AVX512BW,
+        ot.HW_CPU_X86_AVX2,
+        ot.HW_CPU_X86_AESNI,
+        ot.HW_CPU_X86_SSE42,
+        ot.HW_CPU_X86_VMX,
+    } <= traits
     assert ot.HW_CPU_X86_SVM not in traits
 
 

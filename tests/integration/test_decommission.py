@@ -15,8 +15,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def reported(tmp_path, placement_server, placement, host_name):
     """A host reported with NUMA children (numa_in_placement)."""
-    config = once_config(tmp_path, host_name, placement_server.url, ID_A,
-                         extra="").read_text()
+    config = once_config(tmp_path, host_name, placement_server.url, ID_A, extra="").read_text()
     config = config.replace("[compute]\n", "[compute]\nnuma_in_placement = true\n")
     path = tmp_path / "decommission.conf"
     path.write_text(config)
@@ -35,12 +34,10 @@ def in_tree(placement, root):
     return placement.get(f"/resource_providers?in_tree={root}")["resource_providers"]
 
 
-def test_decommission_is_refused_while_a_consumer_holds_resources_and_lists_it(
-        reported, placement):
+def test_decommission_is_refused_while_a_consumer_holds_resources_and_lists_it(reported, placement):
     config, root, tree = reported
     child = next(p for p in tree if p["parent_provider_uuid"])
-    rc = sorted(placement.get(f"/resource_providers/{child['uuid']}/inventories")
-                ["inventories"])[0]
+    rc = sorted(placement.get(f"/resource_providers/{child['uuid']}/inventories")["inventories"])[0]
     consumer = str(uuid.uuid4())
     allocate(placement, consumer, {child["uuid"]: {rc: 1}})
 
@@ -71,8 +68,10 @@ def test_decommission_is_refused_while_a_consumer_holds_resources_and_lists_it(
 
 def test_decommission_leaves_a_tree_with_someone_elses_child_alone(reported, placement):
     config, root, tree = reported
-    foreign = placement.post("/resource_providers", {
-        "name": f"cyborg-{uuid.uuid4().hex[:6]}", "parent_provider_uuid": root})
+    foreign = placement.post(
+        "/resource_providers",
+        {"name": f"cyborg-{uuid.uuid4().hex[:6]}", "parent_provider_uuid": root},
+    )
 
     result = decommission(config)
 
@@ -81,11 +80,14 @@ def test_decommission_leaves_a_tree_with_someone_elses_child_alone(reported, pla
     assert len(in_tree(placement, root)) == len(tree) + 1
 
 
-def test_decommission_of_a_root_nova_manages_is_refused(tmp_path, placement_server,
-                                                        placement, host_name):
+def test_decommission_of_a_root_nova_manages_is_refused(
+    tmp_path, placement_server, placement, host_name
+):
     created = placement.post("/resource_providers", {"name": host_name})
-    placement.put(f"/resource_providers/{created['uuid']}/traits",
-                  {"resource_provider_generation": 0, "traits": ["OWNER_NOVA"]})
+    placement.put(
+        f"/resource_providers/{created['uuid']}/traits",
+        {"resource_provider_generation": 0, "traits": ["OWNER_NOVA"]},
+    )
     config = once_config(tmp_path, host_name, placement_server.url, ID_A)
 
     result = decommission(config)

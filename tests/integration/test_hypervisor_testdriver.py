@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.host.capabilities import parse_capabilities
-from node_agent.model.cpuset import CpuSet
-from node_agent.host.domain import parse_domain
 from node_agent.errors import DiscoveryError
+from node_agent.host.capabilities import parse_capabilities
+from node_agent.host.domain import parse_domain
 from node_agent.host.hypervisor import Hypervisor
 from node_agent.host.nodedev import parse_node_device
+from node_agent.model.cpuset import CpuSet
 
 pytestmark = pytest.mark.integration
 
@@ -44,8 +44,12 @@ def devices(hypervisor):
 def test_running_and_defined_guests_are_all_listed(guests):
     assert sorted(guests) == [f"instance-0000000{i}" for i in range(1, 7)]
     running = {name for name, guest in guests.items() if guest.running}
-    assert running == {"instance-00000001", "instance-00000003",
-                       "instance-00000005", "instance-00000006"}
+    assert running == {
+        "instance-00000001",
+        "instance-00000003",
+        "instance-00000005",
+        "instance-00000006",
+    }
 
 
 def test_pinned_and_unpinned_guests_are_told_apart(guests):
@@ -56,7 +60,11 @@ def test_pinned_and_unpinned_guests_are_told_apart(guests):
 def test_pins_to_cpus_above_seven_are_read_from_the_xml(guests):
     # vcpuPinInfo() would show CPUs >= 8 as unpinned on the test driver.
     assert guests["instance-00000001"].vcpupin == (
-        (0, CpuSet({2})), (1, CpuSet({10})), (2, CpuSet({3})), (3, CpuSet({11})))
+        (0, CpuSet({2})),
+        (1, CpuSet({10})),
+        (2, CpuSet({3})),
+        (3, CpuSet({11})),
+    )
     assert guests["instance-00000002"].pinned_cpus == CpuSet({4, 12})
     assert not guests["instance-00000002"].running
 
@@ -94,7 +102,9 @@ def test_gpu_reports_mdev_types_with_available_instances(devices):
     assert gpu.pci_address == "0000:81:00.0"
     assert gpu.numa_node == 1
     assert {(t.id, t.available_instances) for t in gpu.mdev_types} == {
-        ("nvidia-222", 15), ("nvidia-223", 8)}
+        ("nvidia-222", 15),
+        ("nvidia-223", 8),
+    }
 
 
 def test_sriov_pf_and_vf_are_linked(devices):
@@ -138,8 +148,8 @@ def test_empty_uri_is_refused():
 
 
 def _settings_for(tmp_path, uri):
-    from tests.snapshots import settings
     from tests.hostdata import HOSTDATA, sysfs_root_for
+    from tests.snapshots import settings
 
     root = sysfs_root_for(HOSTDATA / "virhostcpudata" / "linux-test4", tmp_path)
     return settings(sysfs_root=str(root), libvirt_uri=uri, instances_path=str(tmp_path))
@@ -157,7 +167,7 @@ def test_service_connection_is_kept_across_cycles_and_dropped_after_a_failed_rea
     # from the file shows only to a new connection.
     text = xml.read_text()
     start = text.index('<domain type="test"')
-    xml.write_text(text[:start] + text[text.index("</domain>", start) + len("</domain>"):])
+    xml.write_text(text[:start] + text[text.index("</domain>", start) + len("</domain>") :])
     assert len(discover(settings, kept).guests) == len(first.guests)
     assert len(discover(settings).guests) == len(first.guests) - 1
     kept.close()
@@ -169,14 +179,15 @@ def test_service_connection_is_kept_across_cycles_and_dropped_after_a_failed_rea
 
 
 def test_refused_domain_capabilities_leave_their_traits_alone_and_the_cycle_succeeds(
-        tmp_path, caplog):
+    tmp_path, caplog
+):
     """libvirt's test driver has no domain capabilities: with the option on,
     the host is still read and reported, without the traits they decide."""
     import dataclasses
     import logging
 
     from node_agent.host.discover import discover
-    from node_agent.tree.hypervisor_traits import hypervisor_traits, TraitSettings
+    from node_agent.tree.hypervisor_traits import TraitSettings, hypervisor_traits
 
     settings = dataclasses.replace(_settings_for(tmp_path, URI), domain_capabilities=True)
     with caplog.at_level(logging.WARNING, logger="node_agent.host.discover"):
@@ -192,7 +203,8 @@ def test_refused_domain_capabilities_leave_their_traits_alone_and_the_cycle_succ
 def test_read_only_says_once_which_traits_it_does_not_report(tmp_path, caplog, monkeypatch):
     import logging
 
-    from node_agent.host import discover as discover_mod, warn_once
+    from node_agent.host import discover as discover_mod
+    from node_agent.host import warn_once
 
     monkeypatch.setattr(warn_once, "_LOGGED", set())
     settings = _settings_for(tmp_path, URI)

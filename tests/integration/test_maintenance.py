@@ -14,8 +14,8 @@ from node_agent.policy.maintenance import TRAIT
 from node_agent.state import FILE_NAME, MAINTENANCE, StateStore
 from tests.cli.runner import run_agent
 from tests.integration.reshape_driver import Host, allocate, boot_legacy_guests
-from tests.integration.test_cli_reshape import write_config
 from tests.integration.test_applier import bus  # noqa: F401 (fixture)
+from tests.integration.test_cli_reshape import write_config
 from tests.integration.test_messaging import agent, ctl  # noqa: F401 (fixture)
 from tests.integration.test_nested_reshape import NestedHost
 from tests.integration.test_service_process import root_inventory
@@ -44,7 +44,8 @@ def usages(host):
 def assert_closed(host):
     inventories = host.inventories()
     assert {rc: (inv["reserved"], inv["total"]) for rc, inv in inventories.items()} == {
-        rc: (inv["total"], inv["total"]) for rc, inv in inventories.items()}
+        rc: (inv["total"], inv["total"]) for rc, inv in inventories.items()
+    }
     assert TRAIT in root_traits(host)
 
 
@@ -55,7 +56,7 @@ def busy(placement_server, host_name, tmp_path):
     assert once(write_config(host)).code == 0
     boot_legacy_guests(host)
     config = write_config(host, PINNED)
-    assert once(config).code == 0           # the reshape moves pinned guests to PCPU
+    assert once(config).code == 0  # the reshape moves pinned guests to PCPU
     used = usages(host)
     assert used["PCPU"] and used["VCPU"] and used["MEMORY_MB"]
     host.config = config
@@ -81,15 +82,16 @@ def test_maintenance_on_reserves_every_class_in_use_and_sets_the_disabled_trait(
     assert result.code == 0, result.stderr
     assert "cannot lower" not in result.stderr
     assert_closed(busy)
-    assert set(busy.inventories()) == set(configured)   # nothing removed
-    assert busy.allocations() == before                   # no allocation touched
+    assert set(busy.inventories()) == set(configured)  # nothing removed
+    assert busy.allocations() == before  # no allocation touched
     assert any("maintenance is on (disk swap)" in w for w in result.json()["warnings"])
     again = once(busy.config, "--output", "json")
     assert again.code == 0 and again.json()["changes"] == []
 
 
 def test_maintenance_with_a_ratio_cut_below_usage_publishes_the_cut_closed(
-        placement_server, host_name, tmp_path):
+    placement_server, host_name, tmp_path
+):
     """20 VCPU in use (16 x 4.0 = 64), then maintenance on and
     cpu_allocation_ratio = 1.0 (capacity 16 < 20 in use) in one cycle: the
     ratio is written, as nova writes it (Placement takes a capacity below
@@ -98,7 +100,7 @@ def test_maintenance_with_a_ratio_cut_below_usage_publishes_the_cut_closed(
     host = Host(tmp_path, placement_server.url, host_name)
     assert once(write_config(host)).code == 0
     host.boot(host.not_a_guest, vcpu=10, memory=1024)
-    other = str(uuid.uuid4())                  # max_unit is 16: two consumers
+    other = str(uuid.uuid4())  # max_unit is 16: two consumers
     allocate(host.scheduler, other, {host.root: {"VCPU": 10}})
     before = host.allocations()
     config = write_config(host, "cpu_allocation_ratio = 1.0\n")
@@ -109,8 +111,12 @@ def test_maintenance_with_a_ratio_cut_below_usage_publishes_the_cut_closed(
     assert first.code == 0, first.stderr
     assert "cannot lower" not in first.stderr
     inventories = host.inventories()
-    assert inventories["VCPU"] == {**inventories["VCPU"], "total": 16, "reserved": 16,
-                                   "allocation_ratio": 1.0}
+    assert inventories["VCPU"] == {
+        **inventories["VCPU"],
+        "total": 16,
+        "reserved": 16,
+        "allocation_ratio": 1.0,
+    }
     assert_closed(host)
     # Closed on purpose: maintenance, not a cut below usage to report.
     assert first.json()["below_usage"] == []
@@ -148,7 +154,7 @@ def test_corrupt_state_file_does_not_end_maintenance(closed):
     assert status.code == 0, status.stderr
     report = status.json()
     assert report["maintenance"] == "on" and "unknown" in report["reason"]
-    assert report["state_file"]["maintenance"] == "none"   # rebuilt by the cycle
+    assert report["state_file"]["maintenance"] == "none"  # rebuilt by the cycle
     assert report["agree"] is True
 
 
@@ -161,11 +167,15 @@ def test_maintenance_off_restores_configured_reservations_and_removes_the_trait(
     assert result.code == 0, result.stderr
     inventories = closed.inventories()
     assert {rc: inv["reserved"] for rc, inv in inventories.items()} == {
-        "VCPU": 0, "PCPU": 0, "MEMORY_MB": 512, "DISK_GB": 0}
+        "VCPU": 0,
+        "PCPU": 0,
+        "MEMORY_MB": 512,
+        "DISK_GB": 0,
+    }
     assert TRAIT not in root_traits(closed)
     assert closed.allocations() == closed.before
     state = json.loads((Path(closed.state_dir) / FILE_NAME).read_text())["payload"]
-    assert "maintenance" not in state   # done: the trait alone decides again
+    assert "maintenance" not in state  # done: the trait alone decides again
     assert once(closed.config, "--output", "json").json()["changes"] == []
 
 
@@ -197,7 +207,8 @@ def test_status_shows_the_state_file_and_placement_and_whether_they_agree(busy):
 
 
 def test_service_restarted_without_its_state_file_keeps_maintenance_and_says_why(
-        agent, rabbitmq, placement_server):
+    agent, rabbitmq, placement_server
+):
     agent.status_after(lambda s: s.startswith("ok:"))
     ctl(rabbitmq, agent.host, "maintenance", "on", "--reason", "disk swap")
     assert agent.stop() == 0
@@ -215,8 +226,9 @@ def test_service_restarted_without_its_state_file_keeps_maintenance_and_says_why
 
 
 def test_maintenance_command_asks_the_running_service_which_applies_it_at_once(
-        agent, rabbitmq, placement_server):
-    agent.status_after(lambda s: s.startswith("ok:"))   # report_interval is an hour
+    agent, rabbitmq, placement_server
+):
+    agent.status_after(lambda s: s.startswith("ok:"))  # report_interval is an hour
 
     result = maintenance(str(agent.config), "on", "--reason", "disk swap")
 
@@ -233,25 +245,29 @@ def test_maintenance_command_asks_the_running_service_which_applies_it_at_once(
 
 
 def test_maintenance_command_writes_the_file_when_no_service_answers(
-        tmp_path, rabbitmq, placement_server, host_name):
+    tmp_path, rabbitmq, placement_server, host_name
+):
     from tests.integration.agent_process import AgentProcess
 
-    idle = AgentProcess(tmp_path, placement_server.url, host_name,
-                        extra=f"transport_url = {rabbitmq}\n")   # never started
+    idle = AgentProcess(
+        tmp_path, placement_server.url, host_name, extra=f"transport_url = {rabbitmq}\n"
+    )  # never started
 
     result = maintenance(str(idle.config), "on")
 
     assert result.code == 0, result.stderr
     assert "at the next cycle" in result.stdout
-    from node_agent.state import MAINTENANCE as MAINTENANCE_KEY
     from node_agent.policy.maintenance import is_on
+    from node_agent.state import MAINTENANCE as MAINTENANCE_KEY
     from node_agent.state import StateStore
+
     assert is_on(StateStore(tmp_path / "state").load()[MAINTENANCE_KEY])
     idle.notify.close()
 
 
 def test_lost_state_file_does_not_end_maintenance_through_the_applier(
-        bus, tmp_path, placement_server, host_name):
+    bus, tmp_path, placement_server, host_name
+):
     """``[agent] upstream = messaging``: the agent's state file is lost, so its
     tree carries no maintenance; the applier keeps it on from the root's
     disabled trait in Placement, as the direct mode does."""
@@ -264,12 +280,11 @@ def test_lost_state_file_does_not_end_maintenance_through_the_applier(
 
     def closed() -> dict:
         found = host.scheduler.get(f"/resource_providers/{host.root}/inventories")
-        return {rc: inv["reserved"] == inv["total"]
-                for rc, inv in found["inventories"].items()}
+        return {rc: inv["reserved"] == inv["total"] for rc, inv in found["inventories"].items()}
 
     assert all(closed().values()) and TRAIT in host.root_traits()
 
-    report = sender.send(compute_desired(settings, state={}))   # the file is gone
+    report = sender.send(compute_desired(settings, state={}))  # the file is gone
 
     assert report.ok, report.errors
     assert all(closed().values()), closed()
@@ -281,7 +296,8 @@ def test_lost_state_file_does_not_end_maintenance_through_the_applier(
 
 
 def test_status_reads_the_numa_children_and_names_a_reopened_one(
-        placement_server, host_name, tmp_path):
+    placement_server, host_name, tmp_path
+):
     """The root alone would say "closed" while a NUMA child, reopened by
     hand, still offers its CPUs and memory."""
     host = Host(tmp_path, placement_server.url, host_name)
@@ -296,24 +312,27 @@ def test_status_reads_the_numa_children_and_names_a_reopened_one(
 
     child = next(c for c in children if c["name"].endswith("_NUMA_1"))
     held = host.scheduler.get(f"/resource_providers/{child['uuid']}/inventories")
-    host.scheduler.put(f"/resource_providers/{child['uuid']}/inventories", {
-        "resource_provider_generation": held["resource_provider_generation"],
-        "inventories": {rc: {**inv, "reserved": 0}
-                        for rc, inv in held["inventories"].items()}})
+    host.scheduler.put(
+        f"/resource_providers/{child['uuid']}/inventories",
+        {
+            "resource_provider_generation": held["resource_provider_generation"],
+            "inventories": {rc: {**inv, "reserved": 0} for rc, inv in held["inventories"].items()},
+        },
+    )
 
     report = maintenance(config, "status", "--output", "json").json()
     assert report["agree"] is False
-    assert report["placement"]["open_by_provider"] == {
-        child["name"]: sorted(held["inventories"])}
+    assert report["placement"]["open_by_provider"] == {child["name"]: sorted(held["inventories"])}
     text = maintenance(config, "status").stdout
     assert f"child {child['name']}: fully reserved: none; open: " in text
     assert "agree: NO" in text
-    assert once(config).code == 0          # the next cycle closes it again
+    assert once(config).code == 0  # the next cycle closes it again
     assert maintenance(config, "status", "--output", "json").json()["agree"] is True
 
 
 def test_numa_off_during_maintenance_is_refused_naming_maintenance(
-        tmp_path, placement_server, host_name):
+    tmp_path, placement_server, host_name
+):
     """The reshape back to the root cannot move allocations onto a closed
     root; the refusal says maintenance is why, not "give the host more"."""
     from node_agent.cycle.reconcile import ReshapeRefused
@@ -321,12 +340,13 @@ def test_numa_off_during_maintenance_is_refused_naming_maintenance(
 
     host = numa_host_with_guests(tmp_path, placement_server.url, host_name)
     StateStore(Path(host.state_dir)).put(
-        MAINTENANCE, maint.record(True, "disk swap", "2026-01-01T00:00:00+00:00"))
-    _outcome, report, _ = host.cycle(numa_in_placement=True)   # closes the NUMA tree
+        MAINTENANCE, maint.record(True, "disk swap", "2026-01-01T00:00:00+00:00")
+    )
+    _outcome, report, _ = host.cycle(numa_in_placement=True)  # closes the NUMA tree
     assert report.ok, report.errors
     before = host.allocations()
 
-    outcome, _report, _ = host.cycle()                           # NUMA off
+    outcome, _report, _ = host.cycle()  # NUMA off
 
     assert isinstance(outcome, ReshapeRefused)
     text = str(outcome)
@@ -338,13 +358,14 @@ def test_numa_off_during_maintenance_is_refused_naming_maintenance(
 
 
 def test_maintenance_holds_when_guests_refuse_the_new_configuration(
-        placement_server, host_name, tmp_path):
+    placement_server, host_name, tmp_path
+):
     """The new CPU sets are refused by name (a floating guest has no shared
     set left), so VCPU and PCPU keep what Placement holds; maintenance
     closes them all the same."""
     host = Host(tmp_path, placement_server.url, host_name)
     assert once(write_config(host)).code == 0
-    host.boot(host.unpinned[0], vcpu=2, memory=1024)   # instance-00000003, floating
+    host.boot(host.unpinned[0], vcpu=2, memory=1024)  # instance-00000003, floating
     before = host.allocations()
     config = write_config(host, "cpu_dedicated_set = 0-15\n")
     assert maintenance(config, "on", "--reason", "disk swap").code == 0
@@ -354,12 +375,13 @@ def test_maintenance_holds_when_guests_refuse_the_new_configuration(
     assert result.code == 1
     assert "instance-00000003" in result.stderr and "cpu_shared_set" in result.stderr
     assert_closed(host)
-    assert set(host.inventories()) == {"VCPU", "MEMORY_MB", "DISK_GB"}   # the old layout
+    assert set(host.inventories()) == {"VCPU", "MEMORY_MB", "DISK_GB"}  # the old layout
     assert host.allocations() == before
 
 
 def test_maintenance_and_numa_on_in_one_cycle_leave_nothing_open(
-        placement_server, host_name, tmp_path):
+    placement_server, host_name, tmp_path
+):
     """Maintenance on and numa_in_placement = true reach the same cycle. The
     reshape cannot move the guests onto closed children and is refused; the
     classes it keeps on the root as Placement holds them are closed too."""
@@ -374,18 +396,20 @@ def test_maintenance_and_numa_on_in_one_cycle_leave_nothing_open(
 
     assert result.code == 1, result.stderr
     assert "fully reserved (reserved = total" in result.stderr
-    listing = host.scheduler.get(
-        f"/resource_providers?in_tree={host.root}")["resource_providers"]
+    listing = host.scheduler.get(f"/resource_providers?in_tree={host.root}")["resource_providers"]
     for rp in listing:
         held = host.scheduler.get(f"/resource_providers/{rp['uuid']}/inventories")
-        assert all(inv["reserved"] == inv["total"] for inv in held["inventories"].values()), \
-            (rp["name"], held["inventories"])
+        assert all(inv["reserved"] == inv["total"] for inv in held["inventories"].values()), (
+            rp["name"],
+            held["inventories"],
+        )
     assert TRAIT in root_traits(host)
     assert host.allocations() == before
 
 
 def test_maintenance_closes_a_class_the_new_sets_remove_but_usage_keeps(
-        placement_server, host_name, tmp_path):
+    placement_server, host_name, tmp_path
+):
     """No local guest; a migration record holds 3 VCPU. Maintenance on and
     cpu_dedicated_set = 0-15 (no VCPU any more) in one cycle: VCPU cannot be
     removed while in use, and the record it keeps is closed."""
@@ -395,14 +419,17 @@ def test_maintenance_closes_a_class_the_new_sets_remove_but_usage_keeps(
     stranger = str(uuid.uuid4())
     allocate(host.scheduler, stranger, {host.root: {"VCPU": 3, "MEMORY_MB": 512}})
     StateStore(Path(host.state_dir)).put(
-        MAINTENANCE, maint.record(True, "disk swap", "2026-01-01T00:00:00+00:00"))
+        MAINTENANCE, maint.record(True, "disk swap", "2026-01-01T00:00:00+00:00")
+    )
 
     _outcome, report, _ = host.cycle(dedicated="0-15", shared=None)
 
     assert not report.ok and "cannot lower VCPU" in report.errors[0]
     held = host.scheduler.get(f"/resource_providers/{host.root}/inventories")["inventories"]
     assert {rc: inv["reserved"] for rc, inv in held.items()} == {
-        rc: inv["total"] for rc, inv in held.items()}
+        rc: inv["total"] for rc, inv in held.items()
+    }
     assert set(held) == {"VCPU", "PCPU", "MEMORY_MB", "DISK_GB"}
     assert host.scheduler.get(f"/allocations/{stranger}")["allocations"][host.root][
-        "resources"] == {"VCPU": 3, "MEMORY_MB": 512}
+        "resources"
+    ] == {"VCPU": 3, "MEMORY_MB": 512}

@@ -44,8 +44,7 @@ def _settings(libvirtd, tmp_path: Path, host: str, kvm_amd=("sev", "sev_es"), **
     params.mkdir(parents=True)
     for name in ("sev", "sev_es", "sev_snp"):
         (params / name).write_text("Y\n" if name in kvm_amd else "N\n")
-    base = make_settings(host, str(root), libvirtd.ro_uri, str(tmp_path / "state"),
-                         str(tmp_path))
+    base = make_settings(host, str(root), libvirtd.ro_uri, str(tmp_path / "state"), str(tmp_path))
     return dataclasses.replace(base, virt_type="qemu", **kw)
 
 
@@ -62,9 +61,11 @@ def _tree(client, host: str) -> dict[str, dict]:
     for rp in client.get(f"/resource_providers?in_tree={root['uuid']}")["resource_providers"]:
         base = f"/resource_providers/{rp['uuid']}"
         out[rp["name"]] = {
-            "uuid": rp["uuid"], "parent": rp["parent_provider_uuid"],
+            "uuid": rp["uuid"],
+            "parent": rp["parent_provider_uuid"],
             "inventories": client.get(f"{base}/inventories")["inventories"],
-            "traits": set(client.get(f"{base}/traits")["traits"])}
+            "traits": set(client.get(f"{base}/traits")["traits"]),
+        }
     return out
 
 
@@ -74,18 +75,21 @@ def client(placement_server):
 
 
 def test_sev_and_sev_snp_children_appear_with_libvirts_guest_counts(
-        libvirtd, client, host_name, tmp_path):
+    libvirtd, client, host_name, tmp_path
+):
     # SEV-SNP on: nova reports SEV and SEV-SNP and ignores SEV-ES, whatever
     # the QEMU version (SEV-ES alone would need QEMU 8.0; this host's may be older).
-    settings = _settings(libvirtd, tmp_path, host_name, ("sev", "sev_es", "sev_snp"),
-                         domain_capabilities=True)
+    settings = _settings(
+        libvirtd, tmp_path, host_name, ("sev", "sev_es", "sev_snp"), domain_capabilities=True
+    )
     assert _cycle(client, settings).ok
     tree = _tree(client, host_name)
     root = tree[host_name]
     assert set(tree) == {host_name, f"{host_name}_amd_sev", f"{host_name}_amd_sev_snp"}
     for name, model_trait, total in (
-            (f"{host_name}_amd_sev", ot.HW_CPU_X86_AMD_SEV, 59),
-            (f"{host_name}_amd_sev_snp", ot.HW_CPU_X86_AMD_SEV_SNP, 450)):
+        (f"{host_name}_amd_sev", ot.HW_CPU_X86_AMD_SEV, 59),
+        (f"{host_name}_amd_sev_snp", ot.HW_CPU_X86_AMD_SEV_SNP, 450),
+    ):
         child = tree[name]
         assert child["parent"] == root["uuid"]
         inv = child["inventories"]["MEM_ENCRYPTION_CONTEXT"]
@@ -97,12 +101,15 @@ def test_sev_and_sev_snp_children_appear_with_libvirts_guest_counts(
     limited = dataclasses.replace(settings, num_memory_encrypted_guests=16)
     assert _cycle(client, limited).ok
     tree = _tree(client, host_name)
-    assert {tree[n]["inventories"]["MEM_ENCRYPTION_CONTEXT"]["total"]
-            for n in (f"{host_name}_amd_sev", f"{host_name}_amd_sev_snp")} == {16}
+    assert {
+        tree[n]["inventories"]["MEM_ENCRYPTION_CONTEXT"]["total"]
+        for n in (f"{host_name}_amd_sev", f"{host_name}_amd_sev_snp")
+    } == {16}
 
 
 def test_read_only_reports_no_sev_child_and_says_mem_encryption_context_once(
-        libvirtd, client, host_name, tmp_path):
+    libvirtd, client, host_name, tmp_path
+):
     from node_agent.host import warn_once
 
     settings = _settings(libvirtd, tmp_path, host_name)  # domain_capabilities off
@@ -113,16 +120,23 @@ def test_read_only_reports_no_sev_child_and_says_mem_encryption_context_once(
 
 
 def test_mem_encryption_context_in_use_on_the_root_is_reshaped_to_the_sev_child(
-        libvirtd, client, host_name, tmp_path):
+    libvirtd, client, host_name, tmp_path
+):
     """nova's layout before 2025.2: MEM_ENCRYPTION_CONTEXT on the root, held
     by a guest. One POST /reshaper moves the allocation to <host>_amd_sev
     and the inventory with it, as nova 34 does on its first start."""
     root_uuid = str(uuid.uuid4())
     client.post("/resource_providers", {"name": host_name, "uuid": root_uuid})
-    client.put(f"/resource_providers/{root_uuid}/inventories", {
-        "resource_provider_generation": 0,
-        "inventories": {"MEM_ENCRYPTION_CONTEXT": {"total": 15, "max_unit": 1},
-                        "MEMORY_MB": {"total": 4096}}})
+    client.put(
+        f"/resource_providers/{root_uuid}/inventories",
+        {
+            "resource_provider_generation": 0,
+            "inventories": {
+                "MEM_ENCRYPTION_CONTEXT": {"total": 15, "max_unit": 1},
+                "MEMORY_MB": {"total": 4096},
+            },
+        },
+    )
     consumer = str(uuid.uuid4())
     allocate(client, consumer, {root_uuid: {"MEM_ENCRYPTION_CONTEXT": 1, "MEMORY_MB": 512}})
 
@@ -137,17 +151,23 @@ def test_mem_encryption_context_in_use_on_the_root_is_reshaped_to_the_sev_child(
     assert "MEM_ENCRYPTION_CONTEXT" not in tree[host_name]["inventories"]
     assert sev["inventories"]["MEM_ENCRYPTION_CONTEXT"]["total"] == 59
     held = client.get(f"/allocations/{consumer}")["allocations"]
-    assert held == {root_uuid: {"resources": {"MEMORY_MB": 512}, "generation": held[root_uuid]["generation"]},
-                    sev["uuid"]: {"resources": {"MEM_ENCRYPTION_CONTEXT": 1},
-                                  "generation": held[sev["uuid"]]["generation"]}}
+    assert held == {
+        root_uuid: {"resources": {"MEMORY_MB": 512}, "generation": held[root_uuid]["generation"]},
+        sev["uuid"]: {
+            "resources": {"MEM_ENCRYPTION_CONTEXT": 1},
+            "generation": held[sev["uuid"]]["generation"],
+        },
+    }
 
 
 def test_sev_children_stay_as_placement_holds_them_when_domain_caps_are_not_read(
-        libvirtd, client, host_name, tmp_path):
+    libvirtd, client, host_name, tmp_path
+):
     """A cycle that cannot decide the children (option turned off, polkit
     refusing) must not delete them: nothing says the host lost SEV."""
-    settings = _settings(libvirtd, tmp_path, host_name, ("sev", "sev_es", "sev_snp"),
-                         domain_capabilities=True)
+    settings = _settings(
+        libvirtd, tmp_path, host_name, ("sev", "sev_es", "sev_snp"), domain_capabilities=True
+    )
     assert _cycle(client, settings).ok
     before = _tree(client, host_name)
     assert len(before) == 3

@@ -32,6 +32,7 @@ class Collector:
 
     def wait_for(self, predicate, timeout=20):
         import time
+
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
@@ -52,7 +53,8 @@ def listener(rabbitmq):
     transport = om.get_notification_transport(conf, url=rabbitmq)
     collector = Collector()
     server = om.get_notification_listener(
-        transport, [om.Target(topic="notifications")], [collector])
+        transport, [om.Target(topic="notifications")], [collector]
+    )
     server.start()
     yield collector
     server.stop()
@@ -62,9 +64,13 @@ def listener(rabbitmq):
 
 @pytest.fixture
 def agent(tmp_path, placement_server, host_name, rabbitmq):
-    process = AgentProcess(tmp_path, placement_server.url, host_name,
-                           agent_options="report_interval = 3600\n",
-                           extra=f"transport_url = {rabbitmq}\n")
+    process = AgentProcess(
+        tmp_path,
+        placement_server.url,
+        host_name,
+        agent_options="report_interval = 3600\n",
+        extra=f"transport_url = {rabbitmq}\n",
+    )
     yield process.start()
     process.stop()
     process.notify.close()
@@ -72,9 +78,21 @@ def agent(tmp_path, placement_server, host_name, rabbitmq):
 
 def ctl(rabbitmq, host, *command):
     result = subprocess.run(
-        [str(NODE_AGENT), "ctl", "--host", host, "--transport-url", rabbitmq,
-         "--timeout", "60", *command],
-        capture_output=True, text=True, timeout=90)
+        [
+            str(NODE_AGENT),
+            "ctl",
+            "--host",
+            host,
+            "--transport-url",
+            rabbitmq,
+            "--timeout",
+            "60",
+            *command,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -108,17 +126,19 @@ def test_rpc_sync_now_runs_a_cycle_and_answers_after_it(agent, rabbitmq):
     assert "next in 3" in agent.status_after(lambda s: "no change" in s)
 
 
-def test_a_host_change_sends_an_inventory_update_with_the_new_totals(
-        agent, rabbitmq, listener):
+def test_a_host_change_sends_an_inventory_update_with_the_new_totals(agent, rabbitmq, listener):
     agent.status_after(lambda s: s.startswith("ok:"))
 
     mount_host(OTHER_HOST, agent.sysroot)
     ctl(rabbitmq, agent.host, "sync-now")
 
     publisher, event, payload = listener.wait_for(
-        lambda pub, ev, body: ev == "node_agent.inventory.update"
-        and body["node_agent_object.data"]["host"] == agent.host
-        and totals(body, agent.host).get("VCPU") == 2)
+        lambda pub, ev, body: (
+            ev == "node_agent.inventory.update"
+            and body["node_agent_object.data"]["host"] == agent.host
+            and totals(body, agent.host).get("VCPU") == 2
+        )
+    )
     assert publisher == f"node-agent.{agent.host}"
     assert payload["node_agent_object.version"] == messaging.PAYLOAD_VERSION
     assert payload["node_agent_object.name"] == "InventoryUpdatePayload"
@@ -127,7 +147,8 @@ def test_a_host_change_sends_an_inventory_update_with_the_new_totals(
 
 
 def test_maintenance_is_set_over_rpc_shown_in_status_and_applied_at_once(
-        agent, rabbitmq, placement_server):
+    agent, rabbitmq, placement_server
+):
     agent.status_after(lambda s: s.startswith("ok:"))
 
     ctl(rabbitmq, agent.host, "maintenance", "on", "--reason", "disk swap")
@@ -141,13 +162,13 @@ def test_maintenance_is_set_over_rpc_shown_in_status_and_applied_at_once(
     assert ctl(rabbitmq, agent.host, "status")["maintenance"]["on"] is False
 
 
-def test_without_transport_url_messaging_is_off_and_says_so(
-        tmp_path, placement_server, host_name):
+def test_without_transport_url_messaging_is_off_and_says_so(tmp_path, placement_server, host_name):
     process = AgentProcess(tmp_path, placement_server.url, host_name).start()
     try:
         process.status_after(lambda s: s.startswith("ok:"))
-        assert ("transport_url is not set: notifications are off and the control "
-                "RPC is disabled") in process.log()
+        assert (
+            "transport_url is not set: notifications are off and the control RPC is disabled"
+        ) in process.log()
     finally:
         process.stop()
         process.notify.close()

@@ -20,14 +20,18 @@ from pathlib import Path
 import pytest
 
 from node_agent.cycle.desired import compute_desired
-from node_agent.cycle.reconcile import ReshapeRefused
+from node_agent.cycle.reconcile import Reconciler, ReshapeRefused
 from node_agent.placement.client import PlacementClient
-from node_agent.cycle.reconcile import Reconciler
-from node_agent.state import StateStore
 from node_agent.placement.sync import TreeSyncer
+from node_agent.state import StateStore
 from tests.hostdata import HOSTDATA, sysfs_root_for
-from tests.integration.reshape_driver import (HOST_XML, agent_cycle, allocate,
-                                              make_settings, reshaper_posts)
+from tests.integration.reshape_driver import (
+    HOST_XML,
+    agent_cycle,
+    allocate,
+    make_settings,
+    reshaper_posts,
+)
 from tests.unit.test_pci import add_device, add_mdev_type
 
 pytestmark = pytest.mark.integration
@@ -44,19 +48,27 @@ TEST_NS = "http://libvirt.org/schemas/domain/test/1.0"
 def domain_xml(guest: dict) -> str:
     """A test-driver domain: ``pins`` (host CPU per vCPU), ``nodes``
     (numatune memory nodeset), ``mdevs`` (mdev uuids)."""
-    pins = "".join(f'<vcpupin vcpu="{n}" cpuset="{cpu}"/>' for n, cpu in
-                   enumerate(guest.get("pins", ())))
-    numatune = (f'<numatune><memory mode="strict" nodeset="{guest["nodes"]}"/></numatune>'
-                if guest.get("nodes") else "")
+    pins = "".join(
+        f'<vcpupin vcpu="{n}" cpuset="{cpu}"/>' for n, cpu in enumerate(guest.get("pins", ()))
+    )
+    numatune = (
+        f'<numatune><memory mode="strict" nodeset="{guest["nodes"]}"/></numatune>'
+        if guest.get("nodes")
+        else ""
+    )
     hostdevs = "".join(
         '<hostdev mode="subsystem" type="mdev" managed="no" model="vfio-pci">'
-        f'<source><address uuid="{m}"/></source></hostdev>' for m in guest.get("mdevs", ()))
-    return (f'<domain type="test" xmlns:test="{TEST_NS}"><name>{guest["name"]}</name>'
-            f'<uuid>{guest["uuid"]}</uuid><memory unit="MiB">{guest["memory"]}</memory>'
-            f'<vcpu placement="static">{guest["vcpus"]}</vcpu>'
-            f'{"<cputune>" + pins + "</cputune>" if pins else ""}{numatune}'
-            f'<os><type>hvm</type></os><devices>{hostdevs}</devices>'
-            f'<test:runstate>1</test:runstate></domain>')
+        f'<source><address uuid="{m}"/></source></hostdev>'
+        for m in guest.get("mdevs", ())
+    )
+    return (
+        f'<domain type="test" xmlns:test="{TEST_NS}"><name>{guest["name"]}</name>'
+        f'<uuid>{guest["uuid"]}</uuid><memory unit="MiB">{guest["memory"]}</memory>'
+        f'<vcpu placement="static">{guest["vcpus"]}</vcpu>'
+        f"{'<cputune>' + pins + '</cputune>' if pins else ''}{numatune}"
+        f"<os><type>hvm</type></os><devices>{hostdevs}</devices>"
+        f"<test:runstate>1</test:runstate></domain>"
+    )
 
 
 def host_xml(path: Path, guests: list[dict]) -> str:
@@ -78,8 +90,13 @@ class NestedHost:
         self.tmp, self.url, self.name = tmp_path, url, name
         self.sysroot = sysfs_root_for(HOSTDATA / "virhostcpudata" / "linux-test4", tmp_path)
         for address, mdevs in (gpus or {}).items():
-            add_mdev_type(add_device(self.sysroot, address), MDEV_TYPE, available=2,
-                          name="GRID T4-2B", mdevs=mdevs)
+            add_mdev_type(
+                add_device(self.sysroot, address),
+                MDEV_TYPE,
+                available=2,
+                name="GRID T4-2B",
+                mdevs=mdevs,
+            )
         self.guests = guests
         self.uri = host_xml(tmp_path / "host.xml", guests)
         self.state_dir = str(tmp_path / "state")
@@ -87,8 +104,9 @@ class NestedHost:
         self.scheduler = PlacementClient.for_endpoint(url)
 
     def settings(self, dedicated=DEDICATED, shared=SHARED, **kw):
-        base = make_settings(self.name, str(self.sysroot), self.uri, self.state_dir,
-                             str(self.tmp), dedicated, shared)
+        base = make_settings(
+            self.name, str(self.sysroot), self.uri, self.state_dir, str(self.tmp), dedicated, shared
+        )
         return dataclasses.replace(base, **kw)
 
     def cycle(self, client=None, **kw):
@@ -105,8 +123,9 @@ class NestedHost:
 
     def tree(self) -> dict:
         """name -> (uuid, parent uuid) of every provider in the host's tree."""
-        listed = self.scheduler.get(
-            f"/resource_providers?in_tree={self.root}")["resource_providers"]
+        listed = self.scheduler.get(f"/resource_providers?in_tree={self.root}")[
+            "resource_providers"
+        ]
         return {rp["name"]: (rp["uuid"], rp["parent_provider_uuid"]) for rp in listed}
 
     def inventories(self, rp: str) -> dict:
@@ -127,31 +146,51 @@ class NestedHost:
     def add_operator_trait(self) -> None:
         self.scheduler.put(f"/traits/{TRAIT}", None)
         current = self.scheduler.get(f"/resource_providers/{self.root}/traits")
-        self.scheduler.put(f"/resource_providers/{self.root}/traits", {
-            "resource_provider_generation": current["resource_provider_generation"],
-            "traits": current["traits"] + [TRAIT]})
+        self.scheduler.put(
+            f"/resource_providers/{self.root}/traits",
+            {
+                "resource_provider_generation": current["resource_provider_generation"],
+                "traits": current["traits"] + [TRAIT],
+            },
+        )
 
     def add_foreign_child(self) -> str:
         child = str(uuid.uuid4())
         self.scheduler.put(f"/resource_classes/{FOREIGN_RC}", None)
-        self.scheduler.post("/resource_providers", {
-            "name": f"{self.name}-foreign-widget", "uuid": child,
-            "parent_provider_uuid": self.root})
-        self.scheduler.put(f"/resource_providers/{child}/inventories", {
-            "resource_provider_generation": 0, "inventories": {FOREIGN_RC: {"total": 10}}})
+        self.scheduler.post(
+            "/resource_providers",
+            {
+                "name": f"{self.name}-foreign-widget",
+                "uuid": child,
+                "parent_provider_uuid": self.root,
+            },
+        )
+        self.scheduler.put(
+            f"/resource_providers/{child}/inventories",
+            {"resource_provider_generation": 0, "inventories": {FOREIGN_RC: {"total": 10}}},
+        )
         return child
 
     def add_root_vgpu(self, total: int) -> None:
         """What a host reporting VGPU on the root (nova before nested GPUs) had."""
         current = self.scheduler.get(f"/resource_providers/{self.root}/inventories")
-        self.scheduler.put(f"/resource_providers/{self.root}/inventories", {
-            "resource_provider_generation": current["resource_provider_generation"],
-            "inventories": {**current["inventories"], "VGPU": {"total": total}}})
+        self.scheduler.put(
+            f"/resource_providers/{self.root}/inventories",
+            {
+                "resource_provider_generation": current["resource_provider_generation"],
+                "inventories": {**current["inventories"], "VGPU": {"total": total}},
+            },
+        )
 
 
 def guest(n: int, prefix: str, **kw) -> dict:
-    return {"name": f"instance-{n:08x}", "uuid": f"{prefix}{n:02d}", "memory": 1024,
-            "vcpus": len(kw.get("pins", ())) or 2, **kw}
+    return {
+        "name": f"instance-{n:08x}",
+        "uuid": f"{prefix}{n:02d}",
+        "memory": 1024,
+        "vcpus": len(kw.get("pins", ())) or 2,
+        **kw,
+    }
 
 
 def prefix() -> str:
@@ -165,16 +204,16 @@ MDEVS = [str(uuid.uuid4()) for _ in range(3)]
 def gpu_numa_host(tmp_path, placement_server, host_name):
     p = prefix()
     guests = [
-        guest(1, p, pins=(2, 3), nodes="0", mdevs=MDEVS[:1]),          # node 0, GPU1
+        guest(1, p, pins=(2, 3), nodes="0", mdevs=MDEVS[:1]),  # node 0, GPU1
         guest(2, p, pins=(10, 11), nodes="1", mdevs=MDEVS[1:], memory=2048),  # node 1, both
-        guest(3, p, nodes="1"),                                          # floating on node 1
+        guest(3, p, nodes="1"),  # floating on node 1
     ]
-    return NestedHost(tmp_path, placement_server.url, host_name, guests,
-                      gpus={GPU1: MDEVS[:2], GPU2: MDEVS[2:]})
+    return NestedHost(
+        tmp_path, placement_server.url, host_name, guests, gpus={GPU1: MDEVS[:2], GPU2: MDEVS[2:]}
+    )
 
 
-def test_vgpu_moves_to_gpu_children_then_the_host_goes_numa_keeping_everything_else(
-        gpu_numa_host):
+def test_vgpu_moves_to_gpu_children_then_the_host_goes_numa_keeping_everything_else(gpu_numa_host):
     host = gpu_numa_host
     a, b, c = (g["uuid"] for g in host.guests)
     # A host reporting VGPU on the root, with guests the scheduler placed there.
@@ -184,11 +223,9 @@ def test_vgpu_moves_to_gpu_children_then_the_host_goes_numa_keeping_everything_e
     host.add_root_vgpu(6)
     host.add_operator_trait()
     foreign = host.add_foreign_child()
-    allocate(host.scheduler, a, {root: {"PCPU": 2, "MEMORY_MB": 1024, "VGPU": 1,
-                                        "DISK_GB": 5}})
+    allocate(host.scheduler, a, {root: {"PCPU": 2, "MEMORY_MB": 1024, "VGPU": 1, "DISK_GB": 5}})
     allocate(host.scheduler, b, {root: {"PCPU": 2, "MEMORY_MB": 2048, "VGPU": 2}})
-    allocate(host.scheduler, c, {root: {"VCPU": 2, "MEMORY_MB": 1024},
-                                 foreign: {FOREIGN_RC: 1}})
+    allocate(host.scheduler, c, {root: {"VCPU": 2, "MEMORY_MB": 1024}, foreign: {FOREIGN_RC: 1}})
     before = host.allocations()
 
     # 1. enabled_mdev_types: the GPUs become children; VGPU follows each mdev.
@@ -197,11 +234,14 @@ def test_vgpu_moves_to_gpu_children_then_the_host_goes_numa_keeping_everything_e
     store = StateStore(Path(host.state_dir))
     host.agent.stats.reset()
     _tree, _changes, plan = Reconciler(host.agent, TreeSyncer(host.agent, store)).plan(
-        compute_desired(gpu_settings, state=store.load_or_empty(LOG)))
+        compute_desired(gpu_settings, state=store.load_or_empty(LOG))
+    )
     assert host.agent.stats.writes == 0 and host.allocations() == before
     assert plan["totals"] == {"consumers": 2, "moved": {"VGPU -> VGPU": 3}}
-    assert f"1 VGPU@{host.name} -> VGPU@{host.name}_pci_0000_81_00_0 (to be created)" in \
-        plan["lines"][0]
+    assert (
+        f"1 VGPU@{host.name} -> VGPU@{host.name}_pci_0000_81_00_0 (to be created)"
+        in plan["lines"][0]
+    )
     host.agent.stats.reset()
     outcome, report, _ = host.cycle(enabled_mdev_types=(MDEV_TYPE,))
     assert outcome.reshaped and report.ok, report.errors
@@ -209,16 +249,22 @@ def test_vgpu_moves_to_gpu_children_then_the_host_goes_numa_keeping_everything_e
     tree = host.tree()
     gpu1 = tree[f"{host.name}_pci_0000_81_00_0"][0]
     gpu2 = tree[f"{host.name}_pci_0000_82_00_0"][0]
-    assert sorted(tree) == sorted([host.name, f"{host.name}-foreign-widget",
-                                   f"{host.name}_pci_0000_81_00_0",
-                                   f"{host.name}_pci_0000_82_00_0"])  # no duplicates
+    assert sorted(tree) == sorted(
+        [
+            host.name,
+            f"{host.name}-foreign-widget",
+            f"{host.name}_pci_0000_81_00_0",
+            f"{host.name}_pci_0000_82_00_0",
+        ]
+    )  # no duplicates
     assert host.inventories(gpu1) == {"VGPU": 4} and host.inventories(gpu2) == {"VGPU": 3}
     assert "VGPU" not in host.inventories(root)
     after_gpu = host.allocations()
     assert after_gpu == {
         a: {root: {"PCPU": 2, "MEMORY_MB": 1024, "DISK_GB": 5}, gpu1: {"VGPU": 1}},
         b: {root: {"PCPU": 2, "MEMORY_MB": 2048}, gpu1: {"VGPU": 1}, gpu2: {"VGPU": 1}},
-        c: before[c]}
+        c: before[c],
+    }
     assert TRAIT in host.root_traits()
     assert host.inventories(foreign) == {FOREIGN_RC: 10}
     owned = StateStore(Path(host.state_dir)).load()["owned_children"]
@@ -235,7 +281,8 @@ def test_vgpu_moves_to_gpu_children_then_the_host_goes_numa_keeping_everything_e
     assert host.allocations() == {
         a: {root: {"DISK_GB": 5}, node0: {"PCPU": 2, "MEMORY_MB": 1024}, gpu1: {"VGPU": 1}},
         b: {node1: {"PCPU": 2, "MEMORY_MB": 2048}, gpu1: {"VGPU": 1}, gpu2: {"VGPU": 1}},
-        c: {node1: {"VCPU": 2, "MEMORY_MB": 1024}, foreign: {FOREIGN_RC: 1}}}
+        c: {node1: {"VCPU": 2, "MEMORY_MB": 1024}, foreign: {FOREIGN_RC: 1}},
+    }
     assert set(host.inventories(root)) == {"DISK_GB"}
     assert host.inventories(node0)["PCPU"] == 4 and host.inventories(node1)["VCPU"] == 4
     assert TRAIT in host.root_traits()
@@ -254,11 +301,14 @@ def test_vgpu_moves_to_gpu_children_then_the_host_goes_numa_keeping_everything_e
     assert len(host.tree()) == 6 and TRAIT in host.root_traits()
 
 
-def test_guest_pinned_across_numa_nodes_refuses_the_numa_reshape(tmp_path, placement_server,
-                                                                 host_name):
+def test_guest_pinned_across_numa_nodes_refuses_the_numa_reshape(
+    tmp_path, placement_server, host_name
+):
     p = prefix()
-    guests = [guest(1, p, pins=(2, 3), nodes="0"),
-              guest(2, p, pins=(4, 12), nodes="0-1")]   # one vCPU on each node
+    guests = [
+        guest(1, p, pins=(2, 3), nodes="0"),
+        guest(2, p, pins=(4, 12), nodes="0-1"),
+    ]  # one vCPU on each node
     host = NestedHost(tmp_path, placement_server.url, host_name, guests)
     host.cycle()
     root = host.root
@@ -285,14 +335,15 @@ def test_guest_pinned_across_numa_nodes_refuses_the_numa_reshape(tmp_path, place
 
 
 def test_reshape_cycle_on_a_host_with_a_child_costs_consumers_plus_two_and_the_recheck(
-        tmp_path, placement_server, host_name):
+    tmp_path, placement_server, host_name
+):
     p = prefix()
     pinned = [guest(n, p, pins=(2 + n, 10 + n)) for n in range(3)]
     guests = pinned + [guest(9, p)]
     host = NestedHost(tmp_path, placement_server.url, host_name, guests, gpus={GPU1: ()})
     store = StateStore(Path(host.state_dir))
     syncer = TreeSyncer(host.agent, store)
-    reconciler = Reconciler(host.agent, syncer)    # one long-lived agent
+    reconciler = Reconciler(host.agent, syncer)  # one long-lived agent
     legacy = host.settings(dedicated=None, shared=None, enabled_mdev_types=(MDEV_TYPE,))
     assert reconciler.apply(compute_desired(legacy, state=store.load_or_empty(LOG))).ok
     root, gpu = host.root, host.uuid_of(f"{host.name}_pci_0000_81_00_0")
@@ -301,25 +352,31 @@ def test_reshape_cycle_on_a_host_with_a_child_costs_consumers_plus_two_and_the_r
     gpu_before = host.scheduler.get(f"/resource_providers/{gpu}/inventories")
 
     host.agent.stats.reset()
-    desired = compute_desired(host.settings(enabled_mdev_types=(MDEV_TYPE,)),
-                              state=store.load_or_empty(LOG))
+    desired = compute_desired(
+        host.settings(enabled_mdev_types=(MDEV_TYPE,)), state=store.load_or_empty(LOG)
+    )
     result = reconciler.apply(desired)
 
     assert result.ok and result.reshape.consumers_moved == len(pinned)
-    assert result.report.requests == 0          # the syncer was told the new inventories
+    assert result.report.requests == 0  # the syncer was told the new inventories
     log = [entry[:2] for entry in host.agent.stats.log]
     # The root's allocations are read again after a VCPU -> PCPU POST (a
     # pinned guest nova's fallback query placed meanwhile moves too).
-    assert sorted(log) == sorted([("GET", f"/resource_providers/{root}/allocations"),
-                                  *[("GET", f"/allocations/{g['uuid']}") for g in pinned],
-                                  ("POST", "/reshaper"),
-                                  ("GET", f"/resource_providers/{root}/allocations")])
+    assert sorted(log) == sorted(
+        [
+            ("GET", f"/resource_providers/{root}/allocations"),
+            *[("GET", f"/allocations/{g['uuid']}") for g in pinned],
+            ("POST", "/reshaper"),
+            ("GET", f"/resource_providers/{root}/allocations"),
+        ]
+    )
     assert host.agent.stats.total == len(pinned) + 2 + 1
     # The GPU child was left out of the body: its inventory and generation are untouched.
     assert host.scheduler.get(f"/resource_providers/{gpu}/inventories") == gpu_before
     assert host.inventories(root)["PCPU"] == 8 and host.inventories(root)["VCPU"] == 8
-    assert all(host.allocations()[g["uuid"]] == {root: {"PCPU": 2, "MEMORY_MB": 1024}}
-               for g in pinned)
+    assert all(
+        host.allocations()[g["uuid"]] == {root: {"PCPU": 2, "MEMORY_MB": 1024}} for g in pinned
+    )
     # The next cycle with nothing changed costs nothing.
     host.agent.stats.reset()
     assert reconciler.apply(desired).ok and host.agent.stats.total == 0

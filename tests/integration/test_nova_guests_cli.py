@@ -22,9 +22,11 @@ pytestmark = pytest.mark.integration
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "nova_guests" / "xml"
 # Cases of the corpus's two-node host: shared 0-1,6-7, dedicated 2-5,8-11.
 SETS = "cpu_dedicated_set = 2-5,8-11\ncpu_shared_set = 0-1,6-7\n"
-GUESTS = {"floating-numa": "two-nodes-smt--shared-numa1",
-          "dedicated": "two-nodes-smt--dedicated",
-          "mixed": "two-nodes-smt--mixed-mask"}
+GUESTS = {
+    "floating-numa": "two-nodes-smt--shared-numa1",
+    "dedicated": "two-nodes-smt--dedicated",
+    "mixed": "two-nodes-smt--mixed-mask",
+}
 
 
 def nova_host(host: Host, cases: dict[str, str]) -> dict[str, str]:
@@ -58,12 +60,12 @@ def test_a_floating_numa_guest_nova_wrote_does_not_refuse_the_cpu_sets(host):
     assert plan.code == 0, plan.stderr
     report = plan.json()
     assert not (report["reshape"] or {}).get("refused")
-    counted = {g["name"]: (g["policy"], g["rule"], g["VCPU"], g["PCPU"])
-               for g in report["guests"]}
+    counted = {g["name"]: (g["policy"], g["rule"], g["VCPU"], g["PCPU"]) for g in report["guests"]}
     assert counted == {
         "floating-numa": ("shared", "flavor extra specs", 2, 0),
         "dedicated": ("dedicated", "flavor extra specs", 0, 4),
-        "mixed": ("mixed", "flavor extra specs", 2, 2)}
+        "mixed": ("mixed", "flavor extra specs", 2, 2),
+    }
     assert not [w for w in report["warnings"] if "floating-numa" in w]
 
     done = once(config, "--output", "json")
@@ -78,9 +80,11 @@ def test_the_audit_expects_what_nova_claims_for_each_guest(host):
     config = write_config(host, SETS)
     assert once(config).code == 0
     root = host.root
-    claims = {"floating-numa": {"VCPU": 2, "MEMORY_MB": 1024},
-              "dedicated": {"PCPU": 4, "MEMORY_MB": 1024},
-              "mixed": {"VCPU": 2, "PCPU": 2, "MEMORY_MB": 1024}}
+    claims = {
+        "floating-numa": {"VCPU": 2, "MEMORY_MB": 1024},
+        "dedicated": {"PCPU": 4, "MEMORY_MB": 1024},
+        "mixed": {"VCPU": 2, "PCPU": 2, "MEMORY_MB": 1024},
+    }
     for name, resources in claims.items():
         allocate(host.scheduler, uuids[name], {root: resources})
     # Twice: a first sighting is pending, not an alarm.
@@ -102,35 +106,54 @@ def test_nova_unit_test_expectations_of_the_pcpu_reshape_hold(host):
     (a), a dedicated one (b), a floating one without NUMA (c) and a
     migration record whose dedicated instance (d) is being moved to another
     host, only b and the migration move from VCPU to PCPU."""
-    cases = {"a": "one-node--shared-numa1", "b": "one-node--dedicated",
-             "c": "one-node--shared", "d": "one-node--dedicated-hugepages"}
+    cases = {
+        "a": "one-node--shared-numa1",
+        "b": "one-node--dedicated",
+        "c": "one-node--shared",
+        "d": "one-node--dedicated-hugepages",
+    }
     uuids = nova_host(host, cases)
-    assert once(write_config(host)).code == 0       # before the upgrade: VCPU only
+    assert once(write_config(host)).code == 0  # before the upgrade: VCPU only
     root = host.root
     migration, elsewhere = str(uuid.uuid4()), str(uuid.uuid4())
     host.scheduler.post("/resource_providers", {"name": f"{host.name}-2", "uuid": elsewhere})
-    host.scheduler.put(f"/resource_providers/{elsewhere}/inventories", {
-        "resource_provider_generation": 0,
-        "inventories": {"VCPU": {"total": 8}, "MEMORY_MB": {"total": 8192}}})
+    host.scheduler.put(
+        f"/resource_providers/{elsewhere}/inventories",
+        {
+            "resource_provider_generation": 0,
+            "inventories": {"VCPU": {"total": 8}, "MEMORY_MB": {"total": 8192}},
+        },
+    )
     vcpus = {"a": 2, "b": 4, "c": 4}
-    claims = {uuids[k]: {root: {"VCPU": n, "MEMORY_MB": 1024, "DISK_GB": 10}}
-              for k, n in vcpus.items()}
+    claims = {
+        uuids[k]: {root: {"VCPU": n, "MEMORY_MB": 1024, "DISK_GB": 10}} for k, n in vcpus.items()
+    }
     claims[migration] = {root: {"VCPU": 2, "MEMORY_MB": 1024, "DISK_GB": 10}}
     claims[uuids["d"]] = {elsewhere: {"VCPU": 2, "MEMORY_MB": 1024}}
     project, user = owner_of(cases["a"])
-    host.scheduler.post("/allocations", {
-        consumer: {"allocations": {rp: {"resources": res} for rp, res in by_rp.items()},
-                   "project_id": project, "user_id": user, "consumer_generation": None}
-        for consumer, by_rp in claims.items()})
+    host.scheduler.post(
+        "/allocations",
+        {
+            consumer: {
+                "allocations": {rp: {"resources": res} for rp, res in by_rp.items()},
+                "project_id": project,
+                "user_id": user,
+                "consumer_generation": None,
+            }
+            for consumer, by_rp in claims.items()
+        },
+    )
 
     assert once(write_config(host, SETS)).code == 0
 
     def held(consumer):
         return host.scheduler.get(f"/allocations/{consumer}")["allocations"]
+
     moved = {k: held(uuids[k])[root]["resources"] for k in ("a", "b", "c")}
-    assert moved == {"a": {"VCPU": 2, "MEMORY_MB": 1024, "DISK_GB": 10},
-                     "b": {"PCPU": 4, "MEMORY_MB": 1024, "DISK_GB": 10},
-                     "c": {"VCPU": 4, "MEMORY_MB": 1024, "DISK_GB": 10}}
-    assert held(migration)[root]["resources"] == {"PCPU": 2, "MEMORY_MB": 1024,
-                                                  "DISK_GB": 10}
+    assert moved == {
+        "a": {"VCPU": 2, "MEMORY_MB": 1024, "DISK_GB": 10},
+        "b": {"PCPU": 4, "MEMORY_MB": 1024, "DISK_GB": 10},
+        "c": {"VCPU": 4, "MEMORY_MB": 1024, "DISK_GB": 10},
+    }
+    assert held(migration)[root]["resources"] == {"PCPU": 2, "MEMORY_MB": 1024, "DISK_GB": 10}
     assert held(uuids["d"])[elsewhere]["resources"] == {"VCPU": 2, "MEMORY_MB": 1024}

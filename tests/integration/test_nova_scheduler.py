@@ -23,13 +23,20 @@ import pytest
 from node_agent.cycle.reconcile import ReshapeRefused
 from node_agent.policy.guest_cpu import classify
 from tests.conformance.bridge import NOVA_VENV, nova_python
-from tests.integration.nova_scheduler import (AgentHost, Cloud, check_host, flavor,
-                                              moved_whole, pinned, pinned_not_on_pcpu)
+from tests.integration.nova_scheduler import (
+    AgentHost,
+    Cloud,
+    check_host,
+    flavor,
+    moved_whole,
+    pinned,
+    pinned_not_on_pcpu,
+)
 from tests.real_parts import skip_or_fail
 
 pytestmark = pytest.mark.integration
 
-DEDICATED, SHARED = "2-7,10-15", "0-1,8-9"   # PCPU 12; VCPU 4 x 4.0 = 16
+DEDICATED, SHARED = "2-7,10-15", "0-1,8-9"  # PCPU 12; VCPU 4 x 4.0 = 16
 PIN2 = pinned("pin.2", 2)
 PIN4 = pinned("pin.4", 4)
 FLOAT2 = flavor("float.2", 2)
@@ -43,8 +50,10 @@ ISOLATE2 = pinned("pin.2.isolate", 2, hw__emulator_threads_policy="isolate")
 def nova_venv_python():
     python = nova_python()
     if python is None:
-        skip_or_fail(f"nova's virtualenv {NOVA_VENV} is not built: nova's scheduler "
-                     "cannot run (make .venv-nova/.installed)")
+        skip_or_fail(
+            f"nova's virtualenv {NOVA_VENV} is not built: nova's scheduler "
+            "cannot run (make .venv-nova/.installed)"
+        )
     return python
 
 
@@ -56,8 +65,7 @@ def cloud(nova_venv_python, placement_server):
 
 
 def new_host(cloud, tmp_path, host_name, suffix="", **config) -> AgentHost:
-    host = cloud.add_host(AgentHost(tmp_path / f"host{suffix}", cloud.url,
-                                    f"{host_name}{suffix}"))
+    host = cloud.add_host(AgentHost(tmp_path / f"host{suffix}", cloud.url, f"{host_name}{suffix}"))
     if config:
         cloud.configure(host, **config)
     outcome, report, _ = host.cycle()
@@ -115,8 +123,9 @@ def sets_around(guests, host) -> tuple[str, str]:
     """cpu_dedicated_set / cpu_shared_set an operator would choose for a
     legacy host: the pinned guests' CPUs stay dedicated, the two lowest
     unpinned CPUs of each node become the shared set."""
-    pinned_cpus = {cpu for g in guests for cpus in g.pins.values() if len(cpus) == 1
-                   for cpu in cpus}
+    pinned_cpus = {
+        cpu for g in guests for cpus in g.pins.values() if len(cpus) == 1 for cpu in cpus
+    }
     shared = []
     for cpus in host.topology.nodes.values():
         shared += [c for c in cpus if c not in pinned_cpus][:2]
@@ -129,7 +138,8 @@ def sets_around(guests, host) -> tuple[str, str]:
 
 @pytest.mark.parametrize("numa_in_placement", [False, True], ids=["flat", "numa"])
 def test_filling_a_host_until_nova_finds_no_candidate_overcommits_nothing(
-        cloud, tmp_path, host_name, numa_in_placement):
+    cloud, tmp_path, host_name, numa_in_placement
+):
     """Pinned, floating and mixed guests until nova's queries (with the
     NUMA filter's fit) find no room: nothing over-committed at any step (on
     the host, and on each NUMA child when they are on), and at the end
@@ -137,16 +147,21 @@ def test_filling_a_host_until_nova_finds_no_candidate_overcommits_nothing(
     a floating one. nova 34 does not ask for NUMA affinity in Placement: its
     single request group may take a guest's CPUs from one child and its
     memory from the other, which is nova's behaviour, not checked here."""
-    host = new_host(cloud, tmp_path, host_name, dedicated=DEDICATED, shared=SHARED,
-                    numa_in_placement=numa_in_placement)
+    host = new_host(
+        cloud,
+        tmp_path,
+        host_name,
+        dedicated=DEDICATED,
+        shared=SHARED,
+        numa_in_placement=numa_in_placement,
+    )
     if numa_in_placement:
         assert len(cloud.tree_of(host)) == 1 + len(host.topology.nodes)
     booted = fill(cloud, host, [PIN2, FLOAT2, MIXED3, ISOLATE2])
     assert booted
     # nova asked Placement for PCPU first, then the fallback VCPU query.
     pinned_queries = [q for q in cloud.queries if len(q) == 2]
-    assert pinned_queries and all("PCPU" in q[0] and "PCPU" not in q[1]
-                                  for q in pinned_queries)
+    assert pinned_queries and all("PCPU" in q[0] and "PCPU" not in q[1] for q in pinned_queries)
     outcome, report, desired = host.cycle()
     assert ok(outcome, report)
     assert check_host(cloud, host) == []
@@ -157,8 +172,12 @@ def test_filling_a_host_until_nova_finds_no_candidate_overcommits_nothing(
     for guest in booted:
         held = cloud.pcpu_held(host, guest.uuid, allocations)
         cpu = seen[guest.uuid]
-        assert (cpu.vcpu, cpu.pcpu) == (held.get("VCPU", 0), held.get("PCPU", 0)), \
-            (guest.name, guest.flavor, cpu.describe(), held)
+        assert (cpu.vcpu, cpu.pcpu) == (held.get("VCPU", 0), held.get("PCPU", 0)), (
+            guest.name,
+            guest.flavor,
+            cpu.describe(),
+            held,
+        )
     truth, usage = host.truth(), cloud.usage(host)["total"]
     assert usage["PCPU"][0] <= truth.capacity["PCPU"]
     assert usage["VCPU"][0] <= truth.capacity["VCPU"]
@@ -187,7 +206,8 @@ def _cut(cloud, host, fill_with, probe, **cut):
     assert guest is None, (
         f"nova claimed {probe['name']} on {host.name} after the cut {cut}: Placement "
         f"still offers the old capacity {cloud.usage(host)['total']} "
-        f"(ground truth {host.truth().capacity})")
+        f"(ground truth {host.truth().capacity})"
+    )
     assert check_host(cloud, host, over=used_before) == []
 
 
@@ -197,8 +217,7 @@ def test_cpu_allocation_ratio_cut_below_usage_stops_new_claims(cloud, tmp_path, 
     _cut(cloud, host, [FLOAT2] * 6, FLOAT2, cpu_allocation_ratio=2.0)
 
 
-def test_reserved_host_memory_raised_above_free_memory_stops_new_claims(
-        cloud, tmp_path, host_name):
+def test_reserved_host_memory_raised_above_free_memory_stops_new_claims(cloud, tmp_path, host_name):
     """Guests hold most of the host's memory; reserved_host_memory_mb is
     raised so the memory left for guests is 1 GiB below what they hold."""
     host = new_host(cloud, tmp_path, host_name, dedicated=DEDICATED, shared=SHARED)
@@ -206,8 +225,13 @@ def test_reserved_host_memory_raised_above_free_memory_stops_new_claims(
     big = flavor("mem.big", 1, memory_mb=capacity // 4)
     used = 3 * (capacity // 4)
     reserved = host.config.reserved_host_memory_mb + (capacity - used) + 1024
-    _cut(cloud, host, [big] * 3, flavor("mem.small", 1, memory_mb=512),
-         reserved_host_memory_mb=reserved)
+    _cut(
+        cloud,
+        host,
+        [big] * 3,
+        flavor("mem.small", 1, memory_mb=512),
+        reserved_host_memory_mb=reserved,
+    )
 
 
 def test_cpu_shared_set_cut_below_usage_stops_new_claims(cloud, tmp_path, host_name):
@@ -219,8 +243,7 @@ def test_cpu_shared_set_cut_below_usage_stops_new_claims(cloud, tmp_path, host_n
 # ---------------------------------------------------------------- scenario 3
 
 
-def test_pinned_guest_booted_during_the_pcpu_reshape_ends_on_pcpu(
-        cloud, tmp_path, host_name):
+def test_pinned_guest_booted_during_the_pcpu_reshape_ends_on_pcpu(cloud, tmp_path, host_name):
     """A legacy host (no CPU sets): nova's fallback query puts pinned
     guests on VCPU. The operator sets cpu_dedicated_set/cpu_shared_set and
     the agent reshapes; between the agent's reads and its POST nova boots
@@ -230,7 +253,7 @@ def test_pinned_guest_booted_during_the_pcpu_reshape_ends_on_pcpu(
     host = new_host(cloud, tmp_path, host_name)
     legacy = [boot_checked(cloud, fl, on=[host]) for fl in (PIN2, PIN2, FLOAT2)]
     for guest in legacy[:2]:
-        assert cloud.pcpu_held(host, guest.uuid).get("VCPU") == 2   # the fallback's
+        assert cloud.pcpu_held(host, guest.uuid).get("VCPU") == 2  # the fallback's
     dedicated, shared = sets_around(legacy, host)
     cloud.configure(host, dedicated=dedicated, shared=shared)
     before = cloud.allocations()
@@ -244,12 +267,14 @@ def test_pinned_guest_booted_during_the_pcpu_reshape_ends_on_pcpu(
     outcome, report, _ = host.cycle(before_post=nova_boots_a_pinned_guest)
     assert during and during[0] is not None, "nova found no room during the reshape"
     late = during[0]
-    assert cloud.last_candidates and not any(first for _h, first in cloud.last_candidates), \
+    assert cloud.last_candidates and not any(first for _h, first in cloud.last_candidates), (
         "the late guest was not placed by nova's fallback VCPU query"
+    )
     assert moved_whole(before, cloud.allocations(), skip={late.uuid}) == []
     if ok(outcome, report):
-        assert pinned_not_on_pcpu(cloud, host) == [], \
+        assert pinned_not_on_pcpu(cloud, host) == [], (
             "the cycle reported success with a pinned guest left on VCPU"
+        )
     else:
         outcome, report, _ = host.cycle()
         assert ok(outcome, report), (outcome, report.errors)
@@ -288,19 +313,22 @@ def _resize_in_flight_during_reshape(cloud, tmp_path, host_name):
 
 
 def test_resize_in_flight_during_the_reshape_then_confirm_never_double_books_pcpu(
-        cloud, tmp_path, host_name):
+    cloud, tmp_path, host_name
+):
     source, dest, guest = _resize_in_flight_during_reshape(cloud, tmp_path, host_name)
     cloud.confirm(guest)
     for host in (source, dest):
         assert check_host(cloud, host) == []
     fill(cloud, source, [PIN2])
     assert check_host(cloud, source) == []
-    assert first_query_candidates(cloud, PIN2, source) == 0, \
+    assert first_query_candidates(cloud, PIN2, source) == 0, (
         "Placement still offers PCPU the source's pinned guests hold"
+    )
 
 
 def test_resize_in_flight_during_the_reshape_then_revert_succeeds_without_double_booking(
-        cloud, tmp_path, host_name):
+    cloud, tmp_path, host_name
+):
     source, dest, guest = _resize_in_flight_during_reshape(cloud, tmp_path, host_name)
     assert cloud.revert(guest) is True, "move_allocations back to the instance failed"
     assert guest.host == source.name
@@ -312,12 +340,14 @@ def test_resize_in_flight_during_the_reshape_then_revert_succeeds_without_double
         assert pinned_not_on_pcpu(cloud, host) == []
     fill(cloud, source, [PIN2])
     assert check_host(cloud, source) == []
-    assert first_query_candidates(cloud, PIN2, source) == 0, \
+    assert first_query_candidates(cloud, PIN2, source) == 0, (
         "Placement still offers PCPU the source's pinned guests hold"
+    )
 
 
 def test_resize_started_between_the_reshapes_reads_and_its_post_leaves_no_pinned_vcpu(
-        cloud, tmp_path, host_name):
+    cloud, tmp_path, host_name
+):
     """The source's reshape reads a pinned guest holding VCPU; before its
     POST nova's conductor moves those allocations to a migration uuid and
     claims the new flavor on another host. After that cycle (or the next,
@@ -341,8 +371,9 @@ def test_resize_started_between_the_reshapes_reads_and_its_post_leaves_no_pinned
     if not ok(outcome, report):
         outcome, report, _ = source.cycle()
         assert ok(outcome, report), (outcome, report.errors)
-    assert pinned_not_on_pcpu(cloud, source) == [], \
+    assert pinned_not_on_pcpu(cloud, source) == [], (
         "the source's migration record kept VCPU for a pinned guest"
+    )
     assert check_host(cloud, source) == []
     cloud.confirm(guest)
     assert check_host(cloud, source) == []

@@ -33,22 +33,27 @@ def placement_view(placement, host: str) -> dict:
         view[rp["name"].replace(host, "HOST", 1)] = {
             "parent": parent["name"].replace(host, "HOST", 1) if parent else None,
             "inventories": placement.inventories(rp["uuid"])["inventories"],
-            "traits": sorted(t for t in placement.traits(rp["uuid"])["traits"]
-                             if not t.startswith(MARK_PREFIX))}
+            "traits": sorted(
+                t for t in placement.traits(rp["uuid"])["traits"] if not t.startswith(MARK_PREFIX)
+            ),
+        }
     return view
 
 
 def once(config, host: str) -> dict:
     """``node-agent --once --output json``: its report, names relative to the
     host and without uuids (each host has its own)."""
-    run = subprocess.run([str(AGENT), "--once", "--output", "json", "--config-file",
-                          str(config)], capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [str(AGENT), "--once", "--output", "json", "--config-file", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr
     report = json.loads(run.stdout.replace(host, "HOST"))
     for provider in report["providers"]:
         provider.pop("uuid", None)
-    return {key: report[key] for key in ("providers", "reshape", "errors", "warnings",
-                                         "guests")}
+    return {key: report[key] for key in ("providers", "reshape", "errors", "warnings", "guests")}
 
 
 def split(agent: AgentProcess) -> None:
@@ -56,7 +61,8 @@ def split(agent: AgentProcess) -> None:
 
 
 def test_once_the_service_and_the_applier_leave_the_same_tree_and_report(
-        bus, tmp_path, placement, host_name):
+    bus, tmp_path, placement, host_name
+):
     direct = AgentProcess(tmp_path / "once", placement.endpoint, f"{host_name}-once")
     split(direct)
     direct_report = once(direct.config, direct.host)

@@ -31,7 +31,7 @@ from tests.integration.reshape_bench import HOST_CPUS, tree
 from tests.integration.reshape_driver import allocate
 
 TIMEOUT = 2.0  # [placement] timeout of the agent's client
-GUESTS = 24    # at the old one-timeout-per-read, about 20 x TIMEOUT
+GUESTS = 24  # at the old one-timeout-per-read, about 20 x TIMEOUT
 
 
 class _FaultOnConsumerRead(PlacementClient):
@@ -53,13 +53,23 @@ def _legacy_host(url: str, n: int):
     root, name = str(uuid.uuid4()), f"faults-{n}"
     for provider in tree(name, root, n, True, []).providers:
         scheduler.post("/resource_providers", {"name": provider.name, "uuid": provider.uuid})
-        scheduler.put(f"/resource_providers/{provider.uuid}/inventories", {
-            "resource_provider_generation": 0,
-            "inventories": {rc: inv.as_placement() for rc, inv in provider.inventories.items()}})
+        scheduler.put(
+            f"/resource_providers/{provider.uuid}/inventories",
+            {
+                "resource_provider_generation": 0,
+                "inventories": {rc: inv.as_placement() for rc, inv in provider.inventories.items()},
+            },
+        )
     guests = []
     for i in range(n):
-        guest = Guest(uuid=str(uuid.uuid4()), name=f"guest-{i}", vcpus=1, running=True,
-                      memory_kb=256 * 1024, vcpupin=((0, CpuSet([i % (HOST_CPUS // 2)])),))
+        guest = Guest(
+            uuid=str(uuid.uuid4()),
+            name=f"guest-{i}",
+            vcpus=1,
+            running=True,
+            memory_kb=256 * 1024,
+            vcpupin=((0, CpuSet([i % (HOST_CPUS // 2)])),),
+        )
         guests.append(guest)
         allocate(scheduler, guest.uuid, {root: {"VCPU": 1, "MEMORY_MB": 256}})
     rule = pinned_to_pcpu(guests, root, CpuSet(range(HOST_CPUS // 2)))
@@ -80,7 +90,8 @@ def test_frozen_placement_ends_the_reshape_reads_within_two_timeouts(fresh_place
     pid = fresh_placement_server.proc.pid
     try:
         elapsed, error, agent = _reshape_against_fault(
-            fresh_placement_server, lambda: os.kill(pid, signal.SIGSTOP))
+            fresh_placement_server, lambda: os.kill(pid, signal.SIGSTOP)
+        )
     finally:
         os.kill(pid, signal.SIGCONT)
     assert elapsed < 2 * TIMEOUT, (elapsed, agent.stats.log[-10:])
@@ -93,7 +104,8 @@ def test_frozen_placement_ends_the_reshape_reads_within_two_timeouts(fresh_place
 
 def test_killed_placement_ends_the_reshape_reads_within_two_timeouts(fresh_placement_server):
     elapsed, error, agent = _reshape_against_fault(
-        fresh_placement_server, fresh_placement_server.kill)
+        fresh_placement_server, fresh_placement_server.kill
+    )
     assert elapsed < 2 * TIMEOUT, (elapsed, agent.stats.log[-10:])
     assert error.exit_code == 75
     assert "connection refused" in str(error)
@@ -104,6 +116,7 @@ def test_killed_placement_ends_the_reshape_reads_within_two_timeouts(fresh_place
 def _slow_placement(delay: float):
     """A server that answers every read as Placement would (an empty
     provider's inventories), each after ``delay`` seconds: alive, but slow."""
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self):
             time.sleep(delay)
@@ -129,7 +142,8 @@ def test_a_phase_of_slow_reads_ends_at_its_deadline_not_after_every_read():
     server = _slow_placement(0.7)
     try:
         agent = PlacementClient.for_endpoint(
-            f"http://127.0.0.1:{server.server_address[1]}", timeout=TIMEOUT)
+            f"http://127.0.0.1:{server.server_address[1]}", timeout=TIMEOUT
+        )
 
         def phase():
             with agent.deadline("the tree sync", 1.0):

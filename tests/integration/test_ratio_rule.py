@@ -9,16 +9,23 @@ because operators manage ratios through the API.
 import pytest
 
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
-from tests.integration.test_sync import (FakeClock, client, inventories,  # noqa: F401
-                                         other, store, synced)
+from tests.integration.test_sync import FakeClock, client, inventories, other, store, synced  # noqa: F401
 
 pytestmark = pytest.mark.integration
 
 
 def tree(host, ratio, keep):
-    return ProviderTree((Provider(host, inventories={
-        "VCPU": Inventory(16, allocation_ratio=ratio, keep_placement_ratio=keep),
-        "MEMORY_MB": Inventory(4096, reserved=512)}),))
+    return ProviderTree(
+        (
+            Provider(
+                host,
+                inventories={
+                    "VCPU": Inventory(16, allocation_ratio=ratio, keep_placement_ratio=keep),
+                    "MEMORY_MB": Inventory(4096, reserved=512),
+                },
+            ),
+        )
+    )
 
 
 def operator_sets_ratio(other, rp_uuid, ratio):
@@ -30,8 +37,9 @@ def operator_sets_ratio(other, rp_uuid, ratio):
 def registered_then_operator_sets_16(client, other, store, host_name, ratio, keep):
     """Sync once, let the operator set VCPU's ratio to 16.0: (syncer, root uuid)."""
     clock = FakeClock()
-    syncer = synced(client, store, tree(host_name, ratio, keep=keep),
-                    full_verify_interval=0, clock=clock)
+    syncer = synced(
+        client, store, tree(host_name, ratio, keep=keep), full_verify_interval=0, clock=clock
+    )
     root = store.load()["root_uuid"]
     assert inventories(other, root)["VCPU"]["allocation_ratio"] == ratio
     operator_sets_ratio(other, root, 16.0)
@@ -40,9 +48,9 @@ def registered_then_operator_sets_16(client, other, store, host_name, ratio, kee
 
 
 def test_initial_ratio_applies_to_a_new_class_then_the_operators_ratio_is_kept(
-        client, other, store, host_name):
-    syncer, root = registered_then_operator_sets_16(client, other, store, host_name,
-                                                    4.0, keep=True)
+    client, other, store, host_name
+):
+    syncer, root = registered_then_operator_sets_16(client, other, store, host_name, 4.0, keep=True)
     report = syncer.sync(tree(host_name, 4.0, keep=True))
 
     assert report.ok and report.full_verify, report.errors
@@ -50,10 +58,10 @@ def test_initial_ratio_applies_to_a_new_class_then_the_operators_ratio_is_kept(
     assert client.stats.writes == 0
 
 
-def test_explicit_ratio_overrides_the_operators_ratio_every_cycle(
-        client, other, store, host_name):
-    syncer, root = registered_then_operator_sets_16(client, other, store, host_name,
-                                                    2.0, keep=False)
+def test_explicit_ratio_overrides_the_operators_ratio_every_cycle(client, other, store, host_name):
+    syncer, root = registered_then_operator_sets_16(
+        client, other, store, host_name, 2.0, keep=False
+    )
     report = syncer.sync(tree(host_name, 2.0, keep=False))
 
     assert report.ok, report.errors
@@ -61,11 +69,18 @@ def test_explicit_ratio_overrides_the_operators_ratio_every_cycle(
 
 
 def test_a_total_change_keeps_the_operators_ratio(client, other, store, host_name):
-    syncer, root = registered_then_operator_sets_16(client, other, store, host_name,
-                                                    4.0, keep=True)
-    grown = ProviderTree((Provider(host_name, inventories={
-        "VCPU": Inventory(24, allocation_ratio=4.0, keep_placement_ratio=True),
-        "MEMORY_MB": Inventory(4096, reserved=512)}),))
+    syncer, root = registered_then_operator_sets_16(client, other, store, host_name, 4.0, keep=True)
+    grown = ProviderTree(
+        (
+            Provider(
+                host_name,
+                inventories={
+                    "VCPU": Inventory(24, allocation_ratio=4.0, keep_placement_ratio=True),
+                    "MEMORY_MB": Inventory(4096, reserved=512),
+                },
+            ),
+        )
+    )
     report = syncer.sync(grown)
 
     assert report.ok, report.errors
@@ -73,8 +88,9 @@ def test_a_total_change_keeps_the_operators_ratio(client, other, store, host_nam
     assert (vcpu["total"], vcpu["allocation_ratio"]) == (24, 16.0)
 
 
-def test_dry_run_shows_the_ratio_placement_holds_where_nova_keeps_it(placement_server,
-                                                                     host_name, tmp_path):
+def test_dry_run_shows_the_ratio_placement_holds_where_nova_keeps_it(
+    placement_server, host_name, tmp_path
+):
     """No ratio in the config: the tree a dry run shows is what would be
     published, the operator's ratio and not the initial one."""
     from tests.integration.reshape_driver import Host

@@ -23,20 +23,25 @@ from typing import Optional
 import os_traits as ot
 import pytest
 
-from node_agent.host.capabilities import parse_capabilities
-from node_agent.tree.cpu_traits import feature_traits
-from node_agent.model.cpuset import CpuSet, parse_cpulist
 from node_agent.cycle.desired import compute_desired
-from node_agent.service.daemon import Agent, load
+from node_agent.host.capabilities import parse_capabilities
 from node_agent.host.discover import discover
 from node_agent.host.hypervisor import Hypervisor
+from node_agent.model.cpuset import CpuSet, parse_cpulist
 from node_agent.placement.client import PlacementClient
+from node_agent.service.daemon import Agent, load
 from node_agent.service.loop import Service
+from node_agent.tree.cpu_traits import feature_traits
 from tests.integration.libvirtd import guest_xml
+from tests.integration.reshape_driver import (
+    agent_cycle,
+    allocate,
+    cpu_view,
+    expected_after_reshape,
+    make_settings,
+    reshaper_posts,
+)
 from tests.machine_id import isolated_config
-from tests.integration.reshape_driver import (agent_cycle, allocate, cpu_view,
-                                              expected_after_reshape, make_settings,
-                                              reshaper_posts)
 
 pytestmark = pytest.mark.integration
 
@@ -76,15 +81,20 @@ class Guests:
         self.huge = str(uuid.uuid4())
         self.restore_hugepages = _reserve_hugepages(HUGE_KIB)
         self.huge_skipped = daemon.hugepage_reason(HUGE_KIB)
-        daemon.start_guest(guest_xml(
-            "pinned", self.pinned, pins={0: str(PINNED_CPU)},
-            numa_nodeset="0" if NUMA_NODE0 else None,
-            nova={"flavor": "m1.pinned", "memory_mb": 64}))
-        daemon.start_guest(guest_xml(
-            "floating", self.floating, nova={"flavor": "m1.tiny", "memory_mb": 64}))
+        daemon.start_guest(
+            guest_xml(
+                "pinned",
+                self.pinned,
+                pins={0: str(PINNED_CPU)},
+                numa_nodeset="0" if NUMA_NODE0 else None,
+                nova={"flavor": "m1.pinned", "memory_mb": 64},
+            )
+        )
+        daemon.start_guest(
+            guest_xml("floating", self.floating, nova={"flavor": "m1.tiny", "memory_mb": 64})
+        )
         if not self.huge_skipped:
-            daemon.start_guest(guest_xml("huge", self.huge, memory_kib=HUGE_KIB,
-                                         hugepages=True))
+            daemon.start_guest(guest_xml("huge", self.huge, memory_kib=HUGE_KIB, hugepages=True))
 
     def destroy(self):
         for guest in (self.pinned, self.floating, self.huge):
@@ -104,8 +114,9 @@ def guests(libvirtd):
 
 
 def settings_for(libvirtd, tmp_path, host="real-libvirtd", **kw):
-    return make_settings(host, "/sys", libvirtd.ro_uri, str(tmp_path / "state"),
-                         str(tmp_path), **kw)
+    return make_settings(
+        host, "/sys", libvirtd.ro_uri, str(tmp_path / "state"), str(tmp_path), **kw
+    )
 
 
 def read_host(libvirtd, tmp_path):
@@ -115,8 +126,8 @@ def read_host(libvirtd, tmp_path):
 
 # ---------------------------------------------------------------- discovery
 
-def test_real_host_cpu_is_expanded_through_baseline_cpu_into_feature_traits(
-        libvirtd, tmp_path):
+
+def test_real_host_cpu_is_expanded_through_baseline_cpu_into_feature_traits(libvirtd, tmp_path):
     with Hypervisor(libvirtd.ro_uri) as hypervisor:
         caps = parse_capabilities(hypervisor.capabilities_xml())
     host = read_host(libvirtd, tmp_path)
@@ -132,16 +143,19 @@ def test_real_host_cpu_is_expanded_through_baseline_cpu_into_feature_traits(
     assert traits <= set(desired.tree.providers[0].traits)
 
 
-def test_guests_are_read_live_with_pins_numatune_and_nova_metadata(libvirtd, guests,
-                                                                   tmp_path):
+def test_guests_are_read_live_with_pins_numatune_and_nova_metadata(libvirtd, guests, tmp_path):
     by_uuid = {g.uuid: g for g in read_host(libvirtd, tmp_path).guests}
 
     pinned, floating = by_uuid[guests.pinned], by_uuid[guests.floating]
     assert pinned.running and floating.running
     assert dict(pinned.vcpupin) == {0: CpuSet([PINNED_CPU])}
     assert pinned.numa_nodes == (frozenset({0}) if NUMA_NODE0 else frozenset())
-    assert dict(pinned.metadata) == {"nova:name": "pinned", "flavor:name": "m1.pinned",
-                                     "flavor:memory": "64", "flavor:vcpus": "1"}
+    assert dict(pinned.metadata) == {
+        "nova:name": "pinned",
+        "flavor:name": "m1.pinned",
+        "flavor:memory": "64",
+        "flavor:vcpus": "1",
+    }
     assert dict(floating.metadata)["flavor:name"] == "m1.tiny"
     assert floating.vcpupin == ()
     assert floating.memory_kb == 65536
@@ -161,14 +175,18 @@ def test_real_host_numa_cells_agree_with_sysfs_without_a_warning(libvirtd, tmp_p
 
 # ---------------------------------------------------------------- reshape
 
+
 def held_on(client, root: str, consumers) -> dict:
     """consumer -> {root: resources} as Placement holds them."""
-    return {c: {root: client.get(f"/allocations/{c}")["allocations"][root]["resources"]}
-            for c in consumers}
+    return {
+        c: {root: client.get(f"/allocations/{c}")["allocations"][root]["resources"]}
+        for c in consumers
+    }
 
 
 def test_dedicated_set_reshapes_the_running_pinned_guest_to_pcpu(
-        libvirtd, guests, placement_server, host_name, tmp_path):
+    libvirtd, guests, placement_server, host_name, tmp_path
+):
     if len(ONLINE) < 2:
         pytest.skip(f"one online CPU ({ONLINE}): no room for a dedicated and a shared set")
     shared = ",".join(str(c) for c in ONLINE if c != PINNED_CPU)
@@ -182,8 +200,7 @@ def test_dedicated_set_reshapes_the_running_pinned_guest_to_pcpu(
         allocate(scheduler, guest, {root: {"VCPU": 1, "MEMORY_MB": 64}})
     before = held_on(scheduler, root, (guests.pinned, guests.floating))
 
-    pinned = settings_for(libvirtd, tmp_path, host_name, dedicated=str(PINNED_CPU),
-                          shared=shared)
+    pinned = settings_for(libvirtd, tmp_path, host_name, dedicated=str(PINNED_CPU), shared=shared)
     outcome, report, _ = agent_cycle(agent, pinned)
 
     assert report.ok and outcome.reshaped
@@ -200,6 +217,7 @@ def test_dedicated_set_reshapes_the_running_pinned_guest_to_pcpu(
 
 # ---------------------------------------------------------------- the service
 
+
 class Notes:
     """Stands in for systemd: keeps every sd_notify line."""
 
@@ -210,7 +228,7 @@ class Notes:
         self.lines.append(state)
 
     def statuses(self) -> list[str]:
-        return [line[len("STATUS="):] for line in self.lines if line.startswith("STATUS=")]
+        return [line[len("STATUS=") :] for line in self.lines if line.startswith("STATUS=")]
 
 
 class RunningService:
@@ -219,19 +237,26 @@ class RunningService:
     def __init__(self, tmp_path, libvirtd, placement_url, host, interval=3600):
         config = tmp_path / "node-agent.conf"
         config.write_text(
-            isolated_config(tmp_path) +
-            f"[DEFAULT]\nhost = {host}\n[agent]\nstate_path = {tmp_path / 'state'}\n"
+            isolated_config(tmp_path)
+            + f"[DEFAULT]\nhost = {host}\n[agent]\nstate_path = {tmp_path / 'state'}\n"
             f"[libvirt]\nconnection_uri = {libvirtd.ro_uri}\n"
             f"[compute]\ninstances_path = {tmp_path}\n"
             f"[agent]\nreport_interval = {interval}\nstartup_splay = 0\n"
             "retry_max_interval = 8\n"
             "[placement]\nauth_type = admin_token\ntoken = admin\n"
-            f"endpoint_override = {placement_url}\n")
+            f"endpoint_override = {placement_url}\n"
+        )
         args = ["--config-file", str(config)]
         self.agent = Agent()
         self.notes = Notes()
-        self.service = Service(self.agent, lambda: load(args), load(args),
-                               notifier=self.notes, tick=0.05, rand=lambda: 0.999)
+        self.service = Service(
+            self.agent,
+            lambda: load(args),
+            load(args),
+            notifier=self.notes,
+            tick=0.05,
+            rand=lambda: 0.999,
+        )
         self.thread = threading.Thread(target=self.service.run, daemon=True)
         self.client = PlacementClient.for_endpoint(placement_url)
         self.host = host
@@ -253,12 +278,12 @@ class RunningService:
 
     def inventories(self) -> dict:
         root = self.client.get(f"/resource_providers?name={self.host}")["resource_providers"]
-        return self.client.get(f"/resource_providers/{root[0]['uuid']}/inventories")[
-            "inventories"]
+        return self.client.get(f"/resource_providers/{root[0]['uuid']}/inventories")["inventories"]
 
 
 def test_a_guest_started_and_one_destroyed_between_cycles_are_both_seen(
-        libvirtd, guests, placement_server, host_name, tmp_path):
+    libvirtd, guests, placement_server, host_name, tmp_path
+):
     leaving, arriving = str(uuid.uuid4()), str(uuid.uuid4())
     libvirtd.start_guest(guest_xml("leaving", leaving))
     with RunningService(tmp_path, libvirtd, placement_server.url, host_name) as running:
@@ -275,8 +300,9 @@ def test_a_guest_started_and_one_destroyed_between_cycles_are_both_seen(
     libvirtd.destroy_guest(arriving)
 
 
-def test_service_reconnects_after_libvirtd_restarts(libvirtd, guests, placement_server,
-                                                    host_name, tmp_path, caplog):
+def test_service_reconnects_after_libvirtd_restarts(
+    libvirtd, guests, placement_server, host_name, tmp_path, caplog
+):
     with RunningService(tmp_path, libvirtd, placement_server.url, host_name) as running:
         running.cycle()
         assert guests.pinned in running.guests()
@@ -292,10 +318,10 @@ def test_service_reconnects_after_libvirtd_restarts(libvirtd, guests, placement_
 
 
 def test_libvirtd_stopped_keeps_inventory_backs_off_and_says_so_once(
-        libvirtd, guests, placement_server, host_name, tmp_path, caplog):
+    libvirtd, guests, placement_server, host_name, tmp_path, caplog
+):
     caplog.set_level(logging.INFO, logger="node_agent")
-    with RunningService(tmp_path, libvirtd, placement_server.url, host_name,
-                        interval=1) as running:
+    with RunningService(tmp_path, libvirtd, placement_server.url, host_name, interval=1) as running:
         running.cycle()
         before = running.inventories()
         try:
@@ -329,6 +355,7 @@ def wait_for(predicate, timeout):
 
 # ---------------------------------------------------------------- make run
 
+
 def test_make_run_uses_a_libvirtd_that_answers_and_says_so(libvirtd):
     from devenv.demo import libvirt_uri
 
@@ -348,13 +375,14 @@ def test_make_run_falls_back_to_sysfs_alone_when_no_libvirtd_answers(tmp_path):
 
 # ---------------------------------------------------------------- static traits
 
+
 def test_domain_capabilities_traits_reach_placement_only_with_the_read_write_option(
-        libvirtd, placement_server, host_name, tmp_path, caplog):
+    libvirtd, placement_server, host_name, tmp_path, caplog
+):
     import dataclasses
 
     client = PlacementClient.for_endpoint(placement_server.url)
-    read_only = dataclasses.replace(settings_for(libvirtd, tmp_path, host_name),
-                                    virt_type="qemu")
+    read_only = dataclasses.replace(settings_for(libvirtd, tmp_path, host_name), virt_type="qemu")
     with caplog.at_level(logging.INFO, logger="node_agent.host.discover"):
         _outcome, report, _ = agent_cycle(client, read_only)
     assert report.ok
@@ -363,16 +391,21 @@ def test_domain_capabilities_traits_reach_placement_only_with_the_read_write_opt
     assert ot.COMPUTE_NET_VIRTIO_PACKED in traits
     assert not {t for t in traits if t.startswith(("COMPUTE_STORAGE_BUS_", "COMPUTE_ARCH_"))}
     from node_agent.host import warn_once
+
     # said once per process (an earlier test may have said it first)
     assert any("domain_capabilities is off" in line for line in warn_once._LOGGED)
 
-    read_write = dataclasses.replace(read_only, libvirt_uri=libvirtd.rw_uri,
-                                     domain_capabilities=True)
+    read_write = dataclasses.replace(
+        read_only, libvirt_uri=libvirtd.rw_uri, domain_capabilities=True
+    )
     _outcome, report, _ = agent_cycle(client, read_write)
     assert report.ok
     traits = set(client.get(f"/resource_providers/{root['uuid']}/traits")["traits"])
-    native = {"x86_64": ot.COMPUTE_ARCH_X86_64, "aarch64": ot.COMPUTE_ARCH_AARCH64,
-              "s390x": ot.COMPUTE_ARCH_S390X}.get(platform.machine())
+    native = {
+        "x86_64": ot.COMPUTE_ARCH_X86_64,
+        "aarch64": ot.COMPUTE_ARCH_AARCH64,
+        "s390x": ot.COMPUTE_ARCH_S390X,
+    }.get(platform.machine())
     assert {ot.COMPUTE_STORAGE_BUS_VIRTIO, ot.COMPUTE_GRAPHICS_MODEL_NONE} <= traits
     if native:
         assert native in traits
@@ -399,7 +432,8 @@ def _custom_models(libvirtd) -> dict[str, list[str]]:
 
 
 def test_custom_cpu_model_kvm_cannot_run_here_is_refused_and_a_usable_one_decides_traits(
-        libvirtd, tmp_path):
+    libvirtd, tmp_path
+):
     import dataclasses
 
     from node_agent.errors import ConfigError
@@ -407,23 +441,30 @@ def test_custom_cpu_model_kvm_cannot_run_here_is_refused_and_a_usable_one_decide
     models = _custom_models(libvirtd)
     if not models["yes"] or not models["no"]:
         pytest.skip(f"need usable and unusable custom models, libvirt lists {models}")
-    base = dataclasses.replace(settings_for(libvirtd, tmp_path), libvirt_uri=libvirtd.rw_uri,
-                               domain_capabilities=True, virt_type="kvm",
-                               cpu_mode="custom")
+    base = dataclasses.replace(
+        settings_for(libvirtd, tmp_path),
+        libvirt_uri=libvirtd.rw_uri,
+        domain_capabilities=True,
+        virt_type="kvm",
+        cpu_mode="custom",
+    )
     with pytest.raises(ConfigError, match="compareHypervisorCPU"):
         compute_desired(dataclasses.replace(base, cpu_models=(models["no"][-1],)))
 
     usable = "qemu64" if "qemu64" in models["yes"] else models["yes"][0]
     desired = compute_desired(dataclasses.replace(base, cpu_models=(usable,)))
-    (name, features), = desired.host.guest_cpu_models
+    ((name, features),) = desired.host.guest_cpu_models
     assert name == usable
     host_cpu = desired.host.cpu_model
 
     def present(cpu):
         return {t for t, on in feature_traits(cpu).items() if on}
 
-    root = {t for t, on in desired.tree.providers[0].traits.items()
-            if on and t.startswith("HW_CPU_X86_")}
+    root = {
+        t
+        for t, on in desired.tree.providers[0].traits.items()
+        if on and t.startswith("HW_CPU_X86_")
+    }
     if host_cpu.arch == "x86_64":
         model_traits = present(dataclasses.replace(host_cpu, features=features))
         assert root == model_traits  # the model's, not the host's
@@ -432,8 +473,10 @@ def test_custom_cpu_model_kvm_cannot_run_here_is_refused_and_a_usable_one_decide
 
 # ---------------------------------------------------------------- companion mode
 
+
 def test_companion_on_a_nova_host_audits_real_guests_and_previews_the_reshape_read_only(
-        libvirtd, guests, placement_server, host_name, tmp_path):
+    libvirtd, guests, placement_server, host_name, tmp_path
+):
     """nova-compute owns the provider (the test plays it); the running QEMU
     guests are what the audit and the restart preview see."""
     from tests.cli.runner import run_agent
@@ -445,46 +488,54 @@ def test_companion_on_a_nova_host_audits_real_guests_and_previews_the_reshape_re
     desired = compute_desired(settings_for(libvirtd, tmp_path, host_name))
     root = str(uuid.uuid4())
     nova.post("/resource_providers", {"name": host_name, "uuid": root})
-    nova.put(f"/resource_providers/{root}/inventories", {
-        "resource_provider_generation": 0,
-        "inventories": {rc: inv.as_placement()
-                        for rc, inv in desired.tree.root.inventories.items()}})
-    nova.put(f"/resource_providers/{root}/traits", {
-        "resource_provider_generation": 1,
-        "traits": sorted(desired.tree.root.wanted_traits | {"OWNER_NOVA"})})
+    nova.put(
+        f"/resource_providers/{root}/inventories",
+        {
+            "resource_provider_generation": 0,
+            "inventories": {
+                rc: inv.as_placement() for rc, inv in desired.tree.root.inventories.items()
+            },
+        },
+    )
+    nova.put(
+        f"/resource_providers/{root}/traits",
+        {
+            "resource_provider_generation": 1,
+            "traits": sorted(desired.tree.root.wanted_traits | {"OWNER_NOVA"}),
+        },
+    )
     orphan = str(uuid.uuid4())  # an instance deleted while the host was down
-    for consumer in (guests.pinned, orphan):   # the floating guest has none
+    for consumer in (guests.pinned, orphan):  # the floating guest has none
         allocate(nova, consumer, {root: {"VCPU": 1, "MEMORY_MB": 64}})
     before = {c: nova.get(f"/allocations/{c}") for c in (guests.pinned, orphan)}
     shared = ",".join(str(c) for c in ONLINE if c != PINNED_CPU)
     config = tmp_path / "node-agent.conf"
     config.write_text(
-        isolated_config(tmp_path) +
-        f"[DEFAULT]\nhost = {host_name}\n"
+        isolated_config(tmp_path) + f"[DEFAULT]\nhost = {host_name}\n"
         f"[agent]\nmode = companion\nstate_path = {tmp_path / 'state'}\n"
         f"[libvirt]\nconnection_uri = {libvirtd.ro_uri}\n"
         f"[compute]\ninstances_path = {tmp_path}\ncpu_dedicated_set = {PINNED_CPU}\n"
         f"cpu_shared_set = {shared}\n"
         "[placement]\nauth_type = admin_token\ntoken = admin\n"
-        f"endpoint_override = {placement_server.url}\n")
+        f"endpoint_override = {placement_server.url}\n"
+    )
     log = RequestLog(placement_server)
     try:
         # A guest without allocation is an alarm once two audits have seen it.
         for _ in range(2):
             run = run_agent("--config-file", str(config), "--once", "--output", "json")
-            assert run.code == 3, run.stderr   # drift (PCPU) and audit alarms
-        findings = {(f["kind"], f["consumer"]): f["state"]
-                    for f in run.json()["audit"]["findings"]}
+            assert run.code == 3, run.stderr  # drift (PCPU) and audit alarms
+        findings = {(f["kind"], f["consumer"]): f["state"] for f in run.json()["audit"]["findings"]}
         assert findings[("orphan", orphan)] == "alarm"
         assert findings[("no_allocation", guests.floating)] == "alarm"
         assert ("no_allocation", guests.pinned) not in findings
-        plan = run_agent("--config-file", str(config), "--once", "--dry-run",
-                         "--output", "json")
+        plan = run_agent("--config-file", str(config), "--once", "--dry-run", "--output", "json")
         assert plan.code == 0, plan.stderr
         restart = plan.json()["companion"]["next_restart"]
         moved = {c["consumer"]: c["moves"] for c in restart["reshape"]["consumers"]}
         assert [(m["from_class"], m["to_class"]) for m in moved[guests.pinned]] == [
-            ("VCPU", "PCPU")]
+            ("VCPU", "PCPU")
+        ]
         assert all(r.startswith("GET ") for r in log.requests()), log.requests()
         assert {c: nova.get(f"/allocations/{c}") for c in before} == before
     finally:

@@ -32,27 +32,51 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def driver_args(host, settings):
-    return [sys.executable, "-u", "-m", "tests.integration.reshape_driver", host.url,
-            host.name, host.sysfs, host.uri, host.state_dir, str(host.tmp),
-            "--dedicated", DEDICATED, "--shared", SHARED]
+    return [
+        sys.executable,
+        "-u",
+        "-m",
+        "tests.integration.reshape_driver",
+        host.url,
+        host.name,
+        host.sysfs,
+        host.uri,
+        host.state_dir,
+        str(host.tmp),
+        "--dedicated",
+        DEDICATED,
+        "--shared",
+        SHARED,
+    ]
 
 
 def back_to_legacy(host, legacy_inventories, legacy_allocations):
     """The test's own reverse reshape: the state before the operator's change."""
     root = host.root
-    generation = host.scheduler.get(
-        f"/resource_providers/{root}/inventories")["resource_provider_generation"]
+    generation = host.scheduler.get(f"/resource_providers/{root}/inventories")[
+        "resource_provider_generation"
+    ]
     allocations = {}
     for consumer, by_rp in legacy_allocations.items():
         current = host.scheduler.get(f"/allocations/{consumer}")
         allocations[consumer] = {
             "allocations": {rp: {"resources": res} for rp, res in by_rp.items()},
-            "project_id": current["project_id"], "user_id": current["user_id"],
-            "consumer_generation": current["consumer_generation"]}
-    host.scheduler.post("/reshaper", {
-        "inventories": {root: {"resource_provider_generation": generation,
-                               "inventories": legacy_inventories}},
-        "allocations": allocations})
+            "project_id": current["project_id"],
+            "user_id": current["user_id"],
+            "consumer_generation": current["consumer_generation"],
+        }
+    host.scheduler.post(
+        "/reshaper",
+        {
+            "inventories": {
+                root: {
+                    "resource_provider_generation": generation,
+                    "inventories": legacy_inventories,
+                }
+            },
+            "allocations": allocations,
+        },
+    )
 
 
 @pytest.fixture
@@ -62,8 +86,9 @@ def host(tmp_path, placement_server, host_name):
 
 def cycle_span(args, env) -> float:
     """Seconds from "ready" to exit of one uninterrupted run: where to aim."""
-    agent = subprocess.Popen(args, env=env, cwd=REPO, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True)
+    agent = subprocess.Popen(
+        args, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     assert agent.stdout.readline().strip() == "ready"
     start = time.monotonic()
     agent.stdout.read()
@@ -91,11 +116,14 @@ def test_sigkill_at_random_points_converges_without_losing_allocations(host):
     print(f"crash test seed {SEED} (set RESHAPE_CRASH_SEED to replay)")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     settings = host.settings(dedicated=DEDICATED, shared=SHARED)
-    wanted_inventories = {rc: inv.as_placement() for rc, inv
-                          in compute_desired(settings).tree.root.inventories.items()}
+    wanted_inventories = {
+        rc: inv.as_placement()
+        for rc, inv in compute_desired(settings).tree.root.inventories.items()
+    }
 
-    subprocess.run(driver_args(host, settings)[:-4], env=env, check=True,
-                   capture_output=True, cwd=REPO)  # legacy: creates the tree
+    subprocess.run(
+        driver_args(host, settings)[:-4], env=env, check=True, capture_output=True, cwd=REPO
+    )  # legacy: creates the tree
     boot_legacy_guests(host)
     legacy_inventories = host.inventories()
     legacy = host.allocations()
@@ -106,8 +134,14 @@ def test_sigkill_at_random_points_converges_without_losing_allocations(host):
     for round_ in range(ROUNDS):
         back_to_legacy(host, legacy_inventories, legacy)
         assert host.allocations() == legacy
-        agent = subprocess.Popen(driver_args(host, settings), env=env, cwd=REPO,
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        agent = subprocess.Popen(
+            driver_args(host, settings),
+            env=env,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         assert agent.stdout.readline().strip() == "ready"
         delay = rng.uniform(0, span)
         time.sleep(delay)
@@ -122,14 +156,17 @@ def test_sigkill_at_random_points_converges_without_losing_allocations(host):
         assert at_kill in (on_root(host, legacy), on_root(host, expected)), (round_, delay)
         seen["before POST /reshaper" if at_kill == on_root(host, legacy) else "after"] += 1
 
-        restart = subprocess.run(driver_args(host, settings), env=env, cwd=REPO,
-                                 capture_output=True, text=True)
+        restart = subprocess.run(
+            driver_args(host, settings), env=env, cwd=REPO, capture_output=True, text=True
+        )
         assert restart.returncode == 0, (round_, delay, restart.stderr[-2000:])
         now = host.allocations()
         assert now == expected, (round_, delay)
         for consumer in legacy:
             assert by_class(now[consumer]) == by_class(expected[consumer])
         assert host.inventories() == wanted_inventories, (round_, delay)
-    print(f"{ROUNDS} rounds, {killed_mid_cycle} killed before the cycle finished "
-          f"({dict(seen)}), cycle span {span:.2f}s")
+    print(
+        f"{ROUNDS} rounds, {killed_mid_cycle} killed before the cycle finished "
+        f"({dict(seen)}), cycle span {span:.2f}s"
+    )
     assert killed_mid_cycle >= ROUNDS // 4  # the kills did land inside cycles

@@ -36,12 +36,12 @@ pytestmark = pytest.mark.integration
 
 PINNED = 150
 HOST_CPUS = 256
-SHARED = 96                      # CPUs 0-95 shared, 96-255 dedicated
+SHARED = 96  # CPUs 0-95 shared, 96-255 dedicated
 DEDICATED = CpuSet(range(SHARED, HOST_CPUS))
 CHILDREN = 4
 LIMITS = HostLimits(cpus=HOST_CPUS, memory_mb=256 * PINNED * 2, disk_gb=0, vfs=8 * CHILDREN)
-KEPT = 5                # unpinned guests the scheduler keeps to resize
-WRITES_AT_MOST = 3000   # the scheduler stops by itself, whatever happens
+KEPT = 5  # unpinned guests the scheduler keeps to resize
+WRITES_AT_MOST = 3000  # the scheduler stops by itself, whatever happens
 SECONDS_AT_MOST = 300
 
 
@@ -56,7 +56,7 @@ class Scheduler(threading.Thread):
         self.client = PlacementClient.for_endpoint(url)  # its own session
         self.root, self.interval = root, interval
         self.random = random.Random(seed)
-        self.memory: dict[str, int] = {}   # consumer -> MEMORY_MB it last wrote
+        self.memory: dict[str, int] = {}  # consumer -> MEMORY_MB it last wrote
         self.writes = 0
         self.boots_refused = 0
         self.error: Exception | None = None
@@ -67,8 +67,11 @@ class Scheduler(threading.Thread):
         try:
             for _ in range(KEPT):  # guests to resize while boots are refused
                 self.boot()
-            while (not self.stop.wait(self.interval) and self.writes < WRITES_AT_MOST
-                   and time.monotonic() < deadline):
+            while (
+                not self.stop.wait(self.interval)
+                and self.writes < WRITES_AT_MOST
+                and time.monotonic() < deadline
+            ):
                 self.step()
         except Exception as exc:  # the test fails on it
             self.error = exc
@@ -81,8 +84,9 @@ class Scheduler(threading.Thread):
         self.writes += 1
 
     def step(self) -> None:
-        action = self.random.choice(("boot", "delete", "resize") if len(self.memory) > KEPT
-                                    else ("boot", "resize"))
+        action = self.random.choice(
+            ("boot", "delete", "resize") if len(self.memory) > KEPT else ("boot", "resize")
+        )
         if action == "boot":
             try:
                 self.boot()
@@ -97,11 +101,17 @@ class Scheduler(threading.Thread):
         memory = 0 if action == "delete" else self.random.choice((64, 128, 256))
         generation = self.client.get(f"/allocations/{consumer}")["consumer_generation"]
         try:
-            self.client.put(f"/allocations/{consumer}", {
-                "allocations": {self.root: {"resources": {"VCPU": 1, "MEMORY_MB": memory}}}
-                if memory else {},
-                "project_id": PROJECT, "user_id": USER,
-                "consumer_generation": generation})
+            self.client.put(
+                f"/allocations/{consumer}",
+                {
+                    "allocations": {self.root: {"resources": {"VCPU": 1, "MEMORY_MB": memory}}}
+                    if memory
+                    else {},
+                    "project_id": PROJECT,
+                    "user_id": USER,
+                    "consumer_generation": generation,
+                },
+            )
         except GenerationConflict:
             return  # someone else wrote it between the read and the write
         if memory:
@@ -114,15 +124,31 @@ class Scheduler(threading.Thread):
 def host_tree(name: str, root: str, legacy: bool, children: list[str]) -> ProviderTree:
     """The legacy shape (every CPU as VCPU) or the new one (96 shared, 160
     dedicated), both within LIMITS."""
-    cpus = {"VCPU": Inventory(HOST_CPUS, allocation_ratio=4.0)} if legacy else {
-        "VCPU": Inventory(SHARED, allocation_ratio=4.0),
-        "PCPU": Inventory(HOST_CPUS - SHARED)}
-    root_provider = Provider(name, uuid=root, inventories={
-        **cpus, "MEMORY_MB": Inventory(LIMITS.memory_mb)})
-    return ProviderTree((root_provider, *(
-        Provider(f"{name}_pf_{k}", parent=name, uuid=child,
-                 inventories={"SRIOV_NET_VF": Inventory(8)})
-        for k, child in enumerate(children))))
+    cpus = (
+        {"VCPU": Inventory(HOST_CPUS, allocation_ratio=4.0)}
+        if legacy
+        else {
+            "VCPU": Inventory(SHARED, allocation_ratio=4.0),
+            "PCPU": Inventory(HOST_CPUS - SHARED),
+        }
+    )
+    root_provider = Provider(
+        name, uuid=root, inventories={**cpus, "MEMORY_MB": Inventory(LIMITS.memory_mb)}
+    )
+    return ProviderTree(
+        (
+            root_provider,
+            *(
+                Provider(
+                    f"{name}_pf_{k}",
+                    parent=name,
+                    uuid=child,
+                    inventories={"SRIOV_NET_VF": Inventory(8)},
+                )
+                for k, child in enumerate(children)
+            ),
+        )
+    )
 
 
 def legacy_host(url: str, name: str):
@@ -132,16 +158,32 @@ def legacy_host(url: str, name: str):
     root = str(uuid.uuid4())
     children = [str(uuid.uuid4()) for _ in range(CHILDREN)]
     for provider in host_tree(name, root, True, children).providers:
-        setup.post("/resource_providers", {
-            "name": provider.name, "uuid": provider.uuid,
-            **({"parent_provider_uuid": root} if provider.parent else {})})
-        setup.put(f"/resource_providers/{provider.uuid}/inventories", {
-            "resource_provider_generation": 0,
-            "inventories": {rc: inv.as_placement() for rc, inv in provider.inventories.items()}})
-    guests = [Guest(uuid=str(uuid.uuid4()), name=f"pinned-{i}", vcpus=1, running=True,
-                    memory_kb=256 * 1024,
-                    vcpupin=((0, CpuSet([SHARED + i % (HOST_CPUS - SHARED)])),))
-              for i in range(PINNED)]
+        setup.post(
+            "/resource_providers",
+            {
+                "name": provider.name,
+                "uuid": provider.uuid,
+                **({"parent_provider_uuid": root} if provider.parent else {}),
+            },
+        )
+        setup.put(
+            f"/resource_providers/{provider.uuid}/inventories",
+            {
+                "resource_provider_generation": 0,
+                "inventories": {rc: inv.as_placement() for rc, inv in provider.inventories.items()},
+            },
+        )
+    guests = [
+        Guest(
+            uuid=str(uuid.uuid4()),
+            name=f"pinned-{i}",
+            vcpus=1,
+            running=True,
+            memory_kb=256 * 1024,
+            vcpupin=((0, CpuSet([SHARED + i % (HOST_CPUS - SHARED)])),),
+        )
+        for i in range(PINNED)
+    ]
     for guest in guests:
         allocate(setup, guest.uuid, {root: {"VCPU": 1, "MEMORY_MB": 256}})
     return setup, root, children, guests
@@ -154,8 +196,10 @@ class Run:
         self.setup, self.root, self.children, self.guests = legacy_host(url, name)
         self.desired = host_tree(name, self.root, False, self.children)
         self.names = {p.uuid: p.name for p in self.desired.providers}
-        self.held_before = {u: self.setup.get(f"/resource_providers/{u}/inventories")
-                            ["inventories"] for u in self.names}
+        self.held_before = {
+            u: self.setup.get(f"/resource_providers/{u}/inventories")["inventories"]
+            for u in self.names
+        }
         self.bodies: list[dict] = []
         rule = pinned_to_pcpu(self.guests, self.root, DEDICATED)
         self.scheduler = Scheduler(url, self.root, interval, seed=len(name))
@@ -164,8 +208,9 @@ class Run:
         try:
             time.sleep(interval * 2)  # the scheduler is writing before the reads start
             try:
-                self.outcome = ensure_reshaped(self.agent, self.desired, self.guests, rule,
-                                               before_post=self.bodies.append)
+                self.outcome = ensure_reshaped(
+                    self.agent, self.desired, self.guests, rule, before_post=self.bodies.append
+                )
             except HostBusy as exc:
                 self.outcome = exc
         finally:
@@ -175,15 +220,19 @@ class Run:
         assert self.scheduler.error is None, self.scheduler.error
 
     def held(self, consumer: str) -> dict:
-        return {rp: a["resources"] for rp, a in
-                self.setup.get(f"/allocations/{consumer}")["allocations"].items()}
+        return {
+            rp: a["resources"]
+            for rp, a in self.setup.get(f"/allocations/{consumer}")["allocations"].items()
+        }
 
     def inventories_after_each_post(self) -> list[dict]:
         """What Placement held after each POST /reshaper that went through:
         the bodies, in order, applied to what it held before."""
-        statuses = [status for method, path, status in self.agent.stats.log
-                    if method == "POST" and path == "/reshaper"
-                    and status < 500]  # the client sent the same body again
+        statuses = [
+            status
+            for method, path, status in self.agent.stats.log
+            if method == "POST" and path == "/reshaper" and status < 500
+        ]  # the client sent the same body again
         assert len(statuses) == len(self.bodies)
         held, states = dict(self.held_before), []
         for body, status in zip(self.bodies, statuses):
@@ -193,12 +242,15 @@ class Run:
         return states
 
     def verdict(self, inventories: dict):
-        return check([Published(self.names[u], u == self.root, inv)
-                      for u, inv in inventories.items()], LIMITS)
+        return check(
+            [Published(self.names[u], u == self.root, inv) for u, inv in inventories.items()],
+            LIMITS,
+        )
 
 
 def test_reshape_under_a_write_every_0_3_s_completes_in_stages_each_within_the_host(
-        placement_server, host_name):
+    placement_server, host_name
+):
     """Placement refuses a 150-consumer POST whenever a write lands while it
     processes it (longer than 0.3 s): the agent halves the POST after such a
     refusal. Each POST moves its consumers whole; in between the moved
@@ -208,7 +260,7 @@ def test_reshape_under_a_write_every_0_3_s_completes_in_stages_each_within_the_h
 
     outcome, scheduler = run.outcome, run.scheduler
     assert scheduler.writes >= KEPT + 3, "the scheduler must have written during the reshape"
-    assert (("POST", "/reshaper", 409) in run.agent.stats.log), "and refused a POST"
+    assert ("POST", "/reshaper", 409) in run.agent.stats.log, "and refused a POST"
     assert not isinstance(outcome, HostBusy), outcome
     assert outcome.reshaped and outcome.consumers_moved == PINNED
     assert outcome.attempts < ATTEMPTS + PINNED  # bounded: refusals < ATTEMPTS
@@ -221,21 +273,24 @@ def test_reshape_under_a_write_every_0_3_s_completes_in_stages_each_within_the_h
     assert sorted(set(moved)) == sorted(g.uuid for g in run.guests)
     for body in run.bodies:
         for entry in body["allocations"].values():
-            assert entry["allocations"] == {
-                run.root: {"resources": {"PCPU": 1, "MEMORY_MB": 256}}}
+            assert entry["allocations"] == {run.root: {"resources": {"PCPU": 1, "MEMORY_MB": 256}}}
     # After every POST that went through, Placement held a tree within the host.
     states = run.inventories_after_each_post()
     for state in states:
         assert run.verdict(state).ok, run.verdict(state).lines()
-    held_now = {u: run.setup.get(f"/resource_providers/{u}/inventories")["inventories"]
-                for u in run.names}
+    held_now = {
+        u: run.setup.get(f"/resource_providers/{u}/inventories")["inventories"] for u in run.names
+    }
     assert states[-1] == held_now
-    assert held_now[run.root]["PCPU"]["reserved"] == 0    # the last POST opened PCPU
+    assert held_now[run.root]["PCPU"]["reserved"] == 0  # the last POST opened PCPU
     assert held_now[run.root]["VCPU"]["total"] == SHARED
     # The scheduler never touches the pinned guests: a retry after a 409
     # reads the root's view again, not them.
-    agent_reads = [path for method, path, _status in run.agent.stats.log
-                   if method == "GET" and path.startswith("/allocations/")]
+    agent_reads = [
+        path
+        for method, path, _status in run.agent.stats.log
+        if method == "GET" and path.startswith("/allocations/")
+    ]
     for guest in run.guests:
         assert agent_reads.count(f"/allocations/{guest.uuid}") == 1
     # The consumers once, then per POST the root's view and the POST, and
@@ -246,7 +301,8 @@ def test_reshape_under_a_write_every_0_3_s_completes_in_stages_each_within_the_h
 
 
 def test_a_host_written_every_0_05_s_is_reported_too_busy_and_keeps_each_consumer_whole(
-        placement_server, host_name):
+    placement_server, host_name
+):
     run = Run(placement_server.url, host_name, 0.05)
 
     outcome = run.outcome
@@ -259,8 +315,10 @@ def test_a_host_written_every_0_05_s_is_reported_too_busy_and_keeps_each_consume
     moved = 0
     for guest in run.guests:
         held = run.held(guest.uuid)
-        assert held in ({run.root: {"VCPU": 1, "MEMORY_MB": 256}},
-                        {run.root: {"PCPU": 1, "MEMORY_MB": 256}}), held
+        assert held in (
+            {run.root: {"VCPU": 1, "MEMORY_MB": 256}},
+            {run.root: {"PCPU": 1, "MEMORY_MB": 256}},
+        ), held
         moved += "PCPU" in held[run.root]
     assert f"{moved} consumers were moved" in str(outcome) or moved == 0
     for state in run.inventories_after_each_post():

@@ -15,8 +15,17 @@ import pytest
 
 from node_agent.cycle.reconcile import ReshapeRefused
 from tests.integration.reshape_driver import allocate, reshaper_posts
-from tests.integration.test_nested_reshape import (FOREIGN_RC, GPU1, GPU2, MDEV_TYPE, MDEVS,
-                                                   TRAIT, NestedHost, guest, prefix)
+from tests.integration.test_nested_reshape import (
+    FOREIGN_RC,
+    GPU1,
+    GPU2,
+    MDEV_TYPE,
+    MDEVS,
+    TRAIT,
+    NestedHost,
+    guest,
+    prefix,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -28,9 +37,11 @@ class NumaHost(NestedHost):
 
     def __init__(self, tmp_path, url, name, gpus=None):
         p = prefix()
-        guests = [guest(1, p, pins=(2, 3), nodes="0", mdevs=MDEVS[:1] if gpus else ()),
-                  guest(2, p, pins=(10, 11), nodes="1", memory=2048),
-                  guest(3, p, nodes="1")]
+        guests = [
+            guest(1, p, pins=(2, 3), nodes="0", mdevs=MDEVS[:1] if gpus else ()),
+            guest(2, p, pins=(10, 11), nodes="1", memory=2048),
+            guest(3, p, nodes="1"),
+        ]
         super().__init__(tmp_path, url, name, guests, gpus=gpus)
         self.migration = str(uuid.uuid4())
 
@@ -71,15 +82,17 @@ def numa_host_with_guests(tmp_path, url, name, **cycle_kw) -> NumaHost:
     a, b, c = (g["uuid"] for g in host.guests)
     allocate(host.scheduler, a, {node0: {"PCPU": 2, "MEMORY_MB": 1024}, root: {"DISK_GB": 5}})
     allocate(host.scheduler, b, {node1: {"PCPU": 2, "MEMORY_MB": 2048}})
-    allocate(host.scheduler, c, {node1: {"VCPU": 2, "MEMORY_MB": 1024},
-                                 host.foreign: {FOREIGN_RC: 1}})
+    allocate(
+        host.scheduler, c, {node1: {"VCPU": 2, "MEMORY_MB": 1024}, host.foreign: {FOREIGN_RC: 1}}
+    )
     allocate(host.scheduler, host.migration, {node0: {"VCPU": 3, "MEMORY_MB": 512}})
     return host
 
 
 @pytest.mark.parametrize("lose_state", [False, True], ids=["state-kept", "state-lost"])
 def test_numa_off_moves_every_allocation_back_to_the_root_and_deletes_the_children(
-        tmp_path, placement_server, host_name, lose_state):
+    tmp_path, placement_server, host_name, lose_state
+):
     host = numa_host_with_guests(tmp_path, placement_server.url, host_name)
     root, children = host.root, set(host.numa_children().values())
     before = host.allocations()
@@ -87,7 +100,7 @@ def test_numa_off_moves_every_allocation_back_to_the_root_and_deletes_the_childr
         shutil.rmtree(host.state_dir)
     host.agent.stats.reset()
 
-    outcome, report, _ = host.cycle()               # numa_in_placement = false
+    outcome, report, _ = host.cycle()  # numa_in_placement = false
 
     assert not isinstance(outcome, ReshapeRefused), outcome
     assert outcome.reshaped and report.ok, report.errors
@@ -105,7 +118,8 @@ def test_numa_off_moves_every_allocation_back_to_the_root_and_deletes_the_childr
 
 
 def test_numa_off_that_the_root_cannot_hold_is_refused_and_nothing_is_offered_twice(
-        tmp_path, placement_server, host_name):
+    tmp_path, placement_server, host_name
+):
     host = numa_host_with_guests(tmp_path, placement_server.url, host_name)
     root, nodes = host.root, host.numa_children()
     node1 = nodes[f"{host.name}_NUMA_1"]
@@ -130,16 +144,19 @@ def test_numa_off_that_the_root_cannot_hold_is_refused_and_nothing_is_offered_tw
 
 
 def test_gpu_children_going_away_refuse_while_a_guest_holds_vgpu_then_are_deleted(
-        tmp_path, placement_server, host_name):
-    host = NumaHost(tmp_path, placement_server.url, host_name,
-                    gpus={GPU1: MDEVS[:2], GPU2: MDEVS[2:]})
+    tmp_path, placement_server, host_name
+):
+    host = NumaHost(
+        tmp_path, placement_server.url, host_name, gpus={GPU1: MDEVS[:2], GPU2: MDEVS[2:]}
+    )
     _o, report, _ = host.cycle(enabled_mdev_types=(MDEV_TYPE,))
     assert report.ok, report.errors
     gpu1 = host.uuid_of(f"{host.name}_pci_0000_81_00_0")
     gpu2 = host.uuid_of(f"{host.name}_pci_0000_82_00_0")
     a = host.guests[0]
-    allocate(host.scheduler, a["uuid"], {host.root: {"PCPU": 2, "MEMORY_MB": 1024},
-                                         gpu1: {"VGPU": 1}})
+    allocate(
+        host.scheduler, a["uuid"], {host.root: {"PCPU": 2, "MEMORY_MB": 1024}, gpu1: {"VGPU": 1}}
+    )
     before = host.allocations()
     shutil.rmtree(host.state_dir)
 
@@ -147,16 +164,21 @@ def test_gpu_children_going_away_refuse_while_a_guest_holds_vgpu_then_are_delete
     outcome, report, _ = host.cycle()
 
     assert isinstance(outcome, ReshapeRefused)
-    assert (f"guest {a['name']} ({a['uuid']}) holds 1 VGPU on "
-            f"{host.name}_pci_0000_81_00_0") in str(outcome)
+    assert (f"guest {a['name']} ({a['uuid']}) holds 1 VGPU on {host.name}_pci_0000_81_00_0") in str(
+        outcome
+    )
     assert "enabled_mdev_types" in str(outcome)
     assert host.allocations() == before
     assert host.inventories(gpu1) == {"VGPU": 4} and host.inventories(gpu2) == {"VGPU": 3}
     assert "VGPU" not in host.inventories(host.root)
 
     # The guest's VGPU is released: the children are emptied and deleted.
-    allocate(host.scheduler, a["uuid"], {host.root: {"PCPU": 2, "MEMORY_MB": 1024}},
-             generation=host.scheduler.get(f"/allocations/{a['uuid']}")["consumer_generation"])
+    allocate(
+        host.scheduler,
+        a["uuid"],
+        {host.root: {"PCPU": 2, "MEMORY_MB": 1024}},
+        generation=host.scheduler.get(f"/allocations/{a['uuid']}")["consumer_generation"],
+    )
     outcome, report, _ = host.cycle()
     assert not isinstance(outcome, ReshapeRefused), outcome
     assert report.ok, report.errors
@@ -164,16 +186,21 @@ def test_gpu_children_going_away_refuse_while_a_guest_holds_vgpu_then_are_delete
 
 
 def test_a_child_named_like_the_agents_but_not_marked_is_left_alone(
-        tmp_path, placement_server, host_name):
+    tmp_path, placement_server, host_name
+):
     host = NumaHost(tmp_path, placement_server.url, host_name)
     _o, report, _ = host.cycle()
     assert report.ok
     # Someone else's NUMA-like child under this root: no mark, not in the state.
     other = str(uuid.uuid4())
-    host.scheduler.post("/resource_providers", {"name": f"{host.name}_NUMA_7", "uuid": other,
-                                                "parent_provider_uuid": host.root})
-    host.scheduler.put(f"/resource_providers/{other}/inventories", {
-        "resource_provider_generation": 0, "inventories": {"VCPU": {"total": 2}}})
+    host.scheduler.post(
+        "/resource_providers",
+        {"name": f"{host.name}_NUMA_7", "uuid": other, "parent_provider_uuid": host.root},
+    )
+    host.scheduler.put(
+        f"/resource_providers/{other}/inventories",
+        {"resource_provider_generation": 0, "inventories": {"VCPU": {"total": 2}}},
+    )
     shutil.rmtree(host.state_dir)
 
     outcome, report, _ = host.cycle()

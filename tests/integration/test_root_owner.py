@@ -32,9 +32,13 @@ def machine(tmp_path, name, placement_url, host, system_dir, mid):
     base = tmp_path / name
     base.mkdir()
     ident = machine_id(base / "machine-id", mid)
-    return AgentProcess(base, placement_url, host, system_dir=system_dir,
-                        agent_options=f"report_interval = 1\nfull_verify_interval = 0\n"
-                                      f"machine_id_path = {ident}\n")
+    return AgentProcess(
+        base,
+        placement_url,
+        host,
+        system_dir=system_dir,
+        agent_options=f"report_interval = 1\nfull_verify_interval = 0\nmachine_id_path = {ident}\n",
+    )
 
 
 @pytest.fixture
@@ -53,7 +57,8 @@ def two_machines(tmp_path, placement_server, host_name):
 
 
 def test_second_machine_with_the_same_host_refuses_loudly_and_never_overwrites(
-        two_machines, placement):
+    two_machines, placement
+):
     first, second = two_machines
     first.start()
     wait_until(lambda: root_of(placement, first.host) is not None)
@@ -68,6 +73,7 @@ def test_second_machine_with_the_same_host_refuses_loudly_and_never_overwrites(
         first.notify.drain()
         second.notify.drain()
         return "managed by node-agent on another machine" in second.log()
+
     wait_until(refused, timeout=60)
     # Both keep cycling every second with a full verify each time: the
     # measured failure flipped the inventory every cycle.
@@ -87,17 +93,26 @@ def once_config(tmp_path, host, url, mid, extra=""):
     base = tmp_path / mid[:4]
     base.mkdir()
     ident = machine_id(base / "machine-id", mid)
-    return write_config(base, SMALL_HOST, host, extra=(
-        f"[agent]\nmachine_id_path = {ident}\n{extra}"
-        f"[placement]\nauth_type = admin_token\ntoken = admin\nendpoint_override = {url}\n"))
+    return write_config(
+        base,
+        SMALL_HOST,
+        host,
+        extra=(
+            f"[agent]\nmachine_id_path = {ident}\n{extra}"
+            f"[placement]\nauth_type = admin_token\ntoken = admin\nendpoint_override = {url}\n"
+        ),
+    )
 
 
 def test_root_carrying_owner_nova_is_refused_with_nothing_written(
-        tmp_path, placement_server, placement, host_name):
+    tmp_path, placement_server, placement, host_name
+):
     created = placement.post("/resource_providers", {"name": host_name})
     uuid = created["uuid"] if created else root_of(placement, host_name)["uuid"]
-    placement.put(f"/resource_providers/{uuid}/traits",
-                  {"resource_provider_generation": 0, "traits": ["OWNER_NOVA"]})
+    placement.put(
+        f"/resource_providers/{uuid}/traits",
+        {"resource_provider_generation": 0, "traits": ["OWNER_NOVA"]},
+    )
     before = placement.get(f"/resource_providers/{uuid}")
     config = once_config(tmp_path, host_name, placement_server.url, ID_A)
 
@@ -111,15 +126,19 @@ def test_root_carrying_owner_nova_is_refused_with_nothing_written(
 
 
 def test_a_cloned_state_file_does_not_let_a_second_machine_write(
-        tmp_path, placement_server, placement, host_name):
+    tmp_path, placement_server, placement, host_name
+):
     first = once_config(tmp_path, host_name, placement_server.url, ID_A)
     assert run_agent("--config-file", str(first), "--once").code == 0
     root = root_of(placement, host_name)
     before = placement.get(f"/resource_providers/{root['uuid']}")
     # The clone: same host, same state directory, another machine id.
     clone = tmp_path / "clone.conf"
-    clone.write_text(first.read_text().replace(str(tmp_path / ID_A[:4] / "machine-id"),
-                                               str(machine_id(tmp_path / "mid-b", ID_B))))
+    clone.write_text(
+        first.read_text().replace(
+            str(tmp_path / ID_A[:4] / "machine-id"), str(machine_id(tmp_path / "mid-b", ID_B))
+        )
+    )
 
     result = run_agent("--config-file", str(clone), "--once")
 
@@ -129,11 +148,13 @@ def test_a_cloned_state_file_does_not_let_a_second_machine_write(
 
 
 def test_take_over_provider_replaces_the_other_machines_mark(
-        tmp_path, placement_server, placement, host_name):
+    tmp_path, placement_server, placement, host_name
+):
     first = once_config(tmp_path, host_name, placement_server.url, ID_A)
     assert run_agent("--config-file", str(first), "--once").code == 0
-    second = once_config(tmp_path, host_name, placement_server.url, ID_B,
-                         extra="take_over_provider = true\n")
+    second = once_config(
+        tmp_path, host_name, placement_server.url, ID_B, extra="take_over_provider = true\n"
+    )
 
     result = run_agent("--config-file", str(second), "--once")
 
@@ -146,7 +167,8 @@ def test_take_over_provider_replaces_the_other_machines_mark(
 
 
 def test_unmarked_root_of_an_older_agent_is_adopted_and_marked(
-        tmp_path, placement_server, placement, host_name):
+    tmp_path, placement_server, placement, host_name
+):
     placement.post("/resource_providers", {"name": host_name})
     config = once_config(tmp_path, host_name, placement_server.url, ID_A)
 
@@ -154,16 +176,19 @@ def test_unmarked_root_of_an_older_agent_is_adopted_and_marked(
 
     assert result.code == 0, result.stderr
     root = root_of(placement, host_name)
-    assert mark_for(ID_A) in placement.get(
-        f"/resource_providers/{root['uuid']}/traits")["traits"]
+    assert mark_for(ID_A) in placement.get(f"/resource_providers/{root['uuid']}/traits")["traits"]
 
 
 def test_unreadable_machine_id_is_a_config_error_naming_the_option(
-        tmp_path, placement_server, host_name):
+    tmp_path, placement_server, host_name
+):
     config = once_config(tmp_path, host_name, placement_server.url, ID_A)
-    config.write_text(config.read_text().replace(
-        f"machine_id_path = {tmp_path / ID_A[:4] / 'machine-id'}",
-        f"machine_id_path = {tmp_path / 'missing'}"))
+    config.write_text(
+        config.read_text().replace(
+            f"machine_id_path = {tmp_path / ID_A[:4] / 'machine-id'}",
+            f"machine_id_path = {tmp_path / 'missing'}",
+        )
+    )
 
     result = run_agent("--config-file", str(config), "--once")
 
@@ -176,11 +201,13 @@ NOVA_34_LINE = (
     "scheduler requires OWNER_NOVA on the root (owner_nova_filter), so it will not "
     "schedule onto {host}, which this agent writes. On a nova cloud run the agent "
     "beside nova-compute in companion mode ([agent] mode = companion); owner mode is "
-    "for Placement consumers other than nova")
+    "for Placement consumers other than nova"
+)
 
 
 def test_owner_mode_beside_nova_34_computes_says_nova_will_not_schedule_onto_its_root(
-        tmp_path, fresh_placement_server, host_name):
+    tmp_path, fresh_placement_server, host_name
+):
     """nova 34's owner_nova_filter adds root_required=OWNER_NOVA to every
     request once its computes are new enough: the dry run, and the service
     once per start, say so; the agent does not add the trait itself."""
@@ -188,8 +215,10 @@ def test_owner_mode_beside_nova_34_computes_says_nova_will_not_schedule_onto_its
 
     placement = PlacementClient.for_endpoint(fresh_placement_server.url)
     nova = placement.post("/resource_providers", {"name": "compute-by-nova"})["uuid"]
-    placement.put(f"/resource_providers/{nova}/traits",
-                  {"resource_provider_generation": 0, "traits": ["OWNER_NOVA"]})
+    placement.put(
+        f"/resource_providers/{nova}/traits",
+        {"resource_provider_generation": 0, "traits": ["OWNER_NOVA"]},
+    )
     config = once_config(tmp_path, host_name, fresh_placement_server.url, ID_A)
 
     plan = run_agent("--config-file", str(config), "--once", "--dry-run")
@@ -199,12 +228,16 @@ def test_owner_mode_beside_nova_34_computes_says_nova_will_not_schedule_onto_its
     root = root_of(placement, host_name)["uuid"]
     assert "OWNER_NOVA" not in placement.get(f"/resource_providers/{root}/traits")["traits"]
 
-    service = AgentProcess(tmp_path / "service", fresh_placement_server.url, host_name,
-                           extra=f"[agent]\nmachine_id_path = {tmp_path / ID_A[:4] / 'machine-id'}\n")
+    service = AgentProcess(
+        tmp_path / "service",
+        fresh_placement_server.url,
+        host_name,
+        extra=f"[agent]\nmachine_id_path = {tmp_path / ID_A[:4] / 'machine-id'}\n",
+    )
     service.start()
     try:
         service.status_after(lambda s: s.startswith("ok:"))
-        service.status_after(lambda s: s.startswith("ok:"))   # a second cycle
+        service.status_after(lambda s: s.startswith("ok:"))  # a second cycle
         assert service.log().count("a nova 34 scheduler requires OWNER_NOVA") == 1
     finally:
         assert service.stop() == 0

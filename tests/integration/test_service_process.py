@@ -64,8 +64,11 @@ def test_sighup_with_an_invalid_config_keeps_the_old_one_running(agent, placemen
     agent.start()
     agent.status_after(lambda s: s.startswith("ok:"))
 
-    agent.write_config(agent.config_text(reserved_memory_mb=-4)
-                       .replace("[compute]\n", "[compute]\ncpu_dedicated_set = 2-x\n"))
+    agent.write_config(
+        agent.config_text(reserved_memory_mb=-4).replace(
+            "[compute]\n", "[compute]\ncpu_dedicated_set = 2-x\n"
+        )
+    )
     agent.send(signal.SIGHUP)
 
     agent.notify.wait_for(lambda d: d == "RELOADING=1")
@@ -85,13 +88,15 @@ def test_sighup_with_a_valid_config_applies_it_on_the_next_cycle(agent, placemen
     agent.write_config(agent.config_text(reserved_memory_mb=2048))
     agent.send(signal.SIGHUP)
 
-    wait_until(lambda: root_inventory(placement_server.url, agent.host)
-               ["MEMORY_MB"]["reserved"] == 2048)
+    wait_until(
+        lambda: root_inventory(placement_server.url, agent.host)["MEMORY_MB"]["reserved"] == 2048
+    )
     assert "configuration reloaded" in agent.log()
 
 
 def test_placement_killed_and_restarted_the_agent_survives_and_heals_in_a_cycle(
-        tmp_path, fresh_placement_server, host_name):
+    tmp_path, fresh_placement_server, host_name
+):
     agent = AgentProcess(tmp_path / "agent", fresh_placement_server.url, host_name)
     try:
         agent.start()
@@ -126,7 +131,7 @@ def test_a_notify_socket_nobody_reads_never_wedges_the_service(agent):
     SIGTERM still ends it quickly."""
     agent.start()
     agent.status_after(lambda s: s.startswith("ok:"))
-    time.sleep(15)          # about 15 cycles of STATUS and WATCHDOG, never read
+    time.sleep(15)  # about 15 cycles of STATUS and WATCHDOG, never read
     began = time.monotonic()
     agent.send(signal.SIGTERM)
     assert agent.proc.wait(15) == 0

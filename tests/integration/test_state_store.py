@@ -41,9 +41,14 @@ for n in range(count):
 
 
 def _writer(directory: Path, key: str) -> subprocess.Popen:
-    process = subprocess.Popen([sys.executable, "-c", WRITER, str(directory), key, str(UPDATES)],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                               cwd=ROOT, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    process = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(directory), key, str(UPDATES)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     assert process.stdout is not None and process.stdout.readline() == "ready\n"
     return process
 
@@ -68,4 +73,6 @@ def test_an_update_keeps_the_keys_another_writer_saved(tmp_path):
     service.put(OWNED_CHILDREN, ["child"])
     command.put(MAINTENANCE, {"on": True})
     assert service.put(OWNED_CHILDREN, ["child", "other"]) == {
-        OWNED_CHILDREN: ["child", "other"], MAINTENANCE: {"on": True}}
+        OWNED_CHILDREN: ["child", "other"],
+        MAINTENANCE: {"on": True},
+    }

@@ -10,10 +10,10 @@ import uuid
 
 import pytest
 
-from node_agent.placement.client import PlacementClient, Unavailable
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
-from node_agent.state import FILE_NAME, StateStore
+from node_agent.placement.client import PlacementClient, Unavailable
 from node_agent.placement.sync import TreeSyncer
+from node_agent.state import FILE_NAME, StateStore
 
 pytestmark = pytest.mark.integration
 
@@ -40,13 +40,15 @@ def numa(host, node, vcpu=16, pcpu=8, ratio=4.0):
 
 
 def host_tree(host, children=CHILDREN, root_traits=None, **numa0):
-    root = Provider(host, inventories={
-        "MEMORY_MB": Inventory(262144, reserved=4096, allocation_ratio=1.0),
-        "DISK_GB": Inventory(1800)},
-        traits=root_traits or {"HW_CPU_X86_AVX2": True,
-                               "COMPUTE_STATUS_DISABLED": False})
-    nodes = [numa(host, 0, **numa0)] + [numa(host, n)
-                                       for n in range(1, children)]
+    root = Provider(
+        host,
+        inventories={
+            "MEMORY_MB": Inventory(262144, reserved=4096, allocation_ratio=1.0),
+            "DISK_GB": Inventory(1800),
+        },
+        traits=root_traits or {"HW_CPU_X86_AVX2": True, "COMPUTE_STATUS_DISABLED": False},
+    )
+    nodes = [numa(host, 0, **numa0)] + [numa(host, n) for n in range(1, children)]
     return ProviderTree((root, *nodes))
 
 
@@ -81,10 +83,15 @@ def traits(other, rp_uuid):
 
 def allocate(other, rp_uuid, resources):
     consumer = str(uuid.uuid4())
-    other.put(f"/allocations/{consumer}", {
-        "allocations": {rp_uuid: {"resources": resources}},
-        "project_id": str(uuid.uuid4()), "user_id": str(uuid.uuid4()),
-        "consumer_generation": None})
+    other.put(
+        f"/allocations/{consumer}",
+        {
+            "allocations": {rp_uuid: {"resources": resources}},
+            "project_id": str(uuid.uuid4()),
+            "user_id": str(uuid.uuid4()),
+            "consumer_generation": None,
+        },
+    )
     return consumer
 
 
@@ -97,7 +104,8 @@ def synced(client, store, desired, **kw):
 
 
 def test_first_registration_of_root_and_four_children_is_12_requests(
-        client, other, store, host_name):
+    client, other, store, host_name
+):
     desired = host_tree(host_name)
 
     report = TreeSyncer(client, store).sync(desired)
@@ -108,22 +116,20 @@ def test_first_registration_of_root_and_four_children_is_12_requests(
     assert [(m, p) for m, p, _ in client.stats.log] == (
         [("GET", f"/resource_providers?name={host_name}")]
         + [("POST", "/resource_providers")] * 5
-        + [("PUT", f"/resource_providers/{rp(p.name)}/inventories")
-           for p in desired.providers]
-        + [("PUT", f"/resource_providers/{root}/traits")])
+        + [("PUT", f"/resource_providers/{rp(p.name)}/inventories") for p in desired.providers]
+        + [("PUT", f"/resource_providers/{root}/traits")]
+    )
     assert report.requests == client.stats.total <= 18
     assert sorted(tree_in_placement(other, root)) == sorted(desired.names())
     assert inventories(other, rp(f"{host_name}_NUMA2"))["VCPU"]["total"] == 16
     assert traits(other, root) == {"HW_CPU_X86_AVX2"}
 
 
-def test_steady_state_cycle_makes_no_write_and_at_most_one_read(
-        client, other, store, host_name):
+def test_steady_state_cycle_makes_no_write_and_at_most_one_read(client, other, store, host_name):
     desired = host_tree(host_name)
     syncer = synced(client, store, desired)
     providers = tree_in_placement(other, store.load()["root_uuid"])
-    for name, amount in itertools.product(
-            [f"{host_name}_NUMA0", f"{host_name}_NUMA1"], [1, 2, 3]):
+    for name, amount in itertools.product([f"{host_name}_NUMA0", f"{host_name}_NUMA1"], [1, 2, 3]):
         allocate(other, providers[name]["uuid"], {"VCPU": amount})
 
     for _ in range(3):
@@ -134,41 +140,42 @@ def test_steady_state_cycle_makes_no_write_and_at_most_one_read(
 
 
 def test_inventory_change_after_scheduler_activity_costs_three_requests(
-        client, other, store, host_name):
+    client, other, store, host_name
+):
     syncer = synced(client, store, host_tree(host_name))
-    numa0 = tree_in_placement(
-        other, store.load()["root_uuid"])[f"{host_name}_NUMA0"]["uuid"]
+    numa0 = tree_in_placement(other, store.load()["root_uuid"])[f"{host_name}_NUMA0"]["uuid"]
     allocate(other, numa0, {"VCPU": 2})  # bumps NUMA0's generation
 
     report = syncer.sync(host_tree(host_name, vcpu=32))
 
     assert report.ok, report.errors
     path = f"/resource_providers/{numa0}/inventories"
-    assert client.stats.log == [("PUT", path, 409), ("GET", path, 200),
-                                ("PUT", path, 200)]
+    assert client.stats.log == [("PUT", path, 409), ("GET", path, 200), ("PUT", path, 200)]
     assert inventories(other, numa0)["VCPU"]["total"] == 32
     assert [c.summary for c in report.applied] == [
-        f"set VCPU total 16→32, max_unit 16→32 on {host_name}_NUMA0"]
+        f"set VCPU total 16→32, max_unit 16→32 on {host_name}_NUMA0"
+    ]
 
 
 def test_inventory_shrink_after_scheduler_activity_costs_two_requests(
-        client, other, store, host_name):
+    client, other, store, host_name
+):
     syncer = synced(client, store, host_tree(host_name))
-    numa0 = tree_in_placement(
-        other, store.load()["root_uuid"])[f"{host_name}_NUMA0"]["uuid"]
+    numa0 = tree_in_placement(other, store.load()["root_uuid"])[f"{host_name}_NUMA0"]["uuid"]
     allocate(other, numa0, {"VCPU": 2})  # bumps NUMA0's generation
 
     report = syncer.sync(host_tree(host_name, vcpu=8))
 
     assert report.ok, report.errors
     # The usage check a shrink needs also returns the fresh generation.
-    assert client.stats.log == [("GET", f"/resource_providers/{numa0}/usages", 200),
-                                ("PUT", f"/resource_providers/{numa0}/inventories", 200)]
+    assert client.stats.log == [
+        ("GET", f"/resource_providers/{numa0}/usages", 200),
+        ("PUT", f"/resource_providers/{numa0}/inventories", 200),
+    ]
     assert inventories(other, numa0)["VCPU"]["total"] == 8
 
 
-def test_root_uuid_is_kept_in_state_across_restarts(client, other, store,
-                                                    host_name):
+def test_root_uuid_is_kept_in_state_across_restarts(client, other, store, host_name):
     desired = host_tree(host_name)
     synced(client, store, desired)
     root = store.load()["root_uuid"]
@@ -179,12 +186,12 @@ def test_root_uuid_is_kept_in_state_across_restarts(client, other, store,
     assert report.ok and report.applied == []
     assert client.stats.writes == 0
     assert store.load()["root_uuid"] == root
-    assert other.get(f"/resource_providers?name={host_name}")[
-        "resource_providers"][0]["uuid"] == root
+    assert (
+        other.get(f"/resource_providers?name={host_name}")["resource_providers"][0]["uuid"] == root
+    )
 
 
-def test_lost_state_adopts_existing_root_and_children_by_name(
-        client, other, tmp_path, host_name):
+def test_lost_state_adopts_existing_root_and_children_by_name(client, other, tmp_path, host_name):
     desired = host_tree(host_name)
     synced(client, StateStore(tmp_path / "old"), desired)
     root = StateStore(tmp_path / "old").load()["root_uuid"]
@@ -197,12 +204,12 @@ def test_lost_state_adopts_existing_root_and_children_by_name(
     assert lost.load()["root_uuid"] == root
     assert len(tree_in_placement(other, root)) == 1 + CHILDREN
     owned = set(lost.load()["owned_children"])
-    assert owned == {rp["uuid"] for name, rp in
-                     tree_in_placement(other, root).items() if name != host_name}
+    assert owned == {
+        rp["uuid"] for name, rp in tree_in_placement(other, root).items() if name != host_name
+    }
 
 
-def test_corrupt_state_file_is_rebuilt_by_adoption(client, other, store,
-                                                   host_name):
+def test_corrupt_state_file_is_rebuilt_by_adoption(client, other, store, host_name):
     desired = host_tree(host_name)
     synced(client, store, desired)
     root = store.load()["root_uuid"]
@@ -214,30 +221,27 @@ def test_corrupt_state_file_is_rebuilt_by_adoption(client, other, store,
     assert store.load()["root_uuid"] == root
 
 
-def test_duplicate_name_on_create_leads_to_adoption(client, other, tmp_path,
-                                                    host_name):
+def test_duplicate_name_on_create_leads_to_adoption(client, other, tmp_path, host_name):
     desired = host_tree(host_name)
     synced(client, StateStore(tmp_path / "real"), desired)
     root = StateStore(tmp_path / "real").load()["root_uuid"]
     stale = StateStore(tmp_path / "stale")  # e.g. Placement's DB restored
-    stale.save({"root_uuid": str(uuid.uuid4()), "providers": {},
-                "owned_children": []})
+    stale.save({"root_uuid": str(uuid.uuid4()), "providers": {}, "owned_children": []})
 
     report = TreeSyncer(client, stale).sync(desired)
 
     assert report.ok, report.errors
     assert ("POST", "/resource_providers", 409) in client.stats.log
     assert stale.load()["root_uuid"] == root
-    assert len(other.get(f"/resource_providers?name={host_name}")[
-        "resource_providers"]) == 1
+    assert len(other.get(f"/resource_providers?name={host_name}")["resource_providers"]) == 1
     assert len(tree_in_placement(other, root)) == 1 + CHILDREN
 
 
 def test_drift_seen_only_through_a_trait_read_is_still_healed_by_the_verify(
-        client, other, store, host_name):
+    client, other, store, host_name
+):
     clock = FakeClock()
-    syncer = synced(client, store, host_tree(host_name), full_verify_interval=300,
-                    clock=clock)
+    syncer = synced(client, store, host_tree(host_name), full_verify_interval=300, clock=clock)
     root = store.load()["root_uuid"]
     edited = other.get(f"/resource_providers/{root}/inventories")
     edited["inventories"]["DISK_GB"]["total"] = 7  # out of band, generation +1
@@ -245,8 +249,9 @@ def test_drift_seen_only_through_a_trait_read_is_still_healed_by_the_verify(
 
     # A trait change makes the agent read the root's traits at the new
     # generation; its cached inventories are still those of before.
-    flipped = host_tree(host_name, root_traits={"HW_CPU_X86_AVX2": False,
-                                                "COMPUTE_STATUS_DISABLED": False})
+    flipped = host_tree(
+        host_name, root_traits={"HW_CPU_X86_AVX2": False, "COMPUTE_STATUS_DISABLED": False}
+    )
     assert syncer.sync(flipped).ok
     assert inventories(other, root)["DISK_GB"]["total"] == 7
 
@@ -255,12 +260,10 @@ def test_drift_seen_only_through_a_trait_read_is_still_healed_by_the_verify(
     assert inventories(other, root)["DISK_GB"]["total"] == 1800
 
 
-def test_full_verification_heals_out_of_band_drift(client, other, store,
-                                                   host_name):
+def test_full_verification_heals_out_of_band_drift(client, other, store, host_name):
     clock = FakeClock()
     desired = host_tree(host_name)
-    syncer = synced(client, store, desired, full_verify_interval=300,
-                    clock=clock)
+    syncer = synced(client, store, desired, full_verify_interval=300, clock=clock)
     providers = tree_in_placement(other, store.load()["root_uuid"])
     other.delete(f"/resource_providers/{providers[f'{host_name}_NUMA3']['uuid']}")
     numa1 = providers[f"{host_name}_NUMA1"]["uuid"]
@@ -277,36 +280,38 @@ def test_full_verification_heals_out_of_band_drift(client, other, store,
     assert report.ok and report.full_verify, report.errors
     healed = tree_in_placement(other, store.load()["root_uuid"])
     assert sorted(healed) == sorted(desired.names())
-    assert healed[f"{host_name}_NUMA3"]["uuid"] == \
-        providers[f"{host_name}_NUMA3"]["uuid"]
+    assert healed[f"{host_name}_NUMA3"]["uuid"] == providers[f"{host_name}_NUMA3"]["uuid"]
     assert inventories(other, numa1)["VCPU"]["total"] == 16
     # One tree read, then inventories+traits only of the edited provider.
     assert client.stats.reads == 3
     assert client.stats.writes == 3  # POST NUMA3, its inventory, NUMA1's
 
 
-def test_operator_trait_survives_cycles_and_a_restart(client, other, store,
-                                                      host_name):
+def test_operator_trait_survives_cycles_and_a_restart(client, other, store, host_name):
     clock = FakeClock()
-    syncer = synced(client, store, host_tree(host_name), clock=clock,
-                    full_verify_interval=300)
+    syncer = synced(client, store, host_tree(host_name), clock=clock, full_verify_interval=300)
     root = store.load()["root_uuid"]
     other.put("/traits/CUSTOM_RACK_7", None)
     current = other.get(f"/resource_providers/{root}/traits")
-    other.put(f"/resource_providers/{root}/traits", {
-        "resource_provider_generation": current["resource_provider_generation"],
-        "traits": current["traits"] + ["CUSTOM_RACK_7"]})
-    with_avx512 = host_tree(host_name, root_traits={
-        "HW_CPU_X86_AVX2": True, "HW_CPU_X86_AVX512F": True})
+    other.put(
+        f"/resource_providers/{root}/traits",
+        {
+            "resource_provider_generation": current["resource_provider_generation"],
+            "traits": current["traits"] + ["CUSTOM_RACK_7"],
+        },
+    )
+    with_avx512 = host_tree(
+        host_name, root_traits={"HW_CPU_X86_AVX2": True, "HW_CPU_X86_AVX512F": True}
+    )
 
     for _step in range(3):
         clock.now += 200
         assert syncer.sync(with_avx512).ok
-    assert traits(other, root) == {"CUSTOM_RACK_7", "HW_CPU_X86_AVX2",
-                                   "HW_CPU_X86_AVX512F"}
+    assert traits(other, root) == {"CUSTOM_RACK_7", "HW_CPU_X86_AVX2", "HW_CPU_X86_AVX512F"}
 
-    report = TreeSyncer(client, store).sync(host_tree(host_name, root_traits={
-        "HW_CPU_X86_AVX2": True, "HW_CPU_X86_AVX512F": False}))
+    report = TreeSyncer(client, store).sync(
+        host_tree(host_name, root_traits={"HW_CPU_X86_AVX2": True, "HW_CPU_X86_AVX512F": False})
+    )
 
     assert report.ok, report.errors
     assert traits(other, root) == {"CUSTOM_RACK_7", "HW_CPU_X86_AVX2"}
@@ -314,12 +319,12 @@ def test_operator_trait_survives_cycles_and_a_restart(client, other, store,
 
 def test_foreign_child_survives_every_cycle(client, other, store, host_name):
     clock = FakeClock()
-    syncer = synced(client, store, host_tree(host_name), clock=clock,
-                    full_verify_interval=300)
+    syncer = synced(client, store, host_tree(host_name), clock=clock, full_verify_interval=300)
     root = store.load()["root_uuid"]
-    foreign = other.post("/resource_providers", {
-        "name": f"{host_name}:neutron-agent:bandwidth",
-        "parent_provider_uuid": root})
+    foreign = other.post(
+        "/resource_providers",
+        {"name": f"{host_name}:neutron-agent:bandwidth", "parent_provider_uuid": root},
+    )
     numa3 = tree_in_placement(other, root)[f"{host_name}_NUMA3"]["uuid"]
 
     for _step in range(3):
@@ -335,7 +340,8 @@ def test_foreign_child_survives_every_cycle(client, other, store, host_name):
 
 
 def test_inventory_in_use_is_reported_and_the_rest_of_the_tree_syncs(
-        client, other, store, host_name):
+    client, other, store, host_name
+):
     syncer = synced(client, store, host_tree(host_name))
     providers = tree_in_placement(other, store.load()["root_uuid"])
     numa0 = providers[f"{host_name}_NUMA0"]["uuid"]
@@ -343,8 +349,9 @@ def test_inventory_in_use_is_reported_and_the_rest_of_the_tree_syncs(
     allocate(other, numa0, {"VCPU": 4})
     # All of NUMA0's CPUs go dedicated; NUMA1 grows.
     desired = host_tree(host_name, vcpu=0, pcpu=24)
-    desired = ProviderTree(desired.providers[:2] + (
-        numa(host_name, 1, vcpu=20),) + desired.providers[3:])
+    desired = ProviderTree(
+        desired.providers[:2] + (numa(host_name, 1, vcpu=20),) + desired.providers[3:]
+    )
 
     report = syncer.sync(desired)
 
@@ -360,13 +367,13 @@ def test_inventory_in_use_is_reported_and_the_rest_of_the_tree_syncs(
 
 
 def test_capacity_cut_below_usage_is_published_and_reported_not_refused(
-        client, other, store, host_name):
+    client, other, store, host_name
+):
     """Placement takes an inventory below usage (it refuses new claims), as
     nova's resource tracker writes it: VCPU 16 x 4.0 cut to 1 x 4.0 under
     6 in use. Before, the guard kept the old capacity open (an error)."""
     syncer = synced(client, store, host_tree(host_name))
-    numa0 = tree_in_placement(
-        other, store.load()["root_uuid"])[f"{host_name}_NUMA0"]["uuid"]
+    numa0 = tree_in_placement(other, store.load()["root_uuid"])[f"{host_name}_NUMA0"]["uuid"]
     holder = allocate(other, numa0, {"VCPU": 6})
 
     report = syncer.sync(host_tree(host_name, vcpu=1, ratio=4.0))
@@ -374,15 +381,20 @@ def test_capacity_cut_below_usage_is_published_and_reported_not_refused(
     assert report.ok, report.errors
     [cut] = report.cuts
     assert (cut.provider, cut.rc, cut.used, cut.capacity, cut.over) == (
-        f"{host_name}_NUMA0", "VCPU", 6, 4, 2)
+        f"{host_name}_NUMA0",
+        "VCPU",
+        6,
+        4,
+        2,
+    )
     assert cut.holders == ((holder, None, 6),)
     assert inventories(other, numa0)["VCPU"]["total"] == 1
-    assert other.get(f"/allocations/{holder}")["allocations"][numa0]["resources"] == {
-        "VCPU": 6}
+    assert other.get(f"/allocations/{holder}")["allocations"][numa0]["resources"] == {"VCPU": 6}
 
 
 def test_removing_a_class_in_use_is_kept_while_a_cut_beside_it_is_published(
-        client, other, store, host_name):
+    client, other, store, host_name
+):
     """NUMA0 loses VCPU (Placement refuses to delete a class in use: kept,
     an error); NUMA1's VCPU is cut below its usage in the same sync
     (published, reported). Before, both were kept."""
@@ -393,18 +405,18 @@ def test_removing_a_class_in_use_is_kept_while_a_cut_beside_it_is_published(
     allocate(other, numa0, {"VCPU": 4})
     allocate(other, numa1, {"VCPU": 12})
     desired = host_tree(host_name, vcpu=0, pcpu=24)
-    desired = ProviderTree(desired.providers[:2] + (
-        numa(host_name, 1, vcpu=2),) + desired.providers[3:])
+    desired = ProviderTree(
+        desired.providers[:2] + (numa(host_name, 1, vcpu=2),) + desired.providers[3:]
+    )
 
     report = syncer.sync(desired)
 
     [error] = report.errors
     assert f"cannot lower VCPU on {host_name}_NUMA0" in error and "4 VCPU in use" in error
-    assert inventories(other, numa0)["VCPU"]["total"] == 16   # kept: removal refused
+    assert inventories(other, numa0)["VCPU"]["total"] == 16  # kept: removal refused
     assert inventories(other, numa0)["PCPU"]["total"] == 24
-    assert inventories(other, numa1)["VCPU"]["total"] == 2    # cut: published
-    assert [(c.provider, c.rc, c.over) for c in report.cuts] == [
-        (f"{host_name}_NUMA1", "VCPU", 4)]
+    assert inventories(other, numa1)["VCPU"]["total"] == 2  # cut: published
+    assert [(c.provider, c.rc, c.over) for c in report.cuts] == [(f"{host_name}_NUMA1", "VCPU", 4)]
 
 
 def test_plan_reads_but_never_writes(client, other, store, host_name):
@@ -414,15 +426,14 @@ def test_plan_reads_but_never_writes(client, other, store, host_name):
 
     assert client.stats.writes == 0
     assert [c.method for c in changes] == ["PUT", "DELETE", "DELETE"]
-    numa0 = tree_in_placement(
-        other, store.load()["root_uuid"])[f"{host_name}_NUMA0"]["uuid"]
+    numa0 = tree_in_placement(other, store.load()["root_uuid"])[f"{host_name}_NUMA0"]["uuid"]
     assert inventories(other, numa0)["VCPU"]["total"] == 16
 
 
 def test_unreachable_placement_fails_the_cycle_and_keeps_the_state_file(
-        fresh_placement_server, tmp_path, host_name):
-    client = PlacementClient.for_endpoint(fresh_placement_server.url,
-                                          retries=1, backoff=0.01)
+    fresh_placement_server, tmp_path, host_name
+):
+    client = PlacementClient.for_endpoint(fresh_placement_server.url, retries=1, backoff=0.01)
     store = StateStore(tmp_path / "state")
     syncer = synced(client, store, host_tree(host_name))
     before = (store.directory / FILE_NAME).read_bytes()
@@ -441,7 +452,8 @@ def test_unreachable_placement_fails_the_cycle_and_keeps_the_state_file(
 
 
 def test_provider_deleted_behind_the_cache_is_recreated_in_the_same_cycle(
-        client, other, store, host_name):
+    client, other, store, host_name
+):
     syncer = synced(client, store, host_tree(host_name))
     root = store.load()["root_uuid"]
     numa0 = tree_in_placement(other, root)[f"{host_name}_NUMA0"]["uuid"]
@@ -450,7 +462,6 @@ def test_provider_deleted_behind_the_cache_is_recreated_in_the_same_cycle(
     report = syncer.sync(host_tree(host_name, vcpu=24))
 
     assert report.ok, report.errors
-    assert ("PUT", f"/resource_providers/{numa0}/inventories", 404) \
-        in client.stats.log
+    assert ("PUT", f"/resource_providers/{numa0}/inventories", 404) in client.stats.log
     assert tree_in_placement(other, root)[f"{host_name}_NUMA0"]["uuid"] == numa0
     assert inventories(other, numa0)["VCPU"]["total"] == 24

@@ -81,11 +81,13 @@ def _use_a_system_interpreter(venv: Path) -> None:
             link.unlink()
             link.symlink_to(system)
     cfg = venv / "pyvenv.cfg"
-    lines = [line for line in cfg.read_text().splitlines()
-             if not line.startswith(("home", "executable", "command"))]
+    lines = [
+        line
+        for line in cfg.read_text().splitlines()
+        if not line.startswith(("home", "executable", "command"))
+    ]
     cfg.unlink()  # a hard link to the real venv's file: write a new one
-    cfg.write_text("\n".join([f"home = {system.parent}", f"executable = {system}", *lines])
-                   + "\n")
+    cfg.write_text("\n".join([f"home = {system.parent}", f"executable = {system}", *lines]) + "\n")
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -109,8 +111,9 @@ def _staged_runtime() -> tuple[str, str]:
         _use_a_system_interpreter(venv)
         python = str(venv / Path(sys.executable).relative_to(sys.prefix))
     src = base / "src"
-    shutil.copytree(REPO / "node_agent", src / "node_agent",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(
+        REPO / "node_agent", src / "node_agent", ignore=shutil.ignore_patterns("__pycache__")
+    )
     for path in [src, *src.rglob("*")]:
         path.chmod(0o755 if path.is_dir() else 0o644)
     return python, str(src)
@@ -124,8 +127,14 @@ def as_nobody(*args: str, env: Optional[dict] = None) -> tuple[list[str], dict]:
     then impossible."""
     python, src = _staged_runtime()
     env = {**(os.environ if env is None else env), "HOME": "/nonexistent", "PYTHONPATH": src}
-    probe = subprocess.run([SETPRIV, *_AS_NOBODY, python, "-c", "pass"], capture_output=True,
-                           text=True, timeout=60, cwd="/", env=env)
+    probe = subprocess.run(
+        [SETPRIV, *_AS_NOBODY, python, "-c", "pass"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        env=env,
+    )
     if probe.returncode != 0:
         pytest.skip(f"nobody cannot run {python}: {probe.stderr.strip()}")
     return [SETPRIV, *_AS_NOBODY, python, *args], env
@@ -140,6 +149,7 @@ def open_to_everyone(base: Path) -> None:
 def run_as_nobody(*args: str, timeout: float = 60) -> Result:
     """The CLI run as ``nobody`` from the staged runtime (see :func:`as_nobody`)."""
     command, env = as_nobody("-m", "node_agent.cli.main", *args)
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd="/",
-                          env=env)
+    proc = subprocess.run(
+        command, capture_output=True, text=True, timeout=timeout, cwd="/", env=env
+    )
     return Result(proc.returncode, proc.stdout, proc.stderr)

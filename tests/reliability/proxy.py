@@ -25,13 +25,22 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Optional
 from urllib.parse import urlsplit
 
-_HOP_BY_HOP = {"connection", "keep-alive", "transfer-encoding", "te", "trailer",
-               "upgrade", "proxy-authorization", "proxy-authenticate"}
+_HOP_BY_HOP = {
+    "connection",
+    "keep-alive",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-authorization",
+    "proxy-authenticate",
+}
 
 
 class FaultProxy:
-    def __init__(self, upstream: str, host: str = "127.0.0.1",
-                 tls: Optional[ssl.SSLContext] = None):
+    def __init__(
+        self, upstream: str, host: str = "127.0.0.1", tls: Optional[ssl.SSLContext] = None
+    ):
         """``tls``: a server-side context; the proxy then speaks HTTPS."""
         parts = urlsplit(upstream)
         self.scheme = "https" if tls else "http"
@@ -91,14 +100,14 @@ class FaultProxy:
                 body = self.rfile.read(length) if length else None
                 number, inject = proxy._next()
                 if inject is not None:
-                    return self._answer(inject, b"injected fault\n",
-                                        [("Content-Type", "text/plain")])
+                    return self._answer(
+                        inject, b"injected fault\n", [("Content-Type", "text/plain")]
+                    )
                 if proxy.delay:
                     time.sleep(proxy.delay)
                 if proxy.before_forward is not None:
                     proxy.before_forward(number)
-                headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in _HOP_BY_HOP}
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP_BY_HOP}
                 try:
                     conn = http.client.HTTPConnection(*proxy.upstream, timeout=30)
                     conn.request(self.command, self.path, body=body, headers=headers)
@@ -109,14 +118,19 @@ class FaultProxy:
                     self.close_connection = True
                     self.connection.close()  # no answer: as a dead server
                     return
-                if proxy.drop_answer is not None and proxy.drop_answer(self.command,
-                                                                       self.path):
+                if proxy.drop_answer is not None and proxy.drop_answer(self.command, self.path):
                     self.close_connection = True
                     self.connection.close()  # done upstream, the answer is lost
                     return
-                self._answer(response.status, data,
-                             [(k, v) for k, v in response.getheaders()
-                              if k.lower() not in _HOP_BY_HOP | {"content-length"}])
+                self._answer(
+                    response.status,
+                    data,
+                    [
+                        (k, v)
+                        for k, v in response.getheaders()
+                        if k.lower() not in _HOP_BY_HOP | {"content-length"}
+                    ],
+                )
 
             def _answer(self, status, data, headers):
                 self.send_response(status)

@@ -21,8 +21,11 @@ import pytest
 from tests.cli.runner import Result, run_agent
 from tests.hostdata import HOSTDATA
 from tests.machine_id import isolated_config
-from tests.reliability.nobody import (run_as_nobody, skip_unless_root_with_setpriv,
-                                      world_readable_dir)
+from tests.reliability.nobody import (
+    run_as_nobody,
+    skip_unless_root_with_setpriv,
+    world_readable_dir,
+)
 
 # 48 CPUs, 8 NUMA nodes with meminfo, cpuN entries instead of cpulist.
 TEST3 = HOSTDATA / "virhostcpudata" / "linux-test3"
@@ -36,15 +39,16 @@ ERROR, DEGRADED = "error", "degraded"
 class Damage:
     id: str
     tree: Path
-    target: str          # path under the copied devices/system
+    target: str  # path under the copied devices/system
     damage: Callable[[Path], None]
-    outcome: str         # ERROR or DEGRADED
+    outcome: str  # ERROR or DEGRADED
 
 
 def truncate_to(size: int):
     def damage(path: Path) -> None:
         data = path.read_bytes()
-        path.write_bytes(data[:size if size >= 0 else len(data) + size])
+        path.write_bytes(data[: size if size >= 0 else len(data) + size])
+
     return damage
 
 
@@ -86,26 +90,46 @@ CASES = [
     Damage("cpu-dir-missing", TEST3, "cpu", remove, ERROR),
     Damage("cpu-flag-garbage", TEST3, "cpu/cpu1/online", write(b"yes\n"), ERROR),
     Damage("core-id-garbage", TEST3, "cpu/cpu0/topology/core_id", write(b"zero\n"), ERROR),
-    Damage("core-id-is-directory", TEST3, "cpu/cpu0/topology/core_id",
-           directory_instead, ERROR),
+    Damage("core-id-is-directory", TEST3, "cpu/cpu0/topology/core_id", directory_instead, ERROR),
     Damage("topology-dir-missing", TEST3, "cpu/cpu0/topology", remove, DEGRADED),
-    Damage("siblings-garbage", TEST3, "cpu/cpu0/topology/thread_siblings_list",
-           write(b"0-\n"), ERROR),
+    Damage(
+        "siblings-garbage", TEST3, "cpu/cpu0/topology/thread_siblings_list", write(b"0-\n"), ERROR
+    ),
     Damage("meminfo-garbage", TEST3, "node/node0/meminfo", write(b"garbage\n"), ERROR),
     Damage("meminfo-nul-bytes", TEST3, "node/node0/meminfo", write(b"\0" * 64), ERROR),
     Damage("meminfo-empty", TEST3, "node/node0/meminfo", write(b""), ERROR),
     Damage("meminfo-cut-mid-line", TEST3, "node/node0/meminfo", truncate_to(40), ERROR),
-    Damage("meminfo-no-memtotal", TEST3, "node/node0/meminfo",
-           write(b"Node 0 MemFree:  1024 kB\n"), ERROR),
+    Damage(
+        "meminfo-no-memtotal",
+        TEST3,
+        "node/node0/meminfo",
+        write(b"Node 0 MemFree:  1024 kB\n"),
+        ERROR,
+    ),
     Damage("meminfo-is-directory", TEST3, "node/node0/meminfo", directory_instead, ERROR),
     Damage("node-cpulist-garbage", RESCTRL, "node/node1/cpulist", write(b"6-z\n"), ERROR),
     Damage("node-distance-garbage", RESCTRL, "node/node0/distance", write(b"10 x\n"), ERROR),
-    Damage("hugepage-count-missing", RESCTRL,
-           "node/node0/hugepages/hugepages-2048kB/nr_hugepages", remove, ERROR),
-    Damage("hugepage-count-garbage", RESCTRL,
-           "node/node0/hugepages/hugepages-2048kB/free_hugepages", write(b"-\n"), ERROR),
-    Damage("hugepage-pool-is-file", RESCTRL, "node/node1/hugepages/hugepages-2048kB",
-           lambda p: (remove(p), p.write_text("0\n")), ERROR),
+    Damage(
+        "hugepage-count-missing",
+        RESCTRL,
+        "node/node0/hugepages/hugepages-2048kB/nr_hugepages",
+        remove,
+        ERROR,
+    ),
+    Damage(
+        "hugepage-count-garbage",
+        RESCTRL,
+        "node/node0/hugepages/hugepages-2048kB/free_hugepages",
+        write(b"-\n"),
+        ERROR,
+    ),
+    Damage(
+        "hugepage-pool-is-file",
+        RESCTRL,
+        "node/node1/hugepages/hugepages-2048kB",
+        lambda p: (remove(p), p.write_text("0\n")),
+        ERROR,
+    ),
     Damage("node-dir-missing", TEST3, "node/node7", remove, ERROR),
     Damage("listed-node-dir-missing", RESCTRL, "node/node1", remove, ERROR),
     Damage("node-meminfo-missing", TEST3, "node/node3/meminfo", remove, ERROR),
@@ -132,11 +156,12 @@ def config_for(root: Path, tmp_path: Path) -> Path:
     instances.mkdir(exist_ok=True)
     config = tmp_path / "node-agent.conf"
     config.write_text(
-        isolated_config(tmp_path) +
-        f"[DEFAULT]\nhost = damaged\n[agent]\nstate_path = {tmp_path / 'state'}\n"
+        isolated_config(tmp_path)
+        + f"[DEFAULT]\nhost = damaged\n[agent]\nstate_path = {tmp_path / 'state'}\n"
         f"[host]\nsysfs_root = {root}\n[libvirt]\nconnection_uri =\n"
         f"[compute]\ninstances_path = {instances}\nnuma_in_placement = true\n"
-        f"provider_config_location = {tmp_path / 'provider_config'}\n")
+        f"provider_config_location = {tmp_path / 'provider_config'}\n"
+    )
     return config
 
 
@@ -146,8 +171,11 @@ def dry_run(config: Path) -> Result:
 
 def totals(report: dict) -> dict[tuple[str, str], int]:
     """(provider name, class) -> total, for every inventory of the report."""
-    return {(p["name"], rc): inv["total"] for p in report["providers"]
-            for rc, inv in p["inventories"].items()}
+    return {
+        (p["name"], rc): inv["total"]
+        for p in report["providers"]
+        for rc, inv in p["inventories"].items()
+    }
 
 
 def root_totals(report: dict) -> dict[str, int]:
@@ -172,8 +200,7 @@ def outcomes(tmp_path_factory):
         shutil.copytree(tree, where / "sysroot" / "devices" / "system", symlinks=True)
         intact[tree] = dry_run(config_for(where / "sysroot", where))
     with ThreadPoolExecutor(max_workers=4) as pool:
-        runs = dict(zip([c.id for c in CASES],
-                        pool.map(lambda c: run_case(c, base / c.id), CASES)))
+        runs = dict(zip([c.id for c in CASES], pool.map(lambda c: run_case(c, base / c.id), CASES)))
     yield intact, runs
     shutil.rmtree(base, ignore_errors=True)
 
@@ -202,7 +229,7 @@ def test_damaged_tree_is_a_clear_error_or_never_shrinks_inventory(case, outcomes
     result = runs[case.id]
     if case.outcome == ERROR:
         parts = case.target.split("/")
-        assert_clear_error(result, *("/".join(parts[:i + 1]) for i in range(len(parts))))
+        assert_clear_error(result, *("/".join(parts[: i + 1]) for i in range(len(parts))))
     else:
         assert_not_smaller(intact[case.tree], result)
 
@@ -211,8 +238,7 @@ def test_permission_denied_on_a_sysfs_file_is_a_clear_error():
     skip_unless_root_with_setpriv()
     base = world_readable_dir()
     try:
-        case = Damage("online-unreadable", TEST3, "cpu/online",
-                      lambda p: p.chmod(0o000), ERROR)
+        case = Damage("online-unreadable", TEST3, "cpu/online", lambda p: p.chmod(0o000), ERROR)
         config = config_for(damaged_root(case, base), base)
         result = run_as_nobody("--config-file", str(config), "--once", "--dry-run")
         assert_clear_error(result, "cpu/online")

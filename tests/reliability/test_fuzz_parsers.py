@@ -16,21 +16,25 @@ from functools import lru_cache
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from node_agent.host.capabilities import parse_capabilities, parse_cpu_model_xml
-from node_agent.model.cpuset import parse_cpu_spec, parse_cpulist
-from node_agent.model.device_spec import parse_device_specs
-from node_agent.host.domain import parse_domain
 from node_agent.errors import NodeAgentError
-from node_agent.model.hugepages import parse_reserved_huge_pages
+from node_agent.host.capabilities import parse_capabilities, parse_cpu_model_xml
+from node_agent.host.domain import parse_domain
 from node_agent.host.meminfo import parse_node_meminfo
 from node_agent.host.nodedev import parse_node_device
+from node_agent.model.cpuset import parse_cpu_spec, parse_cpulist
+from node_agent.model.device_spec import parse_device_specs
+from node_agent.model.hugepages import parse_reserved_huge_pages
 from node_agent.policy.provider_config import parse_provider_config
 from tests.hostdata import HOSTDATA
 
 # NODE_AGENT_FUZZ_EXAMPLES raises the count for a long hunt (make soak).
 EXAMPLES = int(os.environ.get("NODE_AGENT_FUZZ_EXAMPLES", "150"))
-FUZZ = settings(max_examples=EXAMPLES, deadline=None, derandomize=EXAMPLES <= 150,
-                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=EXAMPLES <= 150,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 # A nova-style guest: metadata, pinning, NUMA tuning, huge pages, an mdev.
 NOVA_DOMAIN = """<domain type='kvm'>
@@ -108,7 +112,7 @@ def mutated(draw, kind: str):
 
 
 def _truncate(draw, text: str) -> str:
-    return text[:draw(st.integers(0, max(0, len(text))))]
+    return text[: draw(st.integers(0, max(0, len(text))))]
 
 
 def _flip(draw, text: str) -> str:
@@ -116,7 +120,7 @@ def _flip(draw, text: str) -> str:
         return text
     at = draw(st.integers(0, len(text) - 1))
     char = draw(st.sampled_from("<>/='\"&;x0-9^,:\n\x00\ufffd") | st.characters())
-    return text[:at] + char + text[at + 1:]
+    return text[:at] + char + text[at + 1 :]
 
 
 def _splice(draw, text: str) -> str:
@@ -227,8 +231,25 @@ def mutated_yaml(draw):
 
 
 YAML_SCALARS = st.sampled_from(
-    ["-1", "0", ".nan", ".inf", "99999999999999999999", "true", "~", "[]", "{}", "'x'",
-     "1.5", "CUSTOM_X", "$COMPUTE_NODE", "&a [*a]", "!!binary aGk=", "2001-01-01"])
+    [
+        "-1",
+        "0",
+        ".nan",
+        ".inf",
+        "99999999999999999999",
+        "true",
+        "~",
+        "[]",
+        "{}",
+        "'x'",
+        "1.5",
+        "CUSTOM_X",
+        "$COMPUTE_NODE",
+        "&a [*a]",
+        "!!binary aGk=",
+        "2001-01-01",
+    ]
+)
 
 
 @st.composite
@@ -249,12 +270,41 @@ def test_provider_yaml_parser_raises_only_config_error(text):
 
 
 @FUZZ
-@given(st.lists(st.one_of(ANY_TEXT, st.builds(
-    lambda k, v: '{"%s": %s}' % (k, v),
-    st.sampled_from(["address", "devname", "vendor_id", "product_id",
-                     "physical_network", "trusted", "x"]),
-    st.sampled_from(['"0000:81:00.0"', '"*:81:00.*"', "1", "null", "[]", '""',
-                     '"8086"', "{}", '"\\u0000"']))), max_size=4))
+@given(
+    st.lists(
+        st.one_of(
+            ANY_TEXT,
+            st.builds(
+                lambda k, v: '{"%s": %s}' % (k, v),
+                st.sampled_from(
+                    [
+                        "address",
+                        "devname",
+                        "vendor_id",
+                        "product_id",
+                        "physical_network",
+                        "trusted",
+                        "x",
+                    ]
+                ),
+                st.sampled_from(
+                    [
+                        '"0000:81:00.0"',
+                        '"*:81:00.*"',
+                        "1",
+                        "null",
+                        "[]",
+                        '""',
+                        '"8086"',
+                        "{}",
+                        '"\\u0000"',
+                    ]
+                ),
+            ),
+        ),
+        max_size=4,
+    )
+)
 def test_device_spec_option_reports_problems_never_raises(values):
     problems: list[str] = []
     specs = parse_device_specs(values, problems)
@@ -262,11 +312,20 @@ def test_device_spec_option_reports_problems_never_raises(values):
 
 
 @FUZZ
-@given(st.lists(st.one_of(ANY_TEXT, st.builds(
-    "node:{},size:{},count:{}".format,
-    st.sampled_from(["0", "-1", "x", "", "99999999999999999999"]),
-    st.sampled_from(["2048", "2M", "1G", "0", "1X", "", "-2M", "1 G"]),
-    st.sampled_from(["1", "0", "-1", "", "1e3"]))), max_size=4))
+@given(
+    st.lists(
+        st.one_of(
+            ANY_TEXT,
+            st.builds(
+                "node:{},size:{},count:{}".format,
+                st.sampled_from(["0", "-1", "x", "", "99999999999999999999"]),
+                st.sampled_from(["2048", "2M", "1G", "0", "1X", "", "-2M", "1 G"]),
+                st.sampled_from(["1", "0", "-1", "", "1e3"]),
+            ),
+        ),
+        max_size=4,
+    )
+)
 def test_reserved_huge_pages_option_reports_problems_never_raises(values):
     problems: list[str] = []
     parse_reserved_huge_pages(values, problems)

@@ -23,9 +23,13 @@ from tests.hostdata import HOSTDATA
 from tests.integration.agent_process import AgentProcess
 from tests.integration.rabbit import rabbitmq  # noqa: F401 (fixture)
 from tests.integration.test_service_process import agent as service  # noqa: F401 (fixture)
-from tests.reliability.nobody import (open_to_everyone, run_as_nobody,
-                                      skip_unless_root_with_setpriv, stage_tree,
-                                      world_readable_dir)
+from tests.reliability.nobody import (
+    open_to_everyone,
+    run_as_nobody,
+    skip_unless_root_with_setpriv,
+    stage_tree,
+    world_readable_dir,
+)
 from tests.reliability.test_security import placement_section
 
 TEST6 = HOSTDATA / "virhostcpudata" / "linux-test6"
@@ -41,26 +45,31 @@ def assert_one_clear_line(result, code: int, *fragments: str) -> None:
 
 # ------------------------------------------------------------ non-UTF-8 config
 
+
 @pytest.mark.parametrize("args", [("--check-config",), ("--once", "--dry-run")])
-def test_config_file_with_a_non_utf8_byte_is_a_config_error_naming_file_and_offset(
-        tmp_path, args):
+def test_config_file_with_a_non_utf8_byte_is_a_config_error_naming_file_and_offset(tmp_path, args):
     config = write_config(tmp_path, TEST6)
     text = config.read_bytes()
     config.write_bytes(text + b"# caf\xe9\n")
     result = run_agent("--config-file", str(config), *args)
-    assert_one_clear_line(result, 78, str(config), f"offset {len(text) + 5}",
-                          "not UTF-8")
+    assert_one_clear_line(result, 78, str(config), f"offset {len(text) + 5}", "not UTF-8")
 
 
 OVERLAP = "[compute]\ncpu_dedicated_set = 0-3\ncpu_shared_set = 3-4\n"
 
 
-@pytest.mark.parametrize("new_config, fragment", [
-    (lambda text: text.encode() + b"# \xff\n", "is not UTF-8 text"),
-    (lambda text: text.replace("[compute]\n", OVERLAP).encode(), "overlap on CPUs 3"),
-    (lambda text: text.replace("[DEFAULT]\n", "[DEFAULT]\ndebug = maybe\n").encode(),
-     "[DEFAULT] debug = 'maybe' in "),
-], ids=["non-utf8-byte", "overlapping-cpu-sets", "bad-logging-value"])
+@pytest.mark.parametrize(
+    "new_config, fragment",
+    [
+        (lambda text: text.encode() + b"# \xff\n", "is not UTF-8 text"),
+        (lambda text: text.replace("[compute]\n", OVERLAP).encode(), "overlap on CPUs 3"),
+        (
+            lambda text: text.replace("[DEFAULT]\n", "[DEFAULT]\ndebug = maybe\n").encode(),
+            "[DEFAULT] debug = 'maybe' in ",
+        ),
+    ],
+    ids=["non-utf8-byte", "overlapping-cpu-sets", "bad-logging-value"],
+)
 def test_sighup_with_a_bad_config_keeps_the_running_config(service, new_config, fragment):
     service.start()
     service.status_after(lambda s: s.startswith("ok:"))
@@ -77,6 +86,7 @@ def test_sighup_with_a_bad_config_keeps_the_running_config(service, new_config, 
 
 
 # ------------------------------------------------------------ state file owner
+
 
 @pytest.fixture
 def shared_dir():
@@ -97,8 +107,7 @@ def test_state_file_written_by_root_keeps_the_directory_owner_and_the_service_re
     state.mkdir(mode=0o700)
     os.chown(state, NOBODY_UID, NOBODY_UID)
 
-    result = run_agent("maintenance", "on", "--config-file", str(config),
-                       "--reason", "disk swap")
+    result = run_agent("maintenance", "on", "--config-file", str(config), "--reason", "disk swap")
     assert result.code == 0, result.stderr
 
     info = (state / "state.json").stat()
@@ -109,7 +118,8 @@ def test_state_file_written_by_root_keeps_the_directory_owner_and_the_service_re
 
 
 def test_root_cli_and_a_service_running_as_nobody_share_the_state_file(
-        shared_dir, placement_server, host_name):
+    shared_dir, placement_server, host_name
+):
     """The unit's case: the service runs as its own user, the operator types
     `sudo node-agent maintenance on|off`. The running service (as nobody)
     reads what root wrote, applies it, and keeps writing its state file."""
@@ -123,8 +133,9 @@ def test_root_cli_and_a_service_running_as_nobody_share_the_state_file(
         status = Path(f"/proc/{agent.proc.pid}/status").read_text()
         assert f"Uid:\t{NOBODY_UID}\t{NOBODY_UID}" in status  # setpriv exec'd the agent
 
-        on = run_agent("maintenance", "on", "--config-file", str(agent.config),
-                       "--reason", "disk swap")  # as root: no control channel, the file
+        on = run_agent(
+            "maintenance", "on", "--config-file", str(agent.config), "--reason", "disk swap"
+        )  # as root: no control channel, the file
         assert on.code == 0, on.stderr
         assert (state.stat().st_uid, stat.S_IMODE(state.stat().st_mode)) == (NOBODY_UID, 0o600)
         agent.new_status(lambda s: s.startswith("ok:"))
@@ -147,9 +158,15 @@ def test_root_cli_and_a_service_running_as_nobody_share_the_state_file(
 
 
 def test_a_privileged_metrics_port_for_a_service_running_as_nobody_says_so(
-        shared_dir, placement_server, host_name):
-    agent = AgentProcess(shared_dir, placement_server.url, host_name, as_nobody=True,
-                         agent_options="report_interval = 1\nmetrics_port = 81\n")
+    shared_dir, placement_server, host_name
+):
+    agent = AgentProcess(
+        shared_dir,
+        placement_server.url,
+        host_name,
+        as_nobody=True,
+        agent_options="report_interval = 1\nmetrics_port = 81\n",
+    )
     try:
         agent.start()
         code = agent.proc.wait(60)
@@ -172,35 +189,48 @@ def test_state_file_the_service_user_cannot_read_is_one_clear_line(shared_dir):
     (state / "state.json").chmod(0o600)  # root's, as older versions left it
 
     result = run_as_nobody("--config-file", str(config), "--once", "--dry-run")
-    assert_one_clear_line(result, 69, f"state file {state / 'state.json'} cannot be "
-                          "read", "Permission denied", "chown")
+    assert_one_clear_line(
+        result,
+        69,
+        f"state file {state / 'state.json'} cannot be read",
+        "Permission denied",
+        "chown",
+    )
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
 # ------------------------------------------------------------ unwritable state
 
+
 def test_unwritable_state_path_after_placement_write_names_the_path_and_what_was_written(
-        shared_dir, placement_server, host_name):
+    shared_dir, placement_server, host_name
+):
     base = shared_dir
-    config = write_config(base, stage_tree(TEST6, base), host=host_name,
-                          extra=placement_section(placement_server.url))
+    config = write_config(
+        base, stage_tree(TEST6, base), host=host_name, extra=placement_section(placement_server.url)
+    )
     open_to_everyone(base)
     (base / "state").mkdir(mode=0o755)  # root's: nobody cannot write into it
 
     result = run_as_nobody("--config-file", str(config), "--once")
-    assert_one_clear_line(result, 69, f"state file {base / 'state' / 'state.json'} "
-                          "cannot be written", "Permission denied",
-                          "Placement was already written", "POST /resource_providers")
+    assert_one_clear_line(
+        result,
+        69,
+        f"state file {base / 'state' / 'state.json'} cannot be written",
+        "Permission denied",
+        "Placement was already written",
+        "POST /resource_providers",
+    )
 
 
 @pytest.mark.parametrize("args", [("--once", "--dry-run"), ("maintenance", "on")])
-def test_state_path_that_is_a_file_is_named_as_such_not_as_a_permission_problem(
-        tmp_path, args):
+def test_state_path_that_is_a_file_is_named_as_such_not_as_a_permission_problem(tmp_path, args):
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("")
     config = write_config(tmp_path, TEST6)
-    config.write_text(config.read_text().replace(f"state_path = {tmp_path / 'state'}",
-                                                 f"state_path = {blocker}"))
+    config.write_text(
+        config.read_text().replace(f"state_path = {tmp_path / 'state'}", f"state_path = {blocker}")
+    )
     result = run_agent("--config-file", str(config), *args)
     assert_one_clear_line(result, 69, f"state_path {blocker}: {blocker} is not a directory")
     assert "sudo" not in result.stderr and "chown" not in result.stderr
@@ -213,8 +243,9 @@ def full_filesystem(tmp_path):
         pytest.skip("needs root to mount a tmpfs")
     mount = tmp_path / "full"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)],
-                          capture_output=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(mount)], capture_output=True
+    )
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs: {done.stderr.decode().strip()}")
     try:
@@ -233,36 +264,55 @@ def full_filesystem(tmp_path):
 
 
 def test_state_path_on_a_full_filesystem_names_the_path_after_placement_was_written(
-        tmp_path, placement_server, host_name, full_filesystem):
-    config = write_config(tmp_path, TEST6, host=host_name,
-                          extra=placement_section(placement_server.url))
-    config.write_text(config.read_text().replace(f"state_path = {tmp_path / 'state'}",
-                                                 f"state_path = {full_filesystem}"))
+    tmp_path, placement_server, host_name, full_filesystem
+):
+    config = write_config(
+        tmp_path, TEST6, host=host_name, extra=placement_section(placement_server.url)
+    )
+    config.write_text(
+        config.read_text().replace(
+            f"state_path = {tmp_path / 'state'}", f"state_path = {full_filesystem}"
+        )
+    )
     result = run_agent("--config-file", str(config), "--once")
-    assert_one_clear_line(result, 69, f"state file {full_filesystem / 'state.json'} cannot "
-                          "be written", "No space left on device",
-                          "Placement was already written")
+    assert_one_clear_line(
+        result,
+        69,
+        f"state file {full_filesystem / 'state.json'} cannot be written",
+        "No space left on device",
+        "Placement was already written",
+    )
 
 
 def test_maintenance_on_a_full_filesystem_names_the_path(tmp_path, full_filesystem):
     config = write_config(tmp_path, TEST6)
-    config.write_text(config.read_text().replace(f"state_path = {tmp_path / 'state'}",
-                                                 f"state_path = {full_filesystem}"))
+    config.write_text(
+        config.read_text().replace(
+            f"state_path = {tmp_path / 'state'}", f"state_path = {full_filesystem}"
+        )
+    )
     result = run_agent("maintenance", "on", "--config-file", str(config))
-    assert_one_clear_line(result, 69, str(full_filesystem / "state.json"),
-                          "No space left on device")
+    assert_one_clear_line(
+        result, 69, str(full_filesystem / "state.json"), "No space left on device"
+    )
 
 
 # ------------------------------------------------------------ metrics port
 
+
 def test_metrics_port_in_use_stops_the_service_with_one_clear_line(
-        tmp_path, placement_server, host_name):
+    tmp_path, placement_server, host_name
+):
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     port = busy.getsockname()[1]
-    agent = AgentProcess(tmp_path, placement_server.url, host_name,
-                         agent_options=f"report_interval = 1\nmetrics_port = {port}\n")
+    agent = AgentProcess(
+        tmp_path,
+        placement_server.url,
+        host_name,
+        agent_options=f"report_interval = 1\nmetrics_port = {port}\n",
+    )
     try:
         agent.start()
         code = agent.proc.wait(30)
@@ -279,6 +329,7 @@ def test_metrics_port_in_use_stops_the_service_with_one_clear_line(
 
 # ------------------------------------------------------------ hung endpoint
 
+
 @pytest.fixture
 def hung_endpoint():
     """A TCP listener that completes every handshake and never answers."""
@@ -289,15 +340,14 @@ def hung_endpoint():
     sock.close()
 
 
-def test_hung_placement_endpoint_is_an_error_naming_it_within_the_timeout(
-        tmp_path, hung_endpoint):
-    config = write_config(tmp_path, TEST6,
-                          extra=placement_section(hung_endpoint, "timeout = 2"))
+def test_hung_placement_endpoint_is_an_error_naming_it_within_the_timeout(tmp_path, hung_endpoint):
+    config = write_config(tmp_path, TEST6, extra=placement_section(hung_endpoint, "timeout = 2"))
     started = time.monotonic()
     result = run_agent("--config-file", str(config), "--once", timeout=60)
     elapsed = time.monotonic() - started
-    assert_one_clear_line(result, 75, hung_endpoint, "did not answer within 2.0s",
-                          "[placement] timeout")
+    assert_one_clear_line(
+        result, 75, hung_endpoint, "did not answer within 2.0s", "[placement] timeout"
+    )
     assert elapsed < 2 * 2 + 5, elapsed  # one timeout, not one per retry
 
 
@@ -310,6 +360,7 @@ def test_placement_timeout_defaults_to_30_seconds(tmp_path):
 
 
 # ------------------------------------------------------------ one validation
+
 
 def drain(notify) -> list[str]:
     """Every datagram the process sent so far."""
@@ -325,38 +376,56 @@ def drain(notify) -> list[str]:
 def test_check_config_lists_every_problem_in_one_pass(tmp_path):
     """A typo, a bad value, a CPU the host lacks and no [placement]: all four
     in one run, not one per fix."""
-    config = write_config(tmp_path, TEST6, extra="cpu_dedicated_sets = 1\n"
-                                                 "reserved_host_memory_mb = -4\n"
-                                                 "cpu_dedicated_set = 0-99\n")
+    config = write_config(
+        tmp_path,
+        TEST6,
+        extra="cpu_dedicated_sets = 1\nreserved_host_memory_mb = -4\ncpu_dedicated_set = 0-99\n",
+    )
     result = run_agent("--config-file", str(config), "--check-config")
-    assert_one_clear_line(result, 78, "unknown option [compute] cpu_dedicated_sets",
-                          "reserved_host_memory_mb has an invalid value '-4'",
-                          "names CPUs 8-99 that this host does not have",
-                          "no Placement is configured")
+    assert_one_clear_line(
+        result,
+        78,
+        "unknown option [compute] cpu_dedicated_sets",
+        "reserved_host_memory_mb has an invalid value '-4'",
+        "names CPUs 8-99 that this host does not have",
+        "no Placement is configured",
+    )
     assert result.stdout == ""
 
 
-@pytest.mark.parametrize("args", [("--check-config",), ("--once", "--dry-run"), ()],
-                         ids=["check-config", "dry-run", "service"])
+@pytest.mark.parametrize(
+    "args",
+    [("--check-config",), ("--once", "--dry-run"), ()],
+    ids=["check-config", "dry-run", "service"],
+)
 def test_a_bad_logging_value_is_a_config_error_named_with_the_other_problems(tmp_path, args):
     """oslo.config exits 1 on a bad value of an option it could take on its
     command line (oslo.log's), hiding the rest; it is one problem among the others."""
     config = write_config(tmp_path, TEST6, extra="reserved_host_memory_mb = -4\n")
-    config.write_text(config.read_text().replace(
-        "[DEFAULT]\n", "[DEFAULT]\ndebug = maybe\nuse_json = perhaps\n"))
+    config.write_text(
+        config.read_text().replace("[DEFAULT]\n", "[DEFAULT]\ndebug = maybe\nuse_json = perhaps\n")
+    )
     result = run_agent("--config-file", str(config), *args)
-    assert_one_clear_line(result, 78, f"[DEFAULT] debug = 'maybe' in {config} is not valid",
-                          f"[DEFAULT] use_json = 'perhaps' in {config} is not valid",
-                          "reserved_host_memory_mb has an invalid value '-4'")
+    assert_one_clear_line(
+        result,
+        78,
+        f"[DEFAULT] debug = 'maybe' in {config} is not valid",
+        f"[DEFAULT] use_json = 'perhaps' in {config} is not valid",
+        "reserved_host_memory_mb has an invalid value '-4'",
+    )
     assert "argument --debug" not in result.stderr
 
 
 def test_check_config_refuses_messaging_mode_without_transport_url(tmp_path):
     config = write_config(tmp_path, TEST6, extra="[agent]\nupstream = messaging\n")
     result = run_agent("--config-file", str(config), "--check-config")
-    assert_one_clear_line(result, 78, "[agent] upstream = messaging needs [DEFAULT] "
-                          "transport_url", "needs [agent] upstream_key_file",
-                          "node-agent-applier derive-key fixture-host --output FILE")
+    assert_one_clear_line(
+        result,
+        78,
+        "[agent] upstream = messaging needs [DEFAULT] transport_url",
+        "needs [agent] upstream_key_file",
+        "node-agent-applier derive-key fixture-host --output FILE",
+    )
 
 
 def host_key_file(tmp_path, mode: int = 0o600) -> Path:
@@ -371,12 +440,21 @@ def host_key_file(tmp_path, mode: int = 0o600) -> Path:
 
 def test_check_config_refuses_a_host_key_readable_by_others_naming_the_fix(tmp_path):
     key = host_key_file(tmp_path, 0o644)
-    config = write_config(tmp_path, TEST6, extra=(
-        f"[agent]\nupstream = messaging\nupstream_key_file = {key}\n"
-        "[DEFAULT]\ntransport_url = rabbit://agent:pw@127.0.0.1:5672/\n"))
+    config = write_config(
+        tmp_path,
+        TEST6,
+        extra=(
+            f"[agent]\nupstream = messaging\nupstream_key_file = {key}\n"
+            "[DEFAULT]\ntransport_url = rabbit://agent:pw@127.0.0.1:5672/\n"
+        ),
+    )
     result = run_agent("--config-file", str(config), "--check-config")
-    assert_one_clear_line(result, 78, f"[agent] upstream_key_file = {key}: the key is open "
-                          "to its group or others (mode 0644)", f"chmod 0600 {key}")
+    assert_one_clear_line(
+        result,
+        78,
+        f"[agent] upstream_key_file = {key}: the key is open to its group or others (mode 0644)",
+        f"chmod 0600 {key}",
+    )
     assert bytes(range(32)).hex() not in result.stdout + result.stderr
 
 
@@ -400,25 +478,27 @@ def test_missing_default_config_file_is_exit_78(tmp_path):
 
 def test_missing_config_file_is_exit_78(tmp_path):
     missing = tmp_path / "nope.conf"
-    for args in (("maintenance", "on", "--config-file", str(missing)),
-                 ("--config-file", str(missing), "--check-config")):
+    for args in (
+        ("maintenance", "on", "--config-file", str(missing)),
+        ("--config-file", str(missing), "--check-config"),
+    ):
         result = run_agent(*args)
         assert_one_clear_line(result, 78, str(missing))
 
 
 def test_check_config_connect_reports_a_placement_that_answers(
-        tmp_path, placement_server, host_name):
-    config = write_config(tmp_path, TEST6, host=host_name,
-                          extra=placement_section(placement_server.url))
+    tmp_path, placement_server, host_name
+):
+    config = write_config(
+        tmp_path, TEST6, host=host_name, extra=placement_section(placement_server.url)
+    )
     result = run_agent("--config-file", str(config), "--check-config", "--connect")
     assert result.code == 0, result.stderr
     assert f"Placement answers: {placement_server.url}" in result.stdout
 
 
-def test_check_config_connect_names_a_placement_that_does_not_answer(
-        tmp_path, hung_endpoint):
-    config = write_config(tmp_path, TEST6,
-                          extra=placement_section(hung_endpoint, "timeout = 1"))
+def test_check_config_connect_names_a_placement_that_does_not_answer(tmp_path, hung_endpoint):
+    config = write_config(tmp_path, TEST6, extra=placement_section(hung_endpoint, "timeout = 1"))
     result = run_agent("--config-file", str(config), "check-config", "--connect")
     assert_one_clear_line(result, 75, hung_endpoint, "did not answer within 1.0s")
     plain = run_agent("--config-file", str(config), "check-config")
@@ -430,18 +510,28 @@ def test_check_config_connect_names_a_broker_that_refuses(tmp_path):
     closed.bind(("127.0.0.1", 0))
     port = closed.getsockname()[1]
     closed.close()  # nothing listens there
-    config = write_config(tmp_path, TEST6, extra=(
-        f"[agent]\nupstream = messaging\nupstream_key_file = {host_key_file(tmp_path)}\n"
-        f"[DEFAULT]\ntransport_url = rabbit://agent:S3cret@127.0.0.1:{port}/\n"))
+    config = write_config(
+        tmp_path,
+        TEST6,
+        extra=(
+            f"[agent]\nupstream = messaging\nupstream_key_file = {host_key_file(tmp_path)}\n"
+            f"[DEFAULT]\ntransport_url = rabbit://agent:S3cret@127.0.0.1:{port}/\n"
+        ),
+    )
     result = run_agent("--config-file", str(config), "--check-config", "--connect")
     assert_one_clear_line(result, 75, f"the broker at 127.0.0.1:{port}")
     assert "S3cret" not in result.stdout + result.stderr
 
 
 def test_check_config_connect_reports_a_broker_that_answers(tmp_path, rabbitmq):
-    config = write_config(tmp_path, TEST6, extra=(
-        f"[agent]\nupstream = messaging\nupstream_key_file = {host_key_file(tmp_path)}\n"
-        f"[DEFAULT]\ntransport_url = {rabbitmq}\n"))
+    config = write_config(
+        tmp_path,
+        TEST6,
+        extra=(
+            f"[agent]\nupstream = messaging\nupstream_key_file = {host_key_file(tmp_path)}\n"
+            f"[DEFAULT]\ntransport_url = {rabbitmq}\n"
+        ),
+    )
     result = run_agent("--config-file", str(config), "--check-config", "--connect")
     assert result.code == 0, result.stderr
     assert "Broker answers: 127.0.0.1:" in result.stdout
@@ -449,16 +539,15 @@ def test_check_config_connect_reports_a_broker_that_answers(tmp_path, rabbitmq):
 
 # ------------------------------------------------------------ CLI conventions
 
+
 def test_global_options_work_before_and_after_a_subcommand(tmp_path):
     config = write_config(tmp_path, TEST6)
     before = run_agent("--config-file", str(config), "maintenance", "on", "--reason", "a")
     assert before.code == 0, before.stderr
     after = run_agent("maintenance", "off", "--config-file", str(config))
     assert after.code == 0, after.stderr
-    check_before = run_agent("--config-file", str(config), "check-config",
-                             "--output", "json")
-    check_after = run_agent("check-config", "--config-file", str(config),
-                            "--output", "json")
+    check_before = run_agent("--config-file", str(config), "check-config", "--output", "json")
+    check_after = run_agent("check-config", "--config-file", str(config), "--output", "json")
     assert check_before.code == check_after.code == 78  # no [placement]: same verdict
     assert check_before.stderr == check_after.stderr
 
@@ -467,12 +556,16 @@ def error_lines(result) -> list[str]:
     return [line for line in result.stderr.splitlines() if " error: " in line]
 
 
-@pytest.mark.parametrize("command", [
-    ("ctl", "--host", "h1", "--timeout", "5", "status"),
-    ("decommission", "--dry-run"),
-    ("audit",),
-    ("maintenance", "status", "--output", "json"),
-], ids=["ctl", "decommission", "audit", "maintenance"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("ctl", "--host", "h1", "--timeout", "5", "status"),
+        ("decommission", "--dry-run"),
+        ("audit",),
+        ("maintenance", "status", "--output", "json"),
+    ],
+    ids=["ctl", "decommission", "audit", "maintenance"],
+)
 def test_global_options_work_before_and_after_every_subcommand(tmp_path, command):
     config = write_config(tmp_path, TEST6)
     global_options = ("--config-file", str(config), "--debug")
@@ -481,7 +574,9 @@ def test_global_options_work_before_and_after_every_subcommand(tmp_path, command
     # The config was read either way (no [placement], no transport_url: 78;
     # maintenance status needs neither): the same verdict, no usage error.
     assert before.code == after.code == (0 if command[0] == "maintenance" else 78), (
-        before.stderr, after.stderr)
+        before.stderr,
+        after.stderr,
+    )
     assert error_lines(before) == error_lines(after)
     assert before.stdout == after.stdout
 
@@ -489,21 +584,30 @@ def test_global_options_work_before_and_after_every_subcommand(tmp_path, command
 def test_help_lists_the_subcommands_and_version_exists():
     result = run_agent("--help")
     assert result.code == 0
-    listed = [line.split()[0] for line in result.stdout.split("subcommands", 1)[-1]
-              .splitlines() if line.startswith("  ") and not line.startswith("   ")]
+    listed = [
+        line.split()[0]
+        for line in result.stdout.split("subcommands", 1)[-1].splitlines()
+        if line.startswith("  ") and not line.startswith("   ")
+    ]
     for command in ("check-config", "maintenance", "ctl", "decommission", "audit"):
         assert command in listed, result.stdout
     from importlib.metadata import version as installed
+
     version = run_agent("--version")
     assert version.code == 0
     assert version.stdout.strip() == f"node-agent {installed('node-agent')}"
-    applier = subprocess.run([sys.executable, "-m", "node_agent.applier", "--version"],
-                             capture_output=True, text=True, timeout=60)
+    applier = subprocess.run(
+        [sys.executable, "-m", "node_agent.applier", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert applier.returncode == 0, applier.stderr
     assert applier.stdout.strip() == f"node-agent-applier {installed('node-agent')}"
 
 
 # ------------------------------------------------------------ logging, metrics
+
 
 def test_debug_output_keeps_library_noise_out(tmp_path):
     config = write_config(tmp_path, TEST6)
@@ -518,24 +622,28 @@ def test_debug_output_keeps_library_noise_out(tmp_path):
 def test_log_options_come_from_the_config_file(tmp_path):
     log_file = tmp_path / "agent.log"
     config = write_config(tmp_path, TEST6)
-    config.write_text(config.read_text().replace(
-        "[DEFAULT]\n", f"[DEFAULT]\ndebug = true\nuse_json = true\nlog_file = {log_file}\n"))
+    config.write_text(
+        config.read_text().replace(
+            "[DEFAULT]\n", f"[DEFAULT]\ndebug = true\nuse_json = true\nlog_file = {log_file}\n"
+        )
+    )
     result = run_agent("--config-file", str(config), "--once", "--dry-run")
     assert result.code == 0, result.stderr
     assert result.stderr == ""  # the log goes to log_file only
     records = [json.loads(line) for line in log_file.read_text().splitlines()]
     assert records and all(r["levelname"] for r in records)
-    assert any(r["levelname"] == "DEBUG" and r["name"].startswith("node_agent")
-               for r in records)
+    assert any(r["levelname"] == "DEBUG" and r["name"].startswith("node_agent") for r in records)
 
 
 def test_the_services_start_up_warnings_use_the_configured_log_format_and_file(
-        tmp_path, placement_server, host_name):
+    tmp_path, placement_server, host_name
+):
     """The host is read (and warned about) while the config is validated,
     before the service starts: oslo.log is set up first."""
     log_file = tmp_path / "service.log"
-    agent = AgentProcess(tmp_path, placement_server.url, host_name,
-                         extra=f"use_json = true\nlog_file = {log_file}\n")
+    agent = AgentProcess(
+        tmp_path, placement_server.url, host_name, extra=f"use_json = true\nlog_file = {log_file}\n"
+    )
     try:
         agent.start()
         agent.status_after(lambda s: s.startswith("ok:"))
@@ -544,36 +652,51 @@ def test_the_services_start_up_warnings_use_the_configured_log_format_and_file(
         agent.notify.close()
     assert agent.log() == ""  # nothing on stderr: everything went to log_file
     records = [json.loads(line) for line in log_file.read_text().splitlines()]
-    assert any(r["name"] == "node_agent.host.discover" and r["levelname"] == "WARNING"
-               and "connection_uri is empty" in r["message"] for r in records), records[:5]
+    assert any(
+        r["name"] == "node_agent.host.discover"
+        and r["levelname"] == "WARNING"
+        and "connection_uri is empty" in r["message"]
+        for r in records
+    ), records[:5]
 
 
 def test_use_journal_without_the_bindings_names_the_environment_to_install_them_in(tmp_path):
     try:
         import systemd.journal  # noqa: F401
+
         pytest.skip("this environment has the systemd Python bindings")
     except ImportError:
         pass
     config = write_config(tmp_path, TEST6)
-    config.write_text(config.read_text().replace("[DEFAULT]\n",
-                                                 "[DEFAULT]\nuse_journal = true\n"))
+    config.write_text(config.read_text().replace("[DEFAULT]\n", "[DEFAULT]\nuse_journal = true\n"))
     result = run_agent("--config-file", str(config), "--once", "--dry-run")
-    assert_one_clear_line(result, 78, f"node-agent's environment, {sys.prefix}",
-                          f"{sys.prefix}/bin/pip install systemd-python")
+    assert_one_clear_line(
+        result,
+        78,
+        f"node-agent's environment, {sys.prefix}",
+        f"{sys.prefix}/bin/pip install systemd-python",
+    )
 
 
 def scrape(port: int) -> dict:
     from prometheus_client.parser import text_string_to_metric_families
+
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
         return {f.name: f for f in text_string_to_metric_families(r.read().decode())}
 
 
 def test_steady_cycles_are_silent_and_metrics_have_proper_types(
-        tmp_path, placement_server, host_name):
+    tmp_path, placement_server, host_name
+):
     from tests.integration.rabbit import free_port
+
     port = free_port()
-    agent = AgentProcess(tmp_path, placement_server.url, host_name,
-                         agent_options=f"report_interval = 1\nmetrics_port = {port}\n")
+    agent = AgentProcess(
+        tmp_path,
+        placement_server.url,
+        host_name,
+        agent_options=f"report_interval = 1\nmetrics_port = {port}\n",
+    )
     try:
         agent.start()
         agent.status_after(lambda s: s.startswith("ok:"))
@@ -585,43 +708,62 @@ def test_steady_cycles_are_silent_and_metrics_have_proper_types(
         agent.notify.close()
     log = agent.log()
     assert "no change" not in log, log  # steady cycles say nothing at INFO
-    assert "placement sync:" in log     # the first cycle's changes are logged
+    assert "placement sync:" in log  # the first cycle's changes are logged
     assert families["node_agent_cycles"].type == "counter"
     assert families["node_agent_reshapes"].type == "counter"
     assert families["node_agent_placement_requests"].type == "counter"
     durations = families["node_agent_cycle_duration_seconds"]
     assert durations.type == "histogram"
-    count = next(s.value for s in durations.samples
-                 if s.name == "node_agent_cycle_duration_seconds_count")
+    count = next(
+        s.value for s in durations.samples if s.name == "node_agent_cycle_duration_seconds_count"
+    )
     assert count >= 4
 
 
 def test_once_writes_the_metrics_textfile(tmp_path, placement_server, host_name):
     from prometheus_client.parser import text_string_to_metric_families
+
     textfile = tmp_path / "node_agent.prom"
-    config = write_config(tmp_path, TEST6, host=host_name,
-                          extra=f"[agent]\nmetrics_textfile = {textfile}\n"
-                          + placement_section(placement_server.url))
+    config = write_config(
+        tmp_path,
+        TEST6,
+        host=host_name,
+        extra=f"[agent]\nmetrics_textfile = {textfile}\n" + placement_section(placement_server.url),
+    )
     result = run_agent("--config-file", str(config), "--once")
     assert result.code == 0, result.stderr
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
-               for f in text_string_to_metric_families(textfile.read_text())
-               for s in f.samples}
-    assert samples[("node_agent_inventory_total",
-                    (("provider", host_name), ("resource_class", "VCPU")))] == 6
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(textfile.read_text())
+        for s in f.samples
+    }
+    assert (
+        samples[
+            ("node_agent_inventory_total", (("provider", host_name), ("resource_class", "VCPU")))
+        ]
+        == 6
+    )
     assert samples[("node_agent_last_success_timestamp_seconds", ())] > 0
-    assert samples[("node_agent_placement_requests_total",
-                    (("method", "POST"), ("status", "200")))] == 1
+    assert (
+        samples[("node_agent_placement_requests_total", (("method", "POST"), ("status", "200")))]
+        == 1
+    )
 
 
 # ------------------------------------------------------------ devices
+
 
 def add_sriov_pf(sysroot: Path, address: str, total: int, enabled: int) -> None:
     """A PF as the kernel shows it: devices/pci.../ADDR, bus/pci/devices/ADDR -> it."""
     real = sysroot / "devices" / "pci0000:3a" / address
     (real / "net" / "ens1f0").mkdir(parents=True)
-    for name, text in (("vendor", "0x8086"), ("device", "0x158b"), ("numa_node", "0"),
-                       ("sriov_totalvfs", str(total)), ("sriov_numvfs", str(enabled))):
+    for name, text in (
+        ("vendor", "0x8086"),
+        ("device", "0x158b"),
+        ("numa_node", "0"),
+        ("sriov_totalvfs", str(total)),
+        ("sriov_numvfs", str(enabled)),
+    ):
         (real / name).write_text(text + "\n")
     link = sysroot / "bus" / "pci" / "devices" / address
     link.parent.mkdir(parents=True, exist_ok=True)
@@ -629,14 +771,18 @@ def add_sriov_pf(sysroot: Path, address: str, total: int, enabled: int) -> None:
 
 
 def test_sriov_reports_enabled_vfs_and_unmatched_device_options_are_warned(tmp_path):
-    config = write_config(tmp_path, TEST6, extra=(
-        "[devices]\nenabled_mdev_types = nvidia-999\n"
-        "[pci]\n"
-        'device_spec = {"devname": "ens1f0", "physical_network": "physnet1"}\n'
-        'device_spec = {"address": "0000:99:00.0", "physical_network": "physnet2"}\n'))
+    config = write_config(
+        tmp_path,
+        TEST6,
+        extra=(
+            "[devices]\nenabled_mdev_types = nvidia-999\n"
+            "[pci]\n"
+            'device_spec = {"devname": "ens1f0", "physical_network": "physnet1"}\n'
+            'device_spec = {"address": "0000:99:00.0", "physical_network": "physnet2"}\n'
+        ),
+    )
     add_sriov_pf(tmp_path / "sysroot", "0000:3b:00.0", total=7, enabled=2)
-    result = run_agent("--config-file", str(config), "--once", "--dry-run",
-                       "--output", "json")
+    result = run_agent("--config-file", str(config), "--once", "--dry-run", "--output", "json")
     assert result.code == 0, result.stderr
     report = result.json()
     child = next(p for p in report["providers"] if p["name"].endswith("0000:3b:00.0"))
@@ -649,9 +795,11 @@ def test_sriov_reports_enabled_vfs_and_unmatched_device_options_are_warned(tmp_p
 
 # ------------------------------------------------------------ provider files
 
-GOOD_FILE = ("meta:\n  schema_version: '1.0'\nproviders:\n"
-             "  - identification:\n      uuid: $COMPUTE_NODE\n"
-             "    traits:\n      additional:\n        - CUSTOM_GOOD\n")
+GOOD_FILE = (
+    "meta:\n  schema_version: '1.0'\nproviders:\n"
+    "  - identification:\n      uuid: $COMPUTE_NODE\n"
+    "    traits:\n      additional:\n        - CUSTOM_GOOD\n"
+)
 BAD_FILE = "meta:\n  schema_version: '1.0'\nproviders: [\n"
 
 
@@ -671,11 +819,15 @@ def provider_files(tmp_path: Path) -> Path:
 
 
 def test_a_bad_provider_file_is_refused_while_the_service_reports_the_rest(
-        tmp_path, placement_server, placement, host_name):
+    tmp_path, placement_server, placement, host_name
+):
     files = provider_files(tmp_path)
     agent = AgentProcess(tmp_path, placement_server.url, host_name)
-    agent.write_config(agent.config_text().replace(
-        "[compute]\n", f"[compute]\nprovider_config_location = {files}\n"))
+    agent.write_config(
+        agent.config_text().replace(
+            "[compute]\n", f"[compute]\nprovider_config_location = {files}\n"
+        )
+    )
     try:
         agent.start()
         agent.status_after(lambda s: s.startswith("ok:"))
@@ -690,11 +842,15 @@ def test_a_bad_provider_file_is_refused_while_the_service_reports_the_rest(
 
 
 def test_once_with_a_bad_provider_file_syncs_the_rest_then_exits_78(
-        tmp_path, placement_server, placement, host_name):
+    tmp_path, placement_server, placement, host_name
+):
     files = provider_files(tmp_path)
-    config = write_config(tmp_path, TEST6, host=host_name,
-                          extra=f"provider_config_location = {files}\n"
-                          + placement_section(placement_server.url))
+    config = write_config(
+        tmp_path,
+        TEST6,
+        host=host_name,
+        extra=f"provider_config_location = {files}\n" + placement_section(placement_server.url),
+    )
     result = run_agent("--config-file", str(config), "--once")
     assert_one_clear_line(result, 78, str(files / "bad.yaml"), "not valid YAML")
     assert "CUSTOM_GOOD" in root_traits(placement, host_name)
@@ -702,18 +858,24 @@ def test_once_with_a_bad_provider_file_syncs_the_rest_then_exits_78(
 
 def file_with_traits(*traits: str) -> str:
     listed = "".join(f"        - {t}\n" for t in traits)
-    return ("meta:\n  schema_version: '1.0'\nproviders:\n"
-            "  - identification:\n      uuid: $COMPUTE_NODE\n"
-            f"    traits:\n      additional:\n{listed}")
+    return (
+        "meta:\n  schema_version: '1.0'\nproviders:\n"
+        "  - identification:\n      uuid: $COMPUTE_NODE\n"
+        f"    traits:\n      additional:\n{listed}"
+    )
 
 
 def test_a_provider_file_removes_only_the_traits_it_added(
-        tmp_path, placement_server, placement, host_name):
+    tmp_path, placement_server, placement, host_name
+):
     files = tmp_path / "provider_config"
     files.mkdir()
-    config = write_config(tmp_path, TEST6, host=host_name,
-                          extra=f"provider_config_location = {files}\n"
-                          + placement_section(placement_server.url))
+    config = write_config(
+        tmp_path,
+        TEST6,
+        host=host_name,
+        extra=f"provider_config_location = {files}\n" + placement_section(placement_server.url),
+    )
     once = ("--config-file", str(config), "--once")
     assert run_agent(*once).code == 0
     root = placement.get(f"/resource_providers?name={host_name}")["resource_providers"][0]
@@ -721,8 +883,13 @@ def test_a_provider_file_removes_only_the_traits_it_added(
     # The operator sets a trait by hand, then a file lists it too.
     placement.put("/traits/CUSTOM_BY_HAND", None)
     held = placement.get(path)
-    placement.put(path, {"resource_provider_generation": held["resource_provider_generation"],
-                         "traits": held["traits"] + ["CUSTOM_BY_HAND"]})
+    placement.put(
+        path,
+        {
+            "resource_provider_generation": held["resource_provider_generation"],
+            "traits": held["traits"] + ["CUSTOM_BY_HAND"],
+        },
+    )
     (files / "gold.yaml").write_text(file_with_traits("CUSTOM_BY_HAND", "CUSTOM_FROM_FILE"))
     assert run_agent(*once).code == 0
     assert {"CUSTOM_BY_HAND", "CUSTOM_FROM_FILE"} <= root_traits(placement, host_name)
@@ -735,5 +902,5 @@ def test_a_provider_file_removes_only_the_traits_it_added(
     result = run_agent(*once)
     assert result.code == 0, result.stderr
     traits = root_traits(placement, host_name)
-    assert "CUSTOM_FROM_FILE" not in traits        # the file added it: gone with the file
-    assert "CUSTOM_BY_HAND" in traits              # the operator's: stays
+    assert "CUSTOM_FROM_FILE" not in traits  # the file added it: gone with the file
+    assert "CUSTOM_BY_HAND" in traits  # the operator's: stays

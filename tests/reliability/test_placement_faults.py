@@ -17,12 +17,16 @@ import uuid
 
 import pytest
 
-from node_agent.placement.client import (GenerationConflict, PlacementClient, PlacementError,
-                                         Unavailable)
-from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
-from node_agent.state import StateStore
 from node_agent.model.provider_state import inventory_equal
+from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
+from node_agent.placement.client import (
+    GenerationConflict,
+    PlacementClient,
+    PlacementError,
+    Unavailable,
+)
 from node_agent.placement.sync import TreeSyncer
+from node_agent.state import StateStore
 from tests.reliability.proxy import FaultProxy
 
 pytestmark = pytest.mark.integration
@@ -31,19 +35,26 @@ OPERATOR_TRAIT = "CUSTOM_OPERATOR_RACK_7"
 
 
 def tree(host: str, vcpu: int = 16, nodes: int = 2, memory: int = 65536) -> ProviderTree:
-    root = Provider(host, inventories={
-        "MEMORY_MB": Inventory(memory, reserved=512),
-        "DISK_GB": Inventory(500)},
-        traits={"HW_CPU_X86_AVX2": True, "COMPUTE_STATUS_DISABLED": False})
-    children = [Provider(f"{host}_NUMA_{n}", parent=host, inventories={
-        "VCPU": Inventory(vcpu, allocation_ratio=4.0), "PCPU": Inventory(4)})
-        for n in range(nodes)]
+    root = Provider(
+        host,
+        inventories={"MEMORY_MB": Inventory(memory, reserved=512), "DISK_GB": Inventory(500)},
+        traits={"HW_CPU_X86_AVX2": True, "COMPUTE_STATUS_DISABLED": False},
+    )
+    children = [
+        Provider(
+            f"{host}_NUMA_{n}",
+            parent=host,
+            inventories={"VCPU": Inventory(vcpu, allocation_ratio=4.0), "PCPU": Inventory(4)},
+        )
+        for n in range(nodes)
+    ]
     return ProviderTree((root, *children))
 
 
 def agent_client(url: str, **kw) -> PlacementClient:
-    return PlacementClient.for_endpoint(url, retries=kw.pop("retries", 2),
-                                        backoff=kw.pop("backoff", 0.02), **kw)
+    return PlacementClient.for_endpoint(
+        url, retries=kw.pop("retries", 2), backoff=kw.pop("backoff", 0.02), **kw
+    )
 
 
 class World:
@@ -61,10 +72,15 @@ class World:
     def allocate(self, rp_uuid: str, resources: dict) -> str:
         consumer = str(uuid.uuid4())
         try:
-            self.other.put(f"/allocations/{consumer}", {
-                "allocations": {rp_uuid: {"resources": resources}},
-                "project_id": str(uuid.uuid4()), "user_id": str(uuid.uuid4()),
-                "consumer_generation": None})
+            self.other.put(
+                f"/allocations/{consumer}",
+                {
+                    "allocations": {rp_uuid: {"resources": resources}},
+                    "project_id": str(uuid.uuid4()),
+                    "user_id": str(uuid.uuid4()),
+                    "consumer_generation": None,
+                },
+            )
         except PlacementError:
             # The client retries a 5xx (SQLite's "database is locked"); an
             # attempt may have been committed before the error. Record what
@@ -94,9 +110,13 @@ class World:
         for _ in range(10):
             got = self.other.get(f"/resource_providers/{rp_uuid}/traits")
             try:
-                self.other.put(f"/resource_providers/{rp_uuid}/traits", {
-                    "resource_provider_generation": got["resource_provider_generation"],
-                    "traits": sorted(set(got["traits"]) | {OPERATOR_TRAIT})})
+                self.other.put(
+                    f"/resource_providers/{rp_uuid}/traits",
+                    {
+                        "resource_provider_generation": got["resource_provider_generation"],
+                        "traits": sorted(set(got["traits"]) | {OPERATOR_TRAIT}),
+                    },
+                )
                 return
             except GenerationConflict:
                 continue
@@ -159,12 +179,12 @@ def registered(url, world, host, store):
 # Request numbers (counted by the proxy from the start of the cycle) at
 # which the server is SIGKILLed while the grown tree is being synced.
 # NODE_AGENT_KILL_POINTS="1,2,3,4,5,6,7,8,9,10" tries more (make soak).
-KILL_POINTS = tuple(int(n) for n in os.environ.get(
-    "NODE_AGENT_KILL_POINTS", "1,3,6").split(","))
+KILL_POINTS = tuple(int(n) for n in os.environ.get("NODE_AGENT_KILL_POINTS", "1,3,6").split(","))
 
 
 def test_server_killed_mid_cycle_then_restarted_heals_on_next_cycle(
-        fresh_placement_server, tmp_path, host_name):
+    fresh_placement_server, tmp_path, host_name
+):
     server = fresh_placement_server
     proxy = FaultProxy(server.url).start()
     try:
@@ -183,8 +203,7 @@ def _kill_rounds(server, proxy, tmp_path, host_name):
         grown = tree(host, vcpu=24, nodes=3, memory=98304)
         before = state_bytes(store)
         start = proxy.requests
-        proxy.before_forward = lambda n, s=start, p=point: (
-            server.kill() if n == s + p else None)
+        proxy.before_forward = lambda n, s=start, p=point: server.kill() if n == s + p else None
         try:
             report = syncer.sync(grown)
             killed_after_last_request = report.ok
@@ -204,7 +223,8 @@ def _kill_rounds(server, proxy, tmp_path, host_name):
 
 @pytest.mark.parametrize("failures, heals_within_cycle", [(1, True), (2, True), (5, False)])
 def test_503s_are_retried_boundedly_or_fail_the_cycle_cleanly(
-        server, proxy, tmp_path, host_name, failures, heals_within_cycle):
+    server, proxy, tmp_path, host_name, failures, heals_within_cycle
+):
     world = World(server.url)
     store = StateStore(tmp_path / "state")
     syncer = registered(proxy.url, world, host_name, store)
@@ -225,7 +245,8 @@ def test_503s_are_retried_boundedly_or_fail_the_cycle_cleanly(
 
 
 def test_slow_responses_within_the_timeout_succeed_beyond_it_fail_cleanly(
-        server, proxy, tmp_path, host_name):
+    server, proxy, tmp_path, host_name
+):
     world = World(server.url)
     store = StateStore(tmp_path / "state")
     registered(proxy.url, world, host_name, store)
@@ -234,8 +255,9 @@ def test_slow_responses_within_the_timeout_succeed_beyond_it_fail_cleanly(
     assert slow_ok.sync(tree(host_name, vcpu=20)).ok
     before = state_bytes(store)
     proxy.delay = 1.0
-    impatient = TreeSyncer(agent_client(proxy.url, timeout=0.3, retries=1), store,
-                           full_verify_interval=0)
+    impatient = TreeSyncer(
+        agent_client(proxy.url, timeout=0.3, retries=1), store, full_verify_interval=0
+    )
     with pytest.raises(Unavailable):
         impatient.sync(tree(host_name, vcpu=28, nodes=3))
     assert state_bytes(store) == before
@@ -258,11 +280,14 @@ def _writer(world: World, host: str, stop: threading.Event, seed: int, counts: d
             elif action == "inventory":  # an out-of-band edit the agent must undo
                 got = world.other.get(f"/resource_providers/{child}/inventories")
                 inventories = dict(got["inventories"])
-                inventories["VCPU"] = {**inventories["VCPU"],
-                                       "total": rng.randint(16, 64)}
-                world.other.put(f"/resource_providers/{child}/inventories", {
-                    "resource_provider_generation": got["resource_provider_generation"],
-                    "inventories": inventories})
+                inventories["VCPU"] = {**inventories["VCPU"], "total": rng.randint(16, 64)}
+                world.other.put(
+                    f"/resource_providers/{child}/inventories",
+                    {
+                        "resource_provider_generation": got["resource_provider_generation"],
+                        "inventories": inventories,
+                    },
+                )
             elif action == "allocate":
                 mine.append(world.allocate(child, {"VCPU": 1}))
             elif mine:
@@ -276,7 +301,8 @@ def _writer(world: World, host: str, stop: threading.Event, seed: int, counts: d
 
 
 def test_concurrent_writers_do_not_break_convergence_or_operator_traits(
-        placement_server, tmp_path, host_name):
+    placement_server, tmp_path, host_name
+):
     world = World(placement_server.url)
     store = StateStore(tmp_path / "state")
     syncer = registered(placement_server.url, world, host_name, store)
@@ -288,8 +314,9 @@ def test_concurrent_writers_do_not_break_convergence_or_operator_traits(
         # The storm lasts until both sides did enough work, however slow the
         # machine (a fixed duration gave too little of it on a loaded CI).
         def storm_done() -> bool:
-            return cycles >= 10 and all(counts.get(kind, 0) >= 5
-                                        for kind in ("inventory", "allocate"))
+            return cycles >= 10 and all(
+                counts.get(kind, 0) >= 5 for kind in ("inventory", "allocate")
+            )
 
         deadline = time.monotonic() + 120
         while not storm_done() and time.monotonic() < deadline:
@@ -307,4 +334,3 @@ def test_concurrent_writers_do_not_break_convergence_or_operator_traits(
     world.check(desired)
     assert world.has_operator_trait(host_name)
     assert cycles >= 10 and counts.get("inventory", 0) >= 5 and counts.get("allocate", 0) >= 5
-

@@ -35,14 +35,16 @@ def clock():
 def syncer(proxy, clock, tmp_path, host_name):
     """Registered (root and four NUMA children) through the proxy, no retries."""
     client = PlacementClient.for_endpoint(proxy.url, retries=0)
-    syncer = TreeSyncer(client, StateStore(tmp_path / "state"),
-                        full_verify_interval=INTERVAL, clock=clock)
+    syncer = TreeSyncer(
+        client, StateStore(tmp_path / "state"), full_verify_interval=INTERVAL, clock=clock
+    )
     assert syncer.sync(host_tree(host_name)).ok
     return syncer
 
 
 def test_cycle_after_a_placement_failure_makes_one_get_when_nothing_moved(
-        syncer, proxy, clock, placement_server, host_name):
+    syncer, proxy, clock, placement_server, host_name
+):
     clock.now += INTERVAL  # the verify is due: this cycle talks to Placement
     proxy.fail_next(1)
     with pytest.raises(Unavailable):
@@ -64,13 +66,15 @@ def test_cycle_after_a_placement_failure_makes_one_get_when_nothing_moved(
 
 
 def test_write_whose_answer_was_lost_is_verified_by_reading_only_that_provider(
-        syncer, proxy, placement_server, host_name):
+    syncer, proxy, placement_server, host_name
+):
     root = syncer.state["root_uuid"]
     numa0 = tree_in_placement(syncer.client, root)[f"{host_name}_NUMA0"]["uuid"]
     put = f"/resource_providers/{numa0}/inventories"
     lost = []
     proxy.drop_answer = lambda method, path: (
-        method == "PUT" and path == put and not lost and not lost.append(path))
+        method == "PUT" and path == put and not lost and not lost.append(path)
+    )
     with pytest.raises(Unavailable):
         syncer.sync(host_tree(host_name, vcpu=24))
     assert lost, "the proxy never saw the inventory PUT"
@@ -81,10 +85,13 @@ def test_write_whose_answer_was_lost_is_verified_by_reading_only_that_provider(
     assert report.ok, report.errors
     # The listing, then numa0's inventories and traits (its generation
     # moved); the PUT had landed, so nothing is written again.
-    assert sorted(log.requests()) == sorted([
-        f"GET /resource_providers?in_tree={root} 200",
-        f"GET /resource_providers/{numa0}/inventories 200",
-        f"GET /resource_providers/{numa0}/traits 200"])
+    assert sorted(log.requests()) == sorted(
+        [
+            f"GET /resource_providers?in_tree={root} 200",
+            f"GET /resource_providers/{numa0}/inventories 200",
+            f"GET /resource_providers/{numa0}/traits 200",
+        ]
+    )
     assert report.writes == 0
 
 
@@ -92,14 +99,23 @@ FLEET = 50
 
 
 def test_fifty_syncers_started_together_spread_their_verifies_over_the_interval(
-        placement_server, tmp_path):
+    placement_server, tmp_path
+):
     """Host names are fixed, so the phases (a hash of the name) are too: the
     assertion is deterministic, not statistical luck."""
     clock = FakeClock()
     start = clock.now
     client = PlacementClient.for_endpoint(placement_server.url)
-    fleet = [TreeSyncer(client, StateStore(tmp_path / str(n)), full_verify_interval=INTERVAL,
-                        clock=clock, spread=True) for n in range(FLEET)]
+    fleet = [
+        TreeSyncer(
+            client,
+            StateStore(tmp_path / str(n)),
+            full_verify_interval=INTERVAL,
+            clock=clock,
+            spread=True,
+        )
+        for n in range(FLEET)
+    ]
     names = [f"spread-{n:02d}" for n in range(FLEET)]
     for syncer, name in zip(fleet, names):
         assert syncer.sync(host_tree(name, children=0)).ok
@@ -107,8 +123,10 @@ def test_fifty_syncers_started_together_spread_their_verifies_over_the_interval(
     offsets = sorted(s.next_verify_at - start for s in fleet)
     assert all(0 < o <= INTERVAL for o in offsets), offsets
     # Every tenth of the interval holds some first verifies (10 % would be 5).
-    tenths = [sum(1 for o in offsets if k * INTERVAL / 10 < o <= (k + 1) * INTERVAL / 10)
-              for k in range(10)]
+    tenths = [
+        sum(1 for o in offsets if k * INTERVAL / 10 < o <= (k + 1) * INTERVAL / 10)
+        for k in range(10)
+    ]
     assert min(tenths) >= 2, tenths
     # No 30 s outage catches more than a fifth of the fleet (all of it before).
     assert max(sum(1 for o in offsets if t <= o < t + 30) for t in offsets) <= FLEET // 5

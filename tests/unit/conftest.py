@@ -37,9 +37,11 @@ class ReachedOut(AssertionError):
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", f"{NETWORK_MARK}(reason): a unit test that must use an IPv4/IPv6 socket")
+        "markers", f"{NETWORK_MARK}(reason): a unit test that must use an IPv4/IPv6 socket"
+    )
     config.addinivalue_line(
-        "markers", f"{REAL_SYS_MARK}(reason): a unit test that must read the real /sys")
+        "markers", f"{REAL_SYS_MARK}(reason): a unit test that must read the real /sys"
+    )
 
 
 def _under_sys(path) -> bool:
@@ -62,8 +64,10 @@ def _refuse_sys(name: str, real):
             raise ReachedOut(
                 f"unit test {name}({os.fspath(path)!r}): unit tests do not read the real /sys. "
                 f"Build the tree in tmp_path or use a capture under tests/data; if this test "
-                f"must read this host, mark it @pytest.mark.{REAL_SYS_MARK}(reason)")
+                f"must read this host, mark it @pytest.mark.{REAL_SYS_MARK}(reason)"
+            )
         return real(*args, **kwargs)
+
     guarded.__wrapped__ = real  # type: ignore[attr-defined]
     return guarded
 
@@ -74,8 +78,10 @@ def _refuse_inet(name: str, real):
             raise ReachedOut(
                 f"unit test socket.{name}{args!r}: unit tests do not use the network. "
                 f"Pass the data in, or move the test to tests/integration; if it must "
-                f"open a socket, mark it @pytest.mark.{NETWORK_MARK}(reason)")
+                f"open a socket, mark it @pytest.mark.{NETWORK_MARK}(reason)"
+            )
         return real(sock, *args, **kwargs)
+
     guarded.__wrapped__ = real  # type: ignore[attr-defined]
     return guarded
 
@@ -85,12 +91,19 @@ def _no_network_no_real_sys(request, monkeypatch):
     if request.node.get_closest_marker(NETWORK_MARK) is None:
         # socket.create_connection and every client library end in one of these.
         for name in ("connect", "connect_ex", "bind", "sendto"):
-            monkeypatch.setattr(socket.socket, name,
-                                _refuse_inet(name, getattr(socket.socket, name)))
+            monkeypatch.setattr(
+                socket.socket, name, _refuse_inet(name, getattr(socket.socket, name))
+            )
     if request.node.get_closest_marker(REAL_SYS_MARK) is None:
         # pathlib goes through io.open, os.stat, os.listdir and os.scandir.
-        for module, name in ((builtins, "open"), (io, "open"), (os, "open"),
-                             (os, "stat"), (os, "lstat"), (os, "listdir"),
-                             (os, "scandir")):
+        for module, name in (
+            (builtins, "open"),
+            (io, "open"),
+            (os, "open"),
+            (os, "stat"),
+            (os, "lstat"),
+            (os, "listdir"),
+            (os, "scandir"),
+        ):
             real = getattr(module, name)
             monkeypatch.setattr(module, name, _refuse_sys(f"{module.__name__}.{name}", real))

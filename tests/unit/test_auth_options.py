@@ -33,13 +33,18 @@ def test_any_installed_auth_plugin_may_be_configured(tmp_path):
 def test_a_misspelt_credential_of_the_configured_plugin_is_refused(tmp_path):
     with pytest.raises(ConfigError) as err:
         load(tmp_path, OAUTH2.replace("oauth2_client_secret", "oauth2_client_secrte"))
-    assert any("unknown option [placement] oauth2_client_secrte" in p
-               for p in err.value.problems), err.value.problems
+    assert any(
+        "unknown option [placement] oauth2_client_secrte" in p for p in err.value.problems
+    ), err.value.problems
 
 
 def test_a_credential_the_plugin_needs_is_named_not_a_traceback(tmp_path):
-    conf = load(tmp_path, "\n".join(line for line in OAUTH2.splitlines()
-                                    if not line.startswith("oauth2_client_secret")))
+    conf = load(
+        tmp_path,
+        "\n".join(
+            line for line in OAUTH2.splitlines() if not line.startswith("oauth2_client_secret")
+        ),
+    )
     with pytest.raises(ConfigError) as err:
         PlacementClient.from_conf(conf)
     (problem,) = err.value.problems

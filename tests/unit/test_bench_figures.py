@@ -9,8 +9,10 @@ import pytest
 from bench import common
 from bench.phases import Phases
 
-_LINE = ('2026-11-23 18:00:00.000 1 INFO placement.requestlog [-] 127.0.0.1 '
-         '"{method} {path}" status: {status} len: 0 microversion: 1.37\n')
+_LINE = (
+    "2026-11-23 18:00:00.000 1 INFO placement.requestlog [-] 127.0.0.1 "
+    '"{method} {path}" status: {status} len: 0 microversion: 1.37\n'
+)
 
 
 class _Placement:
@@ -48,11 +50,16 @@ def _phases(tmp_path: Path, clock=None) -> tuple[Phases, _Placement]:
 def test_every_repetition_of_a_phase_is_kept_not_only_the_last(tmp_path):
     phases, placement = _phases(tmp_path)
     rp = "/resource_providers/11111111-2222-3333-4444-555555555555/inventories"
-    phases.measure("inventory change", "node-agent",
-                   lambda: placement.serve(("GET", rp, 200), ("PUT", rp, 409),
-                                           ("PUT", rp, 200)))
-    phases.measure("inventory change", "node-agent",
-                   lambda: placement.serve(("PUT", rp, 200), ("PUT", rp, 200)))
+    phases.measure(
+        "inventory change",
+        "node-agent",
+        lambda: placement.serve(("GET", rp, 200), ("PUT", rp, 409), ("PUT", rp, 200)),
+    )
+    phases.measure(
+        "inventory change",
+        "node-agent",
+        lambda: placement.serve(("PUT", rp, 200), ("PUT", rp, 200)),
+    )
 
     row = phases.rows["inventory change"]["node-agent"]
 
@@ -72,6 +79,7 @@ def test_time_ratio_is_taken_per_interleaved_repetition_in_alternating_order(tmp
         def work():
             order.append(name)
             clock.spend(costs[name].pop(0))
+
         return work
 
     phases.repeat([(None, ("cycle", {s: side(s) for s in costs}))], repetitions=3)
@@ -92,18 +100,34 @@ def test_a_single_run_is_not_shown_as_a_range():
 def test_a_rerun_replaces_its_section_and_adds_a_missing_one_before_how_to_rerun():
     from bench import report
 
-    existing = "\n".join([
-        "# Benchmarks", "", "## 6. Production-like Placement: uWSGI on PostgreSQL",
-        "old figures", "", "## How to rerun", "", "This run took 1 minute.", ""])
-    results = {"machine": {"date": "today", "commit": "abc"},
-               "production": {"failed": "boom"}, "audit": {"failed": "bang"},
-               "durations": {"production": 1.0, "audit": 2.0}}
+    existing = "\n".join(
+        [
+            "# Benchmarks",
+            "",
+            "## 6. Production-like Placement: uWSGI on PostgreSQL",
+            "old figures",
+            "",
+            "## How to rerun",
+            "",
+            "This run took 1 minute.",
+            "",
+        ]
+    )
+    results = {
+        "machine": {"date": "today", "commit": "abc"},
+        "production": {"failed": "boom"},
+        "audit": {"failed": "bang"},
+        "durations": {"production": 1.0, "audit": 2.0},
+    }
 
     merged = report.merge(existing, results, ["production", "audit"])
 
     headings = [line for line in merged.splitlines() if line.startswith("## ")]
-    assert headings == ["## 6. Production-like Placement: uWSGI on PostgreSQL",
-                        "## 8. Allocation audit", "## How to rerun"]
+    assert headings == [
+        "## 6. Production-like Placement: uWSGI on PostgreSQL",
+        "## 8. Allocation audit",
+        "## How to rerun",
+    ]
     assert "old figures" not in merged and "boom" in merged and "bang" in merged
     assert "This run took 1 minute." in merged
 
@@ -111,8 +135,12 @@ def test_a_rerun_replaces_its_section_and_adds_a_missing_one_before_how_to_rerun
 def test_the_machine_line_says_when_its_commit_is_not_in_the_history():
     from bench import report
 
-    head = subprocess.run(["git", "-C", str(report.REPO), "rev-parse", "--short", "HEAD"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    head = subprocess.run(
+        ["git", "-C", str(report.REPO), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     gone = "- measured 2026-11-23 19:00 UTC at commit `0123abc`"
     kept = f"- measured 2026-11-23 19:00 UTC at commit `{head}`"
 
@@ -121,13 +149,28 @@ def test_the_machine_line_says_when_its_commit_is_not_in_the_history():
 
 
 def _reshape_row(total: int, reshaper: int, audit: int, moved: int = 1) -> dict:
-    paths = (["GET /resource_providers 200"]
-             + ["GET /resource_providers/{uuid}/inventories 200",
-                "GET /resource_providers/{uuid}/traits 200"] * moved
-             + ["GET /allocations/{uuid} 200"] * 100)
-    return {"rows": {"reshape, 100 consumers (VCPU → PCPU), after a restart": {
-        "node-agent": {"first": {"total": total, "paths": paths, "reply": {
-            "reshaper_requests": reshaper, "audit_requests": audit}}}}}}
+    paths = (
+        ["GET /resource_providers 200"]
+        + [
+            "GET /resource_providers/{uuid}/inventories 200",
+            "GET /resource_providers/{uuid}/traits 200",
+        ]
+        * moved
+        + ["GET /allocations/{uuid} 200"] * 100
+    )
+    return {
+        "rows": {
+            "reshape, 100 consumers (VCPU → PCPU), after a restart": {
+                "node-agent": {
+                    "first": {
+                        "total": total,
+                        "paths": paths,
+                        "reply": {"reshaper_requests": reshaper, "audit_requests": audit},
+                    }
+                }
+            }
+        }
+    }
 
 
 def test_the_reshape_row_is_split_and_judged_with_its_verify_but_not_the_audit():
@@ -157,13 +200,26 @@ def test_a_regression_needs_after_slower_in_enough_pairs_for_a_sign_test():
 def test_how_to_rerun_says_what_a_full_run_takes_now_from_each_sections_latest_time():
     from bench import report
 
-    existing = "\n".join([
-        "# Benchmarks", "", "## 8. Allocation audit", "",
-        "*This section was rerun alone (`--only audit`) on today at commit `abc`, in 60 s, "
-        "load; the machine ...*", "",
-        "## How to rerun", "", "This run took 2.0 minutes (phases 100 s, memory 20 s).", ""])
-    results = {"machine": {"date": "today", "commit": "abc"},
-               "memory": {"failed": "boom"}, "durations": {"memory": 40.0}}
+    existing = "\n".join(
+        [
+            "# Benchmarks",
+            "",
+            "## 8. Allocation audit",
+            "",
+            "*This section was rerun alone (`--only audit`) on today at commit `abc`, in 60 s, "
+            "load; the machine ...*",
+            "",
+            "## How to rerun",
+            "",
+            "This run took 2.0 minutes (phases 100 s, memory 20 s).",
+            "",
+        ]
+    )
+    results = {
+        "machine": {"date": "today", "commit": "abc"},
+        "memory": {"failed": "boom"},
+        "durations": {"memory": 40.0},
+    }
 
     once = report.merge(existing, results, ["memory"])
     twice = report.merge(once, results, ["memory"])

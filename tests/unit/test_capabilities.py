@@ -2,9 +2,9 @@
 
 import pytest
 
+from node_agent.errors import ParseError
 from node_agent.host.capabilities import CapsCpu, parse_capabilities, parse_cpu_model_xml
 from node_agent.model.cpuset import CpuSet
-from node_agent.errors import ParseError
 from tests.hostdata import HOSTDATA
 
 CAPS = HOSTDATA / "capabilityschemadata"
@@ -93,8 +93,9 @@ def test_dies_are_kept_per_cpu():
     assert (by_id[8].socket_id, by_id[8].die_id, by_id[8].core_id) == (1, 1, 0)
 
 
-@pytest.mark.parametrize("path", sorted(CAPS.glob("*.xml")) + sorted(VIRCAPS.glob("*.xml")),
-                         ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", sorted(CAPS.glob("*.xml")) + sorted(VIRCAPS.glob("*.xml")), ids=lambda p: p.name
+)
 def test_every_capabilities_fixture_parses_with_unique_cpu_ids(path):
     parsed = caps(path)
     ids = [cpu.id for cell in parsed.cells for cpu in cell.cpus]
@@ -119,24 +120,37 @@ def test_disabled_features_are_absent_and_required_present():
     model = parse_cpu_model_xml(
         "<cpu><arch>x86_64</arch><model>Skylake-Server</model><vendor>Intel</vendor>"
         "<feature policy='require' name='vmx'/><feature policy='disable' name='hle'/>"
-        "<feature name='ht'/><feature policy='forbid' name='rtm'/></cpu>")
+        "<feature name='ht'/><feature policy='forbid' name='rtm'/></cpu>"
+    )
     assert model.features == frozenset({"vmx", "ht"})
 
 
-@pytest.mark.parametrize("xml, message", [
-    ("<capabilities><host>", "malformed XML"),
-    ("", "malformed XML"),
-    ("<domain/>", "root element is <domain>"),
-    ("<capabilities><host><topology><cells><cell id='x'/></cells></topology></host>"
-     "</capabilities>", "'x' is not a number"),
-    ("<capabilities><host><cpu><pages unit='KiB' size='big'/></cpu></host></capabilities>",
-     "'big' is not a number"),
-    ("<capabilities><host><cpu><pages unit='furlong' size='4'/></cpu></host></capabilities>",
-     "unknown size unit 'furlong'"),
-    ("<capabilities><host><topology><cells><cell id='0'><cpus>"
-     "<cpu id='0' siblings='0-'/></cpus></cell></cells></topology></host></capabilities>",
-     "cell 0 cpu 0 siblings"),
-])
+@pytest.mark.parametrize(
+    "xml, message",
+    [
+        ("<capabilities><host>", "malformed XML"),
+        ("", "malformed XML"),
+        ("<domain/>", "root element is <domain>"),
+        (
+            "<capabilities><host><topology><cells><cell id='x'/></cells></topology></host>"
+            "</capabilities>",
+            "'x' is not a number",
+        ),
+        (
+            "<capabilities><host><cpu><pages unit='KiB' size='big'/></cpu></host></capabilities>",
+            "'big' is not a number",
+        ),
+        (
+            "<capabilities><host><cpu><pages unit='furlong' size='4'/></cpu></host></capabilities>",
+            "unknown size unit 'furlong'",
+        ),
+        (
+            "<capabilities><host><topology><cells><cell id='0'><cpus>"
+            "<cpu id='0' siblings='0-'/></cpus></cell></cells></topology></host></capabilities>",
+            "cell 0 cpu 0 siblings",
+        ),
+    ],
+)
 def test_bad_capabilities_raise_parse_error(xml, message):
     with pytest.raises(ParseError, match=message):
         parse_capabilities(xml)

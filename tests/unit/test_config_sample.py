@@ -13,8 +13,19 @@ SAMPLE = ROOT / "etc" / "node-agent.conf.sample"
 def test_sample_matches_what_the_generator_writes_now(tmp_path):
     out = tmp_path / "sample.conf"
     generator = Path(sys.executable).with_name("oslo-config-generator")
-    subprocess.run([str(generator), "--namespace", "node_agent", "--output-file", str(out),
-                    "--wrap-width", "79"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            str(generator),
+            "--namespace",
+            "node_agent",
+            "--output-file",
+            str(out),
+            "--wrap-width",
+            "79",
+        ],
+        check=True,
+        capture_output=True,
+    )
     assert out.read_text() == SAMPLE.read_text(), "run `make config` and commit the result"
 
 

@@ -1,10 +1,16 @@
 """The CPU-set grammar: operator specs, kernel cpulists, canonical form."""
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
-from node_agent.model.cpuset import (CpuSet, CpuSetSyntaxError, MAX_CPU_ID, parse_cpu_spec,
-                                     parse_cpulist)
+from node_agent.model.cpuset import (
+    MAX_CPU_ID,
+    CpuSet,
+    CpuSetSyntaxError,
+    parse_cpu_spec,
+    parse_cpulist,
+)
 
 GOOD_SPECS = [
     ("0", {0}),
@@ -64,12 +70,15 @@ def test_spec_whose_exclusions_remove_everything_is_empty_not_an_error():
     assert parse_cpu_spec("0-3,^0-3") == CpuSet()
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("0-3\n", {0, 1, 2, 3}),
-    ("", set()),
-    ("\n", set()),
-    ("0,2-3,16-17", {0, 2, 3, 16, 17}),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("0-3\n", {0, 1, 2, 3}),
+        ("", set()),
+        ("\n", set()),
+        ("0,2-3,16-17", {0, 2, 3, 16, 17}),
+    ],
+)
 def test_kernel_cpulist_parses(text, expected):
     assert parse_cpulist(text) == CpuSet(expected)
 
@@ -80,15 +89,18 @@ def test_kernel_cpulist_has_no_exclusions_or_garbage(text):
         parse_cpulist(text)
 
 
-@pytest.mark.parametrize("ids,canonical", [
-    ([], ""),
-    ([0], "0"),
-    ([0, 1], "0-1"),
-    ([0, 1, 2, 3, 8], "0-3,8"),
-    ([8, 3, 2, 1, 0], "0-3,8"),
-    ([0, 2, 4], "0,2,4"),
-    ([5, 6, 7, 9, 10], "5-7,9-10"),
-])
+@pytest.mark.parametrize(
+    "ids,canonical",
+    [
+        ([], ""),
+        ([0], "0"),
+        ([0, 1], "0-1"),
+        ([0, 1, 2, 3, 8], "0-3,8"),
+        ([8, 3, 2, 1, 0], "0-3,8"),
+        ([0, 2, 4], "0,2,4"),
+        ([5, 6, 7, 9, 10], "5-7,9-10"),
+    ],
+)
 def test_canonical_string_is_sorted_ranges(ids, canonical):
     assert str(CpuSet(ids)) == canonical
 

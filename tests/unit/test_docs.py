@@ -8,15 +8,23 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-PAGES = sorted([REPO / "README.md", REPO / "ARCHITECTURE.md", REPO / "CONTRIBUTING.md",
-                *(REPO / "docs").rglob("*.md")])
+PAGES = sorted(
+    [
+        REPO / "README.md",
+        REPO / "ARCHITECTURE.md",
+        REPO / "CONTRIBUTING.md",
+        *(REPO / "docs").rglob("*.md"),
+    ]
+)
 _LINK = re.compile(r"\]\(([^)\s]+)\)")
 
 
 def test_the_readme_stays_a_five_minute_read():
     lines = (REPO / "README.md").read_text(encoding="utf-8").splitlines()
-    assert len(lines) <= 250, (f"README.md has {len(lines)} lines: move the detail to "
-                               "docs/admin or docs/design and link it")
+    assert len(lines) <= 250, (
+        f"README.md has {len(lines)} lines: move the detail to "
+        "docs/admin or docs/design and link it"
+    )
 
 
 def test_the_readme_names_the_two_developer_commands():

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.model.cpuset import CpuSet
-from node_agent.host.domain import NODE_AGENT_NS, parse_domain
 from node_agent.errors import ParseError
+from node_agent.host.domain import NODE_AGENT_NS, parse_domain
+from node_agent.model.cpuset import CpuSet
 from node_agent.model.snapshot import GuestMdev
 from node_agent.policy.guest_cpu import BY_AGENT_METADATA, BY_NO_PINS, BY_PINNING, classify
 from tests.hostdata import HOSTDATA
@@ -25,8 +25,7 @@ MINIMAL = "<memory unit='KiB'>1024</memory><vcpu>2</vcpu>"
 def inline_domains(path: Path) -> dict[str, str]:
     """The <domain> elements of a test-driver host file, as text, by name."""
     root = ET.parse(path).getroot()
-    return {d.findtext("name"): ET.tostring(d, encoding="unicode")
-            for d in root.findall("domain")}
+    return {d.findtext("name"): ET.tostring(d, encoding="unicode") for d in root.findall("domain")}
 
 
 def test_pinned_guest_from_hostdata_example_has_every_vcpu_pinned():
@@ -35,8 +34,12 @@ def test_pinned_guest_from_hostdata_example_has_every_vcpu_pinned():
     assert guest.uuid == "8b4a4c0e-1c3d-4c1e-9a52-3c0f8d2b7a11"
     assert guest.vcpus == 4
     assert guest.memory_kb == 4194304
-    assert guest.vcpupin == ((0, CpuSet({2})), (1, CpuSet({10})),
-                             (2, CpuSet({3})), (3, CpuSet({11})))
+    assert guest.vcpupin == (
+        (0, CpuSet({2})),
+        (1, CpuSet({10})),
+        (2, CpuSet({3})),
+        (3, CpuSet({11})),
+    )
     cpu = classify(guest)
     assert (cpu.policy, cpu.rule, cpu.pcpu, cpu.vcpu) == ("dedicated", BY_PINNING, 4, 0)
     assert guest.pinned_cpus == CpuSet({2, 3, 10, 11})
@@ -70,16 +73,20 @@ def test_node_agent_cpu_policy_marks_guest_dedicated():
 
 
 def test_cpu_policy_alone_makes_an_unpinned_guest_dedicated():
-    xml = domain(MINIMAL + f"<metadata><na:cpu_policy xmlns:na='{NODE_AGENT_NS}'>"
-                 "dedicated</na:cpu_policy></metadata>")
+    xml = domain(
+        MINIMAL + f"<metadata><na:cpu_policy xmlns:na='{NODE_AGENT_NS}'>"
+        "dedicated</na:cpu_policy></metadata>"
+    )
     guest = parse_domain(xml, running=True)
     assert guest.vcpupin == ()
     assert (classify(guest).policy, classify(guest).rule) == ("dedicated", BY_AGENT_METADATA)
 
 
 def test_vcpupin_cpuset_accepts_exclusions():
-    xml = domain(MINIMAL + "<cputune><vcpupin vcpu='1' cpuset='4-7,^5'/>"
-                 "<vcpupin vcpu='0' cpuset='0'/></cputune>")
+    xml = domain(
+        MINIMAL + "<cputune><vcpupin vcpu='1' cpuset='4-7,^5'/>"
+        "<vcpupin vcpu='0' cpuset='0'/></cputune>"
+    )
     assert parse_domain(xml, True).vcpupin == ((0, CpuSet({0})), (1, CpuSet({4, 6, 7})))
 
 
@@ -94,21 +101,24 @@ def test_current_vcpus_attribute_wins_over_maximum():
     assert parse_domain(xml, True).vcpus == 2
 
 
-@pytest.mark.parametrize("amount, unit, kib", [
-    ("1073741824", "b", 1048576),
-    ("1073741824", "bytes", 1048576),
-    ("1000", "KB", 977),  # 1,000,000 bytes rounds up to whole KiB
-    ("2048", "k", 2048),
-    ("2048", "KiB", 2048),
-    ("512", "M", 524288),
-    ("512", "MiB", 524288),
-    ("2", "G", 2097152),
-    ("2", "GiB", 2097152),
-    ("1", "TiB", 1073741824),
-    ("1", "T", 1073741824),
-    ("1", "GB", 976563),
-    ("4096", None, 4096),  # libvirt's default unit is KiB
-])
+@pytest.mark.parametrize(
+    "amount, unit, kib",
+    [
+        ("1073741824", "b", 1048576),
+        ("1073741824", "bytes", 1048576),
+        ("1000", "KB", 977),  # 1,000,000 bytes rounds up to whole KiB
+        ("2048", "k", 2048),
+        ("2048", "KiB", 2048),
+        ("512", "M", 524288),
+        ("512", "MiB", 524288),
+        ("2", "G", 2097152),
+        ("2", "GiB", 2097152),
+        ("1", "TiB", 1073741824),
+        ("1", "T", 1073741824),
+        ("1", "GB", 976563),
+        ("4096", None, 4096),  # libvirt's default unit is KiB
+    ],
+)
 def test_memory_units_are_converted_to_kib(amount, unit, kib):
     unit_attr = f" unit='{unit}'" if unit else ""
     xml = domain(f"<memory{unit_attr}>{amount}</memory><vcpu>1</vcpu>")
@@ -116,8 +126,10 @@ def test_memory_units_are_converted_to_kib(amount, unit, kib):
 
 
 def test_numatune_memory_and_memnode_nodesets_are_combined():
-    xml = domain(MINIMAL + "<numatune><memory mode='strict' nodeset='0-2,^1'/>"
-                 "<memnode cellid='0' mode='strict' nodeset='3'/></numatune>")
+    xml = domain(
+        MINIMAL + "<numatune><memory mode='strict' nodeset='0-2,^1'/>"
+        "<memnode cellid='0' mode='strict' nodeset='3'/></numatune>"
+    )
     assert parse_domain(xml, True).numa_nodes == frozenset({0, 2, 3})
 
 
@@ -127,23 +139,27 @@ def test_auto_numa_placement_names_no_nodes():
 
 
 def test_mdev_hostdevs_give_uuids_without_parent():
-    xml = domain(MINIMAL + "<devices>"
-                 "<hostdev mode='subsystem' type='mdev' model='vfio-pci'><source>"
-                 "<address uuid='c2177883-f1bb-47f0-914d-32a22e3a8804'/></source></hostdev>"
-                 "<hostdev mode='subsystem' type='pci'><source>"
-                 "<address domain='0' bus='2' slot='16' function='0'/></source></hostdev>"
-                 "</devices>")
+    xml = domain(
+        MINIMAL + "<devices>"
+        "<hostdev mode='subsystem' type='mdev' model='vfio-pci'><source>"
+        "<address uuid='c2177883-f1bb-47f0-914d-32a22e3a8804'/></source></hostdev>"
+        "<hostdev mode='subsystem' type='pci'><source>"
+        "<address domain='0' bus='2' slot='16' function='0'/></source></hostdev>"
+        "</devices>"
+    )
     assert parse_domain(xml, True).mdevs == (
-        GuestMdev(uuid="c2177883-f1bb-47f0-914d-32a22e3a8804", parent=None),)
+        GuestMdev(uuid="c2177883-f1bb-47f0-914d-32a22e3a8804", parent=None),
+    )
 
 
 def test_older_nova_namespace_is_read_too():
-    xml = domain(MINIMAL + "<metadata><nova:instance "
-                 "xmlns:nova='http://openstack.org/xmlns/libvirt/nova/1.0'>"
-                 "<nova:name>old</nova:name><nova:flavor name='m1.tiny'/>"
-                 "</nova:instance></metadata>")
-    assert dict(parse_domain(xml, True).metadata) == {"nova:name": "old",
-                                                      "flavor:name": "m1.tiny"}
+    xml = domain(
+        MINIMAL + "<metadata><nova:instance "
+        "xmlns:nova='http://openstack.org/xmlns/libvirt/nova/1.0'>"
+        "<nova:name>old</nova:name><nova:flavor name='m1.tiny'/>"
+        "</nova:instance></metadata>"
+    )
+    assert dict(parse_domain(xml, True).metadata) == {"nova:name": "old", "flavor:name": "m1.tiny"}
 
 
 def test_malformed_xml_error_names_the_domain():
@@ -151,21 +167,31 @@ def test_malformed_xml_error_names_the_domain():
         parse_domain("<domain><name>instance-0000002a</name><uuid>", True)
 
 
-@pytest.mark.parametrize("xml, message", [
-    ("not xml at all", "domain XML: malformed XML"),
-    ("<capabilities/>", "root element is <capabilities>"),
-    ("<domain><name>x</name><memory>1</memory><vcpu>1</vcpu></domain>", "<uuid> are required"),
-    (domain("<memory>1024</memory>"), "domain 'vm1': no <vcpu>"),
-    (domain("<vcpu>1</vcpu>"), "domain 'vm1': no <memory>"),
-    (domain("<memory>1024</memory><vcpu>two</vcpu>"), "'two' is not a number"),
-    (domain("<memory unit='parsec'>1</memory><vcpu>1</vcpu>"), "unknown size unit 'parsec'"),
-    (domain(MINIMAL + "<cputune><vcpupin vcpu='0' cpuset='3-1'/></cputune>"),
-     "vcpupin vcpu='0' cpuset.*runs backwards"),
-    (domain(MINIMAL + "<cputune><vcpupin vcpu='0'/></cputune>"), "missing CPU or node set"),
-    (domain(MINIMAL + "<numatune><memory nodeset='a'/></numatune>"), "numatune"),
-    (domain(MINIMAL + "<devices><hostdev mode='subsystem' type='mdev'><source/>"
-                      "</hostdev></devices>"), "without <source><address uuid>"),
-])
+@pytest.mark.parametrize(
+    "xml, message",
+    [
+        ("not xml at all", "domain XML: malformed XML"),
+        ("<capabilities/>", "root element is <capabilities>"),
+        ("<domain><name>x</name><memory>1</memory><vcpu>1</vcpu></domain>", "<uuid> are required"),
+        (domain("<memory>1024</memory>"), "domain 'vm1': no <vcpu>"),
+        (domain("<vcpu>1</vcpu>"), "domain 'vm1': no <memory>"),
+        (domain("<memory>1024</memory><vcpu>two</vcpu>"), "'two' is not a number"),
+        (domain("<memory unit='parsec'>1</memory><vcpu>1</vcpu>"), "unknown size unit 'parsec'"),
+        (
+            domain(MINIMAL + "<cputune><vcpupin vcpu='0' cpuset='3-1'/></cputune>"),
+            "vcpupin vcpu='0' cpuset.*runs backwards",
+        ),
+        (domain(MINIMAL + "<cputune><vcpupin vcpu='0'/></cputune>"), "missing CPU or node set"),
+        (domain(MINIMAL + "<numatune><memory nodeset='a'/></numatune>"), "numatune"),
+        (
+            domain(
+                MINIMAL + "<devices><hostdev mode='subsystem' type='mdev'><source/>"
+                "</hostdev></devices>"
+            ),
+            "without <source><address uuid>",
+        ),
+    ],
+)
 def test_bad_domain_xml_raises_parse_error(xml, message):
     with pytest.raises(ParseError, match=message):
         parse_domain(xml, True)

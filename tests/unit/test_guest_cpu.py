@@ -12,7 +12,15 @@ from pathlib import Path
 from node_agent.host.domain import parse_domain
 from node_agent.model.cpuset import CpuSet
 from node_agent.policy.guest_cpu import (
-    BY_EXTRA_SPECS, BY_IMAGE, BY_NO_PINS, BY_PINNING, DEDICATED, MIXED, SHARED, classify)
+    BY_EXTRA_SPECS,
+    BY_IMAGE,
+    BY_NO_PINS,
+    BY_PINNING,
+    DEDICATED,
+    MIXED,
+    SHARED,
+    classify,
+)
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "nova_guests"
 CASES = json.loads((CORPUS / "cases.json").read_text())["cases"]
@@ -31,8 +39,12 @@ def test_floating_numa_guest_is_shared_though_every_vcpu_is_pinned():
     name = "two-nodes-smt--shared-numa2"
     pinned = guest(name)
     # nova pins each floating vCPU to its cell's shared CPUs.
-    assert dict(pinned.vcpupin) == {0: CpuSet({0, 1}), 1: CpuSet({0, 1}),
-                                    2: CpuSet({6, 7}), 3: CpuSet({6, 7})}
+    assert dict(pinned.vcpupin) == {
+        0: CpuSet({0, 1}),
+        1: CpuSet({0, 1}),
+        2: CpuSet({6, 7}),
+        3: CpuSet({6, 7}),
+    }
     found = classify(pinned)
     assert (found.policy, found.vcpu, found.pcpu) == (SHARED, 4, 0)
     assert found.rule == BY_EXTRA_SPECS
@@ -87,13 +99,18 @@ def test_image_policy_decides_when_the_flavor_has_none():
 
 def test_pre_extra_specs_guest_is_read_by_its_pinning_shape():
     for name, policy, vcpu, pcpu in [
-            ("two-nodes-smt--shared-numa2", SHARED, 4, 0),
-            ("two-nodes-smt--dedicated-numa2", DEDICATED, 0, 4),
-            ("two-nodes-smt--mixed-mask", MIXED, 2, 2),
-            ("one-node--dedicated-emulator-isolate", DEDICATED, 0, 3)]:
+        ("two-nodes-smt--shared-numa2", SHARED, 4, 0),
+        ("two-nodes-smt--dedicated-numa2", DEDICATED, 0, 4),
+        ("two-nodes-smt--mixed-mask", MIXED, 2, 2),
+        ("one-node--dedicated-emulator-isolate", DEDICATED, 0, 3),
+    ]:
         found = classify(guest(name, "pre-extra-specs"))
         assert (found.policy, found.vcpu, found.pcpu, found.rule) == (
-            policy, vcpu, pcpu, BY_PINNING), name
+            policy,
+            vcpu,
+            pcpu,
+            BY_PINNING,
+        ), name
     unpinned = classify(guest("one-node--no-policy", "pre-extra-specs"))
     assert (unpinned.policy, unpinned.rule) == (SHARED, BY_NO_PINS)
 

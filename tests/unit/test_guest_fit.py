@@ -3,13 +3,20 @@
 import pytest
 
 from node_agent.model.cpuset import CpuSet, parse_cpu_spec
-from node_agent.policy.guest_fit import misfits, warnings
 from node_agent.model.snapshot import Guest
+from node_agent.policy.guest_fit import misfits, warnings
 
-PINNED = Guest("p-uuid", "pinned-vm", 2, True, 1024,
-               vcpupin=((0, parse_cpu_spec("2")), (1, parse_cpu_spec("10"))))
-DEDICATED_META = Guest("m-uuid", "meta-vm", 2, True, 1024,
-                       metadata=(("hw:cpu_policy", "dedicated"),))
+PINNED = Guest(
+    "p-uuid",
+    "pinned-vm",
+    2,
+    True,
+    1024,
+    vcpupin=((0, parse_cpu_spec("2")), (1, parse_cpu_spec("10"))),
+)
+DEDICATED_META = Guest(
+    "m-uuid", "meta-vm", 2, True, 1024, metadata=(("hw:cpu_policy", "dedicated"),)
+)
 FLOATING = Guest("f-uuid", "floating-vm", 2, True, 1024)
 
 
@@ -18,52 +25,82 @@ def spec(text):
 
 
 # A floating NUMA guest as nova writes it: every vCPU pinned to its cell's set.
-FLOATING_NUMA = Guest("n-uuid", "numa-vm", 2, True, 1024,
-                      vcpupin=((0, parse_cpu_spec("0-1")), (1, parse_cpu_spec("0-1"))),
-                      metadata=(("extra_spec:hw:numa_nodes", "1"), ("nova:extra_specs", "")))
+FLOATING_NUMA = Guest(
+    "n-uuid",
+    "numa-vm",
+    2,
+    True,
+    1024,
+    vcpupin=((0, parse_cpu_spec("0-1")), (1, parse_cpu_spec("0-1"))),
+    metadata=(("extra_spec:hw:numa_nodes", "1"), ("nova:extra_specs", "")),
+)
 
 
-@pytest.mark.parametrize("guests,dedicated,shared,expected", [
-    # Pinned CPUs all dedicated; floating guest has a shared set: fits.
-    ((PINNED, FLOATING, FLOATING_NUMA), "2-5,10-13", "0-1", []),
-    # Legacy host (no dedicated set): nothing is judged.
-    ((PINNED, FLOATING), "", "0-15", []),
-    # A pinned guest outside the dedicated set: nova warns, so no refusal.
-    ((PINNED,), "2-9", "0-1,10-15", []),
-    # Every CPU dedicated: the floating guests have nowhere to run.
-    ((PINNED, FLOATING, FLOATING_NUMA), "0-15", "",
-     ["shared guest floating-vm (f-uuid) has 2 floating vCPUs, but cpu_dedicated_set = "
-      "'0-15' is set and cpu_shared_set is empty, so nova has no CPU to run them on "
-      "(nova-compute refuses to start). Set [compute] cpu_shared_set to the CPUs "
-      "floating guests may use, or migrate the guest first.",
-      "shared guest numa-vm (n-uuid) has 2 floating vCPUs, but cpu_dedicated_set = "
-      "'0-15' is set and cpu_shared_set is empty, so nova has no CPU to run them on "
-      "(nova-compute refuses to start). Set [compute] cpu_shared_set to the CPUs "
-      "floating guests may use, or migrate the guest first."]),
-    # Dedicated by flavor but not pinned (yet): it fits.
-    ((DEDICATED_META,), "0-15", "", []),
-])
+@pytest.mark.parametrize(
+    "guests,dedicated,shared,expected",
+    [
+        # Pinned CPUs all dedicated; floating guest has a shared set: fits.
+        ((PINNED, FLOATING, FLOATING_NUMA), "2-5,10-13", "0-1", []),
+        # Legacy host (no dedicated set): nothing is judged.
+        ((PINNED, FLOATING), "", "0-15", []),
+        # A pinned guest outside the dedicated set: nova warns, so no refusal.
+        ((PINNED,), "2-9", "0-1,10-15", []),
+        # Every CPU dedicated: the floating guests have nowhere to run.
+        (
+            (PINNED, FLOATING, FLOATING_NUMA),
+            "0-15",
+            "",
+            [
+                "shared guest floating-vm (f-uuid) has 2 floating vCPUs, but cpu_dedicated_set = "
+                "'0-15' is set and cpu_shared_set is empty, so nova has no CPU to run them on "
+                "(nova-compute refuses to start). Set [compute] cpu_shared_set to the CPUs "
+                "floating guests may use, or migrate the guest first.",
+                "shared guest numa-vm (n-uuid) has 2 floating vCPUs, but cpu_dedicated_set = "
+                "'0-15' is set and cpu_shared_set is empty, so nova has no CPU to run them on "
+                "(nova-compute refuses to start). Set [compute] cpu_shared_set to the CPUs "
+                "floating guests may use, or migrate the guest first.",
+            ],
+        ),
+        # Dedicated by flavor but not pinned (yet): it fits.
+        ((DEDICATED_META,), "0-15", "", []),
+    ],
+)
 def test_guests_that_do_not_fit_are_named_with_their_cpus_and_the_option(
-        guests, dedicated, shared, expected):
+    guests, dedicated, shared, expected
+):
     assert misfits(guests, spec(dedicated), spec(shared)) == expected
 
 
-@pytest.mark.parametrize("dedicated,shared,expected", [
-    # CPU 10 moved to the shared set.
-    ("2-9", "0-1,10-15",
-     ["dedicated guest pinned-vm (p-uuid) has dedicated vCPUs on CPUs 2,10; CPUs 10 are "
-      "outside cpu_dedicated_set = '2-9'; CPUs 10 are in cpu_shared_set = '0-1,10-15'. "
-      "nova starts and counts it as PCPU all the same; add them to cpu_dedicated_set or "
-      "migrate the guest."]),
-    # CPU 10 in neither set.
-    ("2-9", "0-1",
-     ["dedicated guest pinned-vm (p-uuid) has dedicated vCPUs on CPUs 2,10; CPUs 10 are "
-      "outside cpu_dedicated_set = '2-9'. nova starts and counts it as PCPU all the "
-      "same; add them to cpu_dedicated_set or migrate the guest."]),
-    ("2-13", "0-1", []),
-])
+@pytest.mark.parametrize(
+    "dedicated,shared,expected",
+    [
+        # CPU 10 moved to the shared set.
+        (
+            "2-9",
+            "0-1,10-15",
+            [
+                "dedicated guest pinned-vm (p-uuid) has dedicated vCPUs on CPUs 2,10; CPUs 10 are "
+                "outside cpu_dedicated_set = '2-9'; CPUs 10 are in cpu_shared_set = '0-1,10-15'. "
+                "nova starts and counts it as PCPU all the same; add them to cpu_dedicated_set or "
+                "migrate the guest."
+            ],
+        ),
+        # CPU 10 in neither set.
+        (
+            "2-9",
+            "0-1",
+            [
+                "dedicated guest pinned-vm (p-uuid) has dedicated vCPUs on CPUs 2,10; CPUs 10 are "
+                "outside cpu_dedicated_set = '2-9'. nova starts and counts it as PCPU all the "
+                "same; add them to cpu_dedicated_set or migrate the guest."
+            ],
+        ),
+        ("2-13", "0-1", []),
+    ],
+)
 def test_a_pinned_guest_outside_the_dedicated_set_is_a_warning_as_in_nova(
-        dedicated, shared, expected):
+    dedicated, shared, expected
+):
     assert warnings((PINNED, FLOATING_NUMA), spec(dedicated), spec(shared)) == expected
 
 

@@ -3,16 +3,15 @@ libvirt's captured domain capabilities (tests/data/hostdata/domaincapsdata)."""
 
 import os_traits as ot
 import pytest
+from oslo_config import cfg
 
+from node_agent.config.options import register_opts
 from node_agent.config.settings import load_settings
 from node_agent.errors import ConfigError
 from node_agent.host.domain_capabilities import parse_domain_capabilities
 from node_agent.model.snapshot import HostCpuModel, HypervisorInfo
 from node_agent.tree.cpu_traits import guest_cpu_traits
 from node_agent.tree.hypervisor_traits import TraitSettings, hypervisor_traits
-from oslo_config import cfg
-
-from node_agent.config.options import register_opts
 from tests.hostdata import HOSTDATA
 
 DOMCAPS = HOSTDATA / "domaincapsdata"
@@ -37,8 +36,10 @@ def test_without_domain_capabilities_their_traits_are_left_alone():
     info = HypervisorInfo((9, 0, 0), (7, 2, 0), None)
     traits = hypervisor_traits(info, TraitSettings(), "x86_64")
     assert traits[ot.COMPUTE_NET_VIRTIO_PACKED] and traits[ot.COMPUTE_NET_VIF_MODEL_VIRTIO]
-    assert not any(t.startswith(("COMPUTE_STORAGE_BUS_", "COMPUTE_GRAPHICS_MODEL_",
-                                 "COMPUTE_ARCH_")) for t in traits)
+    assert not any(
+        t.startswith(("COMPUTE_STORAGE_BUS_", "COMPUTE_GRAPHICS_MODEL_", "COMPUTE_ARCH_"))
+        for t in traits
+    )
     assert ot.COMPUTE_VIOMMU_MODEL_INTEL not in traits
     # swtpm off decides TPM absent whatever libvirt could say
     assert traits[ot.COMPUTE_SECURITY_TPM_2_0] is False
@@ -58,8 +59,9 @@ def test_no_libvirt_decides_no_static_trait():
     assert hypervisor_traits(None, TraitSettings(), "x86_64") == {}
 
 
-HOST = HostCpuModel("x86_64", "Skylake-Server", "Intel",
-                    frozenset({"avx2", "avx512f", "sse4.2", "pcid"}))
+HOST = HostCpuModel(
+    "x86_64", "Skylake-Server", "Intel", frozenset({"avx2", "avx512f", "sse4.2", "pcid"})
+)
 
 
 def test_custom_mode_traits_follow_the_configured_model_not_the_host():
@@ -74,16 +76,18 @@ def test_a_disabled_extra_flag_removes_its_trait():
     assert traits[ot.HW_CPU_X86_AVX2] and not traits[ot.HW_CPU_X86_AVX512F]
 
 
-@pytest.mark.parametrize("options, words", [
-    ({"cpu_mode": "custom"}, "needs [libvirt] cpu_models"),
-    ({"cpu_mode": "host-model", "cpu_models": ["Haswell"]}, "only used with"),
-    ({"cpu_models": ["Haswell"]}, "cpu_mode is unset"),
-    ({"cpu_mode": "hostmodel"}, "[libvirt] cpu_mode has an invalid value"),
-    ({"virt_type": "lxc"}, "[libvirt] virt_type has an invalid value"),
-])
+@pytest.mark.parametrize(
+    "options, words",
+    [
+        ({"cpu_mode": "custom"}, "needs [libvirt] cpu_models"),
+        ({"cpu_mode": "host-model", "cpu_models": ["Haswell"]}, "only used with"),
+        ({"cpu_models": ["Haswell"]}, "cpu_mode is unset"),
+        ({"cpu_mode": "hostmodel"}, "[libvirt] cpu_mode has an invalid value"),
+        ({"virt_type": "lxc"}, "[libvirt] virt_type has an invalid value"),
+    ],
+)
 def test_guest_cpu_settings_nova_refuses_are_refused(tmp_path, options, words):
-    lines = [f"{name} = {','.join(v) if isinstance(v, list) else v}"
-             for name, v in options.items()]
+    lines = [f"{name} = {','.join(v) if isinstance(v, list) else v}" for name, v in options.items()]
     path = tmp_path / "node-agent.conf"
     path.write_text("[DEFAULT]\nhost = fixture\n[libvirt]\n" + "\n".join(lines) + "\n")
     conf = cfg.ConfigOpts()

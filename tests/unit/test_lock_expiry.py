@@ -13,7 +13,8 @@ URL = "redis://:pw@127.0.0.1:6379"
 
 @pytest.mark.parametrize("lock_timeout, expiry", [(20, 10), (8, 4), (3, 1), (2, 1), (7.5, 3)])
 def test_unset_in_the_url_the_expiry_is_half_the_wait_so_the_next_message_applies(
-        lock_timeout, expiry):
+    lock_timeout, expiry
+):
     assert redis_lock_expiry(URL, lock_timeout) == (expiry, False)
     assert expiry < lock_timeout
 

@@ -36,10 +36,12 @@ def test_an_error_logged_while_handling_it_is_said_once(log_file):
     try:
         raise ConfigError("the disk is on fire")
     except ConfigError:
-        log.error("reload refused")   # the summary adds what the message lacks
+        log.error("reload refused")  # the summary adds what the message lacks
 
     lines = log_file.read_text().splitlines()
-    assert lines[0].endswith("reload refused: cpu_dedicated_set overlaps cpu_shared_set "
-                             "on CPUs 4-7"), lines[0]
-    assert lines[1].endswith("reload refused: node_agent.errors.ConfigError: "
-                             "the disk is on fire"), lines[1]
+    assert lines[0].endswith(
+        "reload refused: cpu_dedicated_set overlaps cpu_shared_set on CPUs 4-7"
+    ), lines[0]
+    assert lines[1].endswith(
+        "reload refused: node_agent.errors.ConfigError: the disk is on fire"
+    ), lines[1]

@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import pytest
 
+from node_agent.placement.usage_guard import cuts, lowers
 from node_agent.policy import maintenance as maint
-from node_agent.tree.build import build_tree
 from node_agent.policy.maintenance import TRAIT, in_maintenance
 from node_agent.policy.partition import partition_cpus
-from node_agent.placement.usage_guard import cuts, lowers
+from node_agent.tree.build import build_tree
 from tests.snapshots import settings, snapshot
 
 
@@ -28,8 +28,7 @@ def test_maintenance_reserves_every_inventory_and_marks_only_the_root(tmp_path):
         for rc, inv in after.inventories.items():
             assert inv.reserved == inv.total == before.inventories[rc].total
             assert inv.allocation_ratio == before.inventories[rc].allocation_ratio
-    assert any(inv.reserved < inv.total for p in tree.providers
-               for inv in p.inventories.values())
+    assert any(inv.reserved < inv.total for p in tree.providers for inv in p.inventories.values())
 
 
 ON = {"on": True, "reason": "disk swap", "since": "t"}
@@ -37,15 +36,18 @@ OLD_ON = {"reason": "disk swap", "since": "t"}  # before the "on" key existed
 OFF = {"on": False, "since": "t"}
 
 
-@pytest.mark.parametrize("record, root_traits, on", [
-    (None, None, False),                    # no record, no root yet
-    (None, ["COMPUTE_NODE"], False),
-    (None, ["COMPUTE_NODE", TRAIT], True),  # state file lost: Placement keeps it on
-    ({}, [TRAIT], True),
-    (ON, [], True),                         # the file asks, the trait follows
-    (OLD_ON, None, True),
-    (OFF, [TRAIT], False),                  # an off not yet applied wins over the trait
-])
+@pytest.mark.parametrize(
+    "record, root_traits, on",
+    [
+        (None, None, False),  # no record, no root yet
+        (None, ["COMPUTE_NODE"], False),
+        (None, ["COMPUTE_NODE", TRAIT], True),  # state file lost: Placement keeps it on
+        ({}, [TRAIT], True),
+        (ON, [], True),  # the file asks, the trait follows
+        (OLD_ON, None, True),
+        (OFF, [TRAIT], False),  # an off not yet applied wins over the trait
+    ],
+)
 def test_placement_trait_keeps_maintenance_on_without_a_state_record(record, root_traits, on):
     assert maint.is_on(maint.from_placement(record, root_traits)) is on
 
@@ -68,17 +70,26 @@ def test_maintenance_kept_by_placement_says_the_reason_is_unknown(tmp_path):
 
 
 def _inv(total, reserved=0, ratio=1.0):
-    return {"total": total, "reserved": reserved, "allocation_ratio": ratio,
-            "min_unit": 1, "max_unit": total, "step_size": 1}
+    return {
+        "total": total,
+        "reserved": reserved,
+        "allocation_ratio": ratio,
+        "min_unit": 1,
+        "max_unit": total,
+        "step_size": 1,
+    }
 
 
-@pytest.mark.parametrize("old, new, read", [
-    (_inv(16), _inv(16, 16), False),          # maintenance closes: no usages read
-    (_inv(16, 2), _inv(16, 16, 4.0), False),  # closed whatever the ratio
-    (_inv(16, 4), _inv(16, 0), False),        # reserved lowered: a grow
-    (_inv(16), _inv(16, 4), True),            # reserved raised: a cut, read
-    (_inv(16), _inv(8, 0), True),             # total lowered: a cut, read
-])
+@pytest.mark.parametrize(
+    "old, new, read",
+    [
+        (_inv(16), _inv(16, 16), False),  # maintenance closes: no usages read
+        (_inv(16, 2), _inv(16, 16, 4.0), False),  # closed whatever the ratio
+        (_inv(16, 4), _inv(16, 0), False),  # reserved lowered: a grow
+        (_inv(16), _inv(16, 4), True),  # reserved raised: a cut, read
+        (_inv(16), _inv(8, 0), True),  # total lowered: a cut, read
+    ],
+)
 def test_closing_a_class_needs_no_usages_read_but_a_cut_does(old, new, read):
     assert lowers({"VCPU": old}, {"VCPU": new}) is read
 
@@ -98,15 +109,18 @@ def _root(traits, **inventories):
     return {"root_uuid": "u", "traits": traits, "inventories": inventories}
 
 
-@pytest.mark.parametrize("record, placement, on, agree", [
-    (ON, None, "on", None),                                           # not configured
-    (ON, _root([TRAIT], VCPU=_inv(4, 4)), "on", True),
-    (ON, _root([], VCPU=_inv(4, 0)), "on", False),                    # not yet applied
-    (ON, _root([TRAIT], VCPU=_inv(4, 4), PCPU=_inv(4, 0)), "on", False),
-    (None, _root([TRAIT], VCPU=_inv(4, 4)), "on", True),              # state file lost
-    (OFF, _root([TRAIT], VCPU=_inv(4, 4)), "off", False),             # off pending
-    (None, _root([], VCPU=_inv(4, 0)), "off", True),
-])
+@pytest.mark.parametrize(
+    "record, placement, on, agree",
+    [
+        (ON, None, "on", None),  # not configured
+        (ON, _root([TRAIT], VCPU=_inv(4, 4)), "on", True),
+        (ON, _root([], VCPU=_inv(4, 0)), "on", False),  # not yet applied
+        (ON, _root([TRAIT], VCPU=_inv(4, 4), PCPU=_inv(4, 0)), "on", False),
+        (None, _root([TRAIT], VCPU=_inv(4, 4)), "on", True),  # state file lost
+        (OFF, _root([TRAIT], VCPU=_inv(4, 4)), "off", False),  # off pending
+        (None, _root([], VCPU=_inv(4, 0)), "off", True),
+    ],
+)
 def test_status_compares_the_state_file_with_placement(record, placement, on, agree):
     report = _status(record, placement)
     assert (report["maintenance"], report["agree"]) == (on, agree)
@@ -124,12 +138,15 @@ def test_status_of_an_unreadable_state_file_names_the_error_and_trusts_placement
 KEPT = {"on": True, "reason": maint.UNKNOWN_REASON, "since": None, "source": "placement"}
 
 
-@pytest.mark.parametrize("record, service, on, says", [
-    (None, KEPT, "on", "the applier kept the host closed"),          # state file lost
-    (OFF, KEPT, "off", "the applier kept the host closed"),          # off pending wins
-    (None, {"on": False}, "off", "running service: maintenance off"),
-    (None, {"error": "no reply in 5s"}, "off", "did not answer (no reply in 5s)"),
-])
+@pytest.mark.parametrize(
+    "record, service, on, says",
+    [
+        (None, KEPT, "on", "the applier kept the host closed"),  # state file lost
+        (OFF, KEPT, "off", "the applier kept the host closed"),  # off pending wins
+        (None, {"on": False}, "off", "running service: maintenance off"),
+        (None, {"error": "no reply in 5s"}, "off", "did not answer (no reply in 5s)"),
+    ],
+)
 def test_status_without_placement_takes_the_running_services_word(record, service, on, says):
     """``upstream = messaging``: Placement is not read here, the service
     hears from the applier what it applied."""
@@ -151,7 +168,7 @@ def test_an_applied_off_is_forgotten_but_a_newer_record_is_kept(tmp_path):
     store.save({MAINTENANCE_KEY: ON})  # `maintenance on` ran during the cycle
     forget_applied_off(store, OFF)
     assert store.load() == {MAINTENANCE_KEY: ON}
-    forget_applied_off(store, ON)      # an on record is never dropped
+    forget_applied_off(store, ON)  # an on record is never dropped
     assert store.load() == {MAINTENANCE_KEY: ON}
 
 
@@ -160,19 +177,22 @@ def _child(name, agent, **inventories):
 
 
 def test_status_reads_the_agents_children_and_lists_open_classes_per_provider():
-    placement = {**_root([TRAIT], DISK_GB=_inv(9, 9)), "children": [
-        _child("h_NUMA_0", True, VCPU=_inv(8, 8), MEMORY_MB=_inv(4096, 4096)),
-        _child("h_NUMA_1", True, VCPU=_inv(8, 0), MEMORY_MB=_inv(4096, 4096)),
-        _child("h-widget", False, CUSTOM_WIDGET=_inv(2, 0))]}
+    placement = {
+        **_root([TRAIT], DISK_GB=_inv(9, 9)),
+        "children": [
+            _child("h_NUMA_0", True, VCPU=_inv(8, 8), MEMORY_MB=_inv(4096, 4096)),
+            _child("h_NUMA_1", True, VCPU=_inv(8, 0), MEMORY_MB=_inv(4096, 4096)),
+            _child("h-widget", False, CUSTOM_WIDGET=_inv(2, 0)),
+        ],
+    }
 
     report = _status(ON, placement)
 
-    assert report["agree"] is False     # the root is closed, a NUMA child is not
+    assert report["agree"] is False  # the root is closed, a NUMA child is not
     assert report["placement"]["open_by_provider"] == {"h_NUMA_1": ["VCPU"]}
     text = maint.status_text(report)
     assert "child h_NUMA_1: fully reserved: MEMORY_MB; open: VCPU" in text
     assert "child h-widget (not the agent's: maintenance leaves it)" in text
     # A foreign child's open class is listed, not held against maintenance.
-    placement["children"][1] = _child("h_NUMA_1", True, VCPU=_inv(8, 8),
-                                      MEMORY_MB=_inv(4096, 4096))
+    placement["children"][1] = _child("h_NUMA_1", True, VCPU=_inv(8, 8), MEMORY_MB=_inv(4096, 4096))
     assert _status(ON, placement)["agree"] is True

@@ -10,8 +10,8 @@ from node_agent.errors import ParseError
 from node_agent.host.domain_capabilities import parse_domain_capabilities
 from node_agent.model.snapshot import HypervisorInfo
 from node_agent.policy import capacity as cap
-from node_agent.tree.mem_encryption import host_mem_encryption, mem_encryption_children
 from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
+from node_agent.tree.mem_encryption import host_mem_encryption, mem_encryption_children
 from tests.hostdata import HOSTDATA
 
 DOMCAPS = HOSTDATA / "domaincapsdata"
@@ -20,8 +20,9 @@ PLAIN = (DOMCAPS / "qemu_8.2.0-q35.x86_64.xml").read_text()
 
 
 def info(*xmls, kvm_amd=("sev", "sev_es"), qemu=(10, 0, 0)):
-    return HypervisorInfo((10, 0, 0), qemu, tuple(parse_domain_capabilities(x) for x in xmls),
-                          frozenset(kvm_amd))
+    return HypervisorInfo(
+        (10, 0, 0), qemu, tuple(parse_domain_capabilities(x) for x in xmls), frozenset(kvm_amd)
+    )
 
 
 def test_sev_counts_and_launch_security_types_are_parsed():
@@ -43,22 +44,33 @@ def test_sev_and_sev_es_children_carry_nova_names_inventory_and_traits():
     sev, es = children
     assert sev.parent == "cn1"
     assert sev.inventories["MEM_ENCRYPTION_CONTEXT"].as_placement() == {
-        "total": 59, "reserved": 0, "min_unit": 1, "max_unit": 1, "step_size": 1,
-        "allocation_ratio": 1.0}
+        "total": 59,
+        "reserved": 0,
+        "min_unit": 1,
+        "max_unit": 1,
+        "step_size": 1,
+        "allocation_ratio": 1.0,
+    }
     assert es.inventories["MEM_ENCRYPTION_CONTEXT"].total == 450
     # The agent's mark, not nova-compute's OWNER_NOVA: the agent writes them.
     assert sev.wanted_traits == {ot.HW_CPU_X86_AMD_SEV, AGENT_CHILD_TRAIT}
     assert es.wanted_traits == {ot.HW_CPU_X86_AMD_SEV_ES, AGENT_CHILD_TRAIT}
 
 
-@pytest.mark.parametrize("kvm_amd, qemu, models", [
-    ((), (10, 0, 0), {}),                                   # kernel: SEV off
-    (("sev",), (10, 0, 0), {"amd_sev": 59}),                # SEV-ES off in the kernel
-    (("sev", "sev_es"), (7, 2, 0), {"amd_sev": 59}),        # QEMU before 8.0: no SEV-ES
-    (("sev", "sev_es", "sev_snp"), (10, 0, 0),              # SNP on: SEV-ES ignored
-     {"amd_sev": 59, "amd_sev_snp": 450}),
-    (("sev_es",), (10, 0, 0), {}),                          # SEV-ES needs SEV
-])
+@pytest.mark.parametrize(
+    "kvm_amd, qemu, models",
+    [
+        ((), (10, 0, 0), {}),  # kernel: SEV off
+        (("sev",), (10, 0, 0), {"amd_sev": 59}),  # SEV-ES off in the kernel
+        (("sev", "sev_es"), (7, 2, 0), {"amd_sev": 59}),  # QEMU before 8.0: no SEV-ES
+        (
+            ("sev", "sev_es", "sev_snp"),
+            (10, 0, 0),  # SNP on: SEV-ES ignored
+            {"amd_sev": 59, "amd_sev_snp": 450},
+        ),
+        (("sev_es",), (10, 0, 0), {}),  # SEV-ES needs SEV
+    ],
+)
 def test_kernel_parameters_and_qemu_decide_the_models_as_nova(kvm_amd, qemu, models):
     offered = host_mem_encryption(info(AMD, kvm_amd=kvm_amd, qemu=qemu), "x86_64")
     assert offered.totals == models
@@ -77,26 +89,34 @@ def test_without_domain_capabilities_the_children_are_not_decided():
 
 def test_num_memory_encrypted_guests_caps_each_total_and_never_raises_one():
     assert host_mem_encryption(info(AMD), "x86_64", limit=16).totals == {
-        "amd_sev": 16, "amd_sev_es": 16}
+        "amd_sev": 16,
+        "amd_sev_es": 16,
+    }
     assert host_mem_encryption(info(AMD), "x86_64", limit=1000).totals == {
-        "amd_sev": 59, "amd_sev_es": 450}
+        "amd_sev": 59,
+        "amd_sev_es": 450,
+    }
     assert host_mem_encryption(info(AMD), "x86_64", limit=0).totals == {}
 
 
 def test_sev_without_guest_counts_is_reported_only_with_the_option():
-    old = AMD.replace("<maxGuests>59</maxGuests>", "").replace(
-        "<maxESGuests>450</maxESGuests>", "")
+    old = AMD.replace("<maxGuests>59</maxGuests>", "").replace("<maxESGuests>450</maxESGuests>", "")
     offered = host_mem_encryption(info(old, kvm_amd=("sev",)), "x86_64")
     assert offered.totals == {} and "num_memory_encrypted_guests" in offered.warnings[0]
-    assert host_mem_encryption(info(old, kvm_amd=("sev",)), "x86_64",
-                               limit=8).totals == {"amd_sev": 8}
+    assert host_mem_encryption(info(old, kvm_amd=("sev",)), "x86_64", limit=8).totals == {
+        "amd_sev": 8
+    }
 
 
 # ------------------------------------------------------------ capacity rule
 
+
 def _published(total, name="cn1_amd_sev", root=False):
-    return cap.Published(name, root, {"MEM_ENCRYPTION_CONTEXT": {
-        "total": total, "reserved": 0, "allocation_ratio": 1.0}})
+    return cap.Published(
+        name,
+        root,
+        {"MEM_ENCRYPTION_CONTEXT": {"total": total, "reserved": 0, "allocation_ratio": 1.0}},
+    )
 
 
 LIMITS = cap.HostLimits(cpus=1, memory_mb=1, disk_gb=1, mem_encryption=509)
@@ -110,7 +130,8 @@ def test_mem_encryption_context_over_the_firmwares_keys_is_refused():
     verdict = cap.check([_published(59), _published(451, "cn1_amd_sev_es")], LIMITS)
     assert verdict.lines() == [
         "MEM_ENCRYPTION_CONTEXT: 510 schedulable units published "
-        "(MEM_ENCRYPTION_CONTEXT on cn1_amd_sev, cn1_amd_sev_es) but the host has 509"]
+        "(MEM_ENCRYPTION_CONTEXT on cn1_amd_sev, cn1_amd_sev_es) but the host has 509"
+    ]
 
 
 def test_mem_encryption_context_on_the_root_and_a_child_is_refused():
@@ -123,8 +144,18 @@ def test_host_limits_count_sev_and_sev_es_keys_and_unknown_without_domain_caps()
     from node_agent.model.cpuset import CpuSet
     from node_agent.model.snapshot import HostSnapshot
     from node_agent.policy.partition import CpuPartition
-    host = HostSnapshot(hostname="cn1", present=CpuSet(), online=CpuSet(), isolated=CpuSet(),
-                        cpus=(), nodes=(), memory_mb=1, disk_gb=1, hypervisor=info(AMD))
+
+    host = HostSnapshot(
+        hostname="cn1",
+        present=CpuSet(),
+        online=CpuSet(),
+        isolated=CpuSet(),
+        cpus=(),
+        nodes=(),
+        memory_mb=1,
+        disk_gb=1,
+        hypervisor=info(AMD),
+    )
     partition = CpuPartition(CpuSet(), CpuSet(), CpuSet(), CpuSet(), 0)
     assert cap.host_limits(host, partition).mem_encryption == 509
     unread = dataclasses.replace(host, hypervisor=HypervisorInfo((10, 0, 0), (10, 0, 0)))
@@ -133,40 +164,62 @@ def test_host_limits_count_sev_and_sev_es_keys_and_unknown_without_domain_caps()
 
 # ------------------------------------------------------------ reshape rule
 
+
 def test_host_rule_moves_root_mem_encryption_context_to_the_sev_child():
     from node_agent.model.cpuset import CpuSet
     from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
     from node_agent.model.snapshot import HostSnapshot
     from node_agent.placement.reshape_rules import host_rule, rule_provider_names
 
-    host = HostSnapshot(hostname="cn1", present=CpuSet(), online=CpuSet(), isolated=CpuSet(),
-                        cpus=(), nodes=(), memory_mb=1, disk_gb=1)
-    child = Provider("cn1_amd_sev", parent="cn1", uuid="child",
-                     inventories={"MEM_ENCRYPTION_CONTEXT": Inventory(59, max_unit=1)})
+    host = HostSnapshot(
+        hostname="cn1",
+        present=CpuSet(),
+        online=CpuSet(),
+        isolated=CpuSet(),
+        cpus=(),
+        nodes=(),
+        memory_mb=1,
+        disk_gb=1,
+    )
+    child = Provider(
+        "cn1_amd_sev",
+        parent="cn1",
+        uuid="child",
+        inventories={"MEM_ENCRYPTION_CONTEXT": Inventory(59, max_unit=1)},
+    )
     tree = ProviderTree((Provider("cn1", uuid="root"), child))
     rule = host_rule(tree, host, None)
     assert rule("guest", "root", "MEM_ENCRYPTION_CONTEXT", 1) == [
-        ("child", "MEM_ENCRYPTION_CONTEXT", 1)]
+        ("child", "MEM_ENCRYPTION_CONTEXT", 1)
+    ]
     assert rule("guest", "root", "MEMORY_MB", 512) == [("root", "MEMORY_MB", 512)]
     assert rule_provider_names(tree, host) == ["cn1", "cn1_amd_sev"]
     # Without the SEV child (SEV off, or SEV-SNP alone) nothing moves, as
     # nova refuses then; the usage guard keeps the root's inventory.
     alone = ProviderTree((Provider("cn1", uuid="root"),))
     assert host_rule(alone, host, None)("g", "root", "MEM_ENCRYPTION_CONTEXT", 1) == [
-        ("root", "MEM_ENCRYPTION_CONTEXT", 1)]
+        ("root", "MEM_ENCRYPTION_CONTEXT", 1)
+    ]
 
 
 def test_undecided_children_are_kept_as_placement_holds_them_and_no_others():
     from node_agent.model.provider_tree import Provider, ProviderTree
-    from node_agent.tree.mem_encryption import keep_as_held, undecided
     from node_agent.policy.child_owner import ListedChild
+    from node_agent.tree.mem_encryption import keep_as_held, undecided
 
-    record = {"total": 59, "reserved": 0, "min_unit": 1, "max_unit": 1, "step_size": 1,
-              "allocation_ratio": 1.0}
-    held = [ListedChild("sev", "cn1_amd_sev", "root", frozenset(),
-                        {"MEM_ENCRYPTION_CONTEXT": record}),
-            ListedChild("numa", "cn1_NUMA_0", "root", frozenset(), {}),
-            ListedChild("other", "cn2_amd_sev", "elsewhere", frozenset(), {})]
+    record = {
+        "total": 59,
+        "reserved": 0,
+        "min_unit": 1,
+        "max_unit": 1,
+        "step_size": 1,
+        "allocation_ratio": 1.0,
+    }
+    held = [
+        ListedChild("sev", "cn1_amd_sev", "root", frozenset(), {"MEM_ENCRYPTION_CONTEXT": record}),
+        ListedChild("numa", "cn1_NUMA_0", "root", frozenset(), {}),
+        ListedChild("other", "cn2_amd_sev", "elsewhere", frozenset(), {}),
+    ]
     tree = ProviderTree((Provider("cn1"),))
     kept = keep_as_held(tree, "root", held)
     assert kept.names() == ["cn1", "cn1_amd_sev"]
@@ -186,7 +239,9 @@ def test_companion_drift_on_a_sev_child_names_what_decides_it():
     from node_agent.policy.drift import explain_inventory, explain_provider, explain_trait
     from tests.snapshots import settings
 
-    for said in (explain_provider("cn1_amd_sev_es", "cn1"),
-                 explain_inventory("MEM_ENCRYPTION_CONTEXT", "total", settings()),
-                 explain_trait(ot.HW_CPU_X86_AMD_SEV)):
+    for said in (
+        explain_provider("cn1_amd_sev_es", "cn1"),
+        explain_inventory("MEM_ENCRYPTION_CONTEXT", "total", settings()),
+        explain_trait(ot.HW_CPU_X86_AMD_SEV),
+    ):
         assert "num_memory_encrypted_guests" in said and "kvm_amd" in said

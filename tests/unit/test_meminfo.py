@@ -27,7 +27,10 @@ def test_node_lines_give_kb_values_and_unitless_counts():
 def test_proc_meminfo_lines_without_node_prefix_are_read():
     text = "MemTotal:       32817236 kB\nHugePages_Total:       0\nHugepagesize:       2048 kB\n"
     assert parse_node_meminfo(text) == {
-        "MemTotal": 32817236, "HugePages_Total": 0, "Hugepagesize": 2048}
+        "MemTotal": 32817236,
+        "HugePages_Total": 0,
+        "Hugepagesize": 2048,
+    }
 
 
 def test_real_node_meminfo_from_an_opteron_host():
@@ -48,13 +51,16 @@ def test_empty_text_is_refused(text):
         parse_node_meminfo(text)
 
 
-@pytest.mark.parametrize("text, where", [
-    ("Node 0 MemTotal:       16175540 kB\nNode 0 MemFr", "line 2"),
-    ("Node 0 MemTotal:", "line 1"),
-    ("Node 0 MemTotal:  12x34 kB", "line 1"),
-    ("MemTotal -5 kB", "line 1"),
-    ("Node 0 MemTotal:  -5 kB", "line 1"),
-])
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("Node 0 MemTotal:       16175540 kB\nNode 0 MemFr", "line 2"),
+        ("Node 0 MemTotal:", "line 1"),
+        ("Node 0 MemTotal:  12x34 kB", "line 1"),
+        ("MemTotal -5 kB", "line 1"),
+        ("Node 0 MemTotal:  -5 kB", "line 1"),
+    ],
+)
 def test_truncated_or_garbled_lines_are_refused_with_their_line_number(text, where):
     with pytest.raises(ParseError, match=where):
         parse_node_meminfo(text)

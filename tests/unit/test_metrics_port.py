@@ -13,15 +13,19 @@ def failure(code: int) -> OSError:
     return OSError(code, os.strerror(code))
 
 
-@pytest.mark.parametrize("code, port, fix", [
-    (errno.EADDRINUSE, 9100, "Another process holds the port (see `ss -ltnp`)"),
-    (errno.EACCES, 80, "Ports below 1024 need privileges the service user does not have"),
-    (errno.EADDRNOTAVAIL, 9100, "192.0.2.1 is not an address of this machine"),
-])
+@pytest.mark.parametrize(
+    "code, port, fix",
+    [
+        (errno.EADDRINUSE, 9100, "Another process holds the port (see `ss -ltnp`)"),
+        (errno.EACCES, 80, "Ports below 1024 need privileges the service user does not have"),
+        (errno.EADDRNOTAVAIL, 9100, "192.0.2.1 is not an address of this machine"),
+    ],
+)
 def test_the_hint_names_the_cause_of_the_failed_listen(code, port, fix):
     text = listen_problem("[agent] metrics_port", "192.0.2.1", port, failure(code))
-    assert text.startswith(f"[agent] metrics_port = {port}: cannot listen on 192.0.2.1:{port}: "
-                           f"{os.strerror(code)}. ")
+    assert text.startswith(
+        f"[agent] metrics_port = {port}: cannot listen on 192.0.2.1:{port}: {os.strerror(code)}. "
+    )
     assert fix in text
 
 

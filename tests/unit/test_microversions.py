@@ -6,13 +6,16 @@ from node_agent.placement import microversions
 from node_agent.placement.client import PlacementClient, version_refusal
 
 
-@pytest.mark.parametrize("version, wanted, expected", [
-    ("1.10", "1.9", True),
-    ("1.9", "1.10", False),
-    ("1.38", "1.38", True),
-    ("2.0", "1.39", True),
-    ("1.29", "1.30", False),
-])
+@pytest.mark.parametrize(
+    "version, wanted, expected",
+    [
+        ("1.10", "1.9", True),
+        ("1.9", "1.10", False),
+        ("1.38", "1.38", True),
+        ("2.0", "1.39", True),
+        ("1.29", "1.30", False),
+    ],
+)
 def test_versions_compare_numerically_not_as_text(version, wanted, expected):
     assert microversions.at_least(version, wanted) is expected
 
@@ -52,8 +55,8 @@ def test_too_old_server_message_names_url_versions_and_missing_feature():
     message = version_refusal("http://p:8778", "1.0", "1.28")
 
     assert message.startswith(
-        "Placement at http://p:8778 supports up to 1.28; "
-        f"node-agent needs {microversions.REQUIRED}")
+        f"Placement at http://p:8778 supports up to 1.28; node-agent needs {microversions.REQUIRED}"
+    )
     assert "1.30 POST /reshaper" in message
 
 

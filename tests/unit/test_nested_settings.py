@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from node_agent.config.files import load_conf
-from node_agent.model.device_spec import PciDeviceSpec, parse_spec, physnet_trait
-from node_agent.errors import ConfigError
-from node_agent.model.hugepages import ReservedPages, parse_reservation, parse_size_kb
 from node_agent.config.settings import load_settings
+from node_agent.errors import ConfigError
+from node_agent.model.device_spec import PciDeviceSpec, parse_spec, physnet_trait
+from node_agent.model.hugepages import ReservedPages, parse_reservation, parse_size_kb
 
 
 def load(tmp_path, text: str):
@@ -17,8 +17,10 @@ def load(tmp_path, text: str):
     return load_settings(load_conf(["--config-file", str(path)]))
 
 
-@pytest.mark.parametrize("text, kb", [("2048", 2048), ("2M", 2048), ("2MB", 2048),
-                                      ("1G", 1048576), ("1GiB", 1048576), ("64k", 64)])
+@pytest.mark.parametrize(
+    "text, kb",
+    [("2048", 2048), ("2M", 2048), ("2MB", 2048), ("1G", 1048576), ("1GiB", 1048576), ("64k", 64)],
+)
 def test_page_sizes_accept_kib_or_units(text, kb):
     assert parse_size_kb(text) == kb
 
@@ -28,16 +30,25 @@ def test_reservation_in_nova_format():
     assert parse_reservation("size:2048, count:64, node:0") == ReservedPages(0, 2048, 64)
 
 
-@pytest.mark.parametrize("text", ["node:0,size:2048", "node:x,size:2048,count:1",
-                                  "node:0,size:2T,count:1", "node:0,size:2048,count:1,foo:2",
-                                  "node:0,node:1,size:2048,count:1"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "node:0,size:2048",
+        "node:x,size:2048,count:1",
+        "node:0,size:2T,count:1",
+        "node:0,size:2048,count:1,foo:2",
+        "node:0,node:1,size:2048,count:1",
+    ],
+)
 def test_bad_reservations_are_refused(text):
     with pytest.raises(ValueError):
         parse_reservation(text)
 
 
 def test_nested_options_load_into_settings(tmp_path):
-    settings = load(tmp_path, """
+    settings = load(
+        tmp_path,
+        """
 [compute]
 numa_in_placement = true
 reserved_huge_pages = node:0,size:2M,count:64
@@ -50,10 +61,13 @@ device_spec = {"address": "0000:3b:00.0", "physical_network": "physnet1"}
 report_sriov_numvfs = true
 [node]
 resource_class = CUSTOM_BAREMETAL_GOLD
-""")
+""",
+    )
     assert settings.numa_in_placement is True
-    assert settings.reserved_huge_pages == (ReservedPages(0, 2048, 64),
-                                            ReservedPages(1, 1048576, 1))
+    assert settings.reserved_huge_pages == (
+        ReservedPages(0, 2048, 64),
+        ReservedPages(1, 1048576, 1),
+    )
     assert settings.provider_config_location == "/tmp/pc"
     assert settings.enabled_mdev_types == ("nvidia-222", "nvidia-223")
     assert settings.pci_device_specs == (PciDeviceSpec("physnet1", address="0000:3b:00.0"),)
@@ -73,7 +87,9 @@ def test_defaults_leave_the_tree_flat(tmp_path):
 
 def test_bad_values_are_all_reported_with_option_value_and_fix(tmp_path):
     with pytest.raises(ConfigError) as err:
-        load(tmp_path, """
+        load(
+            tmp_path,
+            """
 [compute]
 reserved_huge_pages = node:0,size:2048
 [pci]
@@ -81,17 +97,22 @@ device_spec = {"address": "0000:3b:00.0", "devname": "eth0", "physical_network":
 device_spec = not json
 [node]
 resource_class = baremetal.gold
-""")
+""",
+        )
     problems = err.value.problems
     assert len(problems) == 4
-    assert problems[0].startswith("[compute] reserved_huge_pages = 'node:0,size:2048' "
-                                  "is invalid: count missing. Write node:0,size:2048,count:64")
-    assert "[pci] device_spec = '{\"address\"" in problems[1]
+    assert problems[0].startswith(
+        "[compute] reserved_huge_pages = 'node:0,size:2048' "
+        "is invalid: count missing. Write node:0,size:2048,count:64"
+    )
+    assert '[pci] device_spec = \'{"address"' in problems[1]
     assert "either address or devname" in problems[1]
     assert "not JSON" in problems[2]
-    assert problems[3] == ("[node] resource_class = 'baremetal.gold' is not a custom "
-                           "resource class (CUSTOM_ followed by A-Z, 0-9 and _). "
-                           "Write it as 'CUSTOM_BAREMETAL_GOLD'.")
+    assert problems[3] == (
+        "[node] resource_class = 'baremetal.gold' is not a custom "
+        "resource class (CUSTOM_ followed by A-Z, 0-9 and _). "
+        "Write it as 'CUSTOM_BAREMETAL_GOLD'."
+    )
 
 
 def test_resource_class_over_255_characters_is_refused_at_config_time(tmp_path):
@@ -100,22 +121,27 @@ def test_resource_class_over_255_characters_is_refused_at_config_time(tmp_path):
         load(tmp_path, f"[node]\nresource_class = {name}\n")
     assert list(err.value.problems) == [
         f"[node] resource_class = '{name[:40]}...' is 256 characters long; "
-        "Placement takes at most 255. Shorten it."]
+        "Placement takes at most 255. Shorten it."
+    ]
 
 
 def test_short_pci_address_gets_domain_zero():
-    assert parse_spec('{"address": "3B:00.0", "physical_network": "p"}').address == \
-        "0000:3b:00.0"
+    assert parse_spec('{"address": "3B:00.0", "physical_network": "p"}').address == "0000:3b:00.0"
 
 
-@pytest.mark.parametrize("text, problem", [
-    ('["a"]', "not a JSON object"),
-    ('{"address": "0000:3b:00.0", "colour": "red"}', "unknown key(s) colour"),
-    ('{"vendor_id": "80861", "physical_network": "p"}', "not 4 hex digits"),
-    ('{"address": "", "physical_network": "p"}', "non-empty string"),
-    ('{"address": "0000:3b:00.0", "physical_network": "%s"}' % ("p" * 241),
-     "longer than Placement's 255 characters"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ('["a"]', "not a JSON object"),
+        ('{"address": "0000:3b:00.0", "colour": "red"}', "unknown key(s) colour"),
+        ('{"vendor_id": "80861", "physical_network": "p"}', "not 4 hex digits"),
+        ('{"address": "", "physical_network": "p"}', "non-empty string"),
+        (
+            '{"address": "0000:3b:00.0", "physical_network": "%s"}' % ("p" * 241),
+            "longer than Placement's 255 characters",
+        ),
+    ],
+)
 def test_bad_device_specs_say_what_is_wrong(text, problem):
     with pytest.raises(ValueError, match=problem.replace("(", r"\(").replace(")", r"\)")):
         parse_spec(text)

@@ -37,8 +37,7 @@ def test_vf_names_its_physical_function():
 def test_pf_reports_max_count_and_enabled_vfs():
     dev = device("pci_0000_02_10_7_sriov_pf_vfs_all.xml")
     assert dev.vf_max_count == 7
-    assert dev.virt_functions == ("0000:02:00.2", "0000:02:00.3",
-                                  "0000:02:00.4", "0000:02:00.5")
+    assert dev.virt_functions == ("0000:02:00.2", "0000:02:00.3", "0000:02:00.4", "0000:02:00.5")
 
 
 def test_pf_with_no_vfs_enabled_still_reports_max_count():
@@ -79,10 +78,13 @@ def test_mdev_child_gives_type_parent_and_uuid():
     assert dev.mdev_uuid == "d069d019-36ea-4111-8f0a-8c9a70e21366"
 
 
-@pytest.mark.parametrize("name, uuid", [
-    ("mdev_3627463d_b7f0_4fea_b468_f1da537d301b.xml", "3627463d-b7f0-4fea-b468-f1da537d301b"),
-    ("mdev_ee0b88c4_f554_4dc1_809d_b2a01e8e48ad.xml", "ee0b88c4-f554-4dc1-809d-b2a01e8e48ad"),
-])
+@pytest.mark.parametrize(
+    "name, uuid",
+    [
+        ("mdev_3627463d_b7f0_4fea_b468_f1da537d301b.xml", "3627463d-b7f0-4fea-b468-f1da537d301b"),
+        ("mdev_ee0b88c4_f554_4dc1_809d_b2a01e8e48ad.xml", "ee0b88c4-f554-4dc1-809d-b2a01e8e48ad"),
+    ],
+)
 def test_mdev_without_uuid_element_takes_uuid_from_name(name, uuid):
     assert device(name).mdev_uuid == uuid
 
@@ -105,8 +107,12 @@ def test_mdevctl_built_devices_all_parse():
     chunks = [c + "</device>" for c in MDEVCTL_OUT.read_text().split("</device>") if c.strip()]
     devices = [parse_node_device(chunk) for chunk in chunks]
     assert [d.mdev_type for d in devices] == [
-        "i915-GVTg_V5_4", "i915-GVTg_V5_4", "i915-GVTg_V5_8",
-        "vfio_ap-passthrough", "vfio_ccw-io"]
+        "i915-GVTg_V5_4",
+        "i915-GVTg_V5_4",
+        "i915-GVTg_V5_8",
+        "vfio_ap-passthrough",
+        "vfio_ccw-io",
+    ]
     assert devices[2].mdev_uuid == "435722ea-5f43-468a-874f-da34f1217f13"
     assert {d.parent for d in devices[:3]} == {"pci_0000_00_02_0"}
 
@@ -129,21 +135,31 @@ def test_out_of_range_pci_bus_is_refused_naming_device_and_value():
         device("pci_0000_00_02_0_header_type.xml")
 
 
-@pytest.mark.parametrize("xml, message", [
-    ("<device><name>x</name>", "malformed XML"),
-    ("<domain/>", "root element is <domain>"),
-    ("<device><parent>computer</parent></device>", "no <name>"),
-    ("<device><name>pci_x</name><capability type='pci'><domain>0</domain><bus>zz</bus>"
-     "<slot>0</slot><function>0</function></capability></device>",
-     "'pci_x' PCI bus: 'zz' is not a number"),
-    ("<device><name>pci_x</name><capability type='pci'><domain>0</domain><bus>0</bus>"
-     "<slot>0</slot><function>0</function><capability type='virt_functions' maxCount='many'/>"
-     "</capability></device>", "maxCount"),
-    ("<device><name>gpu</name><capability type='pci'><domain>0</domain><bus>0</bus>"
-     "<slot>0</slot><function>0</function><capability type='mdev_types'><type id='t'>"
-     "<availableInstances>-x</availableInstances></type></capability></capability></device>",
-     "mdev type t availableInstances"),
-])
+@pytest.mark.parametrize(
+    "xml, message",
+    [
+        ("<device><name>x</name>", "malformed XML"),
+        ("<domain/>", "root element is <domain>"),
+        ("<device><parent>computer</parent></device>", "no <name>"),
+        (
+            "<device><name>pci_x</name><capability type='pci'><domain>0</domain><bus>zz</bus>"
+            "<slot>0</slot><function>0</function></capability></device>",
+            "'pci_x' PCI bus: 'zz' is not a number",
+        ),
+        (
+            "<device><name>pci_x</name><capability type='pci'><domain>0</domain><bus>0</bus>"
+            "<slot>0</slot><function>0</function><capability type='virt_functions' maxCount='many'/>"
+            "</capability></device>",
+            "maxCount",
+        ),
+        (
+            "<device><name>gpu</name><capability type='pci'><domain>0</domain><bus>0</bus>"
+            "<slot>0</slot><function>0</function><capability type='mdev_types'><type id='t'>"
+            "<availableInstances>-x</availableInstances></type></capability></capability></device>",
+            "mdev type t availableInstances",
+        ),
+    ],
+)
 def test_bad_node_device_xml_raises_parse_error(xml, message):
     with pytest.raises(ParseError, match=message):
         parse_node_device(xml)

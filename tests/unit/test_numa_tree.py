@@ -8,19 +8,24 @@ import os_resource_classes as orc
 import os_traits
 import pytest
 
-from node_agent.tree.build import build_tree
-from node_agent.model.cpuset import parse_cpu_spec, parse_cpulist
 from node_agent.errors import ConfigError
+from node_agent.model.cpuset import parse_cpu_spec, parse_cpulist
 from node_agent.model.hugepages import ReservedPages
-from node_agent.tree.numa import spread
 from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 from node_agent.policy.partition import partition_cpus
+from node_agent.tree.build import build_tree
+from node_agent.tree.numa import spread
 from tests.hostdata import ground_truth
 from tests.snapshots import settings, snapshot
 
-MULTI_NUMA = ["virhostcpudata/linux-test3", "virhostcpudata/linux-test8",
-              "virhostcpudata/linux-deconf-cpus", "virhostcpudata/linux-subcores1",
-              "virhostcpudata/linux-subcores2", "virhostcpudata/linux-subcores3"]
+MULTI_NUMA = [
+    "virhostcpudata/linux-test3",
+    "virhostcpudata/linux-test8",
+    "virhostcpudata/linux-deconf-cpus",
+    "virhostcpudata/linux-subcores1",
+    "virhostcpudata/linux-subcores2",
+    "virhostcpudata/linux-subcores3",
+]
 
 
 def tree_of(tree_dir, tmp_path, host=None, **overrides):
@@ -57,25 +62,40 @@ def test_each_node_holds_its_online_cpus_and_memory_and_root_keeps_disk(tree_dir
 
 def test_test3_interleaved_nodes_get_their_own_cpus(tmp_path):
     # node2 owns CPUs 3,7,...,23: dedicating 3 and 7 puts 2 PCPU on node2 only.
-    tree = tree_of("virhostcpudata/linux-test3", tmp_path,
-                   cpu_dedicated_set=parse_cpu_spec("3,7"),
-                   cpu_shared_set=parse_cpu_spec("0-2,4-6,8-47"))
+    tree = tree_of(
+        "virhostcpudata/linux-test3",
+        tmp_path,
+        cpu_dedicated_set=parse_cpu_spec("3,7"),
+        cpu_shared_set=parse_cpu_spec("0-2,4-6,8-47"),
+    )
     assert inventory(tree, "fixture_NUMA_2")[orc.PCPU]["total"] == 2
     assert inventory(tree, "fixture_NUMA_2")[orc.VCPU]["total"] == 4
     assert inventory(tree, "fixture_NUMA_0")[orc.VCPU]["total"] == 6
     assert orc.PCPU not in inventory(tree, "fixture_NUMA_0")
     assert inventory(tree, "fixture_NUMA_0")[orc.MEMORY_MB] == {
-        "total": 65526, "reserved": 512, "min_unit": 1, "max_unit": 65526,
-        "step_size": 1, "allocation_ratio": 1.0}
+        "total": 65526,
+        "reserved": 512,
+        "min_unit": 1,
+        "max_unit": 65526,
+        "step_size": 1,
+        "allocation_ratio": 1.0,
+    }
     assert inventory(tree, "fixture_NUMA_7")[orc.MEMORY_MB]["reserved"] == 0
 
 
 def test_ppc64_sparse_node_ids_name_the_children(tmp_path):
-    tree = tree_of("virhostcpudata/linux-deconf-cpus", tmp_path,
-                   cpu_dedicated_set=parse_cpu_spec("16,24,104"),
-                   cpu_shared_set=parse_cpu_spec("40,48,72,112,120,128,136"))
-    assert tree.names()[1:] == ["fixture_NUMA_0", "fixture_NUMA_1",
-                                "fixture_NUMA_16", "fixture_NUMA_17"]
+    tree = tree_of(
+        "virhostcpudata/linux-deconf-cpus",
+        tmp_path,
+        cpu_dedicated_set=parse_cpu_spec("16,24,104"),
+        cpu_shared_set=parse_cpu_spec("40,48,72,112,120,128,136"),
+    )
+    assert tree.names()[1:] == [
+        "fixture_NUMA_0",
+        "fixture_NUMA_1",
+        "fixture_NUMA_16",
+        "fixture_NUMA_17",
+    ]
     assert inventory(tree, "fixture_NUMA_0")[orc.PCPU]["total"] == 2
     assert inventory(tree, "fixture_NUMA_16")[orc.PCPU]["total"] == 1
     assert inventory(tree, "fixture_NUMA_16")[orc.VCPU]["total"] == 1
@@ -103,15 +123,21 @@ def test_spread_fills_buckets_in_order():
 def test_hmat_cpu_less_node_with_memory_holds_only_memory(tmp_path):
     host = snapshot("vircaps2xmldata/linux-hmat/system", tmp_path)
     node0, node1 = host.nodes
-    host = dataclasses.replace(host, nodes=(
-        dataclasses.replace(node0, memory_kb=2 * 1024 * 1024),
-        dataclasses.replace(node1, memory_kb=1024 * 1024)))
+    host = dataclasses.replace(
+        host,
+        nodes=(
+            dataclasses.replace(node0, memory_kb=2 * 1024 * 1024),
+            dataclasses.replace(node1, memory_kb=1024 * 1024),
+        ),
+    )
     tree = tree_of(None, tmp_path, host=host)
     assert inventory(tree, "fixture_NUMA_0")[orc.VCPU]["total"] == 24
     assert set(inventory(tree, "fixture_NUMA_1")) == {orc.MEMORY_MB}
     assert inventory(tree, "fixture_NUMA_1")[orc.MEMORY_MB]["total"] == 1024
-    assert tree.by_name("fixture_NUMA_1").traits == {os_traits.HW_NUMA_ROOT: True,
-                                                     AGENT_CHILD_TRAIT: True}
+    assert tree.by_name("fixture_NUMA_1").traits == {
+        os_traits.HW_NUMA_ROOT: True,
+        AGENT_CHILD_TRAIT: True,
+    }
 
 
 def test_hmat_without_node_meminfo_keeps_memory_on_the_root(tmp_path):
@@ -125,8 +151,11 @@ def test_hmat_without_node_meminfo_keeps_memory_on_the_root(tmp_path):
 
 
 def test_resctrl_1g_pages_are_a_page_class_on_node1(tmp_path):
-    tree = tree_of("vircaps2xmldata/linux-resctrl/system", tmp_path,
-                   reserved_huge_pages=(ReservedPages(node=1, size_kb=1048576, count=1),))
+    tree = tree_of(
+        "vircaps2xmldata/linux-resctrl/system",
+        tmp_path,
+        reserved_huge_pages=(ReservedPages(node=1, size_kb=1048576, count=1),),
+    )
     node1 = inventory(tree, "fixture_NUMA_1")
     assert node1["CUSTOM_MEMORY_PAGE_1048576"]["total"] == 4
     assert node1["CUSTOM_MEMORY_PAGE_1048576"]["reserved"] == 1
@@ -138,16 +167,22 @@ def test_resctrl_1g_pages_are_a_page_class_on_node1(tmp_path):
 
 def test_reserving_more_pages_than_the_node_has_is_refused(tmp_path):
     with pytest.raises(ConfigError) as err:
-        tree_of("vircaps2xmldata/linux-resctrl/system", tmp_path,
-                reserved_huge_pages=(ReservedPages(node=1, size_kb=1048576, count=5),))
+        tree_of(
+            "vircaps2xmldata/linux-resctrl/system",
+            tmp_path,
+            reserved_huge_pages=(ReservedPages(node=1, size_kb=1048576, count=5),),
+        )
     assert "node:1,size:1048576,count:5" in str(err.value)
     assert "at most 4" in str(err.value)
 
 
 def test_reserving_pages_of_a_size_the_node_lacks_is_refused(tmp_path):
     with pytest.raises(ConfigError) as err:
-        tree_of("vircaps2xmldata/linux-resctrl/system", tmp_path,
-                reserved_huge_pages=(ReservedPages(node=3, size_kb=2048, count=1),))
+        tree_of(
+            "vircaps2xmldata/linux-resctrl/system",
+            tmp_path,
+            reserved_huge_pages=(ReservedPages(node=3, size_kb=2048, count=1),),
+        )
     assert "NUMA node 3 has no 2048 KiB page pool" in str(err.value)
 
 
@@ -182,21 +217,21 @@ def test_huge_page_pools_are_reserved_in_their_nodes_memory_not_offered_twice(tm
 
     host = snapshot("vircaps2xmldata/linux-resctrl/system", tmp_path)
     # The fixture has no node meminfo: give each node 32 GiB.
-    host = dataclasses.replace(host, nodes=tuple(
-        dataclasses.replace(n, memory_kb=32 * 1024 * 1024) for n in host.nodes))
+    host = dataclasses.replace(
+        host, nodes=tuple(dataclasses.replace(n, memory_kb=32 * 1024 * 1024) for n in host.nodes)
+    )
     conf = settings(numa_in_placement=True, reserved_host_memory_mb=512)
     tree = build_tree(conf, host, partition_cpus(conf, host))
     node1 = inventory(tree, "fixture_NUMA_1")
     assert node1["CUSTOM_MEMORY_PAGE_1048576"]["total"] == 4
     assert node1[orc.MEMORY_MB]["total"] == 32 * 1024
-    assert node1[orc.MEMORY_MB]["reserved"] == 4096          # the pool, no more
+    assert node1[orc.MEMORY_MB]["reserved"] == 4096  # the pool, no more
     assert inventory(tree, "fixture_NUMA_0")[orc.MEMORY_MB]["reserved"] == 512
     assert check(published(tree), host_limits(host, partition_cpus(conf, host))).ok
 
 
 def test_pools_are_reserved_on_the_root_when_node_memory_is_unknown(tmp_path):
     # linux-resctrl has no node meminfo: the root keeps MEMORY_MB.
-    tree = tree_of("vircaps2xmldata/linux-resctrl/system", tmp_path,
-                   reserved_host_memory_mb=512)
+    tree = tree_of("vircaps2xmldata/linux-resctrl/system", tmp_path, reserved_host_memory_mb=512)
     assert inventory(tree, "fixture")[orc.MEMORY_MB]["reserved"] == 512 + 4096
     assert inventory(tree, "fixture_NUMA_1")["CUSTOM_MEMORY_PAGE_1048576"]["total"] == 4

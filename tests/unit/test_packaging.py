@@ -9,6 +9,7 @@ try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
     import pytest
+
     tomllib = pytest.importorskip("tomli")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +36,8 @@ def test_pyproject_runtime_dependencies_are_the_packages_of_requirements_txt():
     required = requirements_file_names(ROOT / "requirements.txt")
     assert declared == required, (
         f"only in requirements.txt: {sorted(required - declared)}; "
-        f"only in pyproject.toml: {sorted(declared - required)}")
+        f"only in pyproject.toml: {sorted(declared - required)}"
+    )
 
 
 def test_no_test_package_is_a_runtime_dependency():

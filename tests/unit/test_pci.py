@@ -9,14 +9,14 @@ from pathlib import Path
 import os_resource_classes as orc
 import pytest
 
-from node_agent.tree.build import build_tree
-from node_agent.model.device_spec import parse_spec
 from node_agent.errors import DiscoveryError
-from node_agent.policy.partition import partition_cpus
-from node_agent.host.sysfs_pci import read_pci, with_mdev_parents
-from node_agent.tree.pci import chosen_mdev_type, gpu_provider_name
 from node_agent.host.sysfs import SysFS
+from node_agent.host.sysfs_pci import read_pci, with_mdev_parents
+from node_agent.model.device_spec import parse_spec
 from node_agent.model.snapshot import Guest, GuestMdev
+from node_agent.policy.partition import partition_cpus
+from node_agent.tree.build import build_tree
+from node_agent.tree.pci import chosen_mdev_type, gpu_provider_name
 from tests.snapshots import settings, snapshot
 
 GPU = "0000:81:00.0"
@@ -31,8 +31,7 @@ def write(path: Path, text: str) -> None:
     path.write_text(text + "\n")
 
 
-def add_device(root: Path, address: str, vendor="0x10de", device="0x1eb8",
-               numa_node="-1") -> Path:
+def add_device(root: Path, address: str, vendor="0x10de", device="0x1eb8", numa_node="-1") -> Path:
     """Like the kernel: the device lives under devices/pci..., bus/pci/devices links to it."""
     real = root / "devices" / "pci0000:80" / address
     real.mkdir(parents=True)
@@ -45,8 +44,7 @@ def add_device(root: Path, address: str, vendor="0x10de", device="0x1eb8",
     return real
 
 
-def add_mdev_type(device: Path, type_id: str, available: int, name: str,
-                  mdevs=()) -> None:
+def add_mdev_type(device: Path, type_id: str, available: int, name: str, mdevs=()) -> None:
     base = device / "mdev_supported_types" / type_id
     write(base / "available_instances", str(available))
     write(base / "name", name)
@@ -110,7 +108,12 @@ def test_reads_only_pfs_with_vfs(sysroot):
     assert len(pfs) == 1
     pf = pfs[0]
     assert (pf.address, pf.total_vfs, pf.num_vfs, pf.numa_node, pf.netdevs) == (
-        PF, 64, 8, 0, ("ens1f0",))
+        PF,
+        64,
+        8,
+        0,
+        ("ens1f0",),
+    )
 
 
 def test_devices_that_are_neither_gpu_nor_pf_are_not_read(sysroot):
@@ -132,8 +135,13 @@ def test_host_without_pci_bus_has_no_devices(tmp_path):
 
 
 def test_mdev_type_without_available_instances_is_a_read_error(sysroot):
-    (sysroot / "bus/pci/devices" / GPU / "mdev_supported_types/nvidia-223"
-     / "available_instances").unlink()
+    (
+        sysroot
+        / "bus/pci/devices"
+        / GPU
+        / "mdev_supported_types/nvidia-223"
+        / "available_instances"
+    ).unlink()
     with pytest.raises(DiscoveryError, match="nvidia-223 has no available_instances"):
         read_pci(SysFS(str(sysroot)))
 
@@ -171,8 +179,14 @@ def test_no_enabled_types_means_no_gpu_children(sysroot, tmp_path):
 
 def test_guest_mdevs_learn_their_parent_gpu(sysroot):
     gpus, _ = read_pci(SysFS(str(sysroot)))
-    guest = Guest(uuid="g", name="g", vcpus=1, running=True, memory_kb=1024,
-                  mdevs=(GuestMdev(MDEV2), GuestMdev("unknown")))
+    guest = Guest(
+        uuid="g",
+        name="g",
+        vcpus=1,
+        running=True,
+        memory_kb=1024,
+        mdevs=(GuestMdev(MDEV2), GuestMdev("unknown")),
+    )
     (updated,) = with_mdev_parents((guest,), gpus)
     assert updated.mdevs == (GuestMdev(MDEV2, GPU), GuestMdev("unknown", None))
 
@@ -188,25 +202,30 @@ def test_pf_in_device_spec_becomes_a_child_with_physnet_trait(sysroot, tmp_path)
 
 def test_report_sriov_numvfs_uses_enabled_vfs(sysroot, tmp_path):
     spec = parse_spec('{"devname": "ens1f0", "physical_network": "physnet1"}')
-    tree = tree_for(host_with(sysroot, tmp_path), pci_device_specs=(spec,),
-                    report_sriov_numvfs=True)
+    tree = tree_for(
+        host_with(sysroot, tmp_path), pci_device_specs=(spec,), report_sriov_numvfs=True
+    )
     assert tree.by_name("fixture_0000:3b:00.0").inventories[orc.SRIOV_NET_VF].total == 8
 
 
-@pytest.mark.parametrize("spec", [
-    '{"address": "0000:3b:00.1", "physical_network": "physnet1"}',
-    '{"devname": "ens9", "physical_network": "physnet1"}',
-    '{"address": "0000:3b:00.0"}',
-    '{"address": "*:3b:00.*", "vendor_id": "15b3", "physical_network": "physnet1"}',
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        '{"address": "0000:3b:00.1", "physical_network": "physnet1"}',
+        '{"devname": "ens9", "physical_network": "physnet1"}',
+        '{"address": "0000:3b:00.0"}',
+        '{"address": "*:3b:00.*", "vendor_id": "15b3", "physical_network": "physnet1"}',
+    ],
+)
 def test_pf_not_matched_by_a_physnet_spec_is_not_reported(spec, sysroot, tmp_path):
     tree = tree_for(host_with(sysroot, tmp_path), pci_device_specs=(parse_spec(spec),))
     assert tree.names() == ["fixture"]
 
 
 def test_wildcard_address_with_vendor_matches(sysroot, tmp_path):
-    spec = parse_spec('{"address": "*:3b:00.*", "vendor_id": "8086", '
-                      '"physical_network": "physnet1"}')
+    spec = parse_spec(
+        '{"address": "*:3b:00.*", "vendor_id": "8086", "physical_network": "physnet1"}'
+    )
     tree = tree_for(host_with(sysroot, tmp_path), pci_device_specs=(spec,))
     assert tree.names() == ["fixture", "fixture_0000:3b:00.0"]
 
@@ -214,11 +233,17 @@ def test_wildcard_address_with_vendor_matches(sysroot, tmp_path):
 def test_devices_and_numa_children_together(sysroot, tmp_path):
     spec = parse_spec('{"address": "0000:3b:00.0", "physical_network": "physnet1"}')
     host = dataclasses.replace(host_with(sysroot, tmp_path))
-    tree = tree_for(host, pci_device_specs=(spec,), enabled_mdev_types=("nvidia-222",),
-                    numa_in_placement=True)
-    assert tree.names() == ["fixture", "fixture_NUMA_0", "fixture_NUMA_1",
-                            "fixture_pci_0000_81_00_0", "fixture_pci_0000_82_00_0",
-                            "fixture_0000:3b:00.0"]
+    tree = tree_for(
+        host, pci_device_specs=(spec,), enabled_mdev_types=("nvidia-222",), numa_in_placement=True
+    )
+    assert tree.names() == [
+        "fixture",
+        "fixture_NUMA_0",
+        "fixture_NUMA_1",
+        "fixture_pci_0000_81_00_0",
+        "fixture_pci_0000_82_00_0",
+        "fixture_0000:3b:00.0",
+    ]
 
 
 def test_discovery_reads_devices_only_when_options_ask(sysroot, tmp_path):

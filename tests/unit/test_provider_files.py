@@ -16,7 +16,7 @@ providers:
 
 def test_non_utf8_provider_file_is_a_config_error_naming_file_byte_and_line(tmp_path):
     (tmp_path / "a.yaml").write_text(GOOD)
-    (tmp_path / "b.yaml").write_bytes(b"meta:\n  schema_version: \"1.0\"\n# caf\xe9\n")
+    (tmp_path / "b.yaml").write_bytes(b'meta:\n  schema_version: "1.0"\n# caf\xe9\n')
 
     with pytest.raises(ConfigError) as refused:
         load_provider_configs(str(tmp_path))

@@ -22,9 +22,12 @@ def test_the_schema_is_a_valid_draft_2020_12_schema():
 def test_every_message_belongs_to_a_keyword_of_its_own_subschema():
     # A message keyed by a keyword the subschema lacks is never shown: the
     # operator would get the generic text instead.
-    orphans = [(path, keyword)
-               for path, schema in _subschemas(provider_schema.load())
-               for keyword in schema.get("x-why", {}) if keyword not in schema]
+    orphans = [
+        (path, keyword)
+        for path, schema in _subschemas(provider_schema.load())
+        for keyword in schema.get("x-why", {})
+        if keyword not in schema
+    ]
     assert orphans == []
 
 

@@ -10,14 +10,14 @@ def test_limit_grows_by_one_per_round_of_answers_whose_latency_holds():
         pace.answered(0.010)
     assert pace.limit == 5
     for _ in range(5):
-        pace.answered(0.012)   # within 1.5x the best
+        pace.answered(0.012)  # within 1.5x the best
     assert pace.limit == 6
 
 
 def test_limit_eases_when_latency_grows_past_the_tolerance():
     pace = ReadPace(limit=6)
     pace.answered(0.010)
-    pace.answered(0.020)       # twice the best: the server queues
+    pace.answered(0.020)  # twice the best: the server queues
     assert pace.limit == 5
 
 

@@ -11,7 +11,8 @@ def test_committed_reference_matches_what_the_code_generates_now(name):
     path = reference.REFERENCE / name
     assert path.exists(), f"docs/reference/{name} is missing: run `make docs` and commit it"
     assert path.read_text() == text, (
-        f"docs/reference/{name} is stale: run `make docs` and commit the result")
+        f"docs/reference/{name} is stale: run `make docs` and commit the result"
+    )
 
 
 def test_every_subcommand_and_every_section_is_in_the_reference():

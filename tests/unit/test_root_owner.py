@@ -19,25 +19,27 @@ def test_mark_is_a_custom_trait_in_the_owner_namespace_and_hides_the_machine_id(
     assert MINE != OTHER and MINE == ro.mark_for(ID_A)
 
 
-@pytest.mark.parametrize("traits, owner, may_write, decided", [
-    (None, ro.ABSENT, True, {MINE: True}),
-    ({"COMPUTE_NODE"}, ro.UNMARKED, True, {MINE: True}),
-    ({"COMPUTE_NODE", MINE}, ro.MINE, True, {MINE: True}),
-    ({"COMPUTE_NODE", "OWNER_NOVA"}, ro.OWNED_BY_NOVA, False, {}),
-    ({"OWNER_NOVA", MINE}, ro.OWNED_BY_NOVA, False, {}),
-    ({OTHER}, ro.OTHER_MACHINE, False, {}),
-    ({OTHER, MINE}, ro.OTHER_MACHINE, False, {}),
-])
+@pytest.mark.parametrize(
+    "traits, owner, may_write, decided",
+    [
+        (None, ro.ABSENT, True, {MINE: True}),
+        ({"COMPUTE_NODE"}, ro.UNMARKED, True, {MINE: True}),
+        ({"COMPUTE_NODE", MINE}, ro.MINE, True, {MINE: True}),
+        ({"COMPUTE_NODE", "OWNER_NOVA"}, ro.OWNED_BY_NOVA, False, {}),
+        ({"OWNER_NOVA", MINE}, ro.OWNED_BY_NOVA, False, {}),
+        ({OTHER}, ro.OTHER_MACHINE, False, {}),
+        ({OTHER, MINE}, ro.OTHER_MACHINE, False, {}),
+    ],
+)
 def test_judge_without_take_over(traits, owner, may_write, decided):
     verdict = ro.judge(traits, ro.Identity(MINE))
-    assert (verdict.owner, verdict.may_write, dict(verdict.traits)) == (owner, may_write,
-                                                                         decided)
+    assert (verdict.owner, verdict.may_write, dict(verdict.traits)) == (owner, may_write, decided)
 
 
 def test_take_over_replaces_another_machines_mark_and_keeps_owner_nova():
     verdict = ro.judge({OTHER, "OWNER_NOVA"}, ro.Identity(MINE, take_over=True))
     assert verdict.may_write
-    assert dict(verdict.traits) == {MINE: True, OTHER: False}   # OWNER_NOVA not decided
+    assert dict(verdict.traits) == {MINE: True, OTHER: False}  # OWNER_NOVA not decided
 
 
 def test_a_writer_without_a_mark_adopts_only_unmarked_roots():
@@ -55,8 +57,9 @@ def test_refusals_name_the_owner_and_the_fixes():
 
 
 def test_claimed_tree_carries_the_mark_on_the_root_only():
-    tree = ProviderTree((Provider("cn1", traits={"COMPUTE_NODE": True}),
-                         Provider("cn1_NUMA_0", parent="cn1")))
+    tree = ProviderTree(
+        (Provider("cn1", traits={"COMPUTE_NODE": True}), Provider("cn1_NUMA_0", parent="cn1"))
+    )
     out = ro.claimed(tree, ro.judge({OTHER}, ro.Identity(MINE, take_over=True)))
     assert dict(out.root.traits) == {"COMPUTE_NODE": True, MINE: True, OTHER: False}
     assert out.providers[1] == tree.providers[1]

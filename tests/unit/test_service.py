@@ -10,8 +10,14 @@ import pytest
 
 from node_agent.errors import ConfigError, DiscoveryError
 from node_agent.placement.client import Unavailable
-from node_agent.service.loop import (CycleResult, Health, Service, jittered,
-                                     problem_kind, retry_delay)
+from node_agent.service.loop import (
+    CycleResult,
+    Health,
+    Service,
+    jittered,
+    problem_kind,
+    retry_delay,
+)
 
 
 @dataclass(frozen=True)
@@ -33,8 +39,7 @@ class Recorder:
 
 def start(service):
     result = {}
-    thread = threading.Thread(target=lambda: result.setdefault("rc", service.run()),
-                              daemon=True)
+    thread = threading.Thread(target=lambda: result.setdefault("rc", service.run()), daemon=True)
     thread.start()
     return thread, result
 
@@ -47,6 +52,7 @@ def wait_for(predicate, timeout=5.0):
 
 
 # -- pure timing
+
 
 @pytest.mark.parametrize("rand, expected", [(0.0, 54.0), (0.5, 60.0), (0.999999, 66.0)])
 def test_jitter_spreads_the_interval_by_the_fraction_both_ways(rand, expected):
@@ -85,6 +91,7 @@ def test_health_reports_a_change_only_when_the_kind_of_problem_changes():
 
 
 # -- the loop
+
 
 def test_cycles_never_overlap_even_when_triggered_while_running():
     active, peak, count = [0], [0], [0]
@@ -156,8 +163,12 @@ def test_invalid_reload_keeps_the_running_config_and_logs_each_problem(caplog):
         return CycleResult()
 
     def bad_load():
-        raise ConfigError(["[agent] report_interval has an invalid value: -1",
-                           "[compute] cpu_dedicated_set = 'x' is not a CPU spec"])
+        raise ConfigError(
+            [
+                "[agent] report_interval has an invalid value: -1",
+                "[compute] cpu_dedicated_set = 'x' is not a CPU spec",
+            ]
+        )
 
     service = Service(cycle, bad_load, Timing(), tick=0.01)
     thread, _ = start(service)
@@ -245,8 +256,13 @@ def test_failures_back_off_instead_of_running_every_interval():
 
 def test_systemd_hears_ready_first_then_status_and_watchdog_and_stopping():
     notifier = Recorder()
-    service = Service(lambda c: CycleResult(summary="no change (0 requests)"),
-                      Timing, Timing(), notifier=notifier, tick=0.01)
+    service = Service(
+        lambda c: CycleResult(summary="no change (0 requests)"),
+        Timing,
+        Timing(),
+        notifier=notifier,
+        tick=0.01,
+    )
     thread, _ = start(service)
     wait_for(lambda: service.cycles >= 2)
     service.request_stop()

@@ -31,8 +31,14 @@ def _no_placement():
 @pytest.fixture
 def body(tmp_path):
     host = snapshot("virhostcpudata/linux-test4", tmp_path)
-    desired = desired_from(settings(host="victim", cpu_dedicated_set=parse_cpu_spec("2-5"),
-                                    cpu_shared_set=parse_cpu_spec("0-1,6-15")), host)
+    desired = desired_from(
+        settings(
+            host="victim",
+            cpu_dedicated_set=parse_cpu_spec("2-5"),
+            cpu_shared_set=parse_cpu_spec("0-1,6-15"),
+        ),
+        host,
+    )
     body = wire.body_of(desired)
     # What an unsigned 2.1 message may carry too (mem_encryption came with 2.3).
     del body["limits"]["mem_encryption"]
@@ -40,8 +46,9 @@ def body(tmp_path):
 
 
 def ring(*masters, accept_unsigned=False):
-    return signing.Keyring(tuple(masters) or (signing.Master(MASTER),),
-                           accept_unsigned=accept_unsigned)
+    return signing.Keyring(
+        tuple(masters) or (signing.Master(MASTER),), accept_unsigned=accept_unsigned
+    )
 
 
 def test_each_host_gets_its_own_key_and_each_master_its_own_keys():
@@ -53,8 +60,7 @@ def test_each_host_gets_its_own_key_and_each_master_its_own_keys():
 def test_a_message_signed_with_its_hosts_key_is_accepted(body):
     message = wire.full_message("victim", 1, body, signing.host_key(MASTER, "victim"))
     assert ring().check(message, NOW) is None
-    beat = wire.heartbeat("victim", 2, message["digest"],
-                              signing.host_key(MASTER, "victim"))
+    beat = wire.heartbeat("victim", 2, message["digest"], signing.host_key(MASTER, "victim"))
     assert ring().check(beat, NOW) is None
 
 
@@ -66,8 +72,9 @@ def test_another_hosts_key_cannot_sign_for_the_victim(body):
     assert "does not verify with the key of victim" in refusal.text
 
 
-@pytest.mark.parametrize("change", [{"seq": 2}, {"host": "victim2"}, {"version": "2.2"},
-                                    {"digest": "0" * 64}])
+@pytest.mark.parametrize(
+    "change", [{"seq": 2}, {"host": "victim2"}, {"version": "2.2"}, {"digest": "0" * 64}]
+)
 def test_any_signed_field_changed_breaks_the_signature(body, change):
     message = wire.full_message("victim", 1, body, signing.host_key(MASTER, "victim"))
     refusal = ring().check({**message, **change}, NOW)
@@ -75,8 +82,11 @@ def test_any_signed_field_changed_breaks_the_signature(body, change):
 
 
 def test_unsigned_is_refused_unless_the_transition_is_on(body):
-    message = {k: v for k, v in wire.full_message(
-        "victim", 1, body, signing.host_key(MASTER, "victim")).items() if k != "signature"}
+    message = {
+        k: v
+        for k, v in wire.full_message("victim", 1, body, signing.host_key(MASTER, "victim")).items()
+        if k != "signature"
+    }
     message["version"] = "2.1"
     refusal = ring().check(message, NOW)
     assert refusal is not None and refusal.reason == signing.UNSIGNED
@@ -94,12 +104,16 @@ def test_previous_master_is_accepted_until_its_overlap_ends(body):
     assert rotating.check(new, NOW + 60) is None
 
 
-@pytest.mark.parametrize("who, reason", [
-    ("intruder", signing.FORGED),      # the intruder's own key, the victim's name
-    ("unsigned", signing.UNSIGNED),
-])
+@pytest.mark.parametrize(
+    "who, reason",
+    [
+        ("intruder", signing.FORGED),  # the intruder's own key, the victim's name
+        ("unsigned", signing.UNSIGNED),
+    ],
+)
 def test_applier_refuses_before_touching_the_hosts_record_and_names_no_secret(
-        tmp_path, body, caplog, who, reason):
+    tmp_path, body, caplog, who, reason
+):
     from node_agent.applier.applier import Applier
 
     message = wire.full_message("victim", 1, body, signing.host_key(MASTER, who))
@@ -112,21 +126,31 @@ def test_applier_refuses_before_touching_the_hosts_record_and_names_no_secret(
 
     assert reply["status"] == wire.REFUSED, reply
     assert applier.refused == {reason: 1} and applier.outcomes == {wire.REFUSED: 1}
-    assert not (tmp_path / "victim").exists()   # no lock, no record, no sequence number
-    for secret in (MASTER.hex(), signing.host_key(MASTER, "victim").hex(),
-                   signing.host_key(MASTER, who).hex()):
+    assert not (tmp_path / "victim").exists()  # no lock, no record, no sequence number
+    for secret in (
+        MASTER.hex(),
+        signing.host_key(MASTER, "victim").hex(),
+        signing.host_key(MASTER, who).hex(),
+    ):
         assert secret not in json.dumps(reply) and secret not in caplog.text
     assert f"refused a message from victim ({reason}; 1 refused so far)" in caplog.text
 
 
-def test_once_a_host_signed_its_unsigned_messages_are_refused_during_the_transition(
-        tmp_path, body):
+def test_once_a_host_signed_its_unsigned_messages_are_refused_during_the_transition(tmp_path, body):
     from node_agent.applier.applier import Applier
     from node_agent.state import StateStore
 
-    StateStore(tmp_path / "victim").save({"applier": {
-        "seq": 5, "digest": wire.digest_of(body), "body": body, "ok": True,
-        "signed": True}})
+    StateStore(tmp_path / "victim").save(
+        {
+            "applier": {
+                "seq": 5,
+                "digest": wire.digest_of(body),
+                "body": body,
+                "ok": True,
+                "signed": True,
+            }
+        }
+    )
     applier = Applier(_no_placement, tmp_path, keyring=ring(accept_unsigned=True))
     unsigned = {**wire.full_message("victim", 6, body, b"k" * 32), "version": "2.1"}
     del unsigned["signature"]
@@ -138,6 +162,7 @@ def test_once_a_host_signed_its_unsigned_messages_are_refused_during_the_transit
 
 
 # ---------------------------------------------------------------- key files
+
 
 def test_host_key_file_round_trips_with_mode_0600(tmp_path):
     path = tmp_path / "upstream.key"
@@ -155,8 +180,7 @@ def test_key_file_open_to_group_or_others_is_refused_with_the_fix(tmp_path, mode
     with pytest.raises(ConfigError) as refused:
         keys.read_host_key(str(path))
     assert refused.value.exit_code == 78
-    assert f"(mode {mode:04o})" in str(refused.value) and f"chmod 0600 {path}" in str(
-        refused.value)
+    assert f"(mode {mode:04o})" in str(refused.value) and f"chmod 0600 {path}" in str(refused.value)
     assert signing.host_key(MASTER, "victim").hex() not in str(refused.value)
 
 

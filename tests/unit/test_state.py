@@ -7,10 +7,14 @@ import pytest
 
 from node_agent.state import FILE_NAME, StateCorrupt, StateStore
 
-SAMPLE = {"root_uuid": "8a4f2a3e-7d52-4a5c-9f4f-0b1c2d3e4f50",
-          "providers": {"host1": "8a4f2a3e-7d52-4a5c-9f4f-0b1c2d3e4f50",
-                        "host1_NUMA0": "0c8e7c1e-62f1-4a39-8d0e-6f0b8f3b2a11"},
-          "owned_children": ["0c8e7c1e-62f1-4a39-8d0e-6f0b8f3b2a11"]}
+SAMPLE = {
+    "root_uuid": "8a4f2a3e-7d52-4a5c-9f4f-0b1c2d3e4f50",
+    "providers": {
+        "host1": "8a4f2a3e-7d52-4a5c-9f4f-0b1c2d3e4f50",
+        "host1_NUMA0": "0c8e7c1e-62f1-4a39-8d0e-6f0b8f3b2a11",
+    },
+    "owned_children": ["0c8e7c1e-62f1-4a39-8d0e-6f0b8f3b2a11"],
+}
 
 
 def test_missing_file_loads_as_empty(tmp_path):
@@ -47,9 +51,16 @@ def test_file_is_private_to_the_owner(tmp_path):
     assert mode == 0o600
 
 
-@pytest.mark.parametrize("text", [
-    "", "{", "not json at all", "[1, 2]", "\x00\x01garbage",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "{",
+        "not json at all",
+        "[1, 2]",
+        "\x00\x01garbage",
+    ],
+)
 def test_garbage_is_reported_as_corrupt(tmp_path, text):
     (tmp_path / FILE_NAME).write_text(text)
     with pytest.raises(StateCorrupt, match="rebuilt from Placement"):
@@ -71,8 +82,7 @@ def _edit_envelope(tmp_path, change):
 
 def test_edited_payload_fails_the_checksum(tmp_path):
     StateStore(tmp_path).save(SAMPLE)
-    _edit_envelope(tmp_path,
-                   lambda e: e["payload"].update(root_uuid="hand-edited"))
+    _edit_envelope(tmp_path, lambda e: e["payload"].update(root_uuid="hand-edited"))
     with pytest.raises(StateCorrupt, match="checksum"):
         StateStore(tmp_path).load()
 

@@ -2,8 +2,8 @@
 
 import pytest
 
-from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.model.provider_state import ProviderState, inventories_equal
+from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.placement.planner import Change, describe_inventory_diff, plan_changes
 
 ROOT = "11111111-1111-4111-8111-111111111111"
@@ -14,31 +14,48 @@ FOREIGN = "55555555-5555-4555-8555-555555555555"
 
 
 def tree(root_inv=None, numa0_inv=None, root_traits=None, extra=()):
-    return ProviderTree((
-        Provider("host1", uuid=ROOT,
-                 inventories=root_inv if root_inv is not None else {
-                     "MEMORY_MB": Inventory(65536, reserved=512),
-                     "DISK_GB": Inventory(900)},
-                 traits=root_traits if root_traits is not None else {
-                     "HW_CPU_X86_AVX2": True, "COMPUTE_STATUS_DISABLED": False}),
-        Provider("host1_NUMA0", parent="host1", uuid=NUMA0,
-                 inventories=numa0_inv if numa0_inv is not None else {
-                     "VCPU": Inventory(16, allocation_ratio=4.0),
-                     "PCPU": Inventory(8)}),
-    ) + tuple(extra))
+    return ProviderTree(
+        (
+            Provider(
+                "host1",
+                uuid=ROOT,
+                inventories=root_inv
+                if root_inv is not None
+                else {"MEMORY_MB": Inventory(65536, reserved=512), "DISK_GB": Inventory(900)},
+                traits=root_traits
+                if root_traits is not None
+                else {"HW_CPU_X86_AVX2": True, "COMPUTE_STATUS_DISABLED": False},
+            ),
+            Provider(
+                "host1_NUMA0",
+                parent="host1",
+                uuid=NUMA0,
+                inventories=numa0_inv
+                if numa0_inv is not None
+                else {"VCPU": Inventory(16, allocation_ratio=4.0), "PCPU": Inventory(8)},
+            ),
+        )
+        + tuple(extra)
+    )
 
 
 def state_of(provider, parent_uuid=None, generation=3, traits=()):
-    return ProviderState(provider.uuid, provider.name, generation, parent_uuid,
-                         {rc: i.as_placement()
-                          for rc, i in provider.inventories.items()},
-                         frozenset(traits))
+    return ProviderState(
+        provider.uuid,
+        provider.name,
+        generation,
+        parent_uuid,
+        {rc: i.as_placement() for rc, i in provider.inventories.items()},
+        frozenset(traits),
+    )
 
 
 def in_sync(desired, extra_traits=()):
     root, numa0 = desired.providers[0], desired.providers[1]
-    return {ROOT: state_of(root, traits={"HW_CPU_X86_AVX2", *extra_traits}),
-            NUMA0: state_of(numa0, parent_uuid=ROOT, generation=7)}
+    return {
+        ROOT: state_of(root, traits={"HW_CPU_X86_AVX2", *extra_traits}),
+        NUMA0: state_of(numa0, parent_uuid=ROOT, generation=7),
+    }
 
 
 def test_tree_already_in_placement_needs_no_change():
@@ -56,23 +73,22 @@ def test_empty_placement_creates_parents_before_children_then_writes():
         ("PUT", f"/resource_providers/{ROOT}/traits"),
     ]
     assert changes[0].body == {"name": "host1", "uuid": ROOT}
-    assert changes[1].body == {"name": "host1_NUMA0", "uuid": NUMA0,
-                               "parent_provider_uuid": ROOT}
+    assert changes[1].body == {"name": "host1_NUMA0", "uuid": NUMA0, "parent_provider_uuid": ROOT}
 
 
 def test_new_provider_writes_carry_predicted_generations():
     changes = plan_changes(tree(), {}, set())
     by_path = {c.path: c.body for c in changes}
-    assert by_path[f"/resource_providers/{ROOT}/inventories"][
-        "resource_provider_generation"] == 0
+    assert by_path[f"/resource_providers/{ROOT}/inventories"]["resource_provider_generation"] == 0
     # The inventory PUT bumps the new root to generation 1.
     assert by_path[f"/resource_providers/{ROOT}/traits"] == {
-        "resource_provider_generation": 1, "traits": ["HW_CPU_X86_AVX2"]}
+        "resource_provider_generation": 1,
+        "traits": ["HW_CPU_X86_AVX2"],
+    }
 
 
 def test_changed_total_puts_whole_inventory_with_generation_and_summary():
-    desired = tree(numa0_inv={"VCPU": Inventory(32, allocation_ratio=4.0),
-                              "PCPU": Inventory(8)})
+    desired = tree(numa0_inv={"VCPU": Inventory(32, allocation_ratio=4.0), "PCPU": Inventory(8)})
     actual = in_sync(tree())
     [change] = plan_changes(desired, actual, {NUMA0})
     assert change.method == "PUT"
@@ -80,22 +96,30 @@ def test_changed_total_puts_whole_inventory_with_generation_and_summary():
     assert change.body["resource_provider_generation"] == 7
     assert set(change.body["inventories"]) == {"VCPU", "PCPU"}
     assert change.body["inventories"]["VCPU"]["total"] == 32
-    assert change.summary == ("set VCPU total 16→32, max_unit 16→32 "
-                              "on host1_NUMA0")
+    assert change.summary == ("set VCPU total 16→32, max_unit 16→32 on host1_NUMA0")
 
 
 def test_every_inventory_field_counts_as_a_difference():
-    base = {"total": 16, "reserved": 0, "min_unit": 1, "max_unit": 16,
-            "step_size": 1, "allocation_ratio": 4.0}
-    for name, value in [("reserved", 1), ("min_unit", 2), ("max_unit", 8),
-                        ("step_size", 2), ("allocation_ratio", 2.0)]:
-        assert not inventories_equal({"VCPU": base},
-                                     {"VCPU": {**base, name: value}}), name
+    base = {
+        "total": 16,
+        "reserved": 0,
+        "min_unit": 1,
+        "max_unit": 16,
+        "step_size": 1,
+        "allocation_ratio": 4.0,
+    }
+    for name, value in [
+        ("reserved", 1),
+        ("min_unit", 2),
+        ("max_unit", 8),
+        ("step_size", 2),
+        ("allocation_ratio", 2.0),
+    ]:
+        assert not inventories_equal({"VCPU": base}, {"VCPU": {**base, name: value}}), name
 
 
 def test_ratio_read_back_as_rounded_float_is_not_a_difference():
-    desired = tree(numa0_inv={"VCPU": Inventory(16, allocation_ratio=1.1),
-                              "PCPU": Inventory(8)})
+    desired = tree(numa0_inv={"VCPU": Inventory(16, allocation_ratio=1.1), "PCPU": Inventory(8)})
     actual = in_sync(desired)
     rounded = dict(actual[NUMA0].inventories)
     rounded["VCPU"] = {**rounded["VCPU"], "allocation_ratio": 1.10000002384}
@@ -116,34 +140,39 @@ def test_removed_class_is_left_out_of_the_put_and_named_in_summary():
     desired = tree(numa0_inv={"PCPU": Inventory(24)})
     [change] = plan_changes(desired, in_sync(tree()), {NUMA0})
     assert set(change.body["inventories"]) == {"PCPU"}
-    assert change.summary == ("set PCPU total 8→24, max_unit 8→24; "
-                              "remove VCPU on host1_NUMA0")
+    assert change.summary == ("set PCPU total 8→24, max_unit 8→24; remove VCPU on host1_NUMA0")
 
 
 def test_describe_inventory_diff_names_added_class():
-    assert describe_inventory_diff({}, {"PCPU": Inventory(4).as_placement()}
-                                   ) == ["add PCPU total 4"]
+    assert describe_inventory_diff({}, {"PCPU": Inventory(4).as_placement()}) == [
+        "add PCPU total 4"
+    ]
 
 
 def test_a_class_added_closed_says_so():
     # In maintenance a class the new sets add is added fully reserved; the
     # log must not read as if capacity opened.
-    assert describe_inventory_diff({}, {"PCPU": Inventory(4, reserved=4).as_placement()}
-                                   ) == ["add PCPU total 4 fully reserved"]
+    assert describe_inventory_diff({}, {"PCPU": Inventory(4, reserved=4).as_placement()}) == [
+        "add PCPU total 4 fully reserved"
+    ]
 
 
 def test_operator_traits_are_kept_when_agent_traits_change():
-    desired = tree(root_traits={"HW_CPU_X86_AVX2": True,
-                                "HW_CPU_X86_AVX512F": True,
-                                "COMPUTE_STATUS_DISABLED": False})
-    actual = in_sync(tree(), extra_traits={"CUSTOM_RACK_7",
-                                           "COMPUTE_STATUS_DISABLED"})
+    desired = tree(
+        root_traits={
+            "HW_CPU_X86_AVX2": True,
+            "HW_CPU_X86_AVX512F": True,
+            "COMPUTE_STATUS_DISABLED": False,
+        }
+    )
+    actual = in_sync(tree(), extra_traits={"CUSTOM_RACK_7", "COMPUTE_STATUS_DISABLED"})
     [change] = plan_changes(desired, actual, {NUMA0})
     assert change.path == f"/resource_providers/{ROOT}/traits"
-    assert change.body == {"resource_provider_generation": 3, "traits": [
-        "CUSTOM_RACK_7", "HW_CPU_X86_AVX2", "HW_CPU_X86_AVX512F"]}
-    assert change.summary == ("traits +HW_CPU_X86_AVX512F "
-                              "-COMPUTE_STATUS_DISABLED on host1")
+    assert change.body == {
+        "resource_provider_generation": 3,
+        "traits": ["CUSTOM_RACK_7", "HW_CPU_X86_AVX2", "HW_CPU_X86_AVX512F"],
+    }
+    assert change.summary == ("traits +HW_CPU_X86_AVX512F -COMPUTE_STATUS_DISABLED on host1")
 
 
 def test_trait_outside_the_agents_map_never_causes_a_write():
@@ -153,9 +182,15 @@ def test_trait_outside_the_agents_map_never_causes_a_write():
 
 
 def test_custom_class_and_trait_are_defined_first_unless_known():
-    extra = [Provider("host1_gpu0", parent="host1", uuid=GPU,
-                      inventories={"CUSTOM_VGPU_A": Inventory(4)},
-                      traits={"CUSTOM_NVIDIA_A10": True, "CUSTOM_OLD": False})]
+    extra = [
+        Provider(
+            "host1_gpu0",
+            parent="host1",
+            uuid=GPU,
+            inventories={"CUSTOM_VGPU_A": Inventory(4)},
+            traits={"CUSTOM_NVIDIA_A10": True, "CUSTOM_OLD": False},
+        )
+    ]
     desired = tree(extra=extra)
     changes = plan_changes(desired, in_sync(desired), {NUMA0})
     assert [(c.method, c.path) for c in changes[:3]] == [
@@ -163,15 +198,22 @@ def test_custom_class_and_trait_are_defined_first_unless_known():
         ("PUT", "/traits/CUSTOM_NVIDIA_A10"),
         ("POST", "/resource_providers"),
     ]
-    again = plan_changes(desired, in_sync(desired), {NUMA0},
-                         known_resource_classes={"CUSTOM_VGPU_A"},
-                         known_traits={"CUSTOM_NVIDIA_A10"})
+    again = plan_changes(
+        desired,
+        in_sync(desired),
+        {NUMA0},
+        known_resource_classes={"CUSTOM_VGPU_A"},
+        known_traits={"CUSTOM_NVIDIA_A10"},
+    )
     assert not [c for c in again if c.kind in ("resource_class", "trait")]
 
 
 def test_custom_class_seen_in_placement_is_not_redefined():
-    extra = [Provider("host1_gpu0", parent="host1", uuid=GPU,
-                      inventories={"CUSTOM_VGPU_A": Inventory(4)})]
+    extra = [
+        Provider(
+            "host1_gpu0", parent="host1", uuid=GPU, inventories={"CUSTOM_VGPU_A": Inventory(4)}
+        )
+    ]
     desired = tree(extra=extra)
     actual = in_sync(desired)
     actual[GPU] = state_of(extra[0], parent_uuid=ROOT)
@@ -179,24 +221,28 @@ def test_custom_class_seen_in_placement_is_not_redefined():
 
 
 def test_owned_child_no_longer_desired_is_deleted_last():
-    numa1 = Provider("host1_NUMA1", parent="host1", uuid=NUMA1,
-                     inventories={"VCPU": Inventory(16)})
-    desired = tree(numa0_inv={"VCPU": Inventory(8, allocation_ratio=4.0),
-                              "PCPU": Inventory(8)})
+    numa1 = Provider("host1_NUMA1", parent="host1", uuid=NUMA1, inventories={"VCPU": Inventory(16)})
+    desired = tree(numa0_inv={"VCPU": Inventory(8, allocation_ratio=4.0), "PCPU": Inventory(8)})
     actual = in_sync(tree())
     actual[NUMA1] = state_of(numa1, parent_uuid=ROOT)
     changes = plan_changes(desired, actual, {NUMA0, NUMA1})
     assert changes[-1] == Change(
-        "delete", NUMA1,
+        "delete",
+        NUMA1,
         "delete provider host1_NUMA1 (no longer on the host)",
-        provider="host1_NUMA1")
+        provider="host1_NUMA1",
+    )
     assert changes[0].kind == "inventories"
 
 
 def test_foreign_child_is_never_deleted():
-    bandwidth = ProviderState(FOREIGN, "host1:neutron-agent:bw", 1, ROOT,
-                              {"NET_BW_EGR_KILOBIT_PER_SEC":
-                               Inventory(10000).as_placement()})
+    bandwidth = ProviderState(
+        FOREIGN,
+        "host1:neutron-agent:bw",
+        1,
+        ROOT,
+        {"NET_BW_EGR_KILOBIT_PER_SEC": Inventory(10000).as_placement()},
+    )
     desired = tree()
     actual = {**in_sync(desired), FOREIGN: bandwidth}
     assert plan_changes(desired, actual, {NUMA0}) == []
@@ -205,9 +251,11 @@ def test_foreign_child_is_never_deleted():
 def test_owned_child_with_a_foreign_grandchild_is_not_deleted():
     numa1 = Provider("host1_NUMA1", parent="host1", uuid=NUMA1)
     desired = tree()
-    actual = {**in_sync(desired),
-              NUMA1: state_of(numa1, parent_uuid=ROOT),
-              FOREIGN: ProviderState(FOREIGN, "pf0", 1, NUMA1)}
+    actual = {
+        **in_sync(desired),
+        NUMA1: state_of(numa1, parent_uuid=ROOT),
+        FOREIGN: ProviderState(FOREIGN, "pf0", 1, NUMA1),
+    }
     assert plan_changes(desired, actual, {NUMA0, NUMA1}) == []
 
 
@@ -215,11 +263,16 @@ def test_owned_children_are_deleted_deepest_first():
     numa1 = Provider("host1_NUMA1", parent="host1", uuid=NUMA1)
     gpu = Provider("host1_NUMA1_gpu", parent="host1_NUMA1", uuid=GPU)
     desired = tree()
-    actual = {**in_sync(desired), NUMA1: state_of(numa1, parent_uuid=ROOT),
-              GPU: state_of(gpu, parent_uuid=NUMA1)}
+    actual = {
+        **in_sync(desired),
+        NUMA1: state_of(numa1, parent_uuid=ROOT),
+        GPU: state_of(gpu, parent_uuid=NUMA1),
+    }
     changes = plan_changes(desired, actual, {NUMA0, NUMA1, GPU})
-    assert [c.path for c in changes] == [f"/resource_providers/{GPU}",
-                                         f"/resource_providers/{NUMA1}"]
+    assert [c.path for c in changes] == [
+        f"/resource_providers/{GPU}",
+        f"/resource_providers/{NUMA1}",
+    ]
 
 
 def test_root_is_never_deleted_even_if_listed_as_owned():
@@ -237,8 +290,7 @@ def test_aggregates_are_never_written():
 def test_renamed_provider_is_updated_in_place():
     desired = tree()
     actual = in_sync(desired)
-    actual[NUMA0] = ProviderState(NUMA0, "old-name", 7, ROOT,
-                                  actual[NUMA0].inventories)
+    actual[NUMA0] = ProviderState(NUMA0, "old-name", 7, ROOT, actual[NUMA0].inventories)
     [change] = plan_changes(desired, actual, {NUMA0})
     assert (change.method, change.path) == ("PUT", f"/resource_providers/{NUMA0}")
     assert change.body == {"name": "host1_NUMA0", "parent_provider_uuid": ROOT}

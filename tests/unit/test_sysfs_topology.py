@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from node_agent.model.cpuset import CpuSet, parse_cpulist
 from node_agent.errors import DiscoveryError, ParseError
 from node_agent.host.sysfs import SysFS
 from node_agent.host.sysfs_topology import read_topology
+from node_agent.model.cpuset import CpuSet, parse_cpulist
 from node_agent.model.snapshot import HugePagePool
 from tests.hostdata import HOSTDATA, SYSFS_TREES, ground_truth, sysfs_root_for, tree_name
 
@@ -54,6 +54,7 @@ SMALL_HOST = {
 
 
 # Every fixture tree against the independent ground truth ---------------------
+
 
 @pytest.fixture(params=SYSFS_TREES, ids=TREE_IDS)
 def tree(request, tmp_path):
@@ -112,18 +113,23 @@ def test_topology_ids_of_online_cpus_match_ground_truth(tree):
     online = [c for c in topo.cpus if c.online]
     assert sum(c.package_id is not None for c in online) == truth["online_cpus_with_topology"]
     assert sorted({c.package_id for c in online}) == truth["package_ids"]
-    assert len({(c.package_id, c.die_id, c.core_id) for c in online}) == \
-        truth["cores(distinct pkg/die/core_id, online cpus)"]
+    assert (
+        len({(c.package_id, c.die_id, c.core_id) for c in online})
+        == truth["cores(distinct pkg/die/core_id, online cpus)"]
+    )
     sizes = truth["thread_siblings_list_size(min..max); None=file absent"]
     if sizes is None:
         assert all(c.siblings == CpuSet([c.id]) for c in topo.cpus)
     else:
         low, high = (int(x) for x in sizes.split(".."))
-        assert (min(len(c.siblings) for c in online),
-                max(len(c.siblings) for c in online)) == (low, high)
+        assert (min(len(c.siblings) for c in online), max(len(c.siblings) for c in online)) == (
+            low,
+            high,
+        )
 
 
 # Traps named in the hostdata README ------------------------------------------
+
 
 def test_offline_cpus_without_topology_dir_have_no_ids_and_only_themselves_as_siblings(tmp_path):
     topo = topology_of("virhostcpudata/linux-test6", tmp_path)
@@ -152,7 +158,9 @@ def test_sparse_node_ids_are_kept_and_node_lists_are_cut_to_present_cpus(tmp_pat
 def test_cpu_less_nodes_are_kept_with_their_memory(tmp_path):
     topo = topology_of("virhostcpudata/linux-test1", tmp_path, default_hugepage_kb=2048)
     assert [(n.id, len(n.cpus), n.memory_kb) for n in topo.nodes] == [
-        (0, 0, 33554432), (1, 0, 33554432)]
+        (0, 0, 33554432),
+        (1, 0, 33554432),
+    ]
     assert topo.memory_kb == 2 * 33554432
     assert all(c.node_id is None for c in topo.cpus)
     assert node(topo, 0).hugepages == (HugePagePool(size_kb=2048, total=1024, free=768),)
@@ -163,8 +171,7 @@ def test_sibling_list_without_the_cpu_itself_is_warned_and_not_trusted(tmp_path)
     # linux-test1's cpu1/topology/thread_siblings_list says "0" (hand-edited data).
     topo = topology_of("virhostcpudata/linux-test1", tmp_path)
     assert cpu(topo, 1).siblings == CpuSet([1])
-    assert any("cpu1/topology/thread_siblings_list lists 0, not CPU 1" in w
-               for w in topo.warnings)
+    assert any("cpu1/topology/thread_siblings_list lists 0, not CPU 1" in w for w in topo.warnings)
 
 
 def test_memory_only_node_beside_a_cpu_node_keeps_distances(tmp_path):
@@ -214,7 +221,8 @@ def test_huge_topology_ids_are_read_exactly(tmp_path):
 def test_dies_are_read_from_die_id(tmp_path):
     topo = topology_of("virhostcpudata/linux-with-die", tmp_path)
     assert sorted({(c.package_id, c.die_id) for c in topo.cpus}) == [
-        (p, d) for p in (0, 1) for d in (0, 1, 2)]
+        (p, d) for p in (0, 1) for d in (0, 1, 2)
+    ]
     assert len({(c.package_id, c.die_id, c.core_id) for c in topo.cpus}) == 12
 
 
@@ -228,10 +236,12 @@ def test_one_gib_hugepages_are_reported_per_node(tmp_path):
     topo = topology_of("vircaps2xmldata/linux-resctrl", tmp_path)
     assert node(topo, 1).hugepages == (
         HugePagePool(size_kb=2048, total=0, free=0),
-        HugePagePool(size_kb=1048576, total=4, free=4))
+        HugePagePool(size_kb=1048576, total=4, free=4),
+    )
     assert node(topo, 0).hugepages == (
         HugePagePool(size_kb=2048, total=0, free=0),
-        HugePagePool(size_kb=1048576, total=0, free=0))
+        HugePagePool(size_kb=1048576, total=0, free=0),
+    )
 
 
 def test_meminfo_hugepages_of_unknown_size_are_warned_about_not_guessed(tmp_path):
@@ -248,12 +258,15 @@ def test_meminfo_hugepages_take_the_default_size_when_given(tmp_path):
 
 # Trees built in tmp_path -------------------------------------------------------
 
+
 def test_small_host_reads_cleanly(tmp_path):
     topo = read_topology(build_tree(tmp_path, SMALL_HOST))
     assert topo.present == topo.online == CpuSet([0, 1])
     assert topo.isolated == CpuSet()
     assert [(c.id, c.core_id, str(c.siblings), c.node_id) for c in topo.cpus] == [
-        (0, 0, "0-1", 0), (1, 0, "0-1", 0)]
+        (0, 0, "0-1", 0),
+        (1, 0, "0-1", 0),
+    ]
     assert topo.memory_kb == 1024
     assert topo.warnings == ()
 
@@ -285,11 +298,14 @@ def test_per_cpu_online_disagreeing_with_online_file_is_warned(tmp_path):
     assert any("disagree" in w for w in topo.warnings)
 
 
-@pytest.mark.parametrize("text, shown", [
-    ("x-y\n", "'x-y'"),
-    ("0-1,\n", "''"),
-    ("3-1\n", "runs backwards"),
-])
+@pytest.mark.parametrize(
+    "text, shown",
+    [
+        ("x-y\n", "'x-y'"),
+        ("0-1,\n", "''"),
+        ("3-1\n", "runs backwards"),
+    ],
+)
 def test_garbage_online_file_is_a_parse_error_naming_the_file(tmp_path, text, shown):
     sysfs = build_tree(tmp_path, {**SMALL_HOST, "cpu/online": text})
     with pytest.raises(ParseError) as info:
@@ -303,26 +319,32 @@ def test_empty_online_file_is_an_error_not_zero_cpus(tmp_path):
         read_topology(build_tree(tmp_path, {**SMALL_HOST, "cpu/online": "\n"}))
 
 
-@pytest.mark.parametrize("relpath, text", [
-    ("cpu/cpu1/topology/core_id", "\n"),
-    ("cpu/cpu1/topology/core_id", "zero\n"),
-    ("cpu/cpu0/topology/physical_package_id", "0x1\n"),
-    ("cpu/cpu1/topology/thread_siblings_list", "0-1-2\n"),
-    ("cpu/cpu1/online", "yes\n"),
-    ("node/node0/cpulist", "0-a\n"),
-    ("node/node0/distance", "10 twenty\n"),
-])
+@pytest.mark.parametrize(
+    "relpath, text",
+    [
+        ("cpu/cpu1/topology/core_id", "\n"),
+        ("cpu/cpu1/topology/core_id", "zero\n"),
+        ("cpu/cpu0/topology/physical_package_id", "0x1\n"),
+        ("cpu/cpu1/topology/thread_siblings_list", "0-1-2\n"),
+        ("cpu/cpu1/online", "yes\n"),
+        ("node/node0/cpulist", "0-a\n"),
+        ("node/node0/distance", "10 twenty\n"),
+    ],
+)
 def test_garbage_topology_file_is_a_parse_error_naming_the_file(tmp_path, relpath, text):
     sysfs = build_tree(tmp_path, {**SMALL_HOST, relpath: text})
     with pytest.raises(ParseError, match=relpath):
         read_topology(sysfs)
 
 
-@pytest.mark.parametrize("text, reason", [
-    ("", "no meminfo fields"),
-    ("Node 0 MemTotal:       16175540 kB\nNode 0 MemFr", "line 2"),
-    ("Node 0 MemFree: 12 kB\n", "no MemTotal"),
-])
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("", "no meminfo fields"),
+        ("Node 0 MemTotal:       16175540 kB\nNode 0 MemFr", "line 2"),
+        ("Node 0 MemFree: 12 kB\n", "no MemTotal"),
+    ],
+)
 def test_bad_node_meminfo_is_a_parse_error_naming_the_file(tmp_path, text, reason):
     sysfs = build_tree(tmp_path, {**SMALL_HOST, "node/node0/meminfo": text})
     with pytest.raises(ParseError) as info:
@@ -332,8 +354,7 @@ def test_bad_node_meminfo_is_a_parse_error_naming_the_file(tmp_path, text, reaso
 
 
 def test_hugepage_pool_without_counts_is_an_error_not_an_empty_pool(tmp_path):
-    files = {**SMALL_HOST,
-             "node/node0/hugepages/hugepages-2048kB/free_hugepages": "0\n"}
+    files = {**SMALL_HOST, "node/node0/hugepages/hugepages-2048kB/free_hugepages": "0\n"}
     with pytest.raises(DiscoveryError, match="hugepages-2048kB/nr_hugepages is missing"):
         read_topology(build_tree(tmp_path, files))
 
@@ -372,6 +393,7 @@ def test_unreadable_file_is_a_read_error_not_an_absent_file(tmp_path):
 
 
 # The SysFS gateway -------------------------------------------------------------
+
 
 def test_sysfs_absent_file_is_none_and_logged_at_debug(tmp_path, caplog):
     sysfs = SysFS(str(tmp_path))

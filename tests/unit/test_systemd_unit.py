@@ -27,20 +27,31 @@ def test_unit_is_a_notify_service_with_watchdog_reload_and_sandbox():
     assert service["Restart"] == "on-failure"
     assert service["User"] == "node-agent"
     assert service["StateDirectory"] == "node-agent"
-    for key, value in {"NoNewPrivileges": "yes", "ProtectSystem": "strict",
-                       "ProtectHome": "yes", "PrivateTmp": "yes",
-                       "ReadOnlyPaths": "/sys", "SupplementaryGroups": "libvirt"}.items():
+    for key, value in {
+        "NoNewPrivileges": "yes",
+        "ProtectSystem": "strict",
+        "ProtectHome": "yes",
+        "PrivateTmp": "yes",
+        "ReadOnlyPaths": "/sys",
+        "SupplementaryGroups": "libvirt",
+    }.items():
         assert service[key] == value, key
 
 
-@pytest.mark.skipif(shutil.which("systemd-analyze") is None,
-                    reason="systemd-analyze is not installed")
+@pytest.mark.skipif(
+    shutil.which("systemd-analyze") is None, reason="systemd-analyze is not installed"
+)
 def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
     # verify checks that ExecStart exists: point it at this venv's script.
     agent = Path(sys.executable).with_name("node-agent")
     unit = tmp_path / "node-agent.service"
     unit.write_text(UNIT.read_text().replace("/usr/local/bin/node-agent", str(agent)))
-    result = subprocess.run(["systemd-analyze", "verify", str(unit)],
-                            capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    result = subprocess.run(
+        ["systemd-analyze", "verify", str(unit)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert "node-agent.service" not in result.stderr, result.stderr

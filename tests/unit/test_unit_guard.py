@@ -16,7 +16,7 @@ from tests.unit.conftest import ReachedOut
 CONFTEST = Path(__file__).with_name("conftest.py")
 
 # 192.0.2.1 is TEST-NET-1 (RFC 5737): nothing answers there even if the guard fails.
-INNER_TESTS = '''
+INNER_TESTS = """
 import os
 import socket
 import urllib.request
@@ -70,24 +70,45 @@ def test_marked_may_stat_real_sys():
 def test_marked_may_bind():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-'''
+"""
 
 
 def test_a_unit_test_that_reaches_out_fails_and_a_marked_one_passes(tmp_path):
     shutil.copy(CONFTEST, tmp_path / "conftest.py")
     (tmp_path / "test_inner.py").write_text(textwrap.dedent(INNER_TESTS))
     run = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf",
-         "--rootdir", str(tmp_path), str(tmp_path)],
-        capture_output=True, text=True, cwd=tmp_path, timeout=120, check=False,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-rf",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
     out = run.stdout
     assert run.returncode == 1, out + run.stderr
-    failed = {line.split("::")[1].split()[0] for line in out.splitlines()
-              if line.startswith("FAILED")}
-    assert failed == {"test_connects", "test_fetches_a_url", "test_opens_real_sys",
-                      "test_reads_real_sys_through_pathlib", "test_lists_real_sys",
-                      "test_stats_real_sys"}, out
+    failed = {
+        line.split("::")[1].split()[0] for line in out.splitlines() if line.startswith("FAILED")
+    }
+    assert failed == {
+        "test_connects",
+        "test_fetches_a_url",
+        "test_opens_real_sys",
+        "test_reads_real_sys_through_pathlib",
+        "test_lists_real_sys",
+        "test_stats_real_sys",
+    }, out
     assert "6 failed, 4 passed" in out, out
     assert "ReachedOut: unit test socket.connect" in out, out
     assert "unit tests do not read the real /sys" in out, out

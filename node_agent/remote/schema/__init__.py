@@ -42,12 +42,19 @@ SCHEMAS = {major: files[-1] for major, files in FILES.items()}
 # JSON Schema counts 1.0 as an integer and Python counts True as one; the
 # wire format wants neither (Placement takes integers).
 _TYPES = Draft202012Validator.TYPE_CHECKER.redefine(
-    "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool))
+    "integer", lambda _checker, value: isinstance(value, int) and not isinstance(value, bool)
+)
 _Validator = jsonschema.validators.extend(Draft202012Validator, type_checker=_TYPES)
 
 
-_TYPE_WORDS = {"array": "a list", "object": "an object", "string": "a string",
-               "integer": "an integer", "number": "a number", "boolean": "true or false"}
+_TYPE_WORDS = {
+    "array": "a list",
+    "object": "an object",
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number",
+    "boolean": "true or false",
+}
 
 
 def _minor(name: str) -> int:
@@ -66,8 +73,7 @@ def file_of(major: int, minor: Optional[int] = None) -> str:
 
 def load(major: int, minor: Optional[int] = None) -> dict:
     """The schema document of ``major.minor`` (a KeyError for a major not shipped)."""
-    text = resources.files(__name__).joinpath(file_of(major, minor)).read_text(
-        encoding="utf-8")
+    text = resources.files(__name__).joinpath(file_of(major, minor)).read_text(encoding="utf-8")
     return json.loads(text)
 
 
@@ -85,7 +91,7 @@ def _inline(schema: Any, defs: dict) -> Any:
         ref = schema.get("$ref", "")
         if ref.startswith("#/$defs/"):
             rest = {k: v for k, v in schema.items() if k != "$ref"}
-            return {**_inline(defs[ref[len("#/$defs/"):]], defs), **_inline(rest, defs)}
+            return {**_inline(defs[ref[len("#/$defs/") :]], defs), **_inline(rest, defs)}
         return {k: _inline(v, defs) for k, v in schema.items() if k != "$defs"}
     if isinstance(schema, list):
         return [_inline(v, defs) for v in schema]
@@ -93,8 +99,7 @@ def _inline(schema: Any, defs: dict) -> Any:
 
 
 @lru_cache(maxsize=None)
-def validator(major: int, newer_minor: bool = False, at: str = "",
-              minor: Optional[int] = None):
+def validator(major: int, newer_minor: bool = False, at: str = "", minor: Optional[int] = None):
     """The compiled validator of ``major.minor`` (the newest minor when
     None), created once per process; ``at`` names one top-level property
     to validate alone (e.g. ``host``)."""
@@ -130,14 +135,18 @@ def describe(error: ValidationError) -> str:
     if why:
         return f"{here}: {why}"
     if error.validator == "type":
-        types = error.validator_value if isinstance(error.validator_value, list) \
+        types = (
+            error.validator_value
+            if isinstance(error.validator_value, list)
             else [error.validator_value]
+        )
         return f"{here}: must be {' or '.join(_TYPE_WORDS.get(str(t), str(t)) for t in types)}"
     return f"{here}: breaks the schema's {error.validator!r} ({error.validator_value!r})"
 
 
-def first_error(message: Any, major: int, newer_minor: bool = False,
-                at: str = "", minor: Optional[int] = None) -> Optional[str]:
+def first_error(
+    message: Any, major: int, newer_minor: bool = False, at: str = "", minor: Optional[int] = None
+) -> Optional[str]:
     """None when ``message`` follows the schema of ``major.minor``, else
     :func:`describe` of the most relevant error."""
     check = validator(major, newer_minor, at, minor)

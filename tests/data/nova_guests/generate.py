@@ -89,23 +89,37 @@ HUGE_2M = 1024
 # name -> the fake host nova's fixtures build, and its CPU sets.
 HOSTS = {
     # One NUMA node, 8 cores without SMT: 2 shared CPUs, 6 dedicated.
-    "one-node": dict(topology=dict(cpu_nodes=1, cpu_sockets=1, cpu_cores=8, cpu_threads=1),
-                     cpu_shared_set="0-1", cpu_dedicated_set="2-7"),
+    "one-node": dict(
+        topology=dict(cpu_nodes=1, cpu_sockets=1, cpu_cores=8, cpu_threads=1),
+        cpu_shared_set="0-1",
+        cpu_dedicated_set="2-7",
+    ),
     # Two NUMA nodes of 3 cores x 2 threads (node 0: CPUs 0-5, node 1: 6-11);
     # the first core of each node shared, the rest dedicated.
-    "two-nodes-smt": dict(topology=dict(cpu_nodes=2, cpu_sockets=1, cpu_cores=3,
-                                        cpu_threads=2),
-                          cpu_shared_set="0-1,6-7", cpu_dedicated_set="2-5,8-11"),
+    "two-nodes-smt": dict(
+        topology=dict(cpu_nodes=2, cpu_sockets=1, cpu_cores=3, cpu_threads=2),
+        cpu_shared_set="0-1,6-7",
+        cpu_dedicated_set="2-5,8-11",
+    ),
     # One node whose shared set is a single CPU: the shape of a floating vCPU
     # or of a shared emulator pin is that of a dedicated one. Only the cases
     # that show it (and a dedicated and a shared baseline).
-    "one-shared-cpu": dict(topology=dict(cpu_nodes=1, cpu_sockets=1, cpu_cores=6,
-                                         cpu_threads=1),
-                           cpu_shared_set="0", cpu_dedicated_set="1-5",
-                           cases=["no-policy", "dedicated", "shared-numa1-one-vcpu",
-                                  "dedicated-emulator-share", "dedicated-emulator-isolate",
-                                  "mixed-one-floating", "mixed-emulator-share",
-                                  "mixed-emulator-isolate", "image-mixed"]),
+    "one-shared-cpu": dict(
+        topology=dict(cpu_nodes=1, cpu_sockets=1, cpu_cores=6, cpu_threads=1),
+        cpu_shared_set="0",
+        cpu_dedicated_set="1-5",
+        cases=[
+            "no-policy",
+            "dedicated",
+            "shared-numa1-one-vcpu",
+            "dedicated-emulator-share",
+            "dedicated-emulator-isolate",
+            "mixed-one-floating",
+            "mixed-emulator-share",
+            "mixed-emulator-isolate",
+            "image-mixed",
+        ],
+    ),
 }
 
 # name -> (flavor vCPUs, extra specs, image properties); 1 GiB each.
@@ -116,32 +130,63 @@ CASES = {
     "shared-numa1-one-vcpu": (1, {"hw:numa_nodes": "1"}, {}),
     "shared-numa2": (4, {"hw:cpu_policy": "shared", "hw:numa_nodes": "2"}, {}),
     "shared-hugepages": (2, {"hw:mem_page_size": "2MB"}, {}),
-    "shared-emulator-share": (2, {"hw:numa_nodes": "1", "hw:emulator_threads_policy": "share"},
-                              {}),
+    "shared-emulator-share": (2, {"hw:numa_nodes": "1", "hw:emulator_threads_policy": "share"}, {}),
     "dedicated": (4, {"hw:cpu_policy": "dedicated"}, {}),
     "dedicated-one-vcpu": (1, {"hw:cpu_policy": "dedicated"}, {}),
     "dedicated-numa2": (4, {"hw:cpu_policy": "dedicated", "hw:numa_nodes": "2"}, {}),
     "dedicated-hugepages": (2, {"hw:cpu_policy": "dedicated", "hw:mem_page_size": "large"}, {}),
-    "dedicated-thread-isolate": (2, {"hw:cpu_policy": "dedicated",
-                                     "hw:cpu_thread_policy": "isolate"}, {}),
-    "dedicated-emulator-isolate": (2, {"hw:cpu_policy": "dedicated",
-                                       "hw:emulator_threads_policy": "isolate"}, {}),
-    "dedicated-emulator-share": (2, {"hw:cpu_policy": "dedicated",
-                                     "hw:emulator_threads_policy": "share"}, {}),
-    "dedicated-realtime": (3, {"hw:cpu_policy": "dedicated", "hw:cpu_realtime": "yes",
-                               "hw:cpu_realtime_mask": "^0"}, {}),
+    "dedicated-thread-isolate": (
+        2,
+        {"hw:cpu_policy": "dedicated", "hw:cpu_thread_policy": "isolate"},
+        {},
+    ),
+    "dedicated-emulator-isolate": (
+        2,
+        {"hw:cpu_policy": "dedicated", "hw:emulator_threads_policy": "isolate"},
+        {},
+    ),
+    "dedicated-emulator-share": (
+        2,
+        {"hw:cpu_policy": "dedicated", "hw:emulator_threads_policy": "share"},
+        {},
+    ),
+    "dedicated-realtime": (
+        3,
+        {"hw:cpu_policy": "dedicated", "hw:cpu_realtime": "yes", "hw:cpu_realtime_mask": "^0"},
+        {},
+    ),
     "mixed-mask": (4, {"hw:cpu_policy": "mixed", "hw:cpu_dedicated_mask": "2-3"}, {}),
     "mixed-mask-exclude": (4, {"hw:cpu_policy": "mixed", "hw:cpu_dedicated_mask": "^0-1"}, {}),
     "mixed-one-floating": (3, {"hw:cpu_policy": "mixed", "hw:cpu_dedicated_mask": "^0"}, {}),
-    "mixed-realtime": (4, {"hw:cpu_policy": "mixed", "hw:cpu_realtime": "yes",
-                           "hw:cpu_realtime_mask": "^0-1"}, {}),
+    "mixed-realtime": (
+        4,
+        {"hw:cpu_policy": "mixed", "hw:cpu_realtime": "yes", "hw:cpu_realtime_mask": "^0-1"},
+        {},
+    ),
     # 'on' is as true as 'yes' to nova (strutils.bool_from_string).
-    "mixed-realtime-on": (4, {"hw:cpu_policy": "mixed", "hw:cpu_realtime": "on",
-                              "hw:cpu_realtime_mask": "^0"}, {}),
-    "mixed-emulator-isolate": (4, {"hw:cpu_policy": "mixed", "hw:cpu_dedicated_mask": "^0",
-                                   "hw:emulator_threads_policy": "isolate"}, {}),
-    "mixed-emulator-share": (4, {"hw:cpu_policy": "mixed", "hw:cpu_dedicated_mask": "^0",
-                                 "hw:emulator_threads_policy": "share"}, {}),
+    "mixed-realtime-on": (
+        4,
+        {"hw:cpu_policy": "mixed", "hw:cpu_realtime": "on", "hw:cpu_realtime_mask": "^0"},
+        {},
+    ),
+    "mixed-emulator-isolate": (
+        4,
+        {
+            "hw:cpu_policy": "mixed",
+            "hw:cpu_dedicated_mask": "^0",
+            "hw:emulator_threads_policy": "isolate",
+        },
+        {},
+    ),
+    "mixed-emulator-share": (
+        4,
+        {
+            "hw:cpu_policy": "mixed",
+            "hw:cpu_dedicated_mask": "^0",
+            "hw:emulator_threads_policy": "share",
+        },
+        {},
+    ),
     "resources-vcpu": (4, {"resources:VCPU": "2"}, {}),
     "resources-vcpu-numa1": (2, {"resources:VCPU": "1", "hw:numa_nodes": "1"}, {}),
     "resources-vcpu-zero": (2, {"resources:VCPU": "0"}, {}),
@@ -151,14 +196,19 @@ CASES = {
     "resources-suffixed-pcpu": (2, {"resources1:PCPU": "2"}, {}),
     "resources-split-pcpu": (2, {"resources:PCPU": "1", "resources1:PCPU": "1"}, {}),
     "resources-suffixed-vcpu": (4, {"resources1:VCPU": "2"}, {}),
-    "resources-pcpu-emulator-isolate": (2, {"resources:PCPU": "3",
-                                            "hw:emulator_threads_policy": "isolate"}, {}),
+    "resources-pcpu-emulator-isolate": (
+        2,
+        {"resources:PCPU": "3", "hw:emulator_threads_policy": "isolate"},
+        {},
+    ),
     "image-dedicated": (2, {}, {"hw_cpu_policy": "dedicated"}),
     "image-mixed": (4, {"hw:cpu_dedicated_mask": "^0"}, {"hw_cpu_policy": "mixed"}),
     "image-shared-numa1": (2, {"hw:numa_nodes": "1"}, {"hw_cpu_policy": "shared"}),
-    "image-realtime-mask": (4, {"hw:cpu_policy": "mixed", "hw:cpu_realtime": "yes",
-                                "hw:cpu_realtime_mask": "^0"},
-                            {"hw_cpu_realtime_mask": "^0-1"}),
+    "image-realtime-mask": (
+        4,
+        {"hw:cpu_policy": "mixed", "hw:cpu_realtime": "yes", "hw:cpu_realtime_mask": "^0"},
+        {"hw_cpu_realtime_mask": "^0-1"},
+    ),
 }
 MEMORY_MB = 1024
 CPU_RATIO = 4.0
@@ -177,9 +227,10 @@ def pre_extra_specs(xml: str) -> str:
 
 def _mempages(cells: int, kb_per_cell: int):
     huge_kb = HUGE_2M * 2048
-    return {cell: fakelibvirt.create_mempages([(4, (kb_per_cell - huge_kb) // 4),
-                                               (2048, HUGE_2M)])
-            for cell in range(cells)}
+    return {
+        cell: fakelibvirt.create_mempages([(4, (kb_per_cell - huge_kb) // 4), (2048, HUGE_2M)])
+        for cell in range(cells)
+    }
 
 
 class Host:
@@ -191,46 +242,90 @@ class Host:
         topo = spec["topology"]
         cells = topo["cpu_nodes"] * topo["cpu_sockets"]
         kb_mem = 16 * 1024 * 1024
-        self.info = fakelibvirt.HostInfo(kB_mem=kb_mem,
-                                         mempages=_mempages(cells, kb_mem // cells), **topo)
+        self.info = fakelibvirt.HostInfo(
+            kB_mem=kb_mem, mempages=_mempages(cells, kb_mem // cells), **topo
+        )
         self.connection = fakelibvirt.Connection(
-            "qemu:///system", version=fakelibvirt.FAKE_LIBVIRT_VERSION,
-            hv_version=fakelibvirt.FAKE_QEMU_VERSION, host_info=self.info)
+            "qemu:///system",
+            version=fakelibvirt.FAKE_LIBVIRT_VERSION,
+            hv_version=fakelibvirt.FAKE_QEMU_VERSION,
+            host_info=self.info,
+        )
 
     def config(self) -> dict:
-        return {"name": self.name, **{k: v for k, v in self.spec.items() if k != "cases"},
-                "cpus": self.info.cpus,
-                "cpu_allocation_ratio": CPU_RATIO,
-                "hugepages_2M_per_cell": HUGE_2M}
+        return {
+            "name": self.name,
+            **{k: v for k, v in self.spec.items() if k != "cases"},
+            "cpus": self.info.cpus,
+            "cpu_allocation_ratio": CPU_RATIO,
+            "hugepages_2M_per_cell": HUGE_2M,
+        }
 
 
 def _flavor(case: str, vcpus: int, extra_specs: dict) -> "objects.Flavor":
     return objects.Flavor(
-        id=1, flavorid=f"flavor-{case}", name=case, memory_mb=MEMORY_MB, vcpus=vcpus,
-        root_gb=10, ephemeral_gb=0, swap=0, vcpu_weight=None, rxtx_factor=1.0,
-        extra_specs=dict(extra_specs))
+        id=1,
+        flavorid=f"flavor-{case}",
+        name=case,
+        memory_mb=MEMORY_MB,
+        vcpus=vcpus,
+        root_gb=10,
+        ephemeral_gb=0,
+        swap=0,
+        vcpu_weight=None,
+        rxtx_factor=1.0,
+        extra_specs=dict(extra_specs),
+    )
 
 
 def _instance(host: Host, case: str, flavor, image_props: dict, numa_topology):
-    system_metadata = {"image_base_image_ref": IMAGE_ID, "image_disk_format": "raw",
-                       "image_name": "cirros",
-                       **{f"image_{k}": v for k, v in image_props.items()}}
+    system_metadata = {
+        "image_base_image_ref": IMAGE_ID,
+        "image_disk_format": "raw",
+        "image_name": "cirros",
+        **{f"image_{k}": v for k, v in image_props.items()},
+    }
     return objects.Instance(
-        id=1, uuid=str(uuid.uuid5(NAMESPACE, f"{host.name}/{case}")),
-        display_name=f"{host.name}-{case}", project_id=PROJECT_ID, user_id=USER_ID,
-        image_ref=IMAGE_ID, root_gb=10, ephemeral_gb=0, vcpus=flavor.vcpus,
-        memory_mb=flavor.memory_mb, system_metadata=system_metadata,
-        flavor=flavor, old_flavor=None, new_flavor=None, instance_type_id=1,
-        numa_topology=numa_topology, pci_devices=objects.PciDeviceList(),
-        config_drive=None, vm_mode=None, vm_state=None, task_state=None,
-        kernel_id=None, ramdisk_id=None, os_type="linux", ephemeral_key_uuid=None,
-        vcpu_model=None, host="compute1", node="compute1", trusted_certs=None,
-        resources=None, migration_context=None, info_cache=None, cleaned=False)
+        id=1,
+        uuid=str(uuid.uuid5(NAMESPACE, f"{host.name}/{case}")),
+        display_name=f"{host.name}-{case}",
+        project_id=PROJECT_ID,
+        user_id=USER_ID,
+        image_ref=IMAGE_ID,
+        root_gb=10,
+        ephemeral_gb=0,
+        vcpus=flavor.vcpus,
+        memory_mb=flavor.memory_mb,
+        system_metadata=system_metadata,
+        flavor=flavor,
+        old_flavor=None,
+        new_flavor=None,
+        instance_type_id=1,
+        numa_topology=numa_topology,
+        pci_devices=objects.PciDeviceList(),
+        config_drive=None,
+        vm_mode=None,
+        vm_state=None,
+        task_state=None,
+        kernel_id=None,
+        ramdisk_id=None,
+        os_type="linux",
+        ephemeral_key_uuid=None,
+        vcpu_model=None,
+        host="compute1",
+        node="compute1",
+        trusted_certs=None,
+        resources=None,
+        migration_context=None,
+        info_cache=None,
+        cleaned=False,
+    )
 
 
 def _resources(flavor, image_meta) -> dict:
-    spec = objects.RequestSpec(flavor=flavor, image=image_meta, is_bfv=False,
-                               requested_resources=[])
+    spec = objects.RequestSpec(
+        flavor=flavor, image=image_meta, is_bfv=False, requested_resources=[]
+    )
     request = scheduler_utils.ResourceRequest.from_request_spec(spec)
     merged = request.merged_resources()
     return {rc: merged.get(rc, 0) for rc in ("VCPU", "PCPU", "MEMORY_MB")}
@@ -238,12 +333,14 @@ def _resources(flavor, image_meta) -> dict:
 
 def _pins(xml: str) -> tuple[dict[int, set[int]], set[int] | None]:
     import xml.etree.ElementTree as ET
+
     root = ET.fromstring(xml)
-    pins = {int(p.get("vcpu")): hardware.parse_cpu_spec(p.get("cpuset"))
-            for p in root.findall("cputune/vcpupin")}
+    pins = {
+        int(p.get("vcpu")): hardware.parse_cpu_spec(p.get("cpuset"))
+        for p in root.findall("cputune/vcpupin")
+    }
     emulator = root.find("cputune/emulatorpin")
-    return pins, (hardware.parse_cpu_spec(emulator.get("cpuset"))
-                  if emulator is not None else None)
+    return pins, (hardware.parse_cpu_spec(emulator.get("cpuset")) if emulator is not None else None)
 
 
 def _shape(xml: str, vcpus: int, answer: dict) -> dict:
@@ -268,27 +365,46 @@ def _shape(xml: str, vcpus: int, answer: dict) -> dict:
         policy = "dedicated"
     else:
         policy = "mixed"
-    isolate = (policy != "shared" and emulator is not None and len(emulator) == 1
-               and not used.get(next(iter(emulator))))
-    reading = {"policy": policy, "dedicated_vcpus": sorted(alone),
-               "emulator_isolate": isolate,
-               "vcpu": vcpus - len(alone), "pcpu": len(alone) + (1 if isolate else 0)}
+    isolate = (
+        policy != "shared"
+        and emulator is not None
+        and len(emulator) == 1
+        and not used.get(next(iter(emulator)))
+    )
+    reading = {
+        "policy": policy,
+        "dedicated_vcpus": sorted(alone),
+        "emulator_isolate": isolate,
+        "vcpu": vcpus - len(alone),
+        "pcpu": len(alone) + (1 if isolate else 0),
+    }
     resources = answer["resources"]
     if (reading["policy"], reading["dedicated_vcpus"], reading["vcpu"], reading["pcpu"]) == (
-            answer["policy"], answer["dedicated_vcpus"], resources["VCPU"], resources["PCPU"]):
+        answer["policy"],
+        answer["dedicated_vcpus"],
+        resources["VCPU"],
+        resources["PCPU"],
+    ):
         return {"ambiguous": None}
     reasons = []
     floating_alone = alone - set(answer["dedicated_vcpus"])
     if floating_alone:
-        reasons.append(f"floating vCPU(s) {sorted(floating_alone)} pinned each to a "
-                       "shared set of one host CPU no other vCPU uses")
+        reasons.append(
+            f"floating vCPU(s) {sorted(floating_alone)} pinned each to a "
+            "shared set of one host CPU no other vCPU uses"
+        )
     if isolate and answer["emulator_threads_policy"] != "isolate":
-        reasons.append(f"emulator threads ('{answer['emulator_threads_policy']}') pinned "
-                       f"to a shared set of one host CPU ({sorted(emulator)}) no vCPU uses")
+        reasons.append(
+            f"emulator threads ('{answer['emulator_threads_policy']}') pinned "
+            f"to a shared set of one host CPU ({sorted(emulator)}) no vCPU uses"
+        )
     if resources["VCPU"] + resources["PCPU"] != vcpus + (
-            1 if answer["emulator_threads_policy"] == "isolate" else 0):
-        reasons.append(f"nova claims VCPU {resources['VCPU']}, PCPU {resources['PCPU']} "
-                       f"(resources:* extra specs) for a domain of {vcpus} vCPUs")
+        1 if answer["emulator_threads_policy"] == "isolate" else 0
+    ):
+        reasons.append(
+            f"nova claims VCPU {resources['VCPU']}, PCPU {resources['PCPU']} "
+            f"(resources:* extra specs) for a domain of {vcpus} vCPUs"
+        )
     if not reasons:
         raise AssertionError(f"shape {reading} against nova {answer} unexplained")
     return {"ambiguous": "; ".join(reasons), "fallback": reading}
@@ -298,8 +414,8 @@ def one_case(drvr, host: Host, case: str) -> dict | None:
     vcpus, extra_specs, image_props = CASES[case]
     flavor = _flavor(case, vcpus, extra_specs)
     image_meta = objects.ImageMeta.from_dict(
-        {"id": IMAGE_ID, "name": "cirros", "disk_format": "raw",
-         "properties": dict(image_props)})
+        {"id": IMAGE_ID, "name": "cirros", "disk_format": "raw", "properties": dict(image_props)}
+    )
     try:
         constraints = hardware.numa_get_constraints(flavor, image_meta)
     except Exception as exc:  # nova refuses the flavor: not a case
@@ -310,16 +426,15 @@ def one_case(drvr, host: Host, case: str) -> dict | None:
         # The NUMATopologyFilter's limits under nova 34's default ratios
         # (initial_cpu_allocation_ratio 4.0, initial_ram_allocation_ratio
         # 1.0): floating vCPUs may outnumber a cell's shared CPUs.
-        limits = objects.NUMATopologyLimits(cpu_allocation_ratio=CPU_RATIO,
-                                            ram_allocation_ratio=1.0)
-        fitted = hardware.numa_fit_instance_to_host(host_topology, constraints, {},
-                                                    limits=limits)
+        limits = objects.NUMATopologyLimits(
+            cpu_allocation_ratio=CPU_RATIO, ram_allocation_ratio=1.0
+        )
+        fitted = hardware.numa_fit_instance_to_host(host_topology, constraints, {}, limits=limits)
         if fitted is None:
             return None  # does not fit this host: no case
     instance = _instance(host, case, flavor, image_props, fitted)
     disk_info = blockinfo.get_disk_info(CONF.libvirt.virt_type, instance, image_meta)
-    xml = drvr._get_guest_xml(nova_context.get_admin_context(), instance, [], disk_info,
-                              image_meta)
+    xml = drvr._get_guest_xml(nova_context.get_admin_context(), instance, [], disk_info, image_meta)
     policy = hardware.get_cpu_policy_constraint(flavor, image_meta)
     answer = {
         # numa_get_constraints' policy (resources:PCPU/VCPU decide it there)
@@ -328,23 +443,31 @@ def one_case(drvr, host: Host, case: str) -> dict | None:
         "cpu_policy_constraint": policy,
         "instance_cpu_policy": fitted.cpu_policy if fitted is not None else None,
         # The guest vCPUs each cell pins one to one (InstanceNUMACell.pcpuset).
-        "dedicated_vcpus": sorted(v for cell in (fitted.cells if fitted is not None else [])
-                                  for v in cell.pcpuset),
+        "dedicated_vcpus": sorted(
+            v for cell in (fitted.cells if fitted is not None else []) for v in cell.pcpuset
+        ),
         # The host CPUs those vCPUs (and an isolated emulator) hold.
         "dedicated_host_cpus": sorted(
-            set(fitted.cpu_pinning) | {c for cell in fitted.cells
-                                       for c in (cell.cpuset_reserved or ())}
-            if fitted is not None else ()),
-        "emulator_threads_policy": (fitted.emulator_threads_policy
-                                    if fitted is not None else None),
+            set(fitted.cpu_pinning)
+            | {c for cell in fitted.cells for c in (cell.cpuset_reserved or ())}
+            if fitted is not None
+            else ()
+        ),
+        "emulator_threads_policy": (fitted.emulator_threads_policy if fitted is not None else None),
         "resources": _resources(flavor, image_meta),
         "numa_cells": len(fitted.cells) if fitted is not None else 0,
     }
     name = f"{host.name}--{case}"
-    return {"name": name, "host": host.name, "case": case,
-            "flavor": {"vcpus": vcpus, "memory_mb": MEMORY_MB, "extra_specs": extra_specs},
-            "image_properties": image_props, "nova": answer,
-            "shape": _shape(xml, vcpus, answer), "xml": xml}
+    return {
+        "name": name,
+        "host": host.name,
+        "case": case,
+        "flavor": {"vcpus": vcpus, "memory_mb": MEMORY_MB, "extra_specs": extra_specs},
+        "image_properties": image_props,
+        "nova": answer,
+        "shape": _shape(xml, vcpus, answer),
+        "xml": xml,
+    }
 
 
 def _cgroups_v1():
@@ -369,20 +492,32 @@ def run(outdir: Path, only: set[str]) -> list[dict]:
         stack.enter_context(fakelibvirt.LibvirtFixture())
         stack.enter_context(_cgroups_v1())
         # nova.virt.driver stamps <nova:creationTime> with time.time().
-        stack.enter_context(mock.patch.object(
-            virt_driver, "time", types.SimpleNamespace(time=lambda: CREATION_TIME)))
+        stack.enter_context(
+            mock.patch.object(
+                virt_driver, "time", types.SimpleNamespace(time=lambda: CREATION_TIME)
+            )
+        )
         # The package string would read /etc/nova/release of this machine.
-        stack.enter_context(mock.patch.object(
-            nova_version, "version_string_with_package",
-            return_value=nova_version.version_string()))
+        stack.enter_context(
+            mock.patch.object(
+                nova_version,
+                "version_string_with_package",
+                return_value=nova_version.version_string(),
+            )
+        )
         for host_name, spec in HOSTS.items():
             host = Host(host_name, spec)
             CONF.set_override("cpu_shared_set", spec["cpu_shared_set"], group="compute")
             CONF.set_override("cpu_dedicated_set", spec["cpu_dedicated_set"], group="compute")
-            with mock.patch("nova.virt.libvirt.host.Host.get_connection",
-                            return_value=host.connection), \
-                    mock.patch("nova.virt.libvirt.host.Host.get_online_cpus",
-                               return_value=set(range(host.info.cpus))):
+            with (
+                mock.patch(
+                    "nova.virt.libvirt.host.Host.get_connection", return_value=host.connection
+                ),
+                mock.patch(
+                    "nova.virt.libvirt.host.Host.get_online_cpus",
+                    return_value=set(range(host.info.cpus)),
+                ),
+            ):
                 drvr = libvirt_driver.LibvirtDriver(fake_virt.FakeVirtAPI(), False)
                 for case in spec.get("cases", CASES):
                     name = f"{host_name}--{case}"
@@ -405,11 +540,13 @@ def write(outdir: Path, entries: list[dict], complete: bool) -> None:
     for entry in entries:
         xml = entry.pop("xml")
         (xml_dir / f"{entry['name']}.xml").write_text(xml + "\n")
-        (xml_dir / f"{entry['name']}.pre-extra-specs.xml").write_text(
-            pre_extra_specs(xml) + "\n")
+        (xml_dir / f"{entry['name']}.pre-extra-specs.xml").write_text(pre_extra_specs(xml) + "\n")
         cases[entry.pop("name")] = entry
-    document = {"nova_version": nova_version.version_string(),
-                "generator": "tests/data/nova_guests/generate.py", "cases": cases}
+    document = {
+        "nova_version": nova_version.version_string(),
+        "generator": "tests/data/nova_guests/generate.py",
+        "cases": cases,
+    }
     (outdir / "cases.json").write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
 
 
