@@ -63,6 +63,7 @@ $(STAMP): requirements.txt test-requirements.txt pyproject.toml
 # (its PURE_PACKAGES and PURE_MODULES) imports nothing that touches the world.
 lint: install
 	$(VENV)/bin/ruff check node_agent tests bench soak devenv
+	$(VENV)/bin/ruff format --check node_agent tests bench soak devenv
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -q -p no:cacheprovider tests/unit/test_import_contract.py
 
