@@ -18,10 +18,8 @@ NOVA_VERSION = "34.0.0"
 # Sections nova registers at run time, one per mdev type ([mdev_nvidia-35]).
 NOVA_DYNAMIC_SECTION_PREFIXES = ("mdev_", "vgpu_")
 
-NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
-    {
-        "DEFAULT": frozenset(
-            """
+NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType({
+    "DEFAULT": frozenset("""
         allow_resize_to_same_host arq_binding_timeout backdoor_port
         backdoor_socket block_device_allocate_retries
         block_device_allocate_retries_interval
@@ -79,10 +77,8 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         use_cow_images use_journal use_json use_rootwrap_daemon
         use_stderr use_syslog vcpu_pin_set vif_plugging_is_fatal
         vif_plugging_timeout virt_mkfs volume_usage_poll_interval web
-    """.split()
-        ),
-        "api": frozenset(
-            """
+    """.split()),
+    "api": frozenset("""
         compute_link_prefix config_drive_skip_versions dhcp_domain
         enable_instance_password glance_link_prefix
         instance_list_cells_batch_fixed_size
@@ -96,10 +92,8 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         vendordata_dynamic_read_timeout
         vendordata_dynamic_ssl_certfile vendordata_dynamic_targets
         vendordata_jsonfile_path vendordata_providers
-    """.split()
-        ),
-        "api_database": frozenset(
-            """
+    """.split()),
+    "api_database": frozenset("""
         asyncio_connection asyncio_slave_connection backend connection
         connection_debug connection_parameters connection_recycle_time
         connection_trace db_inc_retry_interval db_max_retries
@@ -107,26 +101,20 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         max_pool_size max_retries mysql_sql_mode mysql_wsrep_sync_wait
         pool_timeout retry_interval slave_connection
         sqlite_synchronous synchronous_reader
-    """.split()
-        ),
-        "barbican": frozenset(
-            """
+    """.split()),
+    "barbican": frozenset("""
         auth_endpoint barbican_api_version barbican_endpoint
         barbican_endpoint_type barbican_region_name cafile certfile
         collect_timing insecure keyfile number_of_retries retry_delay
         send_service_user_token split_loggers timeout tls_ciphers
         tls_min_version verify_ssl verify_ssl_path
-    """.split()
-        ),
-        "barbican_service_user": frozenset(
-            """
+    """.split()),
+    "barbican_service_user": frozenset("""
         auth_plugin auth_section auth_type cafile certfile
         collect_timing insecure keyfile split_loggers timeout
         tls_ciphers tls_min_version
-    """.split()
-        ),
-        "cache": frozenset(
-            """
+    """.split()),
+    "cache": frozenset("""
         backend backend_argument backend_expiration_time config_prefix
         dead_timeout debug_cache_backend enable_retry_client
         enable_socket_keepalive enabled expiration_time
@@ -143,10 +131,8 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         socket_keepalive_count socket_keepalive_idle
         socket_keepalive_interval socket_timeout tls_allowed_ciphers
         tls_cafile tls_certfile tls_enabled tls_keyfile username
-    """.split()
-        ),
-        "cinder": frozenset(
-            """
+    """.split()),
+    "cinder": frozenset("""
         auth_plugin auth_section auth_type auth_url cafile
         catalog_info certfile collect_timing cross_az_attach debug
         default_domain_id default_domain_name domain_id domain_name
@@ -155,10 +141,8 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         project_name split_loggers system_scope tenant_id tenant_name
         timeout tls_ciphers tls_min_version trust_id user_domain_id
         user_domain_name user_id user_name username
-    """.split()
-        ),
-        "compute": frozenset(
-            """
+    """.split()),
+    "compute": frozenset("""
         consecutive_build_service_disable_threshold cpu_dedicated_set
         cpu_shared_set image_type_exclude_list
         live_migration_wait_for_vif_plug max_concurrent_disk_ops
@@ -168,40 +152,28 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         sharing_providers_max_uuids_per_request
         shutdown_retry_interval update_resources_max_workers
         vmdk_allowed_types
-    """.split()
-        ),
-        "conductor": frozenset(
-            """
+    """.split()),
+    "conductor": frozenset("""
         workers
-    """.split()
-        ),
-        "console": frozenset(
-            """
+    """.split()),
+    "console": frozenset("""
         allowed_origins ssl_ciphers ssl_minimum_version
-    """.split()
-        ),
-        "consoleauth": frozenset(
-            """
+    """.split()),
+    "consoleauth": frozenset("""
         enforce_session_timeout token_ttl
-    """.split()
-        ),
-        "cors": frozenset(
-            """
+    """.split()),
+    "cors": frozenset("""
         allow_credentials allow_headers allow_methods allowed_origin
         expose_headers max_age
-    """.split()
-        ),
-        "cyborg": frozenset(
-            """
+    """.split()),
+    "cyborg": frozenset("""
         cafile certfile collect_timing connect_retries
         connect_retry_delay endpoint_override insecure keyfile
         region_name retriable_status_codes service_name service_type
         split_loggers status_code_retries status_code_retry_delay
         timeout tls_ciphers tls_min_version valid_interfaces
-    """.split()
-        ),
-        "database": frozenset(
-            """
+    """.split()),
+    "database": frozenset("""
         asyncio_connection asyncio_slave_connection backend connection
         connection_debug connection_parameters connection_recycle_time
         connection_trace db_inc_retry_interval db_max_retries
@@ -209,20 +181,14 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         max_pool_size max_retries mysql_sql_mode mysql_wsrep_sync_wait
         pool_timeout retry_interval slave_connection
         sqlite_synchronous synchronous_reader use_db_reconnect
-    """.split()
-        ),
-        "devices": frozenset(
-            """
+    """.split()),
+    "devices": frozenset("""
         enabled_mdev_types enabled_vgpu_types
-    """.split()
-        ),
-        "ephemeral_storage_encryption": frozenset(
-            """
+    """.split()),
+    "ephemeral_storage_encryption": frozenset("""
         cipher default_format enabled key_size
-    """.split()
-        ),
-        "filter_scheduler": frozenset(
-            """
+    """.split()),
+    "filter_scheduler": frozenset("""
         aggregate_image_properties_isolation_namespace
         aggregate_image_properties_isolation_separator
         available_filters build_failure_weight_multiplier
@@ -240,10 +206,8 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         soft_affinity_weight_multiplier
         soft_anti_affinity_weight_multiplier track_instance_changes
         weight_classes
-    """.split()
-        ),
-        "glance": frozenset(
-            """
+    """.split()),
+    "glance": frozenset("""
         api_servers cafile certfile collect_timing connect_retries
         connect_retry_delay debug default_trusted_certificate_ids
         enable_certificate_validation enable_rbd_download
@@ -253,30 +217,22 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         status_code_retries status_code_retry_delay timeout
         tls_ciphers tls_min_version valid_interfaces
         verify_glance_signatures
-    """.split()
-        ),
-        "guestfs": frozenset(
-            """
+    """.split()),
+    "guestfs": frozenset("""
         debug
-    """.split()
-        ),
-        "healthcheck": frozenset(
-            """
+    """.split()),
+    "healthcheck": frozenset("""
         allowed_source_ranges backends detailed disable_by_file_path
         disable_by_file_paths enable_by_file_paths
         ignore_proxied_requests
-    """.split()
-        ),
-        "image_cache": frozenset(
-            """
+    """.split()),
+    "image_cache": frozenset("""
         manager_interval precache_concurrency
         remove_unused_base_images
         remove_unused_original_minimum_age_seconds
         remove_unused_resized_minimum_age_seconds subdirectory_name
-    """.split()
-        ),
-        "ironic": frozenset(
-            """
+    """.split()),
+    "ironic": frozenset("""
         api_max_retries api_retry_interval auth_plugin auth_section
         auth_type auth_url cafile certfile collect_timing
         conductor_group connect_retries connect_retry_delay domain_id
@@ -288,18 +244,14 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         system_scope timeout tls_ciphers tls_min_version trust_id
         user_domain_id user_domain_name user_id user_name username
         valid_interfaces vnc_console_state_timeout
-    """.split()
-        ),
-        "key_manager": frozenset(
-            """
+    """.split()),
+    "key_manager": frozenset("""
         api_class auth_type auth_url backend domain_id domain_name
         fixed_key password project_domain_id project_domain_name
         project_id project_name reauthenticate token trust_id
         user_domain_id user_domain_name user_id username
-    """.split()
-        ),
-        "keystone": frozenset(
-            """
+    """.split()),
+    "keystone": frozenset("""
         auth_plugin auth_section auth_type auth_url cafile certfile
         collect_timing connect_retries connect_retry_delay
         default_domain_id default_domain_name domain_id domain_name
@@ -310,10 +262,8 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         tenant_id tenant_name timeout tls_ciphers tls_min_version
         trust_id user_domain_id user_domain_name user_id user_name
         username valid_interfaces
-    """.split()
-        ),
-        "keystone_authtoken": frozenset(
-            """
+    """.split()),
+    "keystone_authtoken": frozenset("""
         auth_plugin auth_section auth_type auth_version cache cafile
         certfile delay_auth_decision enforce_token_bind
         http_connect_timeout http_request_max_retries
@@ -329,10 +279,8 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         memcache_username memcached_servers region_name
         service_token_roles service_token_roles_required service_type
         token_cache_time www_authenticate_uri
-    """.split()
-        ),
-        "libvirt": frozenset(
-            """
+    """.split()),
+    "libvirt": frozenset("""
         ceph_mount_options ceph_mount_point_base connection_uri
         cpu_mode cpu_model cpu_model_extra_flags cpu_models
         cpu_power_governor_high cpu_power_governor_low
@@ -377,31 +325,23 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         vzstorage_mount_opts vzstorage_mount_perms
         vzstorage_mount_point_base vzstorage_mount_user
         wait_soft_reboot_seconds
-    """.split()
-        ),
-        "manila": frozenset(
-            """
+    """.split()),
+    "manila": frozenset("""
         auth_plugin auth_section auth_type auth_url cafile certfile
         collect_timing domain_id domain_name insecure keyfile password
         project_domain_id project_domain_name project_id project_name
         share_apply_policy_timeout split_loggers system_scope timeout
         tls_ciphers tls_min_version trust_id user_domain_id
         user_domain_name user_id user_name username
-    """.split()
-        ),
-        "metrics": frozenset(
-            """
+    """.split()),
+    "metrics": frozenset("""
         required weight_multiplier weight_of_unavailable
         weight_setting
-    """.split()
-        ),
-        "mks": frozenset(
-            """
+    """.split()),
+    "mks": frozenset("""
         enabled mksproxy_base_url
-    """.split()
-        ),
-        "neutron": frozenset(
-            """
+    """.split()),
+    "neutron": frozenset("""
         auth_plugin auth_section auth_type auth_url cafile certfile
         collect_timing connect_retries connect_retry_delay
         default_domain_id default_domain_name default_floating_pool
@@ -414,40 +354,28 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         status_code_retry_delay system_scope tenant_id tenant_name
         timeout tls_ciphers tls_min_version trust_id user_domain_id
         user_domain_name user_id user_name username valid_interfaces
-    """.split()
-        ),
-        "notifications": frozenset(
-            """
+    """.split()),
+    "notifications": frozenset("""
         bdms_in_notifications default_level include_share_mapping
         notification_format notify_on_state_change
         versioned_notifications_topics
-    """.split()
-        ),
-        "os_brick": frozenset(
-            """
+    """.split()),
+    "os_brick": frozenset("""
         lock_path wait_mpath_device_attempts
         wait_mpath_device_interval
-    """.split()
-        ),
-        "os_vif_noop": frozenset(
-            """
+    """.split()),
+    "os_vif_noop": frozenset("""
 
-    """.split()
-        ),
-        "os_vif_ovs": frozenset(
-            """
+    """.split()),
+    "os_vif_ovs": frozenset("""
         default_qos_type isolate_vif network_device_mtu
         ovs_vsctl_timeout ovsdb_connection ovsdb_interface
         per_port_bridge
-    """.split()
-        ),
-        "oslo_concurrency": frozenset(
-            """
+    """.split()),
+    "oslo_concurrency": frozenset("""
         disable_process_locking lock_path
-    """.split()
-        ),
-        "oslo_limit": frozenset(
-            """
+    """.split()),
+    "oslo_limit": frozenset("""
         auth_url cafile certfile collect_timing connect_retries
         connect_retry_delay default_domain_id default_domain_name
         domain_id domain_name endpoint_id endpoint_interface
@@ -460,24 +388,18 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         timeout tls_ciphers tls_min_version trust_id user_domain_id
         user_domain_name user_id user_name username valid_interfaces
         version
-    """.split()
-        ),
-        "oslo_messaging_kafka": frozenset(
-            """
+    """.split()),
+    "oslo_messaging_kafka": frozenset("""
         compression_codec consumer_group enable_auto_commit
         kafka_consumer_timeout kafka_max_fetch_bytes max_poll_records
         producer_batch_size producer_batch_timeout sasl_mechanism
         security_protocol ssl_cafile ssl_client_cert_file
         ssl_client_key_file ssl_client_key_password
-    """.split()
-        ),
-        "oslo_messaging_notifications": frozenset(
-            """
+    """.split()),
+    "oslo_messaging_notifications": frozenset("""
         driver retry topics transport_url
-    """.split()
-        ),
-        "oslo_messaging_rabbit": frozenset(
-            """
+    """.split()),
+    "oslo_messaging_rabbit": frozenset("""
         amqp_auto_delete amqp_durable_queues conn_pool_min_size
         conn_pool_ttl direct_mandatory_flag enable_cancel_on_failover
         heartbeat_rate heartbeat_timeout_threshold hostname
@@ -493,45 +415,31 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         ssl_ca_file ssl_cert_file ssl_enforce_fips_mode
         ssl_enforce_hostname_verification ssl_key_file ssl_version
         use_queue_manager
-    """.split()
-        ),
-        "oslo_middleware": frozenset(
-            """
+    """.split()),
+    "oslo_middleware": frozenset("""
         enable_proxy_headers_parsing http_basic_auth_user_file
         max_request_body_size
-    """.split()
-        ),
-        "oslo_middleware_tracing": frozenset(
-            """
+    """.split()),
+    "oslo_middleware_tracing": frozenset("""
         enabled insecure otlp_endpoint otlp_protocol sampling_rate
         service_name
-    """.split()
-        ),
-        "oslo_policy": frozenset(
-            """
+    """.split()),
+    "oslo_policy": frozenset("""
         enforce_new_defaults policy_default_rule policy_dirs
         policy_file remote_content_type remote_ssl_ca_crt_file
         remote_ssl_client_crt_file remote_ssl_client_key_file
         remote_ssl_verify_server_crt remote_timeout
-    """.split()
-        ),
-        "oslo_reports": frozenset(
-            """
+    """.split()),
+    "oslo_reports": frozenset("""
         file_event_handler file_event_handler_interval log_dir
-    """.split()
-        ),
-        "oslo_versionedobjects": frozenset(
-            """
+    """.split()),
+    "oslo_versionedobjects": frozenset("""
         fatal_exception_format_errors
-    """.split()
-        ),
-        "pci": frozenset(
-            """
+    """.split()),
+    "pci": frozenset("""
         alias device_spec passthrough_whitelist report_in_placement
-    """.split()
-        ),
-        "placement": frozenset(
-            """
+    """.split()),
+    "placement": frozenset("""
         auth_plugin auth_section auth_type auth_url cafile certfile
         collect_timing connect_retries connect_retry_delay
         default_domain_id default_domain_name domain_id domain_name
@@ -542,41 +450,31 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         tenant_id tenant_name timeout tls_ciphers tls_min_version
         trust_id user_domain_id user_domain_name user_id user_name
         username valid_interfaces
-    """.split()
-        ),
-        "privsep": frozenset(
-            """
+    """.split()),
+    "privsep": frozenset("""
         capabilities group helper_command log_daemon_traceback
         logger_name thread_pool_size user
-    """.split()
-        ),
-        "quota": frozenset(
-            """
+    """.split()),
+    "quota": frozenset("""
         cores count_usage_from_placement driver
         injected_file_content_bytes injected_file_path_length
         injected_files instances key_pairs metadata_items ram
         recheck_quota server_group_members server_groups
         unified_limits_resource_list unified_limits_resource_strategy
-    """.split()
-        ),
-        "scheduler": frozenset(
-            """
+    """.split()),
+    "scheduler": frozenset("""
         discover_hosts_in_cells_interval
         enable_isolated_aggregate_filtering image_metadata_prefilter
         limit_tenants_to_placement_aggregate max_attempts
         max_placement_results placement_aggregate_required_for_tenants
         query_placement_for_image_type_support
         query_placement_for_routed_network_aggregates workers
-    """.split()
-        ),
-        "serial_console": frozenset(
-            """
+    """.split()),
+    "serial_console": frozenset("""
         base_url enabled port_range proxyclient_address
         serialproxy_host serialproxy_port
-    """.split()
-        ),
-        "service_user": frozenset(
-            """
+    """.split()),
+    "service_user": frozenset("""
         auth_plugin auth_section auth_type auth_url cafile certfile
         collect_timing default_domain_id default_domain_name domain_id
         domain_name insecure keyfile password project_domain_id
@@ -584,32 +482,24 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         send_service_user_token split_loggers system_scope tenant_id
         tenant_name timeout tls_ciphers tls_min_version trust_id
         user_domain_id user_domain_name user_id user_name username
-    """.split()
-        ),
-        "spice": frozenset(
-            """
+    """.split()),
+    "spice": frozenset("""
         agent_enabled enabled html5proxy_base_url html5proxy_host
         html5proxy_port image_compression jpeg_compression
         playback_compression require_secure server_listen
         server_proxyclient_address spice_direct_proxy_base_url
         streaming_mode zlib_compression
-    """.split()
-        ),
-        "upgrade_levels": frozenset(
-            """
+    """.split()),
+    "upgrade_levels": frozenset("""
         baseapi compute conductor scheduler
-    """.split()
-        ),
-        "vault": frozenset(
-            """
+    """.split()),
+    "vault": frozenset("""
         approle_role_id approle_secret_id auth_method auth_path
         kv_mountpoint kv_path kv_version namespace root_token_id
         ssl_ca_crt_file timeout token_file token_role use_ssl
         vault_url
-    """.split()
-        ),
-        "vendordata_dynamic_auth": frozenset(
-            """
+    """.split()),
+    "vendordata_dynamic_auth": frozenset("""
         auth_plugin auth_section auth_type auth_url cafile certfile
         collect_timing default_domain_id default_domain_name domain_id
         domain_name insecure keyfile password project_domain_id
@@ -617,10 +507,8 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         system_scope tenant_id tenant_name timeout tls_ciphers
         tls_min_version trust_id user_domain_id user_domain_name
         user_id user_name username
-    """.split()
-        ),
-        "vmware": frozenset(
-            """
+    """.split()),
+    "vmware": frozenset("""
         api_retry_count ca_file cache_prefix cluster_name
         connection_pool_size console_delay_seconds datastore_regex
         host_ip host_password host_port host_username insecure
@@ -629,17 +517,13 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         serial_port_proxy_uri serial_port_service_uri
         task_poll_interval use_linked_clone vnc_keymap vnc_port
         vnc_port_total
-    """.split()
-        ),
-        "vnc": frozenset(
-            """
+    """.split()),
+    "vnc": frozenset("""
         auth_schemes enabled novncproxy_base_url novncproxy_host
         novncproxy_port server_listen server_proxyclient_address
         vencrypt_ca_certs vencrypt_client_cert vencrypt_client_key
-    """.split()
-        ),
-        "workarounds": frozenset(
-            """
+    """.split()),
+    "workarounds": frozenset("""
         disable_compute_service_check_for_ffu
         disable_deep_image_inspection disable_fallback_pcpu_query
         disable_group_policy_check_upcall disable_libvirt_livesnapshot
@@ -656,17 +540,11 @@ NOVA_OPTIONS: Mapping[str, frozenset[str]] = MappingProxyType(
         skip_reserve_in_use_ironic_nodes
         unified_limits_count_pcpu_as_vcpu
         wait_for_vif_plugged_event_during_hard_reboot
-    """.split()
-        ),
-        "wsgi": frozenset(
-            """
+    """.split()),
+    "wsgi": frozenset("""
         api_paste_config secure_proxy_ssl_header
-    """.split()
-        ),
-        "zvm": frozenset(
-            """
+    """.split()),
+    "zvm": frozenset("""
         ca_file cloud_connector_url image_tmp_path reachable_timeout
-    """.split()
-        ),
-    }
-)
+    """.split()),
+})

@@ -11,7 +11,7 @@ import textwrap
 
 from tests.conformance.bridge import REPO, NovaBridge, nova_python
 
-TARGET = REPO / "node_agent" / "nova_options.py"
+TARGET = REPO / "node_agent" / "config" / "nova_options.py"
 
 HEADER = '''"""The sections and option names of nova's configuration (nova {version}).
 
