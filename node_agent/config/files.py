@@ -413,8 +413,11 @@ _QUOTED_LINE = re.compile(r""": (?:'.*'|".*")$""", re.DOTALL)
 
 def _without_line(message: str) -> str:
     """oslo.config's parse error without the line it quotes (its file and
-    line number stay): the line may hold a secret."""
-    if not _QUOTED_LINE.search(message):
+    line number stay) when that line may hold a secret (a word of
+    :data:`_SECRET_WORDS` in it); a section header or another line is shown,
+    as the operator needs it to find the mistake."""
+    quoted = _QUOTED_LINE.search(message)
+    if not quoted or not any(word in quoted.group(0).lower() for word in _SECRET_WORDS):
         return message
     return _QUOTED_LINE.sub("", message) + (
         " (the line is not shown: it may hold a secret). Write it as `name = value`."
