@@ -76,7 +76,7 @@ unit: install
 # index) the tests skip with a loud reason instead of failing the suite;
 # with NODE_AGENT_REQUIRE_REAL=1 (CI) both make and the tests fail instead.
 test: install nova-venv lint
-	$(PY) -m pytest -q -rs
+	$(PY) -m pytest -q -rs --durations=15
 
 # As root: `make test` in a fresh clone of this commit, as an unprivileged
 # user (created when missing); see tests/run-as-user.sh.

@@ -15,6 +15,7 @@ from node_agent.host.domain import parse_domain
 from node_agent.host.hypervisor import Hypervisor
 from node_agent.host.nodedev import parse_node_device
 from node_agent.model.cpuset import CpuSet
+from node_agent.policy.guest_cpu import classify
 
 pytestmark = pytest.mark.integration
 
@@ -53,7 +54,7 @@ def test_running_and_defined_guests_are_all_listed(guests):
 
 
 def test_pinned_and_unpinned_guests_are_told_apart(guests):
-    pinned = {name for name, guest in guests.items() if guest.pinned}
+    pinned = {name for name, guest in guests.items() if classify(guest).dedicated}
     assert pinned == {"instance-00000001", "instance-00000002"}
 
 
