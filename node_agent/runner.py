@@ -25,6 +25,10 @@ over the previous runner's cache and bus connection: ``previous``).
 
 The engine's modules are imported inside the constructors: a dry-run
 without Placement never loads them (tests/cli/test_start_cost.py).
+
+Why one module over 500 lines: it is the one composition of a cycle, a
+runner per mode and the one choice between them; split, the modes would drift
+apart again.
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ with one DEBUG line; a name that is neither is still refused, except in a file
 that is nova's (:func:`novas_files`), where nova ignores it too (an option an
 older nova had, ``use_neutron``). The logging options of a nova file are
 nova's: the agent's logging comes from its own files only.
+
+Why one module over 500 lines: reading the files and turning each of oslo.config's
+errors into the message an operator acts on (with secrets kept out) belong
+together; most of the length is those messages.
 """
 
 from __future__ import annotations

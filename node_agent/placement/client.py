@@ -15,6 +15,10 @@ Failures come back as typed errors a caller can act on:
   its retry can end in a 409 the caller already handles.
 * ``BadAnswer``: a 2xx whose body is not Placement's (not JSON, empty for a
   read, a read's fields missing): something else answers at the endpoint.
+
+Why one module over 500 lines: it is the one HTTP gateway, and its typed
+operations, retries, deadline and the checks of every answer must stay in
+one place so that no caller speaks HTTP.
 """
 
 from __future__ import annotations
