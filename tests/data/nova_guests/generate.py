@@ -36,7 +36,9 @@ import contextlib
 import json
 import logging
 import re
+import shutil
 import sys
+import tempfile
 import types
 import uuid
 import warnings
@@ -479,16 +481,27 @@ def _cgroups_v1():
     return stack
 
 
+INSTANCES_PATH = "/var/lib/nova/instances"
+
+
 def run(outdir: Path, only: set[str]) -> list[dict]:
     objects.register_all()
     CONF([], project="nova", default_config_files=[])
     # What nova-compute registers at start (ComputeManager.init_host).
     nova.conf.neutron.register_dynamic_opts(CONF)
     nova.conf.devices.register_dynamic_opts(CONF)
-    CONF.set_override("instances_path", "/var/lib/nova/instances")
+    # nova's driver creates instance directories and probes O_DIRECT under
+    # instances_path: a temporary directory takes them (nothing is written
+    # outside it, whoever runs this), and the domains name nova's default,
+    # /var/lib/nova/instances, as nova-compute's would (see write()).
+    scratch = tempfile.mkdtemp(prefix="nova-guests-")
+    CONF.set_override("instances_path", scratch)
     CONF.set_override("vcpu_pin_set", None)
     found = []
     with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, scratch, True)
+        # O_DIRECT as on a host's local disk (a tmpfs has none): cache="none".
+        stack.enter_context(mock.patch("nova.privsep.utils.supports_direct_io", return_value=True))
         stack.enter_context(fakelibvirt.LibvirtFixture())
         stack.enter_context(_cgroups_v1())
         # nova.virt.driver stamps <nova:creationTime> with time.time().
@@ -538,7 +551,7 @@ def write(outdir: Path, entries: list[dict], complete: bool) -> None:
             old.unlink()
     cases = {}
     for entry in entries:
-        xml = entry.pop("xml")
+        xml = re.sub(r"/[^\"'<>]*?/nova-guests-[^/\"'<>]+", INSTANCES_PATH, entry.pop("xml"))
         (xml_dir / f"{entry['name']}.xml").write_text(xml + "\n")
         (xml_dir / f"{entry['name']}.pre-extra-specs.xml").write_text(pre_extra_specs(xml) + "\n")
         cases[entry.pop("name")] = entry
