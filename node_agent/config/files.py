@@ -416,9 +416,7 @@ def parse_conf(args: Sequence[str]) -> cfg.ConfigOpts:
             "Check the path and that the service user can read it."
         ) from None
     except cfg.ConfigFilesPermissionDeniedError as exc:
-        raise ConfigError(
-            [unreadable_file_advice(path) for path in exc.config_files]
-        ) from None
+        raise ConfigError([unreadable_file_advice(path) for path in exc.config_files]) from None
     except cfg.ConfigFileParseError as exc:
         raise ConfigError(
             f"config file {exc.config_file} cannot be parsed: {_without_line(exc.msg or '')}"
