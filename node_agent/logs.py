@@ -143,8 +143,8 @@ def _setup_oslo_log(conf) -> None:
         except ImportError:
             raise ConfigError(
                 "[DEFAULT] use_journal = true needs the systemd Python bindings in "
-                f"node-agent's environment, {sys.prefix}: `make install-service` "
-                "installs them there (the `journal` extra), else "
+                f"node-agent's environment, {sys.prefix}: `make install-service "
+                "JOURNAL=yes` installs them there (the `journal` extra), else "
                 f"`{sys.prefix}/bin/pip install systemd-python` (needs libsystemd-dev; "
                 "Debian's python3-systemd does not reach a virtualenv). Or remove "
                 "use_journal: under systemd, stderr already goes to the journal."
