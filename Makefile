@@ -160,7 +160,10 @@ install-service:
 	[ -x $(SERVICE_PREFIX)/bin/python ] || $(SUDO) $(SERVICE_PYTHON) -m venv $(SERVICE_PREFIX)
 	$(SUDO) $(SERVICE_PREFIX)/bin/pip install -q --upgrade pip
 	src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
-	  cp -r pyproject.toml node_agent "$$src/" && chmod -R a+rX "$$src" && \
+	  cp -r pyproject.toml node_agent "$$src/" && \
+	  version=$$(PYTHONPATH=. $(SERVICE_PYTHON) -m node_agent.version) && \
+	  echo "VERSION = \"$$version\"" > "$$src/node_agent/_build_version.py" && \
+	  echo "node-agent version: $$version" && chmod -R a+rX "$$src" && \
 	  $(SUDO) $(SERVICE_PREFIX)/bin/pip install -q -c requirements.txt "$$src$(SERVICE_EXTRAS)"
 	$(SUDO) $(SERVICE_PREFIX)/bin/pip check
 	$(SUDO) ln -sfn $(SERVICE_PREFIX)/bin/node-agent /usr/local/bin/node-agent

@@ -34,6 +34,8 @@ def test_the_service_install_builds_the_journal_bindings_only_when_asked():
     assert "libsystemd-dev" not in plain.stdout + plain.stderr
     assert "[journal]" not in plain.stdout
     assert "pip install -q -c requirements.txt" in plain.stdout
+    if (ROOT / ".git").exists():  # the installed copy has no .git: the version is written in
+        assert re.search(r"^node-agent version: [0-9.]+\+g[0-9a-f]{12}", plain.stdout, re.M)
     asked = install_service("JOURNAL=yes", "ALLOW_UPGRADES=yes")
     assert asked.returncode == 0, asked.stderr
     assert "[journal]" in asked.stdout
