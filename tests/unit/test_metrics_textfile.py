@@ -1,9 +1,15 @@
-"""[agent] metrics_textfile that cannot be written: one WARNING per cause
-with the fix, not one per cycle, and one INFO when it is written again."""
+"""[agent] metrics_textfile (and the log directory) that cannot be written:
+one WARNING per cause with the fix for that cause, not one per cycle, and
+one INFO when it is written again."""
 
+import errno
 import logging
+import os
 
-from node_agent.service.metrics import Metrics
+import pytest
+
+from node_agent.logs import log_path_fix
+from node_agent.service.metrics import UNIT_TEXTFILE_DIR, Metrics, textfile_fix
 
 
 def test_an_unwritable_textfile_is_said_once_per_cause_and_its_end_once(tmp_path, caplog):
@@ -23,3 +29,22 @@ def test_an_unwritable_textfile_is_said_once_per_cause_and_its_end_once(tmp_path
     assert f"{directory} does not exist" in warning
     assert again_level == logging.INFO and "written to" in again
     assert (directory / "node-agent.prom").read_text().startswith("# HELP")
+
+
+@pytest.mark.parametrize(
+    "code, fragments",
+    [
+        (errno.EROFS, ("/srv/m is read-only", UNIT_TEXTFILE_DIR, "ReadWritePaths=/srv/m")),
+        (errno.EACCES, ("setfacl -m u:node-agent:rwx /srv/m",)),
+        (errno.ENOENT, ("/srv/m does not exist",)),
+    ],
+)
+def test_the_textfile_fix_matches_the_cause(code, fragments):
+    text = textfile_fix(OSError(code, os.strerror(code)), "/srv/m/node-agent.prom")
+    for fragment in fragments:
+        assert fragment in text, text
+
+
+def test_a_read_only_log_directory_names_the_units_log_directory():
+    text = log_path_fix(OSError(errno.EROFS, os.strerror(errno.EROFS)))
+    assert "log_dir = /var/log/node-agent" in text and "ReadWritePaths=" in text
