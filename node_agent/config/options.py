@@ -167,6 +167,50 @@ LIBVIRT_OPTS = [
     ),
 ]
 
+LIBVIRT_OPTS += [
+    cfg.IntOpt(
+        "file_backed_memory",
+        default=0,
+        min=0,
+        help="nova's option: guest memory is backed by files (in "
+        "/etc/libvirt/qemu.conf's memory_backing_dir) of this many MiB in "
+        "all, not by RAM. MEMORY_MB's total is then this size, as nova "
+        "reports it. 0: guest memory is RAM. As in nova, it needs "
+        "virt_type qemu or kvm, ram_allocation_ratio = 1.0 and "
+        "reserved_host_memory_mb = 0 (else exit 78).",
+    ),
+]
+
+# nova's [workarounds] options that change what nova reports.
+WORKAROUNDS_OPTS = [
+    cfg.BoolOpt(
+        "reserve_disk_resource_for_image_cache",
+        default=False,
+        help="nova's option: add the disk the image cache (instances_path's "
+        "[image_cache] subdirectory_name, _base) occupies, in GiB rounded "
+        "up, to DISK_GB's reserved, when the cache is on the filesystem "
+        "of instances_path.",
+    ),
+    cfg.BoolOpt(
+        "skip_cpu_compare_at_startup",
+        default=False,
+        help="nova's option: do not ask libvirt whether the guest CPU models "
+        "of [libvirt] cpu_models (with cpu_model_extra_flags) run on this "
+        "host; nova then starts on a host that cannot run them, and so "
+        "does the agent.",
+    ),
+]
+
+IMAGE_CACHE_OPTS = [
+    cfg.StrOpt(
+        "subdirectory_name",
+        default="_base",
+        help="nova's option: the image cache's directory, under "
+        "instances_path unless absolute. Read for "
+        "[workarounds] reserve_disk_resource_for_image_cache.",
+    ),
+]
+
 COMPUTE_OPTS = [
     cfg.StrOpt(
         "cpu_dedicated_set",
@@ -582,6 +626,8 @@ def register_opts(conf: cfg.ConfigOpts, placement: bool = True) -> None:
     conf.register_opts(PCI_OPTS, group="pci")
     conf.register_opts(NODE_OPTS, group="node")
     conf.register_opts(APPLIER_OPTS, group="applier")
+    conf.register_opts(WORKAROUNDS_OPTS, group="workarounds")
+    conf.register_opts(IMAGE_CACHE_OPTS, group="image_cache")
     logs.register(conf)
     if placement:
         register_placement_opts(conf)
@@ -704,4 +750,6 @@ def list_opts(with_messaging: bool = True, with_placement: bool = True):
         ("pci", PCI_OPTS),
         ("node", NODE_OPTS),
         ("applier", APPLIER_OPTS),
+        ("workarounds", WORKAROUNDS_OPTS),
+        ("image_cache", IMAGE_CACHE_OPTS),
     ] + ([(PLACEMENT_GROUP, _placement_opts())] if with_placement else [])

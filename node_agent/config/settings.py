@@ -227,6 +227,12 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
         supported_tpm_secret_security=tuple(get("libvirt", "supported_tpm_secret_security") or ()),
         domain_capabilities=bool(get("libvirt", "domain_capabilities")),
         num_memory_encrypted_guests=get("libvirt", "num_memory_encrypted_guests"),
+        file_backed_memory=get("libvirt", "file_backed_memory", 0) or 0,
+        reserve_disk_for_image_cache=bool(
+            get("workarounds", "reserve_disk_resource_for_image_cache")
+        ),
+        skip_cpu_compare_at_startup=bool(get("workarounds", "skip_cpu_compare_at_startup")),
+        image_cache_subdirectory=get("image_cache", "subdirectory_name") or "_base",
     )
     values["explicit_ratios"] = frozenset(
         kind for kind in ("cpu", "ram", "disk") if getattr(compute, f"{kind}_allocation_ratio")
@@ -240,6 +246,12 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
             getattr(compute, f"initial_{kind}_allocation_ratio"),
             problems,
         )
+    problems += _file_backed_memory_problems(
+        values["file_backed_memory"],
+        values["virt_type"],
+        compute.ram_allocation_ratio,
+        values["reserved_host_memory_mb"],
+    )
     values.update(_nested_provider_values(get, problems))
     host = conf_mod.default_host(conf)
     if not host or not host.strip():
@@ -250,6 +262,36 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
     _read_every_option(get, conf)
     problems.extend(transport_url_problems(conf))
     return Settings(host=(host or "").strip(), **values), list(dict.fromkeys(problems))
+
+
+def _file_backed_memory_problems(
+    size_mb: int, virt_type: str, ram_ratio: Optional[float], reserved_mb: int
+) -> list[str]:
+    """nova refuses to start with file-backed memory unless guests are
+    QEMU/KVM, RAM is not overcommitted and none is reserved (libvirt
+    Host._check_file_backed_memory_support); so does the agent."""
+    if not size_mb:
+        return []
+    problems = []
+    if virt_type not in ("qemu", "kvm"):
+        problems.append(
+            f"[libvirt] file_backed_memory = {size_mb} needs [libvirt] virt_type "
+            f"qemu or kvm, not {virt_type}; nova refuses it too."
+        )
+    if ram_ratio != 1.0:
+        problems.append(
+            f"[libvirt] file_backed_memory = {size_mb} needs "
+            f"[DEFAULT] ram_allocation_ratio = 1.0 set explicitly (now "
+            f"{'unset' if ram_ratio is None else ram_ratio}): file-backed memory "
+            "cannot be overcommitted; nova refuses it too."
+        )
+    if reserved_mb:
+        problems.append(
+            f"[libvirt] file_backed_memory = {size_mb} does not go with "
+            f"[DEFAULT] reserved_host_memory_mb = {reserved_mb}: set it to 0 "
+            "(the host's RAM is not what guests use); nova refuses it too."
+        )
+    return problems
 
 
 def _guest_cpu(get: "_Reader", problems: list[str]) -> dict:

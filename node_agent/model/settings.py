@@ -87,6 +87,14 @@ class Settings:
     domain_capabilities: bool = False
     # [libvirt] num_memory_encrypted_guests: caps each memory-encryption total.
     num_memory_encrypted_guests: Optional[int] = None
+    # [libvirt] file_backed_memory (nova's): MEMORY_MB total in MiB, 0 = RAM.
+    file_backed_memory: int = 0
+    # [workarounds] (nova's): the image cache in DISK_GB reserved; no
+    # compareHypervisorCPU of the configured CPU models at start.
+    reserve_disk_for_image_cache: bool = False
+    skip_cpu_compare_at_startup: bool = False
+    # [image_cache] subdirectory_name (nova's), under instances_path.
+    image_cache_subdirectory: str = "_base"
     # [libvirt] images_type (nova's): lvm and rbd disks are not in instances_path.
     images_type: str = "default"
     # Kinds ("cpu", "ram", "disk") whose *_allocation_ratio is set: those

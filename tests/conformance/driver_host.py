@@ -104,7 +104,7 @@ class _NodeDevice:
     def __init__(self, conn: "NovaConnection", name: str):
         self._conn, self._name = conn, name
 
-    def XMLDesc(self, _flags: int = 0) -> str:  # noqa: N802 (libvirt's name)
+    def XMLDesc(self, _flags: int = 0) -> str:
         return self._conn.ask("nodeDeviceXMLDesc", self._name)
 
 
@@ -112,10 +112,10 @@ class _Domain:
     def __init__(self, xml: str, active: bool):
         self._xml, self._active = xml, active
 
-    def XMLDesc(self, _flags: int = 0) -> str:  # noqa: N802
+    def XMLDesc(self, _flags: int = 0) -> str:
         return self._xml
 
-    def isActive(self) -> bool:  # noqa: N802
+    def isActive(self) -> bool:
         return self._active
 
 
@@ -131,37 +131,37 @@ class NovaConnection:
             raise _libvirt_error(*answer["libvirt_error"])
         return answer["value"]
 
-    def getCapabilities(self):  # noqa: N802
+    def getCapabilities(self):
         return self.ask("getCapabilities")
 
-    def baselineCPU(self, xmls, flags):  # noqa: N802
+    def baselineCPU(self, xmls, flags):
         return self.ask("baselineCPU", xmls, flags)
 
-    def getCPUModelNames(self, arch, flags):  # noqa: N802
+    def getCPUModelNames(self, arch, flags):
         return self.ask("getCPUModelNames", arch)
 
-    def compareHypervisorCPU(self, *args):  # noqa: N802
+    def compareHypervisorCPU(self, *args):
         return self.ask("compareHypervisorCPU", *args)
 
-    def getLibVersion(self):  # noqa: N802
+    def getLibVersion(self):
         return self.ask("getLibVersion")
 
-    def getVersion(self):  # noqa: N802
+    def getVersion(self):
         return self.ask("getVersion")
 
-    def getDomainCapabilities(self, *args):  # noqa: N802
+    def getDomainCapabilities(self, *args):
         return self.ask("getDomainCapabilities", *args)
 
-    def listAllDomains(self, flags=0):  # noqa: N802
+    def listAllDomains(self, flags=0):
         return [_Domain(xml, active) for xml, active in self.ask("listAllDomains", flags)]
 
-    def listDevices(self, cap, flags):  # noqa: N802
+    def listDevices(self, cap, flags):
         return self.ask("listDevices", cap, flags)
 
-    def nodeDeviceLookupByName(self, name):  # noqa: N802
+    def nodeDeviceLookupByName(self, name):
         return _NodeDevice(self, name)
 
-    def isAlive(self):  # noqa: N802
+    def isAlive(self):
         return True
 
     def close(self):
@@ -197,7 +197,9 @@ def agent_tree(nova, case: Mapping, nova_answer: Mapping, work: Path) -> dict:
     warnings}}`` or ``{"refused": "ErrorClass(exit N): message"}``."""
     sysfs = write_sysfs(work / "sys", nova_answer["topology"], nova_answer["memory_kb"])
     connection = NovaConnection(nova, case["name"])
-    write_pci(sysfs, [connection.ask("nodeDeviceXMLDesc", n) for n in connection.listDevices("pci", 0)])
+    write_pci(
+        sysfs, [connection.ask("nodeDeviceXMLDesc", n) for n in connection.listDevices("pci", 0)]
+    )
     nova_conf = work / "nova.conf"
     nova_conf.write_text(nova_conf_text(case["conf"], case["instances_path"]))
     agent_conf = work / "node-agent.conf"

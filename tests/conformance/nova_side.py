@@ -712,8 +712,17 @@ def whole_driver(cases):
             CONF.clear_override("instances_path")
             CONF.clear_override("enabled_mdev_types", group="devices")
 
+    def each(case):
+        # The host's facts even when nova refuses: the agent runs on it too.
+        info, _conn = _fake_host(fakelibvirt, case)
+        facts = {"topology": _topology(info), "memory_kb": info.kB_mem, "arch": info.arch}
+        try:
+            return {"value": one(case)}
+        except Exception as exc:  # nova refusing to start is an answer
+            return dict(_refusal(exc), host=facts)
+
     with fakelibvirt.LibvirtFixture():
-        return _each(cases, one)
+        return [each(case) for case in cases]
 
 
 def libvirt_call(host, method, args):

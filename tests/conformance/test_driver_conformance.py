@@ -23,10 +23,11 @@ from tests.conformance.differences import UNCLASSIFIED, Observed, check
 from tests.conformance.driver_host import agent_tree
 
 # Built by the capability-traits work (the resource tracker's
-# capabilities_as_traits, COMPUTE_NODE, the root's name): compared, and
-# left out of the differences until that work merges. Drop this list then.
+# capabilities_as_traits and OWNER_NOVA on the root): compared, and left out
+# of the differences until that work merges. Drop this list then.
 CAPABILITY_TRAITS_EXCLUDED = frozenset(
     {
+        "OWNER_NOVA",
         "COMPUTE_ACCELERATORS",
         "COMPUTE_ADDRESS_SPACE_EMULATED",
         "COMPUTE_ADDRESS_SPACE_PASSTHROUGH",
@@ -57,8 +58,6 @@ CAPABILITY_TRAITS_EXCLUDED = frozenset(
     }
 )
 
-# The agent marks the providers it owns with its own traits; nova marks its
-# own with OWNER_NOVA (listed: driver-owner-mark).
 OWNER_NOVA = "OWNER_NOVA"
 
 SMT = {"cpu_nodes": 2, "cpu_sockets": 1, "cpu_cores": 2, "cpu_threads": 2, "kB_mem": 65536}
@@ -117,6 +116,7 @@ CASES = {
             }
         },
         pci={"num_pfs": 1, "num_vfs": 2},
+        differs="driver-physnet-sriov-children",
     ),
     # test_driver.py test_cpu_compatibility_skip_compare_at_init
     "skip-cpu-compare": dict(
@@ -190,12 +190,6 @@ def differences(nova: dict, agent: dict) -> list[str]:
     return out
 
 
-def _owner_mark(line: str) -> bool:
-    return f"trait {OWNER_NOVA}: nova only" in line or (
-        "trait CUSTOM_NODE_AGENT" in line and line.endswith("agent only")
-    )
-
-
 @pytest.fixture(scope="module")
 def results(nova, tmp_path_factory):
     work = tmp_path_factory.mktemp("driver")
@@ -211,12 +205,8 @@ def results(nova, tmp_path_factory):
     answers = nova.call("whole_driver", cases=cases)
     out = {}
     for case, answer in zip(cases, answers):
-        if "refused" in answer:
-            # The agent on a host nova refused to start on: the topology of
-            # the same fake host, asked again without the refused options.
-            agent = None
-        else:
-            agent = agent_tree(nova, case, answer["value"], work / case["name"])
+        host = answer["host"] if "refused" in answer else answer["value"]
+        agent = agent_tree(nova, case, host, work / case["name"])
         out[case["name"]] = (answer, agent)
     return out
 
@@ -227,16 +217,12 @@ def test_whole_driver_trees_are_nova_s(results):
         observed.cases += 1
         expected = CASES[name].get("differs")
         if "refused" in nova_answer:
-            both = agent is not None and "refused" in agent
-            lines = [] if both else [f"nova refused: {nova_answer['refused']}"]
+            lines = [] if "refused" in agent else [f"nova refused: {nova_answer['refused']}"]
         elif "refused" in agent:
             lines = [f"agent refused, nova did not: {agent['refused']}"]
         else:
             ours = {p["name"]: p for p in agent["value"]["providers"]}
             lines = differences(_nova_tree(nova_answer["value"]), ours)
         for line in lines:
-            if _owner_mark(line):
-                observed.add("driver-owner-mark", f"{name}: {line}")
-            else:
-                observed.add(expected or UNCLASSIFIED, f"{name}: {line}")
+            observed.add(expected or UNCLASSIFIED, f"{name}: {line}")
     check(observed)
