@@ -114,16 +114,10 @@ def unknown_options(conf: cfg.ConfigOpts) -> list[str]:
 
 # nova.conf settings that change the tree nova reports and that the agent
 # does not build (docs/design/nova-differences.yaml says why): a nova.conf
-# setting one gets a WARNING, never silence. ``[mdev_*]`` stands for every
-# mdev type's section.
+# setting one gets a WARNING, never silence.
 UNBUILT_NOVA_SETTINGS = {
-    "[libvirt] pmem_namespaces": "nova reports CUSTOM_PMEM_NAMESPACE_* inventory "
-    "on the root for these namespaces; the agent reports none",
     "[libvirt] num_intel_tdx_guests": "nova reports an <host>_intel_tdx child "
     "with MEM_ENCRYPTION_CONTEXT; the agent reports none",
-    "[mdev_*]": "nova reads device_addresses, max_instances and mdev_class of "
-    "each mdev type's section to choose a GPU's type, cap its VGPU total and "
-    "name its class; the agent does not (see [devices] enabled_mdev_types)",
 }
 
 
@@ -132,10 +126,9 @@ def unbuilt_nova_settings(ignored: Sequence[str]) -> list[str]:
     turns into providers, inventory or traits the agent does not report."""
     found = []
     for name in ignored:
-        key = "[mdev_*]" if name.startswith("[mdev_") else name
-        if key in UNBUILT_NOVA_SETTINGS:
+        if name in UNBUILT_NOVA_SETTINGS:
             found.append(
-                f"nova.conf sets {name}: {UNBUILT_NOVA_SETTINGS[key]}. Placement "
+                f"nova.conf sets {name}: {UNBUILT_NOVA_SETTINGS[name]}. Placement "
                 "will not show it while node-agent reports this host."
             )
     return found

@@ -168,6 +168,16 @@ LIBVIRT_OPTS = [
 ]
 
 LIBVIRT_OPTS += [
+    cfg.ListOpt(
+        "pmem_namespaces",
+        default=[],
+        help="nova's option: persistent-memory namespaces for guests, as "
+        "LABEL:NAME|NAME,... (for example 128G:ns0|ns1,MEDIUM:ns2). Each "
+        "label becomes CUSTOM_PMEM_NAMESPACE_<LABEL> on the root, one unit "
+        "per namespace, as nova reports it. Every name must be a namespace "
+        "of this host (its alt_name in /sys/bus/nd/devices, what "
+        "'ndctl list' shows as name), else exit 78 as nova refuses to start.",
+    ),
     cfg.IntOpt(
         "file_backed_memory",
         default=0,
@@ -327,12 +337,48 @@ DEVICES_OPTS = [
         "enabled_mdev_types",
         default=[],
         help="mdev types (as in mdev_supported_types, e.g. nvidia-35) "
-        "reported as VGPU. Each GPU offering one of them becomes a child "
-        "<host>_pci_<domain>_<bus>_<slot>_<function>. A GPU uses the "
-        "first listed type it already has mdevs of, else the first "
-        "listed type it offers. Empty: no VGPU.",
+        "reported as VGPU, chosen per GPU as nova does: a GPU listed in "
+        "a type's [mdev_<type>] device_addresses serves that type, every "
+        "other GPU the first listed type without device_addresses. A GPU "
+        "serving a type it offers, with mdevs or instances left, becomes "
+        "a child <host>_pci_<domain>_<bus>_<slot>_<function>; "
+        "[mdev_<type>] max_instances and mdev_class as in nova. Empty: "
+        "no VGPU.",
     ),
 ]
+
+# nova's [mdev_<type>] options, registered for each type of
+# [devices] enabled_mdev_types once the files are read.
+MDEV_TYPE_OPTS = [
+    cfg.ListOpt(
+        "device_addresses",
+        default=[],
+        help="nova's option: the GPUs (PCI addresses) that serve this mdev "
+        "type. A type without it is the default for every other GPU; only "
+        "the first such type of enabled_mdev_types is used.",
+    ),
+    cfg.IntOpt(
+        "max_instances",
+        min=1,
+        help="nova's option: the most mdevs of this type over all GPUs. A "
+        "GPU whose available instances would pass it gets no provider.",
+    ),
+    cfg.StrOpt(
+        "mdev_class",
+        default="VGPU",
+        regex=r"^(VGPU|CUSTOM_[A-Z0-9_]+)$",
+        max_length=255,
+        help="nova's option: the resource class the GPUs of "
+        "device_addresses report (VGPU or CUSTOM_*).",
+    ),
+]
+
+
+def register_mdev_type_opts(conf: cfg.ConfigOpts, types) -> None:
+    """``[mdev_<type>]`` for each enabled type, as nova-compute registers them."""
+    for name in types:
+        conf.register_opts(MDEV_TYPE_OPTS, group=f"mdev_{name}")
+
 
 PCI_OPTS = [
     cfg.MultiStrOpt(

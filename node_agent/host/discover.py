@@ -22,7 +22,7 @@ from node_agent.host.capabilities import parse_capabilities, parse_cpu_model_xml
 from node_agent.host.domain import parse_domain
 from node_agent.host.hypervisor_info import hypervisor_info
 from node_agent.host.sysfs import SysFS
-from node_agent.host.sysfs_pci import read_pci, with_mdev_parents
+from node_agent.host.sysfs_pci import read_pci, read_pmem_namespace_names, with_mdev_parents
 from node_agent.host.sysfs_topology import SysfsTopology, read_topology
 from node_agent.host.warn_once import log_once
 from node_agent.model.settings import Settings
@@ -389,6 +389,12 @@ def discover(settings: Settings, hypervisor=None) -> HostSnapshot:
         sriov_pfs=sriov_pfs,
         hypervisor=facts.hypervisor_info,
         guest_cpu_models=facts.guest_cpu_models,
+        file_backed_memory_mb=settings.file_backed_memory,
+        pmem_namespaces=(
+            read_pmem_namespace_names(SysFS(settings.sysfs_root))
+            if settings.pmem_namespaces
+            else frozenset()
+        ),
         image_cache_bytes=(
             image_cache_bytes(settings.instances_path, settings.image_cache_subdirectory)
             if settings.reserve_disk_for_image_cache

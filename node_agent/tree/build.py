@@ -101,7 +101,32 @@ def root_inventories(
             keep_placement_ratio=settings.keeps_placement_ratio("disk"),
         ),
     }
+    candidates.update(pmem_inventories(settings, host))
     return {rc: inv for rc, inv in candidates.items() if inv.total > 0}
+
+
+def pmem_inventories(settings: Settings, host: HostSnapshot) -> dict[str, Inventory]:
+    """nova's ``_update_provider_tree_for_vpmems``: one
+    CUSTOM_PMEM_NAMESPACE_<LABEL> per label, a unit per namespace. A
+    configured namespace the host lacks is refused, as nova refuses to
+    start (PMEMNamespaceConfigInvalid)."""
+    missing = [
+        name
+        for _label, names in settings.pmem_namespaces
+        for name in names
+        if name not in host.pmem_namespaces
+    ]
+    if missing:
+        raise ConfigError(
+            f"[libvirt] pmem_namespaces names {', '.join(missing)}, which this host "
+            f"does not have (its namespaces: {', '.join(sorted(host.pmem_namespaces)) or 'none'}; "
+            "see 'ndctl list'); nova refuses to start too. Correct the names."
+        )
+    counts: dict[str, int] = {}
+    for label, names in settings.pmem_namespaces:
+        rc = orc.normalize_name(f"PMEM_NAMESPACE_{label}")
+        counts[rc] = counts.get(rc, 0) + len(names)
+    return {rc: Inventory(total=n) for rc, n in counts.items()}
 
 
 def root_traits(host: HostSnapshot, settings: Optional[Settings] = None) -> dict[str, bool]:

@@ -200,6 +200,10 @@ def agent_tree(nova, case: Mapping, nova_answer: Mapping, work: Path) -> dict:
     write_pci(
         sysfs, [connection.ask("nodeDeviceXMLDesc", n) for n in connection.listDevices("pci", 0)]
     )
+    for index, name in enumerate(case.get("pmem", ())):
+        namespace = sysfs / "bus" / "nd" / "devices" / f"namespace0.{index}"
+        namespace.mkdir(parents=True)
+        (namespace / "alt_name").write_text(name + "\n")
     nova_conf = work / "nova.conf"
     nova_conf.write_text(nova_conf_text(case["conf"], case["instances_path"]))
     agent_conf = work / "node-agent.conf"

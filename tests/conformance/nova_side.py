@@ -605,6 +605,23 @@ def _complete_host_template(fakelibvirt, arch):
     )
 
 
+def _ndctl_list(names):
+    """``ndctl list -X`` for devdax namespaces of these names (what nova's
+    privsep reads), one 128 GiB namespace each."""
+    return json.dumps(
+        [
+            {
+                "dev": f"namespace0.{i}",
+                "mode": "devdax",
+                "size": 128 * 1024**3,
+                "name": name,
+                "daxregion": {"id": 0, "align": 2097152, "devices": [{"chardev": f"dax0.{i}"}]},
+            }
+            for i, name in enumerate(names)
+        ]
+    )
+
+
 def _uname(arch):
     import os
 
@@ -672,6 +689,10 @@ def whole_driver(cases):
                 mock.patch.object(libvirt_utils, "get_fs_info", real_fs_info),
                 mock.patch("nova.privsep.utils.supports_direct_io", return_value=True),
                 mock.patch("os.uname", return_value=_uname(info.arch)),
+                mock.patch(
+                    "nova.privsep.libvirt.get_pmem_namespaces",
+                    return_value=_ndctl_list(case.get("pmem", ())),
+                ),
                 # A new host: no compute node record with a NUMA topology,
                 # so no PCPU reshape to ask the database about.
                 mock.patch.object(

@@ -37,8 +37,37 @@ def test_file_backed_memory_needs_nova_s_settings():
 
 def test_unbuilt_nova_settings_warn_by_name():
     found = unbuilt_nova_settings(
-        ["[libvirt] pmem_namespaces", "[mdev_nvidia-11]", "[libvirt] images_type"]
+        ["[libvirt] num_intel_tdx_guests", "[mdev_nvidia-11]", "[libvirt] images_type"]
     )
-    assert len(found) == 2
-    assert "CUSTOM_PMEM_NAMESPACE" in found[0]
-    assert "[mdev_nvidia-11]" in found[1]
+    assert len(found) == 1  # [mdev_*] sections and pmem_namespaces are read now
+    assert "intel_tdx" in found[0]
+
+
+def test_file_backed_memory_is_the_memory_limit_of_the_capacity_check(tmp_path):
+    from node_agent.policy.capacity import host_limits
+    from node_agent.policy.partition import partition_cpus
+    from tests.snapshots import snapshot
+
+    host = snapshot("virhostcpudata/linux-test4", tmp_path, file_backed_memory_mb=1048576)
+    assert host_limits(host, partition_cpus(settings(), host)).memory_mb == 1048576
+
+
+def test_pmem_namespaces_become_one_class_per_label(tmp_path):
+    import pytest
+
+    from node_agent.errors import ConfigError
+    from node_agent.tree.build import pmem_inventories
+    from tests.snapshots import snapshot
+
+    conf = settings(pmem_namespaces=(("128G", ("ns0", "ns1")), ("small", ("ns2",))))
+    host = snapshot(
+        "virhostcpudata/linux-test4", tmp_path, pmem_namespaces=frozenset({"ns0", "ns1", "ns2"})
+    )
+    inventories = pmem_inventories(conf, host)
+    assert {rc: inv.total for rc, inv in inventories.items()} == {
+        "CUSTOM_PMEM_NAMESPACE_128G": 2,
+        "CUSTOM_PMEM_NAMESPACE_SMALL": 1,
+    }
+    lacking = dataclasses.replace(host, pmem_namespaces=frozenset({"ns0"}))
+    with pytest.raises(ConfigError, match="ns1, ns2"):
+        pmem_inventories(conf, lacking)
