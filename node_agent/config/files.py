@@ -63,9 +63,20 @@ def _known_keys(conf: cfg.ConfigOpts) -> dict[str, Optional[set[str]]]:
             names |= _opt_names(opt, group)
     listed.setdefault("DEFAULT", set()).update({"config_file", "config_dir"})
     known: dict[str, Optional[set[str]]] = dict(listed)
+    # nova's [mdev_<type>] of each enabled type: read (config/settings.py).
+    mdev_names = {name for opt in conf_mod.MDEV_TYPE_OPTS for name in _opt_names(opt, "")}
+    for mdev_type in _enabled_mdev_types(conf):
+        known[f"mdev_{mdev_type}"] = mdev_names
     if conf_mod.PLACEMENT_GROUP in conf:
         known[conf_mod.PLACEMENT_GROUP] = _placement_keys(conf)
     return known
+
+
+def _enabled_mdev_types(conf: cfg.ConfigOpts) -> list[str]:
+    try:
+        return [t.strip() for t in conf.devices.enabled_mdev_types or () if t.strip()]
+    except (cfg.Error, ValueError):
+        return []  # a bad value is reported by the settings check
 
 
 def _placement_keys(conf: cfg.ConfigOpts) -> Optional[set[str]]:

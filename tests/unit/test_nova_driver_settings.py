@@ -71,3 +71,41 @@ def test_pmem_namespaces_become_one_class_per_label(tmp_path):
     lacking = dataclasses.replace(host, pmem_namespaces=frozenset({"ns0"}))
     with pytest.raises(ConfigError, match="ns1, ns2"):
         pmem_inventories(conf, lacking)
+
+
+def _load(tmp_path, text):
+    from node_agent.config.files import load_conf
+    from node_agent.config.settings import load_settings
+
+    path = tmp_path / "nova.conf"
+    path.write_text(text)
+    return load_settings(load_conf(["--config-file", str(path)]))
+
+
+def test_mdev_sections_of_enabled_types_are_read(tmp_path):
+    from node_agent.model.settings import MdevTypeSettings
+
+    values = _load(
+        tmp_path,
+        "[devices]\nenabled_mdev_types = nvidia-11,nvidia-12\n"
+        "[mdev_nvidia-11]\ndevice_addresses = 0000:84:00.0\nmdev_class = CUSTOM_A\n"
+        "[mdev_nvidia-12]\nmax_instances = 4\n",
+    )
+    assert values.mdev_types == (
+        MdevTypeSettings("nvidia-11", ("0000:84:00.0",), None, "CUSTOM_A"),
+        MdevTypeSettings("nvidia-12", (), 4, "VGPU"),
+    )
+
+
+def test_a_gpu_given_two_types_is_refused(tmp_path):
+    import pytest
+
+    from node_agent.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="already given type nvidia-11"):
+        _load(
+            tmp_path,
+            "[devices]\nenabled_mdev_types = nvidia-11,nvidia-12\n"
+            "[mdev_nvidia-11]\ndevice_addresses = 0000:84:00.0\n"
+            "[mdev_nvidia-12]\ndevice_addresses = 0000:84:00.0\n",
+        )
