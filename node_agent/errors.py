@@ -38,6 +38,11 @@ class DomainCapsRefused(DiscoveryError):
     driver without them): the traits they decide are not reported."""
 
 
+class CpuExpansionUnsupported(DiscoveryError):
+    """This libvirt has no baselineCPU (VIR_ERR_NO_SUPPORT): a CPU model's
+    features cannot be expanded, and nova then reports none of them."""
+
+
 class ParseError(DiscoveryError):
     """A host-provided text (sysfs file, XML) is malformed."""
 

@@ -16,7 +16,7 @@ from typing import Callable, Optional, TypeVar
 
 import libvirt
 
-from node_agent.errors import DiscoveryError, DomainCapsRefused
+from node_agent.errors import CpuExpansionUnsupported, DiscoveryError, DomainCapsRefused
 
 T = TypeVar("T")
 
@@ -96,7 +96,19 @@ class Hypervisor:
         (Haswell implies AVX2 without listing it); traits need them all.
         """
         flags = libvirt.VIR_CONNECT_BASELINE_CPU_EXPAND_FEATURES
-        return self._call("expand CPU features", lambda conn: conn.baselineCPU([cpu_xml], flags))
+
+        def expand(conn: "libvirt.virConnect") -> str:
+            try:
+                return conn.baselineCPU([cpu_xml], flags)
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() != libvirt.VIR_ERR_NO_SUPPORT:
+                    raise
+                raise CpuExpansionUnsupported(
+                    f"libvirt at {self.uri} cannot expand CPU features (no "
+                    f"baselineCPU): {exc.get_error_message()}"
+                ) from exc
+
+        return self._call("expand CPU features", expand)
 
     def cpu_model_names(self, arch: str) -> list[str]:
         """The CPU models libvirt knows for ``arch`` (``virsh cpu-models``)."""
