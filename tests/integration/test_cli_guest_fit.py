@@ -70,14 +70,11 @@ def test_floating_guests_with_no_shared_set_left_are_refused_each_cycle_until_fi
         assert "cpu_shared_set is empty" in text and "VCPU and PCPU were kept" in text
     assert host.agent.stats.writes == 0  # nothing but the CPU sets changed
     assert host.allocations() == before and host.inventories() == inventories
-    assert (
-        sum(
-            "shared guest instance-00000003" in r.getMessage()
-            for r in caplog.records
-            if r.levelno >= logging.ERROR
-        )
-        == 2
-    )
+    # The reconciler leaves the refusal to its caller, which says it once
+    # while it stays the same (the service: tests/integration/test_metrics.py).
+    assert not [
+        r for r in caplog.records if r.levelno >= logging.ERROR and "shared guest" in r.getMessage()
+    ]
 
     # The operator gives floating guests a shared set: the next cycle applies.
     fixed = host.settings(dedicated="2-7,10-15", shared="0-1,8-9")
