@@ -88,9 +88,9 @@ def test_metrics_are_promtool_clean_with_build_and_process_metrics(
         agent.notify.close()
     written = textfile.read_text()
     for output in (text, written):
-        assert "node_agent_inventory{" in output
         assert promlint.problems(output) == []
         assert promlint.promtool_problems(output) in (None, [])
+        assert "node_agent_inventory{" in output
     scraped = samples(text)
     [(labels, value)] = [(k[1], v) for k, v in scraped.items() if k[0] == "node_agent_build_info"]
     assert value == 1 and dict(labels)["version"] and re.match(r"3\.\d+", dict(labels)["python"])
