@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import os
 import sys
 import time
 from dataclasses import replace
@@ -523,6 +524,21 @@ def _root_in_placement(conf, settings, state) -> dict:
     return {"root_uuid": None, "traits": [], "inventories": {}, "children": []}
 
 
+# systemd/node-agent.service: RestartPreventExitStatus=78.
+RESTART_AFTER_FIX = (
+    "node-agent: systemd does not restart the service after a configuration "
+    "error (exit 78): fix the file, check it with --check-config, then run "
+    "`systemctl restart node-agent`."
+)
+
+
+def _a_systemd_service(args) -> bool:
+    """The service (not a one-shot command) started by systemd, which sets
+    INVOCATION_ID for each run of a unit."""
+    one_shot = args.once or args.dry_run or args.check_config or args.command
+    return not one_shot and bool(os.environ.get("INVOCATION_ID"))
+
+
 def _error_text(exc: NodeAgentError) -> str:
     problems = getattr(exc, "problems", None) or (str(exc),)
     if len(problems) == 1:
@@ -572,6 +588,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return daemon.run(files, loaded)
     except NodeAgentError as exc:
         print(_error_text(exc), file=sys.stderr)
+        if isinstance(exc, ConfigError) and _a_systemd_service(args):
+            print(RESTART_AFTER_FIX, file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 0

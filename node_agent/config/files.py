@@ -369,6 +369,36 @@ def load_conf(args: Sequence[str]) -> cfg.ConfigOpts:
     return conf
 
 
+def unreadable_file_advice(path: str) -> str:
+    """The fix for a config file the service user may not read. A file
+    another service owns (nova.conf, root:nova 0640) keeps its group: the
+    service user joins that group; a chgrp would lock its owner out."""
+    import grp
+
+    try:
+        gid = os.stat(path).st_gid
+    except OSError:
+        gid = None
+    try:
+        group = grp.getgrgid(gid).gr_name if gid is not None else None
+    except KeyError:
+        group = str(gid)
+    head = f"permission denied reading config file {path}."
+    if group is None or group in (PROJECT, "root"):
+        return (
+            f"{head} Make it readable by the service user: node-agent's own "
+            f"files are root:{PROJECT} mode 0640 (chgrp {PROJECT} and chmod 0640)."
+        )
+    return (
+        f"{head} Its group is {group}: add the service user to that group "
+        f"instead of changing the file (another service, nova-compute for "
+        f"nova.conf, reads it through that group). Under systemd: `systemctl "
+        f"edit node-agent` with [Service] SupplementaryGroups={group} "
+        "(docs/admin/install.md, reading nova.conf); else `usermod -aG "
+        f"{group} node-agent`. The file must be readable by its group (0640)."
+    )
+
+
 def parse_conf(args: Sequence[str]) -> cfg.ConfigOpts:
     """Parse the files into a ConfigOpts; raises ConfigError when they
     cannot be read or parsed (unknown options are left to the caller)."""
@@ -386,11 +416,7 @@ def parse_conf(args: Sequence[str]) -> cfg.ConfigOpts:
             "Check the path and that the service user can read it."
         ) from None
     except cfg.ConfigFilesPermissionDeniedError as exc:
-        raise ConfigError(
-            f"permission denied reading config file "
-            f"{', '.join(exc.config_files)}. Make it readable by the service "
-            "user (for example chmod 0640 and chgrp node-agent)."
-        ) from None
+        raise ConfigError([unreadable_file_advice(path) for path in exc.config_files]) from None
     except cfg.ConfigFileParseError as exc:
         raise ConfigError(
             f"config file {exc.config_file} cannot be parsed: {_without_line(exc.msg or '')}"

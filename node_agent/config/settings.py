@@ -290,7 +290,18 @@ def _state_path(get: "_Reader", problems: list[str]) -> str:
     novas = get(None, "state_path")
     if not novas:
         return chosen
-    if os.path.normpath(chosen) == os.path.normpath(novas):
+    if os.path.normpath(novas) == DEFAULT_STATE_PATH:
+        # The sample of agents before 906cb2c set [DEFAULT] state_path to
+        # this directory (then the agent's option): an upgraded file keeps it.
+        problems.append(
+            f"[DEFAULT] state_path = {novas} is the option an earlier "
+            "node-agent read its own directory from. It is now nova's option "
+            "(nova's files, and instances_path defaults under it), and the "
+            "agent's directory is [agent] state_path, whose default is "
+            f"{DEFAULT_STATE_PATH}. Delete the [DEFAULT] state_path line from "
+            "node-agent's config file: the state stays where it is."
+        )
+    elif os.path.normpath(chosen) == os.path.normpath(novas):
         problems.append(
             f"[agent] state_path = {chosen} is nova's [DEFAULT] state_path: "
             "the agent never keeps its state in nova's directory. Choose "

@@ -26,6 +26,7 @@ from node_agent.remote import messaging
 from node_agent.runner import Blocked, CycleReport, CycleRunner, runner_for
 from node_agent.service.control import Control, Maintenance, utc_now
 from node_agent.service.loop import CycleResult, Service, systemd_notifier
+from node_agent.service.restart_only import changed_restart_only, parsed_files
 from node_agent.startup import validate
 from node_agent.state import StateStore
 
@@ -326,6 +327,9 @@ def run(args: Sequence[str], loaded: Optional[Loaded] = None) -> int:
         loaded,
         notifier=systemd_notifier(),
         after_cycle=collector.cycle_done if collector else None,
+        unapplied=lambda old, new: changed_restart_only(
+            parsed_files(old.conf), parsed_files(new.conf)
+        ),
     )
     service.install_signal_handlers()
     control = Control(agent, service)

@@ -206,10 +206,13 @@ class Service:
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
         tick: float = DEFAULT_TICK,
         after_cycle: Optional[Callable[[], None]] = None,
+        unapplied: Optional[Callable[[Any, Any], list[str]]] = None,
     ):
         """``after_cycle`` runs in the loop after each cycle, once its
-        outcome is recorded (metrics files)."""
+        outcome is recorded (metrics files). ``unapplied(old, new)`` names
+        the options a reload changed that apply only at a restart."""
         self._cycle_fn = cycle
+        self._unapplied = unapplied
         self._after_cycle = after_cycle
         self._load = load
         self.config = config if config is not None else load()
@@ -324,8 +327,17 @@ class Service:
             )
             self.notifier.notify("READY=1")
             return False
+        waiting = self._unapplied(self.config, new) if self._unapplied else []
         self.config = new
-        LOG.info("configuration reloaded; it applies from the next cycle")
+        if waiting:
+            LOG.warning(
+                "configuration reloaded; it applies from the next cycle, except "
+                "%s: read at start only, still the old value until "
+                "`systemctl restart node-agent`",
+                ", ".join(waiting),
+            )
+        else:
+            LOG.info("configuration reloaded; it applies from the next cycle")
         self.notifier.notify("READY=1")
         return True
 

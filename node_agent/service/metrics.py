@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import platform
 import time
 from collections import Counter
@@ -248,6 +249,31 @@ class AgentCollector:
         return family
 
 
+# systemd/node-agent.service's ReadWritePaths=: the textfile directory of
+# Debian's prometheus-node-exporter (--collector.textfile.directory).
+UNIT_TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+
+
+def textfile_fix(exc: OSError, path: str) -> str:
+    """What to do when ``[agent] metrics_textfile`` cannot be written."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if exc.errno == errno.EROFS:
+        return (
+            f"{directory} is read-only to the agent: the shipped unit "
+            f"(ProtectSystem=strict) allows {UNIT_TEXTFILE_DIR}, node_exporter's "
+            "textfile directory on Debian; for another, add ReadWritePaths="
+            f"{directory} with `systemctl edit node-agent`, then restart"
+        )
+    if exc.errno == errno.EACCES:
+        return (
+            "the service user may not write into the directory: "
+            f"`setfacl -m u:node-agent:rwx {directory}` (keeps its owner)"
+        )
+    if exc.errno == errno.ENOENT:
+        return f"{directory} does not exist: point it at node_exporter's textfile directory"
+    return "the file is tried again after each cycle"
+
+
 class Metrics:
     def __init__(self, port: int = 0, host: str = "127.0.0.1", textfile: Optional[str] = None):
         self.port = port
@@ -262,6 +288,7 @@ class Metrics:
             registry=self.registry,
         )
         self._service = None
+        self._textfile_problem: object = None  # the errno of the last failure
 
     def start(self, agent, service) -> None:
         self._service = service
@@ -284,11 +311,26 @@ class Metrics:
         self.write_textfile()
 
     def write_textfile(self) -> None:
-        if self.textfile:
-            try:
-                write_to_textfile(self.textfile, self.registry)
-            except OSError as exc:
-                LOG.warning("cannot write metrics to %s: %s", self.textfile, exc)
+        """Write the file; a failure is logged once per cause, not every
+        cycle, and its end once."""
+        if not self.textfile:
+            return
+        try:
+            write_to_textfile(self.textfile, self.registry)
+        except OSError as exc:
+            cause = exc.errno or str(exc)
+            if cause != self._textfile_problem:
+                self._textfile_problem = cause
+                LOG.warning(
+                    "cannot write metrics to %s: %s. %s",
+                    self.textfile,
+                    exc.strerror or exc,
+                    textfile_fix(exc, self.textfile),
+                )
+            return
+        if self._textfile_problem is not None:
+            self._textfile_problem = None
+            LOG.info("metrics written to %s again", self.textfile)
 
     def stop(self) -> None:
         if self._server is not None:

@@ -199,6 +199,29 @@ def test_state_file_the_service_user_cannot_read_is_one_clear_line(shared_dir):
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+def test_nova_conf_the_service_user_cannot_read_is_fixed_by_its_group_not_by_chgrp(shared_dir):
+    """nova.conf is root:nova 0640 and nova-compute reads it through that
+    group: the advice is to join the group, never to change the file's."""
+    base = shared_dir
+    config = write_config(base, stage_tree(TEST6, base))
+    open_to_everyone(base)
+    nova = base / "nova.conf"
+    nova.write_text("[DEFAULT]\nreserved_host_memory_mb = 512\n")
+    os.chown(nova, 0, 1)  # group "daemon" stands for nova's group
+    nova.chmod(0o640)
+
+    result = run_as_nobody(
+        "--config-file", str(nova), "--config-file", str(config), "--check-config"
+    )
+    assert_one_clear_line(
+        result,
+        78,
+        f"permission denied reading config file {nova}",
+        "SupplementaryGroups=daemon",
+    )
+    assert "chgrp" not in result.stderr, result.stderr
+
+
 # ------------------------------------------------------------ unwritable state
 
 

@@ -274,6 +274,46 @@ def test_systemd_hears_ready_first_then_status_and_watchdog_and_stopping():
     assert sent[-1] == "STOPPING=1"
 
 
+def test_a_reload_names_the_start_only_options_it_changed_and_nothing_else():
+    from node_agent.service.restart_only import changed_restart_only
+
+    before = [
+        {"DEFAULT": {"host": ["a"]}, "agent": {"report_interval": ["60"]}},
+        {"oslo_messaging_rabbit": {"ssl": ["false"]}},
+    ]
+    after = [
+        {"DEFAULT": {"host": ["a"], "log_dir": ["/var/log/node-agent"]}},
+        {
+            "agent": {"report_interval": ["30"], "metrics_textfile": ["/x.prom"]},
+            "oslo_messaging_rabbit": {"ssl": ["true"]},
+        },
+    ]
+    assert changed_restart_only(before, after) == [
+        "[agent] metrics_textfile",
+        "[DEFAULT] log_dir",
+        "[oslo_messaging_rabbit] ssl",
+    ]
+    assert changed_restart_only(before, before) == []
+    # The value that counts is the last one written, whichever file holds it.
+    moved = [{"agent": {"metrics_textfile": ["/x.prom"]}}, {}]
+    assert changed_restart_only(moved, [{}, {"agent": {"metrics_textfile": ["/x.prom"]}}]) == []
+
+
+def test_a_reload_that_cannot_apply_an_option_says_so(caplog):
+    service = Service(
+        lambda config: CycleResult(),
+        lambda: Timing(name="second"),
+        Timing(),
+        tick=0.01,
+        unapplied=lambda old, new: ["[agent] metrics_textfile"] if old.name != new.name else [],
+    )
+    with caplog.at_level(logging.INFO, logger="node_agent.service.loop"):
+        assert service.reload()
+    (record,) = [r for r in caplog.records if "reloaded" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert "except [agent] metrics_textfile" in record.getMessage()
+
+
 def test_problem_reason_is_the_error_class_in_snake_case():
     from node_agent.errors import GuestsDoNotFit, ProviderOwned
     from node_agent.service.loop import problem_reason
