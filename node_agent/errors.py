@@ -89,8 +89,8 @@ class GuestsDoNotFit(ReshapeError):
         super().__init__(
             "\n".join(
                 [
-                    f"CPU sets refused, {kept}: these guests do not fit the new CPU sets "
-                    "and nova-compute would refuse to start:",
+                    f"CPU sets refused, {kept}: under cpu_dedicated_set and "
+                    "cpu_shared_set as configured, these guests have no CPU to run on:",
                     *self.reasons,
                 ]
             )

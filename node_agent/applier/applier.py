@@ -386,6 +386,10 @@ class Applier:
         requests = local.client.stats.total - start
         log = LOG.warning if not report.ok else LOG.info if report.applied else LOG.debug
         log("%s seq %d: %s", message.host, message.seq, report.summary)
+        refused = report.outcome.refused if report.outcome is not None else None
+        if refused is not None and not refused.busy:
+            # The reconciler leaves a refusal to its caller: said here, per message.
+            LOG.error("%s seq %d: %s", message.host, message.seq, refused.reason)
         return {
             "status": wire.APPLIED,
             "seq": message.seq,

@@ -94,6 +94,16 @@ def problem_kind(exc: BaseException) -> str:
     return "internal"
 
 
+def problem_reason(exc: BaseException) -> str:
+    """The error's class in snake case (``placement_error``, ``provider_owned``),
+    the metrics' reason label: a closed set, the error hierarchy's classes;
+    ``unexpected`` for anything outside it."""
+    if not isinstance(exc, NodeAgentError):
+        return "unexpected"
+    name = type(exc).__name__
+    return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(name))
+
+
 _PROBLEM_TEXT = {
     "placement": "Placement cannot be used",
     "host": "the host cannot be read; reported inventory is left as it was",
@@ -118,6 +128,7 @@ class Health:
     failures: int = 0
     since: Optional[float] = None
     message: str = ""
+    reason: str = ""  # problem_reason of the last failure
 
     def failed(self, exc: BaseException, now: float) -> bool:
         """Record a failure; True when this changes the state (log it)."""
@@ -126,13 +137,14 @@ class Health:
         if changed:
             self.kind, self.since = kind, now
         self.failures += 1
+        self.reason = problem_reason(exc)
         self.message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return changed
 
     def succeeded(self) -> Optional[str]:
         """Record a success; returns the kind of problem that just ended."""
         ended, self.kind, self.failures, self.since = self.kind, None, 0, None
-        self.message = ""
+        self.message = self.reason = ""
         return ended
 
 
@@ -213,7 +225,11 @@ class Service:
         self.cycles = 0  # cycles finished (ok or not)
         self.last_result: Optional[CycleResult] = None
         self.last_duration: Optional[float] = None  # seconds, last cycle
-        self.last_success: Optional[float] = None  # wall time (time.time())
+        # Wall time (time.time()) of the last cycle that left nothing undone:
+        # one that left a change refused (CycleResult.ok False) ran, but
+        # Placement does not follow the host, and an alert on this age is
+        # what tells an operator so.
+        self.last_success: Optional[float] = None
         self._requests = _Requests()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -369,7 +385,8 @@ class Service:
             if ended:  # good news: INFO, once; the failure was the ERROR
                 LOG.info("%s; back to normal", _RECOVERY_TEXT[ended])
             self.last_result = current.result
-            self.last_success = time.time()
+            if current.result is None or current.result.ok:
+                self.last_success = time.time()
         with self._finished:
             self._running = None
             self.cycles += 1

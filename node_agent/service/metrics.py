@@ -7,6 +7,14 @@ node_exporter's textfile collector. Both are off by default.
 
 Placement request counts come from the client's request log, so they
 restart from zero when a SIGHUP builds a new client.
+
+Names follow Prometheus' conventions, as ``promtool check metrics``
+checks them: ``_total`` on counters only, base units (seconds), a HELP for
+each family (tests/promlint.py restates its checks on the real output). The
+endpoint adds the process's own metrics (``process_*``, read from
+/proc/self); the textfile does not: node_exporter, which reads it, exports
+its own ``process_*`` series, and a file written once a cycle would show
+stale CPU and memory figures.
 """
 
 from __future__ import annotations
@@ -14,15 +22,24 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import platform
 import time
 from collections import Counter
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Optional
 
-from prometheus_client import CollectorRegistry, Histogram, start_http_server, write_to_textfile
+from prometheus_client import (
+    CollectorRegistry,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+    write_to_textfile,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.samples import Sample
 
 from node_agent.errors import ResourceError
+from node_agent.version import installed_version
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -49,6 +66,52 @@ def _gauge(name, doc, value=None, labels=()):
     if value is not None:
         family.add_metric([], value)
     return family
+
+
+class BuildInfo:
+    """``node_agent_build_info{version, python} 1``: which build runs, for a
+    fleet upgrade's dashboard. The version is read once (package metadata)."""
+
+    def __init__(self):
+        self.version = installed_version()
+        self.python = platform.python_version()
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            f"{PREFIX}_build_info",
+            "Always 1: the node-agent version and the Python that runs it.",
+            labels=["version", "python"],
+        )
+        family.add_metric([self.version, self.python], 1)
+        yield family
+
+
+def endpoint_registry(*collectors) -> CollectorRegistry:
+    """What an HTTP endpoint serves: ``collectors``, the build info and the
+    process's own metrics (``process_*`` from /proc/self: resident memory,
+    CPU seconds, start time, open file descriptors)."""
+    registry = CollectorRegistry()
+    for collector in (*collectors, BuildInfo()):
+        registry.register(collector)
+    ProcessCollector(registry=registry)
+    return registry
+
+
+# Problem kinds, each always exported (0 when not current).
+PROBLEM_KINDS = ("placement", "host", "config", "state", "internal")
+
+
+def current_problem(service, agent) -> Optional[tuple[str, str]]:
+    """The (kind, reason) ``node_agent_problem`` shows at 1: a cycle that
+    failed (the loop's health: its kind, the error's class), else what the
+    last cycle left blocked (:class:`node_agent.runner.Blocked`), else None."""
+    health = service.health
+    if health.kind is not None:
+        return health.kind, getattr(health, "reason", "") or health.kind
+    blocked = getattr(agent, "blocked", None)
+    if blocked is not None:
+        return blocked.kind, blocked.reason
+    return None
 
 
 def listen_problem(option: str, host: str, port: int, exc: OSError) -> str:
@@ -83,7 +146,9 @@ class AgentCollector:
         )
         yield _gauge(
             "last_success_timestamp_seconds",
-            "Unix time of the last cycle that synced (0: none yet).",
+            "Unix time of the last cycle after which Placement held everything "
+            "this host should publish (0: none yet); a cycle that failed or that "
+            "left a change refused does not move it.",
             service.last_success or 0.0,
         )
         yield _counter("cycles", "Cycles run since the agent started.", service.cycles)
@@ -92,11 +157,18 @@ class AgentCollector:
         )
         problem = _gauge(
             "problem",
-            "1 for the current problem kind (placement, host, config, state, internal).",
-            labels=["kind"],
+            "1 for the current problem: its kind (placement, host, config, "
+            "state, internal) and reason (the error's class, e.g. placement_error, "
+            "provider_owned; or what the last cycle refused: guests_do_not_fit, "
+            "reshape_refused, changes_refused); 0 for every other kind.",
+            labels=["kind", "reason"],
         )
-        for kind in ("placement", "host", "config", "state", "internal"):
-            problem.add_metric([kind], 1 if service.health.kind == kind else 0)
+        current = current_problem(service, agent)
+        for kind in PROBLEM_KINDS:
+            if current is not None and current[0] == kind:
+                problem.add_metric([kind, current[1]], 1)
+            else:  # no reason label: the series the kind had before reasons
+                problem.samples.append(Sample(problem.name, {"kind": kind}, 0))
         yield problem
         last = agent.last_sync or {}
         yield _gauge(
@@ -151,8 +223,10 @@ class AgentCollector:
         return family
 
     def _inventories(self):
+        # Formerly node_agent_inventory_total, a counter's suffix on a gauge
+        # (promtool refuses it); docs/admin/metrics.md keeps the old name.
         family = _gauge(
-            "inventory_total",
+            "inventory",
             "Inventory total reported, per provider and resource class.",
             labels=["provider", "resource_class"],
         )
@@ -218,12 +292,13 @@ class Metrics:
 
     def start(self, agent, service) -> None:
         self._service = service
-        self.registry.register(AgentCollector(agent, service))
+        collector = AgentCollector(agent, service)
+        self.registry.register(collector)
+        self.registry.register(BuildInfo())
         if self.port:
+            served = endpoint_registry(collector, self.durations)
             try:
-                self._server, _thread = start_http_server(
-                    self.port, self.host, registry=self.registry
-                )
+                self._server, _thread = start_http_server(self.port, self.host, registry=served)
             except OSError as exc:
                 raise ResourceError(
                     listen_problem("[agent] metrics_port", self.host, self.port, exc)
@@ -278,11 +353,13 @@ def write_once(
     errors: list,
     companion: Optional[dict] = None,
     audit: Optional[dict] = None,
+    blocked=None,
 ) -> None:
     """``--once``: the service's metrics for this one cycle, written to
     ``[agent] metrics_textfile`` when it is set, so node_exporter's textfile
     collector shows hosts synced by a timer too. ``companion`` and ``audit``:
-    companion mode's check, for the drift and audit gauges."""
+    companion mode's check, for the drift and audit gauges; ``blocked``: what
+    the cycle left refused (:class:`node_agent.runner.Blocked`), the problem."""
 
     if not conf.agent.metrics_textfile:
         return
@@ -301,6 +378,7 @@ def write_once(
         last_desired=desired,
         last_companion=companion,
         last_audit=audit,
+        blocked=blocked,
     )
     metrics.start(agent, service)
     metrics.cycle_done()

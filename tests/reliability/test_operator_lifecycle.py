@@ -761,9 +761,7 @@ def test_once_writes_the_metrics_textfile(tmp_path, placement_server, host_name)
         for s in f.samples
     }
     assert (
-        samples[
-            ("node_agent_inventory_total", (("provider", host_name), ("resource_class", "VCPU")))
-        ]
+        samples[("node_agent_inventory", (("provider", host_name), ("resource_class", "VCPU")))]
         == 6
     )
     assert samples[("node_agent_last_success_timestamp_seconds", ())] > 0

@@ -312,3 +312,34 @@ def test_a_reload_that_cannot_apply_an_option_says_so(caplog):
     (record,) = [r for r in caplog.records if "reloaded" in r.getMessage()]
     assert record.levelno == logging.WARNING
     assert "except [agent] metrics_textfile" in record.getMessage()
+
+
+def test_problem_reason_is_the_error_class_in_snake_case():
+    from node_agent.errors import GuestsDoNotFit, ProviderOwned
+    from node_agent.service.loop import problem_reason
+
+    assert problem_reason(ProviderOwned("nova owns it")) == "provider_owned"
+    assert problem_reason(GuestsDoNotFit(["g"])) == "guests_do_not_fit"
+    assert problem_reason(Unavailable("down")) == "unavailable"
+    assert problem_reason(RuntimeError("bug")) == "unexpected"
+
+
+def test_a_cycle_that_left_a_refusal_does_not_move_the_last_success():
+    """Issue 28: a refused configuration kept last_success moving, so an
+    alert on its age never fired while Placement stopped following the host."""
+    results = iter([CycleResult(True, "ok"), CycleResult(False, "refused")])
+    seen = []
+
+    def cycle(_config):
+        seen.append(1)
+        return next(results, CycleResult(False, "refused"))
+
+    service = Service(cycle, Timing)
+    thread, _ = start(service)
+    wait_for(lambda: service.cycles >= 1)
+    first = service.last_success
+    wait_for(lambda: service.cycles >= 3)
+    service.request_stop()
+    thread.join(5)
+    assert first is not None and service.last_success == first
+    assert service.health.kind is None  # ran: not an outage, no backoff
