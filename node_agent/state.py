@@ -55,8 +55,12 @@ PROVIDER_CACHE = "provider_cache"  # the service and --once: the syncer's cache
 
 
 def _reason(exc: OSError) -> str:
-    name = errno.errorcode.get(exc.errno or 0, "")
+    name = _errno_name(exc)
     return f"{exc.strerror or exc}" + (f" ({name})" if name else "")
+
+
+def _errno_name(exc: OSError) -> str:
+    return errno.errorcode.get(exc.errno or 0, "")
 
 
 class StateCorrupt(NodeAgentError):
@@ -202,7 +206,8 @@ class StateStore(Store):
                 f"state file {self.path} cannot be read: {_reason(exc)}. Make it and "
                 f"{self.directory} readable by the user the agent runs as (a command "
                 "run with sudo may have left it owned by root: chown it to the "
-                "service user)."
+                "service user).",
+                _errno_name(exc),
             ) from None
         return decode(text, str(self.path))
 
@@ -231,7 +236,8 @@ class StateStore(Store):
             self._refuse_a_file_in_the_way()
             raise StateError(
                 f"state directory {self.directory} cannot be opened: {_reason(exc)}. "
-                "Make it readable and writable by the user the agent runs as."
+                "Make it readable and writable by the user the agent runs as.",
+                _errno_name(exc),
             ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -260,7 +266,8 @@ class StateStore(Store):
                 f"state file {self.path} cannot be written: {_reason(exc)}. Make "
                 f"{self.directory} writable by the user the agent runs as and "
                 "check the file system has free space; the previous state file, "
-                "if any, is unchanged."
+                "if any, is unchanged.",
+                _errno_name(exc),
             ) from None
 
     def _refuse_a_file_in_the_way(self) -> None:

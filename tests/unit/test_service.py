@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from node_agent.errors import ConfigError, DiscoveryError
+from node_agent.errors import ConfigError, DiscoveryError, StateError
 from node_agent.placement.client import Unavailable
 from node_agent.service.loop import (
     CycleResult,
@@ -272,3 +272,11 @@ def test_systemd_hears_ready_first_then_status_and_watchdog_and_stopping():
     assert "WATCHDOG=1" in sent
     assert any(s.startswith("STATUS=ok: no change (0 requests); next in") for s in sent)
     assert sent[-1] == "STOPPING=1"
+
+
+def test_health_reports_a_new_cause_of_the_same_problem():
+    health = Health()
+    assert health.failed(StateError("read-only", "EROFS"), 1.0) is True
+    assert health.failed(StateError("read-only again", "EROFS"), 2.0) is False
+    assert health.failed(StateError("disk full", "ENOSPC"), 3.0) is True
+    assert health.message == "disk full" and health.since == 1.0

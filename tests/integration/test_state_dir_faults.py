@@ -1,0 +1,61 @@
+"""A state directory the file system refuses (read-only, full): a clear
+error with the real cause and exit 69, never a traceback, on the command
+line and in the running service's control RPC."""
+
+import json
+import subprocess
+
+import pytest
+
+from node_agent.errors import StateError
+from node_agent.state import MAINTENANCE, StateStore
+from tests.cli.runner import run_agent, write_config
+from tests.hostdata import HOSTDATA
+from tests.integration.test_messaging import NODE_AGENT, agent  # noqa: F401 (fixture)
+from tests.state_dir_faults import full, read_only
+
+pytestmark = pytest.mark.integration
+
+TEST6 = HOSTDATA / "virhostcpudata" / "linux-test6"
+
+
+def test_a_full_state_directory_is_refused_naming_enospc(tmp_path):
+    store = StateStore(tmp_path / "state")
+    with full(store.directory):
+        with pytest.raises(StateError) as refused:
+            store.put(MAINTENANCE, {"on": True})
+    assert refused.value.cause == "ENOSPC"
+    assert "(ENOSPC)" in str(refused.value)
+
+
+def test_maintenance_on_with_a_read_only_state_directory_exits_69_naming_the_cause(tmp_path):
+    config = write_config(tmp_path, TEST6)
+    (tmp_path / "state").mkdir()
+    with read_only(tmp_path / "state") as cause:
+        result = run_agent("maintenance", "on", "--config-file", str(config))
+    assert result.code == 69, result.stderr
+    assert f"({cause})" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_maintenance_through_the_service_with_a_read_only_state_directory_exits_69(
+    agent,  # noqa: F811 (fixture)
+    rabbitmq,
+):
+    agent.status_after(lambda s: s.startswith("ok:"))
+    with read_only(agent.dir / "state") as cause:
+        result = run_agent("maintenance", "on", "--config-file", str(agent.config))
+        answered = subprocess.run(
+            [str(NODE_AGENT), "ctl", "--host", agent.host, "--transport-url", rabbitmq]
+            + ["--timeout", "60", "maintenance", "on"],
+            capture_output=True,
+            text=True,
+            timeout=90,
+        )
+
+    assert result.code == 69, result.stderr
+    assert f"({cause})" in result.stderr and "Traceback" not in result.stderr
+    assert answered.returncode == 69, answered.stderr
+    answer = json.loads(answered.stdout)
+    assert answer["exit_code"] == 69 and f"({cause})" in answer["error"]
+    assert "Traceback" not in agent.log()
+    assert f"maintenance on refused: state file {agent.dir / 'state'}" in agent.log()
