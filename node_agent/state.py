@@ -156,15 +156,19 @@ _SHAPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     ),
     APPLIED: (
         "an object of provider name -> list of traits",
-        lambda v: isinstance(v, dict)
-        and all(isinstance(t, list) and all(isinstance(x, str) for x in t) for t in v.values()),
+        lambda v: (
+            isinstance(v, dict)
+            and all(isinstance(t, list) and all(isinstance(x, str) for x in t) for t in v.values())
+        ),
     ),
     MAINTENANCE: (
         "an object with on, reason and since",
-        lambda v: isinstance(v, dict)
-        and isinstance(v.get("on", True), bool)
-        and _maybe_text(v.get("reason"))
-        and _maybe_text(v.get("since")),
+        lambda v: (
+            isinstance(v, dict)
+            and isinstance(v.get("on", True), bool)
+            and _maybe_text(v.get("reason"))
+            and _maybe_text(v.get("since"))
+        ),
     ),
     AUDIT: ("an object", lambda v: isinstance(v, dict)),
     APPLIER: (

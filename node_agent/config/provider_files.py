@@ -13,7 +13,6 @@ from node_agent.config.files import not_utf8
 from node_agent.errors import ConfigError
 from node_agent.policy.provider_config import ProviderConfig, check_unique, parse_provider_config
 
-
 # nova's provider.yaml 1.0 nests 7 levels and fits in a few KiB; the limits
 # keep a runaway file (generated, or hostile) from exhausting the parser's
 # recursion (a RecursionError that stopped every report) or the CPU.

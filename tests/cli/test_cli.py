@@ -213,9 +213,7 @@ def test_dry_run_reads_guests_through_libvirt_test_driver(tmp_path):
 def test_a_libvirt_error_that_is_not_utf8_exits_69_without_a_traceback(tmp_path):
     config = write_config(tmp_path, TEST6)
     uri = f"test://{tmp_path}/%FFhost.xml"  # libvirt echoes the unescaped byte 0xff
-    config.write_text(
-        config.read_text().replace("connection_uri =\n", f"connection_uri = {uri}\n")
-    )
+    config.write_text(config.read_text().replace("connection_uri =\n", f"connection_uri = {uri}\n"))
     # libxml2 prints its own warning with the raw byte, so stderr is not UTF-8.
     done = subprocess.run(
         [sys.executable, "-m", "node_agent.cli.main", "--config-file", str(config)]

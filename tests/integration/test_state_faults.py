@@ -40,7 +40,7 @@ def test_maintenance_on_with_a_read_only_state_directory_exits_69_naming_the_cau
 
 
 def test_maintenance_through_the_service_with_a_read_only_state_directory_exits_69(
-    agent,  # noqa: F811 (fixture)
+    agent,
     rabbitmq,
 ):
     agent.status_after(lambda s: s.startswith("ok:"))
