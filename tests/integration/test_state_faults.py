@@ -30,15 +30,6 @@ def test_a_full_state_directory_is_refused_naming_enospc(tmp_path):
     assert "(ENOSPC)" in str(refused.value)
 
 
-def test_maintenance_on_with_a_read_only_state_directory_exits_69_naming_the_cause(tmp_path):
-    config = write_config(tmp_path, TEST6)
-    (tmp_path / "state").mkdir()
-    with read_only(tmp_path / "state") as cause:
-        result = run_agent("maintenance", "on", "--config-file", str(config))
-    assert result.code == 69, result.stderr
-    assert f"({cause})" in result.stderr and "Traceback" not in result.stderr
-
-
 def test_maintenance_through_the_service_with_a_read_only_state_directory_exits_69(
     agent,
     rabbitmq,
