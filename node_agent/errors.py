@@ -76,7 +76,14 @@ class ResourceError(NodeAgentError):
 class StateError(ResourceError):
     """The state file or its directory cannot be read or written (permission,
     full or read-only file system). Unlike a corrupt file this is not
-    ignored: the file may hold the operator's maintenance flag."""
+    ignored: the file may hold the operator's maintenance flag.
+
+    ``cause`` names the file system's refusal (``EACCES``, ``ENOSPC``,
+    ``EROFS``...), so the service logs again when the cause changes."""
+
+    def __init__(self, message: str, cause: str = ""):
+        self.cause = cause
+        super().__init__(message)
 
 
 class GuestsDoNotFit(ReshapeError):

@@ -270,7 +270,7 @@ class DirectRunner:
                     ),
                 )
         except StateError as exc:
-            raise StateError(f"{exc} {written(self.client, since)}") from None
+            raise StateError(f"{exc} {written(self.client, since)}", exc.cause) from None
         audit, changed = None, False
         if self.auditor is not None and syncer.verified_at != verified_at:
             audit, changed = self._audit(desired)  # this cycle read the whole tree

@@ -380,6 +380,9 @@ def _maintenance(args) -> int:
                 f"{settings.host} nova-compute`), which sets COMPUTE_STATUS_DISABLED."
             )
         answer = _maintenance_via_service(conf, settings, args.switch == "on", args.reason)
+        if answer is not None and "error" in answer:
+            print(f"node-agent: error: {answer['error']}", file=sys.stderr)
+            return int(answer.get("exit_code", 1))
         if answer is not None:
             print(
                 f"maintenance {args.switch} for {settings.host}: the running service "

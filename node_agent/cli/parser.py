@@ -253,8 +253,9 @@ def build_parser(width: Optional[int] = None) -> argparse.ArgumentParser:
         "ctl",
         "ask a running agent over the message bus (status, sync-now, maintenance)",
         "Talk to the node-agent of one host over the message bus ([DEFAULT] "
-        "transport_url). Answers are printed as JSON. Exit 0 answered; 78 no transport "
-        "configured; 75 the agent did not answer in time.",
+        "transport_url). Answers are printed as JSON. Exit 0 answered; the agent's "
+        "refusal's code when it answered with one (69: it cannot write its state "
+        "file); 78 no transport configured; 75 the agent did not answer in time.",
     )
     ctl.add_argument("--host", required=True, help="the agent's [DEFAULT] host")
     ctl.add_argument("--transport-url", help="overrides [DEFAULT] transport_url")

@@ -129,13 +129,17 @@ class Health:
     since: Optional[float] = None
     message: str = ""
     reason: str = ""  # problem_reason of the last failure
+    cause: str = ""
 
     def failed(self, exc: BaseException, now: float) -> bool:
-        """Record a failure; True when this changes the state (log it)."""
+        """Record a failure; True when this changes the state or its cause
+        (a state directory read-only, then full: log it)."""
         kind = problem_kind(exc)
-        changed = kind != self.kind
-        if changed:
+        cause = getattr(exc, "cause", "")
+        changed = kind != self.kind or cause != self.cause
+        if kind != self.kind:
             self.kind, self.since = kind, now
+        self.cause = cause
         self.failures += 1
         self.reason = problem_reason(exc)
         self.message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
@@ -144,7 +148,7 @@ class Health:
     def succeeded(self) -> Optional[str]:
         """Record a success; returns the kind of problem that just ended."""
         ended, self.kind, self.failures, self.since = self.kind, None, 0, None
-        self.message = self.reason = ""
+        self.message = self.reason = self.cause = ""
         return ended
 
 

@@ -831,11 +831,15 @@ def root_traits(placement, host: str) -> set:
     return set(placement.get(f"/resource_providers/{found[0]['uuid']}/traits")["traits"])
 
 
-def provider_files(tmp_path: Path) -> Path:
+# 600 levels: PyYAML's composer recursed past Python's limit (RecursionError).
+DEEP_FILE = GOOD_FILE + "    deep: " + "[" * 600 + "]" * 600 + "\n"
+
+
+def provider_files(tmp_path: Path, bad: str = BAD_FILE) -> Path:
     directory = tmp_path / "provider_config"
     directory.mkdir()
     (directory / "good.yaml").write_text(GOOD_FILE)
-    (directory / "bad.yaml").write_text(BAD_FILE)
+    (directory / "bad.yaml").write_text(bad)
     return directory
 
 
@@ -862,10 +866,15 @@ def test_a_bad_provider_file_is_refused_while_the_service_reports_the_rest(
         agent.notify.close()
 
 
+@pytest.mark.parametrize(
+    "bad, problem",
+    [(BAD_FILE, "not valid YAML"), (DEEP_FILE, "nests deeper than 32 levels")],
+    ids=["unparsable", "nested-600-deep"],
+)
 def test_once_with_a_bad_provider_file_syncs_the_rest_then_exits_78(
-    tmp_path, placement_server, placement, host_name
+    tmp_path, placement_server, placement, host_name, bad, problem
 ):
-    files = provider_files(tmp_path)
+    files = provider_files(tmp_path, bad)
     config = write_config(
         tmp_path,
         TEST6,
@@ -873,7 +882,7 @@ def test_once_with_a_bad_provider_file_syncs_the_rest_then_exits_78(
         extra=f"provider_config_location = {files}\n" + placement_section(placement_server.url),
     )
     result = run_agent("--config-file", str(config), "--once")
-    assert_one_clear_line(result, 78, str(files / "bad.yaml"), "not valid YAML")
+    assert_one_clear_line(result, 78, str(files / "bad.yaml"), problem)
     assert "CUSTOM_GOOD" in root_traits(placement, host_name)
 
 

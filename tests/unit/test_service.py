@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from node_agent.errors import ConfigError, DiscoveryError
+from node_agent.errors import ConfigError, DiscoveryError, StateError
 from node_agent.placement.client import Unavailable
 from node_agent.service.loop import (
     CycleResult,
@@ -343,3 +343,11 @@ def test_a_cycle_that_left_a_refusal_does_not_move_the_last_success():
     thread.join(5)
     assert first is not None and service.last_success == first
     assert service.health.kind is None  # ran: not an outage, no backoff
+
+
+def test_health_reports_a_new_cause_of_the_same_problem():
+    health = Health()
+    assert health.failed(StateError("read-only", "EROFS"), 1.0) is True
+    assert health.failed(StateError("read-only again", "EROFS"), 2.0) is False
+    assert health.failed(StateError("disk full", "ENOSPC"), 3.0) is True
+    assert health.message == "disk full" and health.since == 1.0
