@@ -35,6 +35,13 @@ DEFAULT_OPTS = [
         "($state_path/instances), and never keeps its state there: that "
         "is [agent] state_path.",
     ),
+    cfg.BoolOpt(
+        "force_raw_images",
+        default=True,
+        help="nova's option: nova converts every image to raw. Off with "
+        "[libvirt] images_type = lvm or rbd, the host takes raw images "
+        "only and COMPUTE_IMAGE_TYPE_QCOW2 is removed, as nova does.",
+    ),
 ]
 
 # nova's legacy options live in [DEFAULT] (nova/conf/compute.py); the agent
@@ -156,6 +163,13 @@ LIBVIRT_OPTS = [
         "needed for the MEM_ENCRYPTION_CONTEXT (AMD SEV) child providers.",
     ),
     cfg.IntOpt(
+        "file_backed_memory",
+        default=0,
+        min=0,
+        help="nova's option: MiB of file-backed guest memory. Above 0, "
+        "COMPUTE_MEM_BACKING_FILE is reported (removed at 0), as nova does.",
+    ),
+    cfg.IntOpt(
         "num_memory_encrypted_guests",
         min=0,
         help="Older nova's option (nova 34 no longer reads it): the most "
@@ -168,6 +182,13 @@ LIBVIRT_OPTS = [
 ]
 
 COMPUTE_OPTS = [
+    cfg.ListOpt(
+        "image_type_exclude_list",
+        default=[],
+        help="nova's option: image formats (glance disk_format names) this "
+        "host does not offer: their COMPUTE_IMAGE_TYPE_* traits are "
+        "removed, as nova does.",
+    ),
     cfg.StrOpt(
         "cpu_dedicated_set",
         help="Host CPUs for pinned guests, reported as PCPU. Grammar: a "
