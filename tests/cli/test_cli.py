@@ -206,3 +206,30 @@ def test_dry_run_reads_guests_through_libvirt_test_driver(tmp_path):
     result = agent(config, "--once", "--dry-run", "--output", "json")
     assert result.code == 0, result.stderr
     assert not any("connection_uri is empty" in w for w in result.json()["warnings"])
+
+
+def test_provider_file_publishing_neutron_bandwidth_exits_78_naming_neutron(tmp_path):
+    """NET_BW_*, NET_PACKET_RATE_* and CUSTOM_VNIC_TYPE_* are neutron's: a
+    provider file claiming them is refused with the file, the field and who
+    owns them, before anything is published."""
+    config = write_config(tmp_path, TEST6)
+    files = tmp_path / "provider_config"
+    files.mkdir()
+    (files / "sriov.yaml").write_text(
+        "meta:\n  schema_version: '1.0'\nproviders:\n"
+        "  - identification:\n      uuid: $COMPUTE_NODE\n"
+        "    inventories:\n      additional:\n"
+        "        - NET_BW_EGR_KILOBIT_PER_SEC:\n            total: 10000000\n"
+        "        - NET_PACKET_RATE_KILOPACKET_PER_SEC:\n            total: 1000\n"
+        "    traits:\n      additional:\n        - CUSTOM_VNIC_TYPE_DIRECT\n"
+    )
+    result = agent(config, "--once", "--dry-run")
+    assert_config_refusal(
+        result,
+        f"{files / 'sriov.yaml'}: providers[0].inventories.additional[0]."
+        "NET_BW_EGR_KILOBIT_PER_SEC: NET_BW_EGR_KILOBIT_PER_SEC belongs to neutron",
+        "providers[0].inventories.additional[1].NET_PACKET_RATE_KILOPACKET_PER_SEC: "
+        "NET_PACKET_RATE_KILOPACKET_PER_SEC belongs to neutron",
+        "providers[0].traits.additional[0]: CUSTOM_VNIC_TYPE_DIRECT belongs to neutron",
+    )
+    assert "must be CUSTOM_" not in result.stderr
