@@ -10,8 +10,10 @@ from node_agent.model.provider_state import ProviderState
 from node_agent.model.provider_tree import Provider
 from node_agent.model.snapshot import HypervisorInfo
 from node_agent.policy.drift import trait_differences
+from node_agent.tree.build import root_traits
 from node_agent.tree.capability_traits import CapabilitySettings, capability_traits
 from tests.hostdata import HOSTDATA
+from tests.snapshots import settings, snapshot
 
 Q35 = (HOSTDATA / "domaincapsdata" / "qemu_8.2.0-q35.x86_64.xml").read_text()
 
@@ -91,3 +93,11 @@ def test_companion_sees_no_drift_on_the_capability_traits_nova_compute_wrote():
     held = ProviderState("u", "cn1", 3, None, {}, frozenset(nova_root))
     desired = Provider(name="cn1", traits=dict(ours, **{ot.COMPUTE_NODE: True}))
     assert trait_differences(desired, held) == []
+
+
+def test_the_root_gets_them_from_the_configured_options(tmp_path):
+    host = snapshot("virhostcpudata/linux-test6", tmp_path, hypervisor=info())
+    traits = root_traits(host, settings(image_type_exclude_list=("qcow2",)))
+    assert traits[ot.COMPUTE_ACCELERATORS] and traits[ot.COMPUTE_SECURITY_UEFI_SECURE_BOOT]
+    assert traits[ot.COMPUTE_IMAGE_TYPE_QCOW2] is False
+    assert traits[ot.COMPUTE_NODE]
