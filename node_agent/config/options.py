@@ -13,6 +13,7 @@ in this order.
 from __future__ import annotations
 
 import socket
+from typing import Optional
 
 from oslo_config import cfg
 
@@ -23,10 +24,16 @@ DEFAULT_OPTS = [
     cfg.StrOpt(
         "host",
         default=socket.gethostname(),
-        sample_default="<hostname>",
+        sample_default="<libvirt's hostname>",
         help="Name of this compute node. It names the root resource provider "
         "in Placement, so it must be unique in the cloud and must not "
-        "change while instances run here.",
+        "change while instances run here. Unset: libvirt's hostname "
+        "(virConnectGetHostname, fully qualified when the resolver knows "
+        "the domain) when [libvirt] connection_uri is set, which is how "
+        "nova-compute names its compute node and provider (nova uses its "
+        "own [DEFAULT] host only for the service); without libvirt, the "
+        "machine's hostname. Set, it wins over libvirt's (nova would still "
+        "use libvirt's: the agent warns when they differ).",
     ),
     cfg.StrOpt(
         "state_path",
@@ -617,19 +624,25 @@ def register_placement_opts(conf: cfg.ConfigOpts) -> None:
     ks_loading.register_adapter_conf_options(conf, PLACEMENT_GROUP)
 
 
+def configured_host(conf: cfg.ConfigOpts) -> Optional[str]:
+    """``[DEFAULT] host`` as a parsed file sets it, None when no file does."""
+    opt = conf._get_opt_info("host")["opt"]
+    namespace = conf._namespace
+    if namespace is None:
+        return None
+    try:
+        value, _loc = opt._get_from_namespace(namespace, None)
+    except (KeyError, AttributeError):
+        return None
+    return value
+
+
 def default_host(conf: cfg.ConfigOpts) -> str:
     """``[DEFAULT] host``. oslo.config resolves ``conf.host`` to the ``[host]``
     group, which shadows the option of the same name, so it is read here from
     the parsed files directly (then the default)."""
-    opt = conf._get_opt_info("host")["opt"]
-    namespace = conf._namespace
-    if namespace is None:  # no file parsed yet
-        return opt.default
-    try:
-        value, _loc = opt._get_from_namespace(namespace, None)
-    except (KeyError, AttributeError):
-        return opt.default
-    return value if value is not None else opt.default
+    value = configured_host(conf)
+    return value if value is not None else conf._get_opt_info("host")["opt"].default
 
 
 # keystoneauth's session has no timeout by default: a Placement that accepts

@@ -134,6 +134,12 @@ class Hypervisor:
         """The connection's driver name (``virConnectGetType``): QEMU, Test..."""
         return self._call("read the hypervisor type", lambda conn: conn.getType())
 
+    def hostname(self) -> str:
+        """libvirt's name for this host (``virConnectGetHostname``: the
+        machine's hostname, made fully qualified by the resolver when it
+        has no dot): what nova names its compute node and root provider."""
+        return self._call("read the hostname", lambda conn: conn.getHostname())
+
     def domain_capabilities_xml(
         self, emulator: Optional[str], arch: str, machine: Optional[str], virt_type: str
     ) -> Optional[str]:

@@ -61,6 +61,7 @@ _OPTIONS = {
     "force_raw_images": None,
     "image_type_exclude_list": "compute",
     "file_backed_memory": "libvirt",
+    "host": None,
 }
 
 
@@ -498,6 +499,35 @@ def capability_traits(cases):
         _configure({})
 
 
+def node_names(cases):
+    """Per case ``{options, hostname}``: the name nova-compute gives its
+    compute node and root provider (``LibvirtDriver.get_nodenames_by_uuid``,
+    what the resource tracker names the provider) with libvirt answering
+    ``hostname`` to getHostname, and ``CONF.host`` (the service's name)."""
+    from nova.virt.libvirt import host as libvirt_host
+
+    fakelibvirt = _fakelibvirt()
+    saved = (libvirt_driver.libvirt, libvirt_host.libvirt)
+    libvirt_driver.libvirt = libvirt_host.libvirt = fakelibvirt
+
+    def one(case):
+        _configure(case["options"])
+        drv = libvirt_driver.LibvirtDriver(object(), read_only=True)
+        drv._host._wrapped_conn = fakelibvirt.Connection(
+            "qemu:///system", readonly=True, hostname=case["hostname"]
+        )
+        drv._host._node_uuid = "00000000-0000-0000-0000-000000000001"
+        [name] = drv.get_nodenames_by_uuid().values()
+        assert drv.get_available_nodes() == [name]
+        return {"node": name, "service": CONF.host}
+
+    try:
+        return _each(cases, one)
+    finally:
+        libvirt_driver.libvirt, libvirt_host.libvirt = saved
+        _configure({})
+
+
 def capability_trait_names():
     """Every trait of nova's ``CAPABILITY_TRAITS_MAP``, sorted."""
     return sorted(set(virt_driver.CAPABILITY_TRAITS_MAP.values()))
@@ -613,6 +643,7 @@ OPS = {
         mem_encryption_children,
         capability_traits,
         capability_trait_names,
+        node_names,
         test_data_dir,
         option_names,
         local_disk,
