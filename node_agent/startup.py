@@ -150,12 +150,12 @@ def validate(
     settings, more = check_settings(conf)
     problems += more
     problems += logs.option_problems(conf)
-    if not problems:
-        settings = named_as_nova_names_it(conf, settings)
     client = None
     if need_upstream:
         more, client = mode_problems(conf, settings)
         problems += more
+    if not problems:  # a config problem is said before libvirt is asked
+        settings = named_as_nova_names_it(conf, settings)
     desired = None
     if read_host:
         from node_agent.cycle.desired import compute_desired
