@@ -34,6 +34,7 @@ apart again.
 from __future__ import annotations
 
 import logging
+import socket
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Protocol
@@ -530,6 +531,9 @@ def _agent_syncer(client, settings: Settings, service: bool, previous: Optional[
         full_verify_interval=settings.full_verify_interval,
         spread=service,
         owner=identity(settings),
+        # The name earlier releases gave the root when [DEFAULT] host was
+        # unset, before the agent named it by libvirt's hostname as nova.
+        former_names=(socket.gethostname(),),
     )
     if previous is not None and previous.same_tree(settings):
         provider_cache.carry_over(previous.syncer, syncer)

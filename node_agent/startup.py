@@ -16,6 +16,8 @@ of ``config/`` (the ranks are tests/unit/test_import_contract.py's).
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -23,10 +25,13 @@ from oslo_config import cfg
 
 from node_agent import logs
 from node_agent.config.files import parse_conf, placement_configured, unknown_options
-from node_agent.config.options import PLACEMENT_GROUP
+from node_agent.config.options import PLACEMENT_GROUP, configured_host
 from node_agent.config.settings import check_settings
 from node_agent.errors import ConfigError, DiscoveryError
 from node_agent.model.settings import CycleMode, Settings
+from node_agent.policy.node_name import node_name
+
+LOG = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,37 @@ def mode_problems(conf, settings: Settings) -> tuple[list[str], object]:
         return list(exc.problems), None
 
 
+def named_as_nova_names_it(conf, settings: Settings) -> Settings:
+    """``settings`` with the host named as :mod:`node_agent.policy.node_name`
+    says: libvirt's hostname, as nova-compute names its compute node, when
+    the agent reads libvirt and no file sets ``[DEFAULT] host``. In
+    companion mode, where nova-compute wrote the root, a set host that
+    differs is logged. Raises DiscoveryError when libvirt cannot be read:
+    the agent must not guess a name it would change later."""
+    configured = configured_host(conf)
+    if not settings.libvirt_uri or (
+        configured is not None and settings.cycle_mode is not CycleMode.COMPANION
+    ):
+        return settings
+    from node_agent.host.hypervisor import Hypervisor
+
+    with Hypervisor(settings.libvirt_uri) as hypervisor:
+        libvirt_name = hypervisor.hostname()
+    name = node_name(configured, libvirt_name, settings.host)
+    if name != libvirt_name:
+        LOG.warning(
+            "[DEFAULT] host = %s, but nova-compute names this compute node and "
+            "its provider %s (libvirt's hostname; nova's [DEFAULT] host names "
+            "only its service): companion mode looks for %s. Remove [DEFAULT] "
+            "host from the agent's file, or set it to %s.",
+            name,
+            libvirt_name,
+            name,
+            libvirt_name,
+        )
+    return dataclasses.replace(settings, host=name)
+
+
 def validate(
     args: Sequence[str],
     *,
@@ -118,6 +154,8 @@ def validate(
     if need_upstream:
         more, client = mode_problems(conf, settings)
         problems += more
+    if not problems:  # a config problem is said before libvirt is asked
+        settings = named_as_nova_names_it(conf, settings)
     desired = None
     if read_host:
         from node_agent.cycle.desired import compute_desired

@@ -13,6 +13,7 @@ in this order.
 from __future__ import annotations
 
 import socket
+from typing import Optional
 
 from oslo_config import cfg
 
@@ -23,10 +24,16 @@ DEFAULT_OPTS = [
     cfg.StrOpt(
         "host",
         default=socket.gethostname(),
-        sample_default="<hostname>",
+        sample_default="<libvirt's hostname>",
         help="Name of this compute node. It names the root resource provider "
         "in Placement, so it must be unique in the cloud and must not "
-        "change while instances run here.",
+        "change while instances run here. Unset: libvirt's hostname "
+        "(virConnectGetHostname, fully qualified when the resolver knows "
+        "the domain) when [libvirt] connection_uri is set, which is how "
+        "nova-compute names its compute node and provider (nova uses its "
+        "own [DEFAULT] host only for the service); without libvirt, the "
+        "machine's hostname. Set, it wins over libvirt's (nova would still "
+        "use libvirt's: the agent warns when they differ).",
     ),
     cfg.StrOpt(
         "state_path",
@@ -34,6 +41,13 @@ DEFAULT_OPTS = [
         "reads it only as nova does, for the default instances_path "
         "($state_path/instances), and never keeps its state there: that "
         "is [agent] state_path.",
+    ),
+    cfg.BoolOpt(
+        "force_raw_images",
+        default=True,
+        help="nova's option: nova converts every image to raw. Off with "
+        "[libvirt] images_type = lvm or rbd, the host takes raw images "
+        "only and COMPUTE_IMAGE_TYPE_QCOW2 is removed, as nova does.",
     ),
 ]
 
@@ -187,7 +201,8 @@ LIBVIRT_OPTS += [
         "all, not by RAM. MEMORY_MB's total is then this size, as nova "
         "reports it. 0: guest memory is RAM. As in nova, it needs "
         "virt_type qemu or kvm, ram_allocation_ratio = 1.0 and "
-        "reserved_host_memory_mb = 0 (else exit 78).",
+        "reserved_host_memory_mb = 0 (else exit 78). Above 0, "
+        "COMPUTE_MEM_BACKING_FILE is reported (removed at 0), as nova does.",
     ),
 ]
 
@@ -222,6 +237,13 @@ IMAGE_CACHE_OPTS = [
 ]
 
 COMPUTE_OPTS = [
+    cfg.ListOpt(
+        "image_type_exclude_list",
+        default=[],
+        help="nova's option: image formats (glance disk_format names) this "
+        "host does not offer: their COMPUTE_IMAGE_TYPE_* traits are "
+        "removed, as nova does.",
+    ),
     cfg.StrOpt(
         "cpu_dedicated_set",
         help="Host CPUs for pinned guests, reported as PCPU. Grammar: a "
@@ -688,19 +710,25 @@ def register_placement_opts(conf: cfg.ConfigOpts) -> None:
     ks_loading.register_adapter_conf_options(conf, PLACEMENT_GROUP)
 
 
+def configured_host(conf: cfg.ConfigOpts) -> Optional[str]:
+    """``[DEFAULT] host`` as a parsed file sets it, None when no file does."""
+    opt = conf._get_opt_info("host")["opt"]
+    namespace = conf._namespace
+    if namespace is None:
+        return None
+    try:
+        value, _loc = opt._get_from_namespace(namespace, None)
+    except (KeyError, AttributeError):
+        return None
+    return value
+
+
 def default_host(conf: cfg.ConfigOpts) -> str:
     """``[DEFAULT] host``. oslo.config resolves ``conf.host`` to the ``[host]``
     group, which shadows the option of the same name, so it is read here from
     the parsed files directly (then the default)."""
-    opt = conf._get_opt_info("host")["opt"]
-    namespace = conf._namespace
-    if namespace is None:  # no file parsed yet
-        return opt.default
-    try:
-        value, _loc = opt._get_from_namespace(namespace, None)
-    except (KeyError, AttributeError):
-        return opt.default
-    return value if value is not None else opt.default
+    value = configured_host(conf)
+    return value if value is not None else conf._get_opt_info("host")["opt"].default
 
 
 # keystoneauth's session has no timeout by default: a Placement that accepts

@@ -204,6 +204,10 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
         reserved_host_disk_mb=compute.reserved_host_disk_mb,
         instances_path=_instances_path(compute, get),
         images_type=get("libvirt", "images_type") or "default",
+        force_raw_images=bool(get(None, "force_raw_images", True)),
+        image_type_exclude_list=tuple(
+            kind.strip() for kind in get("compute", "image_type_exclude_list") or () if kind.strip()
+        ),
         pcpu_transition_mode=compute.pcpu_transition_mode,
         report_interval=agent.report_interval,
         full_verify_interval=agent.full_verify_interval,

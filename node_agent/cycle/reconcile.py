@@ -206,8 +206,12 @@ class Reconciler:
             # The syncer read the tree this cycle (the owner check) or
             # within its verify period: its names answer without a lookup.
             known = {**{s.name: u for u, s in cached.items()}, **known}
-            if desired.tree.root.name not in known:
-                return None  # no root in Placement: nothing to reshape
+        # The providers as the sync will find them: a renamed root (and its
+        # children) or one found by the machine's mark keeps its uuid.
+        held = self.syncer.held_uuids(desired.tree)
+        known = {**known, **held}
+        if desired.tree.root.name not in held:
+            return None  # no root in Placement: nothing to reshape
         return host_reshape_inputs(
             self.client, desired, known, self.syncer.owned_children, self.syncer.cached_tree()
         )

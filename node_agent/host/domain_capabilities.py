@@ -3,7 +3,8 @@
 Pure: text in, a :class:`~node_agent.model.snapshot.DomainCaps` out. Only
 what nova's static traits read: the architecture and machine type, the
 disk buses, video models, TPM models and versions, and AMD SEV: whether it
-is supported, how many SEV and SEV-ES guests, and the launch-security types.
+is supported, how many SEV and SEV-ES guests, the launch-security types,
+and whether the firmware loader offers UEFI secure boot.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def parse_domain_capabilities(xml: str) -> DomainCaps:
         sev_max_guests=_count(sev, "maxGuests"),
         sev_max_es_guests=_count(sev, "maxESGuests"),
         launch_security=_launch_security(root.find("features/launchSecurity")),
+        secure_boot="yes" in (_values(root.find("os/loader"), "secure") or ()),
     )
 
 

@@ -167,6 +167,16 @@ class Hypervisor:
         """(libvirt version, hypervisor version), each major*1e6+minor*1e3+micro."""
         return self._call("read versions", lambda conn: (conn.getLibVersion(), conn.getVersion()))
 
+    def hv_type(self) -> str:
+        """The connection's driver name (``virConnectGetType``): QEMU, Test..."""
+        return self._call("read the hypervisor type", lambda conn: conn.getType())
+
+    def hostname(self) -> str:
+        """libvirt's name for this host (``virConnectGetHostname``: the
+        machine's hostname, made fully qualified by the resolver when it
+        has no dot): what nova names its compute node and root provider."""
+        return self._call("read the hostname", lambda conn: conn.getHostname())
+
     def domain_capabilities_xml(
         self, emulator: Optional[str], arch: str, machine: Optional[str], virt_type: str
     ) -> Optional[str]:

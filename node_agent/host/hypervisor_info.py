@@ -75,6 +75,7 @@ def hypervisor_info(hypervisor, caps, settings: Settings) -> HypervisorInfo:
         _version(qemu_version),
         domain_caps,
         kvm_amd_parameters(SysFS(settings.sysfs_root)),
+        hypervisor.hv_type(),
     )
 
 

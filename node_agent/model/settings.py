@@ -116,6 +116,9 @@ class Settings:
     image_cache_subdirectory: str = "_base"
     # [libvirt] images_type (nova's): lvm and rbd disks are not in instances_path.
     images_type: str = "default"
+    # Capability traits (tree/capability_traits.py), nova's options.
+    force_raw_images: bool = True
+    image_type_exclude_list: tuple[str, ...] = ()
     # Kinds ("cpu", "ram", "disk") whose *_allocation_ratio is set: those
     # ratios are asserted every cycle; the others are initial_* ratios that
     # apply only when the class is new in Placement (nova's rule).

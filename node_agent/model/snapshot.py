@@ -76,6 +76,8 @@ class DomainCaps:
     sev_max_es_guests: Optional[int] = None
     # <launchSecurity supported='yes'> sectypes (sev, sev-snp, tdx, s390-pv).
     launch_security: frozenset[str] = frozenset()
+    # <os><loader><enum name='secure'> offers 'yes': UEFI secure boot.
+    secure_boot: bool = False
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,9 @@ class HypervisorInfo:
     # ``sev_snp`` (/sys/module/kvm_amd/parameters): the kernel's half of
     # memory encryption, as nova's ``Host._kernel_supports_amd_sev`` reads it.
     kvm_amd: frozenset[str] = frozenset()
+    # virConnectGetType: "QEMU" for qemu:///system (nova checks it for the
+    # address-space traits); None when not read.
+    hv_type: Optional[str] = None
 
 
 @dataclass(frozen=True)

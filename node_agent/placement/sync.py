@@ -32,6 +32,7 @@ from typing import Callable, Iterable, Mapping, Optional
 from node_agent.model.provider_state import ProviderState
 from node_agent.model.provider_tree import PlacedTree, ProviderTree
 from node_agent.placement.capacity_gate import CapacityGate, as_left
+from node_agent.placement.errors import PlacementError
 from node_agent.placement.planner import Change, plan_changes
 from node_agent.placement.root_claim import RootClaim
 from node_agent.placement.sync_context import Replan, SyncContext, SyncReport
@@ -68,6 +69,7 @@ class TreeSyncer:
         clock: Callable[[], float] = time.monotonic,
         spread: bool = False,
         owner: Optional[root_owner.Identity] = None,
+        former_names: Iterable[str] = (),
     ):
         """``spread``: the first verify after the first read is due at this
         host's phase of the interval (:func:`verify_phase` of the root's
@@ -77,8 +79,15 @@ class TreeSyncer:
         ``owner``: this machine's identity. Every plan and sync then judges
         the root as Placement holds it (:func:`node_agent.policy.root_owner.judge`)
         and raises :class:`~node_agent.errors.ProviderOwned` before any write
-        when nova-compute or another machine manages it."""
+        when nova-compute or another machine manages it.
+
+        ``former_names``: names this host's root may still have from an
+        earlier release (the machine's hostname, before the agent took
+        libvirt's). A root of such a name carrying this machine's mark is
+        renamed when the state file that kept its uuid is lost, rather than
+        a second root created."""
         self.client = client
+        self._former = frozenset(former_names)
         self.owner = owner
         self._claim = None if owner is None else RootClaim(owner)
         self.store = store
@@ -148,16 +157,31 @@ class TreeSyncer:
         if cached is not None and not self._verify_due():
             # Read this verify period (the owner check just before a sync,
             # say): the cache answers, found or not, without a second lookup.
-            return next(
-                (
-                    s.uuid
-                    for s in cached.values()
-                    if s.name == desired.root.name and s.parent_uuid is None
-                ),
-                None,
-            )
-        found = self._lookup_by_name(desired.root.name)
+            roots = [s for s in cached.values() if s.parent_uuid is None]
+            named = [s.uuid for s in roots if s.name == desired.root.name]
+            mark = self._claim.owner.mark if self._claim is not None else None
+            marked = [s.uuid for s in roots if s.name in self._former and mark in s.traits]
+            return named[0] if named else marked[0] if len(marked) == 1 else None
+        found = self._lookup_by_name(desired.root.name) or self._lookup_by_mark()
         return found["uuid"] if found else None
+
+    def _lookup_by_mark(self) -> Optional[dict]:
+        """This machine's root under a former name (see ``former_names``):
+        the state file that kept its uuid is gone. Renaming it beats a
+        second root for the same machine."""
+        mark = self._claim.owner.mark if self._claim is not None else None
+        if not mark or not self._former:
+            return None
+        try:
+            marked = self.client.providers_with_trait(mark)
+        except PlacementError as exc:
+            if exc.status == 400:  # no such trait: no provider was ever marked
+                return None
+            raise
+        roots = [
+            rp for rp in marked if not rp.get("parent_provider_uuid") and rp["name"] in self._former
+        ]
+        return roots[0] if len(roots) == 1 else None
 
     def _actual(self, root_uuid: Optional[str], host: str) -> dict[str, ProviderState]:
         cached = self._cache.providers
@@ -175,8 +199,13 @@ class TreeSyncer:
         actual = self._actual(root_uuid, desired.root.name)
         by_name = {s.name: s.uuid for s in actual.values()}
         saved = self._state.get(PROVIDERS, {})
+        held_root = actual.get(root_uuid) if root_uuid else None
+        renamed = _renamed(held_root.name if held_root else None, desired.root.name)
         uuids = {
-            p.name: by_name.get(p.name) or saved.get(p.name) or str(uuidlib.uuid4())
+            p.name: by_name.get(p.name)
+            or by_name.get(renamed(p.name))
+            or saved.get(p.name)
+            or str(uuidlib.uuid4())
             for p in desired.providers
         }
         if root_uuid:
@@ -184,6 +213,13 @@ class TreeSyncer:
         if self._claim is not None:
             desired = self._claim.claimed(desired, actual.get(root_uuid) if root_uuid else None)
         return SyncContext(desired.placed(uuids), actual)
+
+    def held_uuids(self, desired: ProviderTree) -> dict[str, str]:
+        """Name -> uuid of the desired providers Placement holds, found as
+        :meth:`plan` finds them (the state file's root, a renamed root and
+        its children, the machine's mark); read as :meth:`check_owner` does."""
+        ctx = self._prepare(desired)
+        return {p.name: p.uuid for p in ctx.tree.providers if p.uuid and p.uuid in ctx.actual}
 
     def traits_by_name(self, desired: ProviderTree) -> dict[str, frozenset]:
         """Provider name -> traits, as Placement holds this host's tree now
@@ -449,3 +485,16 @@ class TreeSyncer:
             **self._state,
             OWNED_CHILDREN: [u for u in self._state.get(OWNED_CHILDREN, []) if u != uuid],
         }
+
+
+def _renamed(held: Optional[str], wanted: str):
+    """name -> the name it had under the root's held name: the children
+    named after the root (``<root>_NUMA_0``, ``<root>_pci_...``) keep their
+    uuids, and their allocations, when the root is renamed."""
+
+    def old_name(name: str) -> Optional[str]:
+        if held is None or held == wanted or not name.startswith(wanted):
+            return None
+        return held + name[len(wanted) :]
+
+    return old_name

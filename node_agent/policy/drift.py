@@ -184,6 +184,22 @@ def explain_trait(trait: str) -> str:
             "[libvirt] virt_type and what the hypervisor offers (its version, "
             "its domain capabilities)"
         )
+    if trait.startswith("COMPUTE_IMAGE_TYPE_"):
+        return (
+            "[libvirt] images_type and virt_type, [DEFAULT] force_raw_images, "
+            "[compute] image_type_exclude_list"
+        )
+    if trait == "COMPUTE_MEM_BACKING_FILE":
+        return "[libvirt] file_backed_memory"
+    if trait.startswith(
+        (
+            "COMPUTE_SECURITY_UEFI_",
+            "COMPUTE_SECURITY_STATELESS_",
+            "COMPUTE_ADDRESS_SPACE_",
+            "COMPUTE_STORAGE_VIRTIO_FS",
+        )
+    ):
+        return "the hypervisor's version and domain capabilities (nova's capability traits)"
     if trait.startswith("CUSTOM_"):
         return "an operator provider file ([compute] provider_config_location)"
     return "the host as node-agent discovers it (no nova option)"

@@ -16,7 +16,9 @@ provider.yaml schema 1.0::
           additional:
             - CUSTOM_GOLD
 
-Only ``CUSTOM_`` classes and traits are accepted. ``$COMPUTE_NODE`` means
+Only ``CUSTOM_`` classes and traits are accepted, and none of neutron's
+(``NET_BW_*``, ``NET_PACKET_RATE_*``, ``CUSTOM_VNIC_TYPE_*``: refused with a
+message naming neutron). ``$COMPUTE_NODE`` means
 the root provider; an entry naming the same provider explicitly replaces
 the ``$COMPUTE_NODE`` entry for it, as in nova. Schema versions 1.x are
 read; keys unknown to 1.0 are refused in 1.0 documents and ignored in later
@@ -56,6 +58,18 @@ _VERSION = re.compile(r"^1\.(\d+)$")
 _PATH_PART = re.compile(r"\[(\d+)\]|([^.\[\]]+)")
 # Classes the agent reports itself on some provider, refused wherever they appear.
 _AGENT_PREFIXES = (PAGE_CLASS_PREFIX,)
+# What neutron's agents publish on their own providers (the bandwidth and
+# packet-rate classes, SR-IOV's included, and the vnic-type traits) and its
+# server matches against ports' requests: a compute-side copy would offer the
+# same bandwidth twice and lie about which agent can bind the port.
+NEUTRON_CLASS_PREFIXES = ("NET_BW_", "NET_PACKET_RATE_")
+NEUTRON_TRAIT_PREFIXES = ("CUSTOM_VNIC_TYPE_",)
+_NEUTRON_WHY = (
+    "belongs to neutron: its agents publish bandwidth, packet rates and vnic "
+    "types on their own providers (resource_provider_bandwidths, "
+    "resource_provider_packet_processing_*). Configure it in neutron's agent, "
+    "not in a node-agent provider file"
+)
 
 
 @dataclass(frozen=True)
@@ -108,6 +122,29 @@ def _entry_problems(
                 )
             )
         classes.add(rc)
+    return found
+
+
+def _neutron_problems(entries: Any) -> list[tuple[str, str]]:
+    """(path, refusal) for every class or trait of neutron's in ``entries``,
+    whatever else is wrong with them."""
+    found = []
+    for i, entry in enumerate(entries if isinstance(entries, list) else ()):
+        if not isinstance(entry, dict):
+            continue
+        inventories = entry.get("inventories")
+        additional = inventories.get("additional") if isinstance(inventories, dict) else None
+        for j, item in enumerate(additional if isinstance(additional, list) else ()):
+            for rc in item if isinstance(item, dict) else ():
+                if isinstance(rc, str) and rc.startswith(NEUTRON_CLASS_PREFIXES):
+                    found.append(
+                        (f"providers[{i}].inventories.additional[{j}].{rc}", f"{rc} {_NEUTRON_WHY}")
+                    )
+        traits = entry.get("traits")
+        additional = traits.get("additional") if isinstance(traits, dict) else None
+        for j, trait in enumerate(additional if isinstance(additional, list) else ()):
+            if isinstance(trait, str) and trait.startswith(NEUTRON_TRAIT_PREFIXES):
+                found.append((f"providers[{i}].traits.additional[{j}]", f"{trait} {_NEUTRON_WHY}"))
     return found
 
 
@@ -179,10 +216,14 @@ def parse_provider_config(text: str, source: str) -> tuple[ProviderConfig, ...]:
             f"{source}: meta.schema_version: {version!r} is not a supported "
             "version; write schema_version: '1.0'"
         )
+    neutron = _neutron_problems(doc.get("providers"))
+    # neutron's refusal replaces the schema's for the same field (a standard
+    # class is also "not CUSTOM_"), so the operator reads who owns it.
     problems = [
         (provider_schema.where(path), message)
         for path, message in provider_schema.problems(doc, strict=minor == 0)
-    ]
+        if provider_schema.where(path) not in {where for where, _ in neutron}
+    ] + neutron
     wrong = {path for path, _ in problems}
     refused = {prefix for path in wrong for prefix in _prefixes(path)}
     configs = []

@@ -24,6 +24,7 @@ from node_agent.model.settings import Settings
 from node_agent.model.snapshot import HostSnapshot
 from node_agent.policy.partition import CpuPartition
 from node_agent.policy.provider_config import ProviderConfig, apply_provider_configs
+from node_agent.tree.capability_traits import CapabilitySettings, capability_traits
 from node_agent.tree.cpu_traits import guest_cpu_traits
 from node_agent.tree.hypervisor_traits import TraitSettings, hypervisor_traits
 from node_agent.tree.mem_encryption import (
@@ -136,7 +137,8 @@ def root_traits(host: HostSnapshot, settings: Optional[Settings] = None) -> dict
     of its table is decided (absent features are False) once libvirt has
     described the CPU; they follow the guest CPU ``[libvirt] cpu_mode``
     describes. The static hypervisor traits come from
-    :mod:`node_agent.tree.hypervisor_traits`.
+    :mod:`node_agent.tree.hypervisor_traits`, nova's capability traits from
+    :mod:`node_agent.tree.capability_traits`.
     """
     traits = {os_traits.COMPUTE_NODE: True, os_traits.HW_CPU_HYPERTHREADING: host.has_smt}
     arch = arch_trait(host.cpu_model.arch)
@@ -151,7 +153,20 @@ def root_traits(host: HostSnapshot, settings: Optional[Settings] = None) -> dict
         )
     )
     traits.update(hypervisor_traits(host.hypervisor, trait_settings(settings), host.cpu_model.arch))
+    traits.update(
+        capability_traits(host.hypervisor, capability_settings(settings), host.cpu_model.arch)
+    )
     return traits
+
+
+def capability_settings(settings: Settings) -> CapabilitySettings:
+    return CapabilitySettings(
+        virt_type=settings.virt_type,
+        images_type=settings.images_type,
+        force_raw_images=settings.force_raw_images,
+        image_type_exclude_list=settings.image_type_exclude_list,
+        file_backed_memory=settings.file_backed_memory,
+    )
 
 
 def trait_settings(settings: Settings) -> TraitSettings:

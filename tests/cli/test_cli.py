@@ -225,3 +225,30 @@ def test_a_libvirt_error_that_is_not_utf8_exits_69_without_a_traceback(tmp_path)
     assert done.returncode == 69, stderr
     assert "Traceback" not in stderr and "SystemError" not in stderr
     assert f"libvirt at {uri}: cannot connect" in stderr
+
+
+def test_provider_file_publishing_neutron_bandwidth_exits_78_naming_neutron(tmp_path):
+    """NET_BW_*, NET_PACKET_RATE_* and CUSTOM_VNIC_TYPE_* are neutron's: a
+    provider file claiming them is refused with the file, the field and who
+    owns them, before anything is published."""
+    config = write_config(tmp_path, TEST6)
+    files = tmp_path / "provider_config"
+    files.mkdir()
+    (files / "sriov.yaml").write_text(
+        "meta:\n  schema_version: '1.0'\nproviders:\n"
+        "  - identification:\n      uuid: $COMPUTE_NODE\n"
+        "    inventories:\n      additional:\n"
+        "        - NET_BW_EGR_KILOBIT_PER_SEC:\n            total: 10000000\n"
+        "        - NET_PACKET_RATE_KILOPACKET_PER_SEC:\n            total: 1000\n"
+        "    traits:\n      additional:\n        - CUSTOM_VNIC_TYPE_DIRECT\n"
+    )
+    result = agent(config, "--once", "--dry-run")
+    assert_config_refusal(
+        result,
+        f"{files / 'sriov.yaml'}: providers[0].inventories.additional[0]."
+        "NET_BW_EGR_KILOBIT_PER_SEC: NET_BW_EGR_KILOBIT_PER_SEC belongs to neutron",
+        "providers[0].inventories.additional[1].NET_PACKET_RATE_KILOPACKET_PER_SEC: "
+        "NET_PACKET_RATE_KILOPACKET_PER_SEC belongs to neutron",
+        "providers[0].traits.additional[0]: CUSTOM_VNIC_TYPE_DIRECT belongs to neutron",
+    )
+    assert "must be CUSTOM_" not in result.stderr

@@ -33,9 +33,11 @@ def _group_of(conf: cfg.ConfigOpts, name: str) -> str | None:
         "cpu_models",
         "cpu_model_extra_flags",
         "num_memory_encrypted_guests",
+        "images_type",
+        "file_backed_memory",
     ):
         return "libvirt"
-    if name in ("cpu_dedicated_set", "cpu_shared_set"):
+    if name in ("cpu_dedicated_set", "cpu_shared_set", "image_type_exclude_list"):
         return "compute"
     return None  # nova's legacy [DEFAULT] options
 

@@ -149,6 +149,12 @@ class NovaConnection:
     def getVersion(self):
         return self.ask("getVersion")
 
+    def getType(self):
+        return self.ask("getType")
+
+    def getHostname(self):
+        return self.ask("getHostname")
+
     def getDomainCapabilities(self, *args):
         return self.ask("getDomainCapabilities", *args)
 

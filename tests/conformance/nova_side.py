@@ -57,6 +57,11 @@ _OPTIONS = {
     "cpu_model_extra_flags": "libvirt",
     "skip_cpu_compare_at_startup": "workarounds",
     "num_intel_tdx_guests": "libvirt",
+    "images_type": "libvirt",
+    "force_raw_images": None,
+    "image_type_exclude_list": "compute",
+    "file_backed_memory": "libvirt",
+    "host": None,
 }
 
 
@@ -410,6 +415,124 @@ def mem_encryption_children(cases):
             _configure({})
 
 
+def _fakelibvirt():
+    """nova's fakelibvirt (``nova/tests/fixtures/libvirt.py``), imported
+    without the fixtures package's ``__init__``, which needs testtools."""
+    import os
+    import types
+
+    import nova.tests
+
+    name = "nova.tests.fixtures"
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = [os.path.join(os.path.dirname(nova.tests.__file__), "fixtures")]
+        sys.modules[name] = package
+    from nova.tests.fixtures import libvirt as fakelibvirt
+
+    return fakelibvirt
+
+
+def capability_traits(cases):
+    """Per case ``{options, host_arch, domain_caps, libvirt_version,
+    qemu_version, uri, traits}``: the root traits nova-compute publishes
+    from its capabilities. nova's own ``LibvirtDriver.__init__`` (its
+    capabilities dict) and ``_update_host_specific_capabilities`` (what
+    ``init_host`` adds) run on a ``Host`` connected to nova's fakelibvirt
+    with the case's versions and URI; the resource tracker's own
+    ``_get_traits`` then merges them into ``traits`` (what the root holds
+    before). Its DB-backed COMPUTE_STATUS_DISABLED sync is left out; the
+    PCI tracker has remote-managed devices when ``remote_managed``."""
+    import types
+
+    from nova.compute import provider_tree as nova_tree
+    from nova.virt.libvirt import config as vconfig
+    from nova.virt.libvirt import host as libvirt_host
+
+    fakelibvirt = _fakelibvirt()
+    saved = (libvirt_driver.libvirt, libvirt_host.libvirt)
+    libvirt_driver.libvirt = libvirt_host.libvirt = fakelibvirt
+
+    def version(v):
+        return v[0] * 1_000_000 + v[1] * 1000 + v[2]
+
+    def one(case):
+        _configure(case["options"])
+        drv = libvirt_driver.LibvirtDriver(object(), read_only=True)
+        drv._host._wrapped_conn = fakelibvirt.Connection(
+            case["uri"],
+            readonly=True,
+            version=version(case["libvirt_version"]),
+            hv_version=version(case["qemu_version"]),
+        )
+        caps = vconfig.LibvirtConfigCaps()
+        caps.parse_str(
+            "<capabilities><host><cpu><arch>%s</arch></cpu></host></capabilities>"
+            % case["host_arch"]
+        )
+        drv._host._caps = caps
+        domain_caps = {}
+        for arch, machines in (case.get("domain_caps") or {}).items():
+            for machine, xml in machines.items():
+                parsed = vconfig.LibvirtConfigDomainCaps()
+                parsed.parse_str(xml)
+                domain_caps.setdefault(arch, {})[machine] = parsed
+        drv._host._domain_caps = domain_caps
+        drv._update_host_specific_capabilities()
+        rt = object.__new__(ResourceTracker)
+        rt.driver = drv
+        rt.pci_tracker = types.SimpleNamespace(
+            pci_stats=types.SimpleNamespace(
+                has_remote_managed_device_pools=lambda: bool(case.get("remote_managed"))
+            )
+        )
+        rt._sync_compute_service_disabled_trait = lambda _context, _traits: None
+        tree = nova_tree.ProviderTree()
+        tree.new_root("node", "00000000-0000-0000-0000-000000000001")
+        tree.update_traits("node", case.get("traits", []))
+        return sorted(rt._get_traits(None, "node", tree))
+
+    try:
+        return _each(cases, one)
+    finally:
+        libvirt_driver.libvirt, libvirt_host.libvirt = saved
+        _configure({})
+
+
+def node_names(cases):
+    """Per case ``{options, hostname}``: the name nova-compute gives its
+    compute node and root provider (``LibvirtDriver.get_nodenames_by_uuid``,
+    what the resource tracker names the provider) with libvirt answering
+    ``hostname`` to getHostname, and ``CONF.host`` (the service's name)."""
+    from nova.virt.libvirt import host as libvirt_host
+
+    fakelibvirt = _fakelibvirt()
+    saved = (libvirt_driver.libvirt, libvirt_host.libvirt)
+    libvirt_driver.libvirt = libvirt_host.libvirt = fakelibvirt
+
+    def one(case):
+        _configure(case["options"])
+        drv = libvirt_driver.LibvirtDriver(object(), read_only=True)
+        drv._host._wrapped_conn = fakelibvirt.Connection(
+            "qemu:///system", readonly=True, hostname=case["hostname"]
+        )
+        drv._host._node_uuid = "00000000-0000-0000-0000-000000000001"
+        [name] = drv.get_nodenames_by_uuid().values()
+        assert drv.get_available_nodes() == [name]
+        return {"node": name, "service": CONF.host}
+
+    try:
+        return _each(cases, one)
+    finally:
+        libvirt_driver.libvirt, libvirt_host.libvirt = saved
+        _configure({})
+
+
+def capability_trait_names():
+    """Every trait of nova's ``CAPABILITY_TRAITS_MAP``, sorted."""
+    return sorted(set(virt_driver.CAPABILITY_TRAITS_MAP.values()))
+
+
 def test_data_dir():
     """Where the nova wheel keeps its provider.yaml test data."""
     import os
@@ -706,9 +829,20 @@ def whole_driver(cases):
                 tree = nova_provider_tree.ProviderTree()
                 tree.new_root("fixture", "00000000-0000-0000-0000-000000000001")
                 drvr.update_provider_tree(tree, "fixture")
-                tracker = {}
-                for trait, supported in drvr.capabilities_as_traits().items():
-                    tracker[trait] = bool(supported)
+                from types import SimpleNamespace as Namespace
+
+                # The resource tracker's _get_traits, on a PCI tracker with no
+                # remote-managed device pools (the fixture hosts have none).
+                rt = object.__new__(ResourceTracker)
+                rt.driver = drvr
+                rt.pci_tracker = Namespace(
+                    pci_stats=Namespace(has_remote_managed_device_pools=lambda: False)
+                )
+                rt._sync_compute_service_disabled_trait = lambda _context, _traits: None
+                merged = nova_provider_tree.ProviderTree()
+                merged.new_root("node", "00000000-0000-0000-0000-000000000001")
+                kept = set(rt._get_traits(None, "node", merged))
+                tracker = {trait: trait in kept for trait in drvr.capabilities_as_traits()}
                 providers = []
                 for uuid in tree.get_provider_uuids():
                     data = tree.data(uuid)
@@ -791,6 +925,9 @@ OPS = {
         static_traits,
         cpu_mode_traits,
         mem_encryption_children,
+        capability_traits,
+        capability_trait_names,
+        node_names,
         test_data_dir,
         option_names,
         local_disk,

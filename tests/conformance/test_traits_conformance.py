@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+import os_traits
 import pytest
 
 from node_agent.config.settings import load_settings
@@ -23,7 +24,8 @@ from node_agent.host.domain_capabilities import parse_domain_capabilities
 from node_agent.host.hypervisor import Hypervisor
 from node_agent.model.snapshot import HostCpuModel, HypervisorInfo
 from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
-from node_agent.tree.build import trait_settings
+from node_agent.tree.build import capability_settings, trait_settings
+from node_agent.tree.capability_traits import capability_traits
 from node_agent.tree.cpu_traits import guest_cpu_traits
 from node_agent.tree.hypervisor_traits import hypervisor_traits
 from node_agent.tree.mem_encryption import host_mem_encryption, mem_encryption_children
@@ -364,4 +366,114 @@ def test_mem_encryption_children_match_nova_on_libvirts_domain_capabilities(nova
                     f"{name}: {child} nova {theirs.get(child)}, agent {ours.get(child)}",
                 )
     assert reported > 0, "no case reported a memory-encryption child: the test proves nothing"
+    check(observed)
+
+
+# ------------------------------------------------------------ capability traits
+
+CAPABILITY_OPTIONS = (
+    {},
+    {"images_type": "rbd", "force_raw_images": False},
+    {"images_type": "lvm"},
+    {"images_type": "qcow2", "image_type_exclude_list": ["qcow2", "iso"]},
+    {"virt_type": "qemu", "image_type_exclude_list": ["raw"]},
+    {"file_backed_memory": 1024, "ram_allocation_ratio": 1.0, "reserved_host_memory_mb": 0},
+)
+CAPABILITY_LIBVIRTS = ((8, 0, 0), (8, 6, 0), (8, 7, 0))  # the thresholds nova checks
+
+
+def _capability_cases() -> list[tuple[str, dict]]:
+    sources = [
+        (name, (DOMCAPS / name).read_text())
+        for name in (
+            "qemu_8.2.0-q35.x86_64.xml",
+            "qemu_10.0.0-virt.aarch64.xml",
+            "qemu_10.0.0.s390x.xml",
+        )
+    ]
+    # Firmware without secure boot.
+    q35 = (DOMCAPS / "qemu_8.2.0-q35.x86_64.xml").read_text()
+    sources.append(
+        (
+            "q35 without secure boot",
+            re.sub(r"(<enum name='secure'>\s*)<value>yes</value>", r"\1", q35),
+        )
+    )
+    cases = []
+    for name, xml in sources:
+        caps = parse_domain_capabilities(xml)
+        qemu = _qemu_version(DOMCAPS / name) if name.startswith("qemu_") else (8, 2, 0)
+        for options in CAPABILITY_OPTIONS:
+            for libvirt_version in CAPABILITY_LIBVIRTS:
+                for uri in ("qemu:///system", "test:///default"):
+                    cases.append(
+                        (
+                            f"{name} {options} libvirt {libvirt_version} {uri}",
+                            {
+                                "options": options,
+                                "host_arch": caps.arch,
+                                "domain_caps": {caps.arch: {caps.machine: xml}},
+                                "libvirt_version": libvirt_version,
+                                "qemu_version": qemu,
+                                "uri": uri,
+                            },
+                        )
+                    )
+    return cases
+
+
+def _agent_capabilities(case: dict) -> dict[str, bool]:
+    settings = agent_side.settings(case["options"])
+    caps = tuple(
+        parse_domain_capabilities(xml)
+        for machines in case["domain_caps"].values()
+        for xml in machines.values()
+    )
+    info = HypervisorInfo(
+        tuple(case["libvirt_version"]),
+        tuple(case["qemu_version"]),
+        caps,
+        hv_type="QEMU" if case["uri"].startswith("qemu:") else "Test",
+    )
+    return capability_traits(info, capability_settings(settings), case["host_arch"])
+
+
+def _nova_decisions(before_none: list[str], before_all: list[str], every: set[str]):
+    """nova's {trait: present?} from its answers on a root holding none and
+    all of the map's traits: what it adds is True, what it removes False,
+    what it leaves as found is not decided."""
+    decided = {trait: True for trait in before_none}
+    decided.update({trait: False for trait in every - set(before_all)})
+    return decided
+
+
+def test_capability_traits_match_nova_compute(nova):
+    """The root's capability traits, nova's resource tracker merging its
+    libvirt driver's capabilities, against the agent's on the same libvirt
+    versions, URI, domain capabilities and nova.conf."""
+    every = set(nova.call("capability_trait_names"))
+    cases = _capability_cases()
+    empty = nova.call("capability_traits", cases=[dict(c, traits=[]) for _n, c in cases])
+    full = nova.call("capability_traits", cases=[dict(c, traits=sorted(every)) for _n, c in cases])
+    observed = Observed("capability_traits", cases=len(cases))
+    for (name, case), none_answer, all_answer in zip(cases, empty, full):
+        assert "value" in none_answer, f"{name}: nova refused: {none_answer}"
+        assert "value" in all_answer, f"{name}: nova refused: {all_answer}"
+        theirs = _nova_decisions(none_answer["value"], all_answer["value"], every)
+        ours = _agent_capabilities(case)
+        ours[os_traits.COMPUTE_NODE] = True  # root_traits' own
+        for trait in sorted((set(theirs) | set(ours)) - {os_traits.OWNER_NOVA}):
+            if theirs.get(trait) != ours.get(trait):
+                observed.add(
+                    UNCLASSIFIED + " trait",
+                    f"{name}: {trait} nova {theirs.get(trait)}, agent {ours.get(trait)}",
+                )
+    # nova adds COMPUTE_REMOTE_MANAGED_PORTS for remote-managed PCI devices
+    # its PCI tracker pools; the agent does not track them.
+    [pools] = nova.call("capability_traits", cases=[dict(cases[0][1], remote_managed=True)])
+    if "COMPUTE_REMOTE_MANAGED_PORTS" in pools["value"]:
+        observed.add(
+            "capability-remote-managed-ports",
+            f"{cases[0][0]} with remote-managed devices: nova adds it, the agent does not",
+        )
     check(observed)

@@ -264,7 +264,12 @@ def test_dry_run_shows_the_audit_section_and_writes_nothing(scene):
 
 def test_audit_without_placement_is_a_config_error(tmp_path):
     config = tmp_path / "node-agent.conf"
-    config.write_text(isolated_config(tmp_path) + f"[agent]\nstate_path = {tmp_path}\n")
+    # No hypervisor: with libvirt's default URI and no [DEFAULT] host the
+    # host's name is libvirt's, and an unreachable libvirt is exit 69 first.
+    config.write_text(
+        isolated_config(tmp_path)
+        + f"[agent]\nstate_path = {tmp_path}\n[libvirt]\nconnection_uri =\n"
+    )
     result = run_agent("--config-file", str(config), "audit")
     assert result.code == 78
     assert "node-agent audit reads Placement" in result.stderr

@@ -396,3 +396,32 @@ def test_only_traits_a_file_added_are_remembered_as_the_files():
         "cn1": ["CUSTOM_NEW", "CUSTOM_OLD"],
         "cn1_NUMA_0": ["CUSTOM_X"],
     }
+
+
+@pytest.mark.parametrize(
+    "section, name, field",
+    [
+        (
+            "inventories",
+            "NET_BW_IGR_KILOBIT_PER_SEC:\n            total: 1",
+            "NET_BW_IGR_KILOBIT_PER_SEC",
+        ),
+        (
+            "inventories",
+            "NET_PACKET_RATE_EGR_KILOPACKET_PER_SEC:\n            total: 1",
+            "NET_PACKET_RATE_EGR_KILOPACKET_PER_SEC",
+        ),
+        ("traits", "CUSTOM_VNIC_TYPE_MACVTAP", None),
+    ],
+)
+def test_neutron_classes_and_traits_are_refused_naming_neutron(section, name, field):
+    text = (
+        "meta:\n  schema_version: '1.0'\nproviders:\n"
+        "  - identification:\n      name: cn1\n"
+        f"    {section}:\n      additional:\n        - {name}\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        parse_provider_config(text, "f.yaml")
+    [problem] = err.value.problems
+    where = f"providers[0].{section}.additional[0]" + (f".{field}" if field else "")
+    assert problem.startswith(f"f.yaml: {where}: ") and "belongs to neutron" in problem
