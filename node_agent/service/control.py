@@ -85,6 +85,10 @@ class Control:
         return self.agent.status(self.service)
 
     def set_maintenance(self, on: bool, reason: Optional[str] = None) -> dict:
+        """Record the flag, then run a cycle to reserve (or release) it now.
+        ``applied_in_cycle``: that cycle's number, or None when it had not
+        ended within SYNC_WAIT (a loaded host, a slow Placement): the flag
+        is recorded either way and the cycle still applies it."""
         result = Maintenance(self.service.config.settings.state_path).set(on, reason)
-        self.service.trigger(wait=self.SYNC_WAIT)  # reserve (or release) it now
+        result["applied_in_cycle"] = self.service.trigger(wait=self.SYNC_WAIT)
         return result
