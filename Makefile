@@ -38,15 +38,29 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 install: $(STAMP)
 
+# NO_UPGRADES=yes (make install-service): stop, listing them, when installing
+# the missing packages would upgrade installed ones (a -dev package pins its
+# library's version: libsystemd-dev upgrades systemd, libvirt-dev libvirt0 and
+# so libvirtd); ALLOW_UPGRADES=yes lets it go on.
+NO_UPGRADES ?= no
+ALLOW_UPGRADES ?= no
 system-packages:
 	@missing=""; for p in $(DEB_PACKAGES); do \
 	  dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "Installing Debian packages:$$missing"; \
-	  if [ -n "$(SUDO)" ] && ! command -v sudo >/dev/null; then \
+	  if [ "$(SUDO)" = sudo ] && ! command -v sudo >/dev/null; then \
 	    echo "not root and no sudo: have root install them first (make system-packages)" >&2; \
 	    exit 1; fi; \
-	  $(SUDO) apt-get update -q && \
+	  $(SUDO) apt-get update -q || exit 1; \
+	  if [ "$(NO_UPGRADES)" = yes ] && [ "$(ALLOW_UPGRADES)" != yes ]; then \
+	    upgrades=$$(apt-get -s -q install --no-install-recommends $$missing 2>/dev/null \
+	      | sed -n 's/^Inst \([^ ]*\) \[\([^]]*\)\] (\([^ ]*\).*/\1 \2 -> \3/p'); \
+	    if [ -n "$$upgrades" ]; then \
+	      echo "Installing$$missing would also upgrade these installed packages:" >&2; \
+	      echo "$$upgrades" | sed 's/^/  /' >&2; \
+	      echo "Nothing was installed. Upgrade them yourself first, or run again with ALLOW_UPGRADES=yes." >&2; \
+	      exit 1; fi; fi; \
 	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -q \
 	    --no-install-recommends $$missing; \
 	fi
@@ -130,24 +144,35 @@ docs: install
 # versions, no test packages; from a copy of the sources, so nothing is built
 # in (or owned by root in) this checkout, and nothing links back to it.
 # (bin/pip, not python -m pip: that would put the checkout on sys.path.)
-# The `journal` extra (systemd-python, built against libsystemd-dev) makes
-# `use_journal = true` work: Debian's python3-systemd cannot reach this venv
-# (a --system-site-packages venv would also let Debian's other packages shadow
+# JOURNAL=yes adds the `journal` extra (systemd-python, built against
+# libsystemd-dev), for `use_journal = true` only: stderr reaches the journal
+# under the unit without it, and sd_notify needs no binding (the sdnotify
+# package). Debian's python3-systemd cannot reach this venv (a
+# --system-site-packages venv would also let Debian's other packages shadow
 # the pinned ones, and fails `pip check` on them).
 SERVICE_PREFIX ?= /opt/node-agent
 SERVICE_PYTHON ?= /usr/bin/python3
-SERVICE_DEB_PACKAGES := libvirt-dev libsystemd-dev pkg-config gcc python3-dev python3-venv
+JOURNAL ?= no
+SERVICE_DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev python3-venv \
+	$(if $(filter yes,$(JOURNAL)),libsystemd-dev)
+SERVICE_EXTRAS := $(if $(filter yes,$(JOURNAL)),[journal])
 
 install-service:
-	$(MAKE) system-packages DEB_PACKAGES="$(SERVICE_DEB_PACKAGES)"
+	@echo "make install-service: the build packages $(strip $(SERVICE_DEB_PACKAGES)) when missing (never"
+	@echo "  upgrading installed ones: see ALLOW_UPGRADES), the user node-agent, /etc/node-agent,"
+	@echo "  the virtualenv $(SERVICE_PREFIX), links in /usr/local/bin, the unit in /etc/systemd/system."
+	$(MAKE) system-packages DEB_PACKAGES="$(SERVICE_DEB_PACKAGES)" NO_UPGRADES=yes
 	id node-agent >/dev/null 2>&1 || $(SUDO) useradd --system --home-dir /var/lib/node-agent --shell /usr/sbin/nologin node-agent
 	$(SUDO) install -d -m 0750 -o root -g node-agent /etc/node-agent
 	[ -e /etc/node-agent/node-agent.conf ] || $(SUDO) install -m 0640 -o root -g node-agent etc/node-agent.conf.sample /etc/node-agent/node-agent.conf
 	[ -x $(SERVICE_PREFIX)/bin/python ] || $(SUDO) $(SERVICE_PYTHON) -m venv $(SERVICE_PREFIX)
 	$(SUDO) $(SERVICE_PREFIX)/bin/pip install -q --upgrade pip
 	src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
-	  cp -r pyproject.toml node_agent "$$src/" && chmod -R a+rX "$$src" && \
-	  $(SUDO) $(SERVICE_PREFIX)/bin/pip install -q -c requirements.txt "$$src[journal]"
+	  cp -r pyproject.toml node_agent "$$src/" && \
+	  version=$$(PYTHONPATH=. $(SERVICE_PYTHON) -m node_agent.version) && \
+	  echo "VERSION = \"$$version\"" > "$$src/node_agent/_build_version.py" && \
+	  echo "node-agent version: $$version" && chmod -R a+rX "$$src" && \
+	  $(SUDO) $(SERVICE_PREFIX)/bin/pip install -q -c requirements.txt "$$src$(SERVICE_EXTRAS)"
 	$(SUDO) $(SERVICE_PREFIX)/bin/pip check
 	$(SUDO) ln -sfn $(SERVICE_PREFIX)/bin/node-agent /usr/local/bin/node-agent
 	$(SUDO) ln -sfn $(SERVICE_PREFIX)/bin/node-agent-applier /usr/local/bin/node-agent-applier

@@ -38,6 +38,11 @@ class DomainCapsRefused(DiscoveryError):
     driver without them): the traits they decide are not reported."""
 
 
+class CpuExpansionUnsupported(DiscoveryError):
+    """This libvirt has no baselineCPU (VIR_ERR_NO_SUPPORT): a CPU model's
+    features cannot be expanded, and nova then reports none of them."""
+
+
 class ParseError(DiscoveryError):
     """A host-provided text (sysfs file, XML) is malformed."""
 
@@ -71,7 +76,14 @@ class ResourceError(NodeAgentError):
 class StateError(ResourceError):
     """The state file or its directory cannot be read or written (permission,
     full or read-only file system). Unlike a corrupt file this is not
-    ignored: the file may hold the operator's maintenance flag."""
+    ignored: the file may hold the operator's maintenance flag.
+
+    ``cause`` names the file system's refusal (``EACCES``, ``ENOSPC``,
+    ``EROFS``...), so the service logs again when the cause changes."""
+
+    def __init__(self, message: str, cause: str = ""):
+        self.cause = cause
+        super().__init__(message)
 
 
 class GuestsDoNotFit(ReshapeError):
@@ -84,8 +96,8 @@ class GuestsDoNotFit(ReshapeError):
         super().__init__(
             "\n".join(
                 [
-                    f"CPU sets refused, {kept}: these guests do not fit the new CPU sets "
-                    "and nova-compute would refuse to start:",
+                    f"CPU sets refused, {kept}: under cpu_dedicated_set and "
+                    "cpu_shared_set as configured, these guests have no CPU to run on:",
                     *self.reasons,
                 ]
             )

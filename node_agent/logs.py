@@ -20,6 +20,7 @@ as its options' home for oslo-config-generator.
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 
@@ -142,8 +143,8 @@ def _setup_oslo_log(conf) -> None:
         except ImportError:
             raise ConfigError(
                 "[DEFAULT] use_journal = true needs the systemd Python bindings in "
-                f"node-agent's environment, {sys.prefix}: `make install-service` "
-                "installs them there (the `journal` extra), else "
+                f"node-agent's environment, {sys.prefix}: `make install-service "
+                "JOURNAL=yes` installs them there (the `journal` extra), else "
                 f"`{sys.prefix}/bin/pip install systemd-python` (needs libsystemd-dev; "
                 "Debian's python3-systemd does not reach a virtualenv). Or remove "
                 "use_journal: under systemd, stderr already goes to the journal."
@@ -156,13 +157,36 @@ def _setup_oslo_log(conf) -> None:
     try:
         oslo_log.setup(conf, DOMAIN)
     except (OSError, ValueError) as exc:
-        raise ConfigError(
-            f"logging cannot be set up: {exc}. Check [DEFAULT] log_file, "
-            "log_dir and log_config_append."
-        ) from None
+        raise ConfigError(f"logging cannot be set up: {exc}. {log_path_fix(exc)}") from None
     for handler in logging.getLogger().handlers:
         if handler.formatter is not None:
             _say_errors_once(handler.formatter)
+
+
+# systemd/node-agent.service's LogsDirectory=: the one log directory its
+# sandbox (ProtectSystem=strict) lets the agent write.
+UNIT_LOG_DIR = "/var/log/node-agent"
+
+
+def log_path_fix(exc: BaseException) -> str:
+    """What to do when the log file cannot be opened, by cause."""
+    code = getattr(exc, "errno", None)
+    if code == errno.EROFS:
+        return (
+            "The file system is read-only to the agent: under the shipped "
+            f"unit (ProtectSystem=strict) it may log only in {UNIT_LOG_DIR} "
+            f"(LogsDirectory=). Set [DEFAULT] log_dir = {UNIT_LOG_DIR}, or "
+            "allow the directory with ReadWritePaths= in a drop-in "
+            "(`systemctl edit node-agent`)."
+        )
+    if code == errno.ENOENT:
+        return (
+            "The directory does not exist: create it, writable by the service "
+            f"user (the shipped unit makes {UNIT_LOG_DIR})."
+        )
+    if code == errno.EACCES:
+        return "The service user may not write there: give it write access to the directory."
+    return "Check [DEFAULT] log_file, log_dir and log_config_append."
 
 
 def _say_errors_once(formatter: logging.Formatter) -> None:

@@ -65,6 +65,43 @@ def _never() -> bool:
 
 
 @dataclass(frozen=True)
+class Blocked:
+    """What a cycle that ran left undone because it was refused: the
+    service's problem (``node_agent_problem{kind, reason}``) and the one
+    ERROR it logs while the refusal stays the same.
+
+    ``reason``: ``guests_do_not_fit`` (guests the CPU sets leave without
+    CPUs, :mod:`node_agent.policy.guest_fit`), ``reshape_refused`` (the
+    allocations cannot move to the new layout: a pinned guest outside the
+    dedicated set, too few PCPU...), ``changes_refused`` (Placement refused
+    some of the tree's changes). A reshape that gave way to a busy host is
+    not blocked: the next cycle tries again."""
+
+    kind: str  # the problem kind: config, placement
+    reason: str
+    text: str
+
+
+GUESTS_DO_NOT_FIT = "guests_do_not_fit"
+RESHAPE_REFUSED = "reshape_refused"
+CHANGES_REFUSED = "changes_refused"
+
+
+def blocked_by(
+    errors: list, refusal: Optional[str] = None, guests: bool = False, busy: bool = False
+) -> Optional[Blocked]:
+    """The :class:`Blocked` of a cycle: ``refusal`` the text of its refused
+    CPU sets (``guests``) or reshape, ``errors`` the changes Placement refused."""
+    if refusal is not None and not busy:
+        reason = GUESTS_DO_NOT_FIT if guests else RESHAPE_REFUSED
+        return Blocked("config", reason, refusal)
+    others = [e for e in errors if e != refusal]
+    if others:
+        return Blocked("placement", CHANGES_REFUSED, "\n".join(others))
+    return None
+
+
+@dataclass(frozen=True)
 class CycleReport:
     """What one cycle did (``run``) or would do (``plan``), in every mode.
 
@@ -93,6 +130,7 @@ class CycleReport:
     # Call only when someone is told (they remember what was announced).
     drift_changed: Callable[[], bool] = _never
     audit_changed: Callable[[], bool] = _never
+    blocked: Optional[Blocked] = None  # what a run left refused
 
 
 class CycleRunner(Protocol):
@@ -232,7 +270,7 @@ class DirectRunner:
                     ),
                 )
         except StateError as exc:
-            raise StateError(f"{exc} {written(self.client, since)}") from None
+            raise StateError(f"{exc} {written(self.client, since)}", exc.cause) from None
         audit, changed = None, False
         if self.auditor is not None and syncer.verified_at != verified_at:
             audit, changed = self._audit(desired)  # this cycle read the whole tree
@@ -255,6 +293,7 @@ class DirectRunner:
             client=self.client,
             applied=report.applied,
             audit_changed=lambda: changed,
+            blocked=_blocked(outcome),
         )
 
     def _audit(self, desired: Desired) -> tuple[Optional[dict], bool]:
@@ -353,6 +392,13 @@ class ViaApplierRunner:
             reshape=report.reshape,
             errors=list(report.errors),
             applied=report.applied,
+            blocked=blocked_by(
+                report.errors,
+                "\n".join((report.reshape or {}).get("refused") or []) or None,
+                guests=report.guests_refused,
+            )
+            if not report.ok
+            else None,
         )
 
     def plan(self, desired: Desired) -> CycleReport:
@@ -445,6 +491,16 @@ class TreeOnlyRunner:
 
     def close(self) -> None:
         pass
+
+
+def _blocked(outcome: CycleOutcome) -> Optional[Blocked]:
+    refused = outcome.refused
+    return blocked_by(
+        outcome.errors,
+        None if refused is None else refused.reason,
+        guests=refused is not None and refused.guests,
+        busy=refused is not None and refused.busy,
+    )
 
 
 def applier_runner(client, syncer, applied_shape=None) -> DirectRunner:

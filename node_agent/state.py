@@ -30,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +39,7 @@ from typing import Any, Callable, Iterator, Optional, Protocol
 from node_agent.errors import NodeAgentError, StateError
 
 FILE_NAME = "state.json"
+CORRUPT_SUFFIX = ".corrupt"  # a corrupt file, moved aside for a person to read
 FORMAT_VERSION = 1
 FILE_MODE = 0o600
 
@@ -55,8 +57,12 @@ PROVIDER_CACHE = "provider_cache"  # the service and --once: the syncer's cache
 
 
 def _reason(exc: OSError) -> str:
-    name = errno.errorcode.get(exc.errno or 0, "")
+    name = _errno_name(exc)
     return f"{exc.strerror or exc}" + (f" ({name})" if name else "")
+
+
+def _errno_name(exc: OSError) -> str:
+    return errno.errorcode.get(exc.errno or 0, "")
 
 
 class StateCorrupt(NodeAgentError):
@@ -117,7 +123,76 @@ def decode(text: str, where: str = FILE_NAME) -> dict:
             "(truncated or edited); it will be rebuilt "
             "from Placement"
         )
+    wrong = shape_problem(payload)
+    if wrong:
+        raise StateCorrupt(
+            f"state file {where} has a valid checksum but {wrong} (written by "
+            "hand or by another program); it will be rebuilt from Placement"
+        )
     return payload
+
+
+_UUID = re.compile(r"[0-9a-f]{8}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{4}-?[0-9a-f]{12}")
+
+
+def _is_uuid(value: Any) -> bool:
+    return isinstance(value, str) and _UUID.fullmatch(value.lower()) is not None
+
+
+def _maybe_text(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+# What each key must hold for its readers; a key not listed is kept as is.
+_SHAPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    ROOT_UUID: ("a provider uuid", lambda v: v is None or _is_uuid(v)),
+    PROVIDERS: (
+        "an object of provider name -> uuid",
+        lambda v: isinstance(v, dict) and all(_is_uuid(u) for u in v.values()),
+    ),
+    OWNED_CHILDREN: (
+        "a list of provider uuids",
+        lambda v: isinstance(v, list) and all(_is_uuid(u) for u in v),
+    ),
+    APPLIED: (
+        "an object of provider name -> list of traits",
+        lambda v: (
+            isinstance(v, dict)
+            and all(isinstance(t, list) and all(isinstance(x, str) for x in t) for t in v.values())
+        ),
+    ),
+    MAINTENANCE: (
+        "an object with on, reason and since",
+        lambda v: (
+            isinstance(v, dict)
+            and isinstance(v.get("on", True), bool)
+            and _maybe_text(v.get("reason"))
+            and _maybe_text(v.get("since"))
+        ),
+    ),
+    AUDIT: ("an object", lambda v: isinstance(v, dict)),
+    APPLIER: (
+        "an object with an integer seq",
+        lambda v: isinstance(v, dict) and type(v.get("seq", 0)) is int,
+    ),
+    PROVIDER_CACHE: ("an object", lambda v: v is None or isinstance(v, dict)),
+}
+
+
+def shape_problem(payload: dict) -> Optional[str]:
+    """What is wrong with the shape of a decoded payload (the first key whose
+    value its readers cannot use), or None. A wrong shape is a lost file, not
+    a crash: every reader can then trust the keys it reads."""
+    for key, (shape, fits) in _SHAPES.items():
+        if key in payload and not fits(payload[key]):
+            value = payload[key]
+            return f"its {key!r} is {type(value).__name__} {_short(value)}, not {shape}"
+    return None
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def decode_or_empty(text: Optional[str], where: str, log: logging.Logger = LOG) -> dict:
@@ -202,7 +277,8 @@ class StateStore(Store):
                 f"state file {self.path} cannot be read: {_reason(exc)}. Make it and "
                 f"{self.directory} readable by the user the agent runs as (a command "
                 "run with sudo may have left it owned by root: chown it to the "
-                "service user)."
+                "service user).",
+                _errno_name(exc),
             ) from None
         return decode(text, str(self.path))
 
@@ -213,11 +289,41 @@ class StateStore(Store):
         and read as empty. Returns the file's new content. The lock waits
         for the other writer (a write takes milliseconds)."""
         with self._locked():
-            state = self.load_or_empty(LOG)
+            state = self._load_or_set_aside(LOG)
             new = edited(state, change)
             if new != state:
                 self.save(new)
             return new
+
+    def load_or_empty(self, log: logging.Logger) -> dict:
+        """:meth:`load`; a corrupt file is logged once, moved aside to
+        ``state.json.corrupt`` (replacing an earlier one) for a person to
+        read, and read as absent: the next write rebuilds it from Placement,
+        as after a lost file."""
+        try:
+            return self.load()
+        except StateCorrupt:
+            pass
+        try:
+            with self._locked():
+                return self._load_or_set_aside(log)
+        except StateError:  # not even lockable: leave the file where it is
+            return super().load_or_empty(log)
+
+    def _load_or_set_aside(self, log: logging.Logger) -> dict:
+        # Under the lock, so the file moved aside is the one read: no writer
+        # can have replaced it with a good one in between.
+        try:
+            return self.load()
+        except StateCorrupt as exc:
+            aside = self.path.with_name(FILE_NAME + CORRUPT_SUFFIX)
+            try:
+                os.replace(self.path, aside)
+                kept = f"; the bad file is kept as {aside}"
+            except OSError as failed:
+                kept = f"; it could not be moved aside to {aside}: {_reason(failed)}"
+            log.warning("%s%s", exc, kept)
+            return {}
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -231,7 +337,8 @@ class StateStore(Store):
             self._refuse_a_file_in_the_way()
             raise StateError(
                 f"state directory {self.directory} cannot be opened: {_reason(exc)}. "
-                "Make it readable and writable by the user the agent runs as."
+                "Make it readable and writable by the user the agent runs as.",
+                _errno_name(exc),
             ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
@@ -260,7 +367,8 @@ class StateStore(Store):
                 f"state file {self.path} cannot be written: {_reason(exc)}. Make "
                 f"{self.directory} writable by the user the agent runs as and "
                 "check the file system has free space; the previous state file, "
-                "if any, is unchanged."
+                "if any, is unchanged.",
+                _errno_name(exc),
             ) from None
 
     def _refuse_a_file_in_the_way(self) -> None:

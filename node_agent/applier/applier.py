@@ -223,14 +223,19 @@ class Applier:
 
     def _reply(self, raw) -> dict:
         try:
-            message = wire.parse_message(raw)
+            version = wire.parse_envelope(raw)
         except wire.Malformed as exc:
             return self._refuse("format", wire.sender_of(raw), str(exc))
-        # Before the host's lock and record: a forged message costs nothing
-        # but the HMAC, and changes no sequence number.
+        # Before the body, the host's lock and record: a forged or unsigned
+        # message costs nothing but the HMAC of its envelope, whatever its
+        # size, and changes no sequence number.
         refusal = self.keyring.check(raw, self.clock())
         if refusal is not None:
-            return self._refuse(refusal.reason, message.host, refusal.text)
+            return self._refuse(refusal.reason, raw["host"], refusal.text)
+        try:
+            message = wire.parse_body(raw, version)
+        except wire.Malformed as exc:
+            return self._refuse("format", raw["host"], str(exc))
         try:
             lock = self.coordination.lock(message.host, self.lock_timeout)
         except Exception as exc:  # noqa: BLE001 - the backend is down: the agent retries
@@ -386,6 +391,10 @@ class Applier:
         requests = local.client.stats.total - start
         log = LOG.warning if not report.ok else LOG.info if report.applied else LOG.debug
         log("%s seq %d: %s", message.host, message.seq, report.summary)
+        refused = report.outcome.refused if report.outcome is not None else None
+        if refused is not None and not refused.busy:
+            # The reconciler leaves a refusal to its caller: said here, per message.
+            LOG.error("%s seq %d: %s", message.host, message.seq, refused.reason)
         return {
             "status": wire.APPLIED,
             "seq": message.seq,

@@ -3,6 +3,8 @@
 Served on ``[applier] metrics_port`` (0: none), as the agent's are.
 
 Counts are per process since its start: sum them over the processes.
+The endpoint adds ``node_agent_build_info`` and the process's own
+``process_*`` metrics, as the agent's does.
 """
 
 from __future__ import annotations
@@ -10,12 +12,12 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Optional
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily
 
 from node_agent.errors import ResourceError
 from node_agent.remote import signing
-from node_agent.service.metrics import listen_problem
+from node_agent.service.metrics import endpoint_registry, listen_problem
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -86,8 +88,7 @@ def serve(applier, port: int, host: str) -> Optional[WSGIServer]:
     ResourceError (exit 69) when the port is taken."""
     if not port:
         return None
-    registry = CollectorRegistry()
-    registry.register(ApplierCollector(applier))
+    registry = endpoint_registry(ApplierCollector(applier))
     try:
         server, _thread = start_http_server(port, host, registry=registry)
     except OSError as exc:

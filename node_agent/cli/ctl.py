@@ -7,8 +7,10 @@
 
 The bus comes from the config files (``[DEFAULT] transport_url``) or
 ``--transport-url``; the arguments are parsed in :mod:`node_agent.cli.parser`.
-Answers are printed as JSON. Exit codes: 0 answered;
-78 no transport configured; 75 the agent did not answer in time.
+Answers are printed as JSON. Exit codes: 0 answered; the refusal's code
+when the agent answered with one (``error``, ``exit_code``: 69 when it
+cannot write its state file); 78 no transport configured; 75 the agent did
+not answer in time.
 """
 
 from __future__ import annotations
@@ -54,4 +56,4 @@ def run(args: argparse.Namespace) -> int:
         )
         return EX_TEMPFAIL
     print(json.dumps(answer, indent=2, sort_keys=True))
-    return 0
+    return int(answer.get("exit_code", 1)) if "error" in answer else 0

@@ -26,8 +26,10 @@ from __future__ import annotations
 import datetime
 import json
 import logging
+import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -36,7 +38,7 @@ from node_agent.cli import render
 from node_agent.cli.parser import EX_DRIFT, EX_NOT_IN_SYNC, parse
 from node_agent.config.files import config_args, log_ignored, oslo_args, placement_configured
 from node_agent.cycle.desired import compute_desired
-from node_agent.errors import ConfigError, HostBusy, NodeAgentError
+from node_agent.errors import ConfigError, DiscoveryError, HostBusy, NodeAgentError
 from node_agent.model.settings import CycleMode
 from node_agent.placement.errors import NotFound
 from node_agent.policy import maintenance as maint
@@ -98,13 +100,53 @@ def _setup_logging_before_the_host_is_read(files: Sequence[str], debug: bool) ->
     return True
 
 
+def _host_for_check(settings):
+    """The host as ``--check-config`` judges it, and why its guests were not
+    checked (None when they were). libvirt that cannot be reached skips the
+    guest checks and says so; the rest is checked on sysfs alone."""
+    if not settings.libvirt_uri:
+        return compute_desired(settings), "[libvirt] connection_uri is empty: no guests to check"
+    try:
+        return compute_desired(settings), None
+    except DiscoveryError as exc:
+        without = compute_desired(replace(settings, libvirt_uri=""))  # sysfs: raises its own
+        host = without.host
+        kept = tuple(w for w in host.warnings if "connection_uri is empty" not in w)
+        desired = replace(without, host=replace(host, warnings=kept))
+        return desired, f"libvirt at {settings.libvirt_uri} cannot be reached ({exc})"
+
+
 def _check_config(valid, output: str) -> int:
-    desired = valid.desired or compute_desired(valid.settings)  # raises what the host read hit
-    split = node_split(desired.partition, desired.host)
+    """The partition per node; with libvirt, the guests judged against it
+    (:mod:`node_agent.policy.guest_fit`, nova's counting): a guest the CPU
+    sets leave without CPUs is a ConfigError (78), as the cycle refuses them."""
+    from node_agent.policy.guest_fit import misfits
+
+    if valid.desired is not None:
+        desired, skipped = valid.desired, None
+        if not valid.settings.libvirt_uri:
+            skipped = "[libvirt] connection_uri is empty: no guests to check"
+    else:
+        desired, skipped = _host_for_check(valid.settings)  # raises what sysfs hit
+    partition = desired.partition
+    if skipped is None:
+        refused = misfits(
+            desired.host.guests, partition.dedicated, getattr(partition, "shared", None)
+        )
+        if refused:
+            raise ConfigError(refused)
+    guests = (
+        {"checked": False, "skipped": skipped}
+        if skipped
+        else {"checked": True, "count": len(desired.host.guests)}
+    )
+    split = node_split(partition, desired.host)
     if output == "json":
         print(
             json.dumps(
-                {"nodes": split, "warnings": list(desired.warnings)}, indent=2, sort_keys=True
+                {"nodes": split, "warnings": list(desired.warnings), "guests": guests},
+                indent=2,
+                sort_keys=True,
             )
         )
         return 0
@@ -115,6 +157,10 @@ def _check_config(valid, output: str) -> int:
             f"  {where}: dedicated [{row['dedicated']}]  shared [{row['shared']}]  "
             f"unused [{row['unused']}]"
         )
+    if skipped:
+        print(f"Guest checks skipped: {skipped}.")
+    else:
+        print(f"Guests: the {guests['count']} on this host have CPUs under these sets.")
     for warning in desired.warnings:
         print(f"warning: {warning}")
     return 0
@@ -202,6 +248,7 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
             report.errors,
             audit=report.audit,
             companion=None if companion is None else companion.as_dict(),
+            blocked=report.blocked,
         )
     desired = report.desired
     shown = render.report_dict(
@@ -348,6 +395,9 @@ def _maintenance(args) -> int:
                 f"{settings.host} nova-compute`), which sets COMPUTE_STATUS_DISABLED."
             )
         answer = _maintenance_via_service(conf, settings, args.switch == "on", args.reason)
+        if answer is not None and "error" in answer:
+            print(f"node-agent: error: {answer['error']}", file=sys.stderr)
+            return int(answer.get("exit_code", 1))
         if answer is not None:
             print(service_maintenance_line(args.switch, settings.host, answer))
             return 0
@@ -489,6 +539,21 @@ def _root_in_placement(conf, settings, state) -> dict:
     return {"root_uuid": None, "traits": [], "inventories": {}, "children": []}
 
 
+# systemd/node-agent.service: RestartPreventExitStatus=78.
+RESTART_AFTER_FIX = (
+    "node-agent: systemd does not restart the service after a configuration "
+    "error (exit 78): fix the file, check it with --check-config, then run "
+    "`systemctl restart node-agent`."
+)
+
+
+def _a_systemd_service(args) -> bool:
+    """The service (not a one-shot command) started by systemd, which sets
+    INVOCATION_ID for each run of a unit."""
+    one_shot = args.once or args.dry_run or args.check_config or args.command
+    return not one_shot and bool(os.environ.get("INVOCATION_ID"))
+
+
 def _error_text(exc: NodeAgentError) -> str:
     problems = getattr(exc, "problems", None) or (str(exc),)
     if len(problems) == 1:
@@ -538,6 +603,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return daemon.run(files, loaded)
     except NodeAgentError as exc:
         print(_error_text(exc), file=sys.stderr)
+        if isinstance(exc, ConfigError) and _a_systemd_service(args):
+            print(RESTART_AFTER_FIX, file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return 0

@@ -187,7 +187,9 @@ def build_parser(width: Optional[int] = None) -> argparse.ArgumentParser:
         "--check-config",
         action="store_true",
         help="validate the configuration against this host and print "
-        "the CPU partition per NUMA node",
+        "the CPU partition per NUMA node; when libvirt answers, also check its "
+        "guests against the CPU sets (exit 78 naming a guest left without CPUs), "
+        "else say the guest checks were skipped",
     )
     parser.add_argument(
         "--connect", action="store_true", help="with --check-config: " + _CONNECT_HELP
@@ -208,7 +210,9 @@ def build_parser(width: Optional[int] = None) -> argparse.ArgumentParser:
         "check-config",
         "same as --check-config",
         "Validate the configuration against this host and print the CPU partition per "
-        "NUMA node. Exit 78 naming every problem found.",
+        "NUMA node. When libvirt answers, its guests are checked against the CPU sets "
+        "as a cycle checks them; when it does not, the output says the guest checks "
+        "were skipped. Exit 78 naming every problem found.",
     )
     check.add_argument(
         "--connect", action="store_true", default=argparse.SUPPRESS, help=_CONNECT_HELP
@@ -249,8 +253,9 @@ def build_parser(width: Optional[int] = None) -> argparse.ArgumentParser:
         "ctl",
         "ask a running agent over the message bus (status, sync-now, maintenance)",
         "Talk to the node-agent of one host over the message bus ([DEFAULT] "
-        "transport_url). Answers are printed as JSON. Exit 0 answered; 78 no transport "
-        "configured; 75 the agent did not answer in time.",
+        "transport_url). Answers are printed as JSON. Exit 0 answered; the agent's "
+        "refusal's code when it answered with one (69: it cannot write its state "
+        "file); 78 no transport configured; 75 the agent did not answer in time.",
     )
     ctl.add_argument("--host", required=True, help="the agent's [DEFAULT] host")
     ctl.add_argument("--transport-url", help="overrides [DEFAULT] transport_url")

@@ -63,9 +63,20 @@ def _known_keys(conf: cfg.ConfigOpts) -> dict[str, Optional[set[str]]]:
             names |= _opt_names(opt, group)
     listed.setdefault("DEFAULT", set()).update({"config_file", "config_dir"})
     known: dict[str, Optional[set[str]]] = dict(listed)
+    # nova's [mdev_<type>] of each enabled type: read (config/settings.py).
+    mdev_names = {name for opt in conf_mod.MDEV_TYPE_OPTS for name in _opt_names(opt, "")}
+    for mdev_type in _enabled_mdev_types(conf):
+        known[f"mdev_{mdev_type}"] = mdev_names
     if conf_mod.PLACEMENT_GROUP in conf:
         known[conf_mod.PLACEMENT_GROUP] = _placement_keys(conf)
     return known
+
+
+def _enabled_mdev_types(conf: cfg.ConfigOpts) -> list[str]:
+    try:
+        return [t.strip() for t in conf.devices.enabled_mdev_types or () if t.strip()]
+    except (cfg.Error, ValueError):
+        return []  # a bad value is reported by the settings check
 
 
 def _placement_keys(conf: cfg.ConfigOpts) -> Optional[set[str]]:
@@ -112,12 +123,37 @@ def unknown_options(conf: cfg.ConfigOpts) -> list[str]:
     return _classify_keys(conf)[0]
 
 
+# nova.conf settings that change the tree nova reports and that the agent
+# does not build (docs/design/nova-differences.yaml says why): a nova.conf
+# setting one gets a WARNING, never silence.
+UNBUILT_NOVA_SETTINGS = {
+    "[libvirt] num_intel_tdx_guests": "nova reports an <host>_intel_tdx child "
+    "with MEM_ENCRYPTION_CONTEXT; the agent reports none",
+}
+
+
+def unbuilt_nova_settings(ignored: Sequence[str]) -> list[str]:
+    """Warnings for the ignored names (:func:`nova_only_keys`) that nova
+    turns into providers, inventory or traits the agent does not report."""
+    found = []
+    for name in ignored:
+        if name in UNBUILT_NOVA_SETTINGS:
+            found.append(
+                f"nova.conf sets {name}: {UNBUILT_NOVA_SETTINGS[name]}. Placement "
+                "will not show it while node-agent reports this host."
+            )
+    return found
+
+
 def log_ignored(conf: cfg.ConfigOpts) -> None:
-    """The one DEBUG line naming what the files hold that the agent ignores.
-    Called once the configured log exists, so the line reaches it."""
+    """The one DEBUG line naming what the files hold that the agent ignores,
+    and a WARNING for each that nova would report and the agent does not.
+    Called once the configured log exists, so the lines reach it."""
     ignored = nova_only_keys(conf)
     if ignored:
         LOG.debug("nova options the agent does not use, ignored: %s", ", ".join(ignored))
+    for warning in unbuilt_nova_settings(ignored):
+        LOG.warning("%s", warning)
 
 
 def nova_only_keys(conf: cfg.ConfigOpts) -> list[str]:
@@ -369,6 +405,36 @@ def load_conf(args: Sequence[str]) -> cfg.ConfigOpts:
     return conf
 
 
+def unreadable_file_advice(path: str) -> str:
+    """The fix for a config file the service user may not read. A file
+    another service owns (nova.conf, root:nova 0640) keeps its group: the
+    service user joins that group; a chgrp would lock its owner out."""
+    import grp
+
+    try:
+        gid = os.stat(path).st_gid
+    except OSError:
+        gid = None
+    try:
+        group = grp.getgrgid(gid).gr_name if gid is not None else None
+    except KeyError:
+        group = str(gid)
+    head = f"permission denied reading config file {path}."
+    if group is None or group in (PROJECT, "root"):
+        return (
+            f"{head} Make it readable by the service user: node-agent's own "
+            f"files are root:{PROJECT} mode 0640 (chgrp {PROJECT} and chmod 0640)."
+        )
+    return (
+        f"{head} Its group is {group}: add the service user to that group "
+        f"instead of changing the file (another service, nova-compute for "
+        f"nova.conf, reads it through that group). Under systemd: `systemctl "
+        f"edit node-agent` with [Service] SupplementaryGroups={group} "
+        "(docs/admin/install.md, reading nova.conf); else `usermod -aG "
+        f"{group} node-agent`. The file must be readable by its group (0640)."
+    )
+
+
 def parse_conf(args: Sequence[str]) -> cfg.ConfigOpts:
     """Parse the files into a ConfigOpts; raises ConfigError when they
     cannot be read or parsed (unknown options are left to the caller)."""
@@ -386,11 +452,7 @@ def parse_conf(args: Sequence[str]) -> cfg.ConfigOpts:
             "Check the path and that the service user can read it."
         ) from None
     except cfg.ConfigFilesPermissionDeniedError as exc:
-        raise ConfigError(
-            f"permission denied reading config file "
-            f"{', '.join(exc.config_files)}. Make it readable by the service "
-            "user (for example chmod 0640 and chgrp node-agent)."
-        ) from None
+        raise ConfigError([unreadable_file_advice(path) for path in exc.config_files]) from None
     except cfg.ConfigFileParseError as exc:
         raise ConfigError(
             f"config file {exc.config_file} cannot be parsed: {_without_line(exc.msg or '')}"

@@ -167,6 +167,60 @@ LIBVIRT_OPTS = [
     ),
 ]
 
+LIBVIRT_OPTS += [
+    cfg.ListOpt(
+        "pmem_namespaces",
+        default=[],
+        help="nova's option: persistent-memory namespaces for guests, as "
+        "LABEL:NAME|NAME,... (for example 128G:ns0|ns1,MEDIUM:ns2). Each "
+        "label becomes CUSTOM_PMEM_NAMESPACE_<LABEL> on the root, one unit "
+        "per namespace, as nova reports it. Every name must be a namespace "
+        "of this host (its alt_name in /sys/bus/nd/devices, what "
+        "'ndctl list' shows as name), else exit 78 as nova refuses to start.",
+    ),
+    cfg.IntOpt(
+        "file_backed_memory",
+        default=0,
+        min=0,
+        help="nova's option: guest memory is backed by files (in "
+        "/etc/libvirt/qemu.conf's memory_backing_dir) of this many MiB in "
+        "all, not by RAM. MEMORY_MB's total is then this size, as nova "
+        "reports it. 0: guest memory is RAM. As in nova, it needs "
+        "virt_type qemu or kvm, ram_allocation_ratio = 1.0 and "
+        "reserved_host_memory_mb = 0 (else exit 78).",
+    ),
+]
+
+# nova's [workarounds] options that change what nova reports.
+WORKAROUNDS_OPTS = [
+    cfg.BoolOpt(
+        "reserve_disk_resource_for_image_cache",
+        default=False,
+        help="nova's option: add the disk the image cache (instances_path's "
+        "[image_cache] subdirectory_name, _base) occupies, in GiB rounded "
+        "up, to DISK_GB's reserved, when the cache is on the filesystem "
+        "of instances_path.",
+    ),
+    cfg.BoolOpt(
+        "skip_cpu_compare_at_startup",
+        default=False,
+        help="nova's option: do not ask libvirt whether the guest CPU models "
+        "of [libvirt] cpu_models (with cpu_model_extra_flags) run on this "
+        "host; nova then starts on a host that cannot run them, and so "
+        "does the agent.",
+    ),
+]
+
+IMAGE_CACHE_OPTS = [
+    cfg.StrOpt(
+        "subdirectory_name",
+        default="_base",
+        help="nova's option: the image cache's directory, under "
+        "instances_path unless absolute. Read for "
+        "[workarounds] reserve_disk_resource_for_image_cache.",
+    ),
+]
+
 COMPUTE_OPTS = [
     cfg.StrOpt(
         "cpu_dedicated_set",
@@ -283,12 +337,48 @@ DEVICES_OPTS = [
         "enabled_mdev_types",
         default=[],
         help="mdev types (as in mdev_supported_types, e.g. nvidia-35) "
-        "reported as VGPU. Each GPU offering one of them becomes a child "
-        "<host>_pci_<domain>_<bus>_<slot>_<function>. A GPU uses the "
-        "first listed type it already has mdevs of, else the first "
-        "listed type it offers. Empty: no VGPU.",
+        "reported as VGPU, chosen per GPU as nova does: a GPU listed in "
+        "a type's [mdev_<type>] device_addresses serves that type, every "
+        "other GPU the first listed type without device_addresses. A GPU "
+        "serving a type it offers, with mdevs or instances left, becomes "
+        "a child <host>_pci_<domain>_<bus>_<slot>_<function>; "
+        "[mdev_<type>] max_instances and mdev_class as in nova. Empty: "
+        "no VGPU.",
     ),
 ]
+
+# nova's [mdev_<type>] options, registered for each type of
+# [devices] enabled_mdev_types once the files are read.
+MDEV_TYPE_OPTS = [
+    cfg.ListOpt(
+        "device_addresses",
+        default=[],
+        help="nova's option: the GPUs (PCI addresses) that serve this mdev "
+        "type. A type without it is the default for every other GPU; only "
+        "the first such type of enabled_mdev_types is used.",
+    ),
+    cfg.IntOpt(
+        "max_instances",
+        min=1,
+        help="nova's option: the most mdevs of this type over all GPUs. A "
+        "GPU whose available instances would pass it gets no provider.",
+    ),
+    cfg.StrOpt(
+        "mdev_class",
+        default="VGPU",
+        regex=r"^(VGPU|CUSTOM_[A-Z0-9_]+)$",
+        max_length=255,
+        help="nova's option: the resource class the GPUs of "
+        "device_addresses report (VGPU or CUSTOM_*).",
+    ),
+]
+
+
+def register_mdev_type_opts(conf: cfg.ConfigOpts, types) -> None:
+    """``[mdev_<type>]`` for each enabled type, as nova-compute registers them."""
+    for name in types:
+        conf.register_opts(MDEV_TYPE_OPTS, group=f"mdev_{name}")
+
 
 PCI_OPTS = [
     cfg.MultiStrOpt(
@@ -582,6 +672,8 @@ def register_opts(conf: cfg.ConfigOpts, placement: bool = True) -> None:
     conf.register_opts(PCI_OPTS, group="pci")
     conf.register_opts(NODE_OPTS, group="node")
     conf.register_opts(APPLIER_OPTS, group="applier")
+    conf.register_opts(WORKAROUNDS_OPTS, group="workarounds")
+    conf.register_opts(IMAGE_CACHE_OPTS, group="image_cache")
     logs.register(conf)
     if placement:
         register_placement_opts(conf)
@@ -704,4 +796,6 @@ def list_opts(with_messaging: bool = True, with_placement: bool = True):
         ("pci", PCI_OPTS),
         ("node", NODE_OPTS),
         ("applier", APPLIER_OPTS),
+        ("workarounds", WORKAROUNDS_OPTS),
+        ("image_cache", IMAGE_CACHE_OPTS),
     ] + ([(PLACEMENT_GROUP, _placement_opts())] if with_placement else [])

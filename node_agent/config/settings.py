@@ -24,7 +24,7 @@ from node_agent.errors import ConfigError
 from node_agent.model.cpuset import CpuSet, CpuSetSyntaxError, parse_cpu_spec
 from node_agent.model.device_spec import parse_device_specs
 from node_agent.model.hugepages import parse_reserved_huge_pages
-from node_agent.model.settings import CycleMode, Settings
+from node_agent.model.settings import CycleMode, MdevTypeSettings, Settings
 from node_agent.state import FILE_NAME as STATE_FILE_NAME
 
 LOG = logging.getLogger(__name__)
@@ -227,6 +227,13 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
         supported_tpm_secret_security=tuple(get("libvirt", "supported_tpm_secret_security") or ()),
         domain_capabilities=bool(get("libvirt", "domain_capabilities")),
         num_memory_encrypted_guests=get("libvirt", "num_memory_encrypted_guests"),
+        file_backed_memory=get("libvirt", "file_backed_memory", 0) or 0,
+        pmem_namespaces=_pmem_namespaces(get("libvirt", "pmem_namespaces") or (), problems),
+        reserve_disk_for_image_cache=bool(
+            get("workarounds", "reserve_disk_resource_for_image_cache")
+        ),
+        skip_cpu_compare_at_startup=bool(get("workarounds", "skip_cpu_compare_at_startup")),
+        image_cache_subdirectory=get("image_cache", "subdirectory_name") or "_base",
     )
     values["explicit_ratios"] = frozenset(
         kind for kind in ("cpu", "ram", "disk") if getattr(compute, f"{kind}_allocation_ratio")
@@ -240,7 +247,14 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
             getattr(compute, f"initial_{kind}_allocation_ratio"),
             problems,
         )
+    problems += _file_backed_memory_problems(
+        values["file_backed_memory"],
+        values["virt_type"],
+        compute.ram_allocation_ratio,
+        values["reserved_host_memory_mb"],
+    )
     values.update(_nested_provider_values(get, problems))
+    values["mdev_types"] = _mdev_types(conf, get, values["enabled_mdev_types"], problems)
     host = conf_mod.default_host(conf)
     if not host or not host.strip():
         problems.append(
@@ -250,6 +264,95 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
     _read_every_option(get, conf)
     problems.extend(transport_url_problems(conf))
     return Settings(host=(host or "").strip(), **values), list(dict.fromkeys(problems))
+
+
+_PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")
+
+
+def _mdev_types(conf, get: "_Reader", types, problems: list) -> tuple[MdevTypeSettings, ...]:
+    """nova's ``[mdev_<type>]`` sections of the enabled types. A GPU named
+    by two types, or an address that is not one, is refused, as nova-compute
+    refuses to start on them (InvalidLibvirtMdevConfig)."""
+    conf_mod.register_mdev_type_opts(conf, types)
+    result: list[MdevTypeSettings] = []
+    owner: dict[str, str] = {}
+    for name in types:
+        group = f"mdev_{name}"
+        addresses = tuple(a.strip() for a in (get(group, "device_addresses") or ()) if a.strip())
+        for address in addresses:
+            if not _PCI_ADDRESS.match(address):
+                problems.append(
+                    f"[{group}] device_addresses: '{address}' is not a PCI address "
+                    "(domain:bus:slot.function, e.g. 0000:84:00.0); nova refuses it too."
+                )
+            elif address in owner:
+                problems.append(
+                    f"[{group}] device_addresses: {address} is already given type "
+                    f"{owner[address]}; a GPU serves one type (nova refuses this too)."
+                )
+            owner.setdefault(address, name)
+        result.append(
+            MdevTypeSettings(
+                name=name,
+                device_addresses=addresses,
+                max_instances=get(group, "max_instances"),
+                mdev_class=get(group, "mdev_class") or "VGPU",
+            )
+        )
+    return tuple(result)
+
+
+def _pmem_namespaces(values, problems: list) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``LABEL:NAME|NAME`` items; nova refuses one without a colon, and a
+    namespace named twice (PMEMNamespaceConfigInvalid)."""
+    result, seen = [], set()
+    for item in values:
+        label, colon, names = item.strip().partition(":")
+        if not colon or not label:
+            problems.append(
+                f"[libvirt] pmem_namespaces: '{item}' is not LABEL:NAME|NAME "
+                "(for example 128G:ns0|ns1); nova refuses it too."
+            )
+            continue
+        for name in names.split("|"):
+            if name in seen:
+                problems.append(
+                    f"[libvirt] pmem_namespaces: namespace '{name}' is named twice; "
+                    "nova refuses it too."
+                )
+            seen.add(name)
+        result.append((label, tuple(names.split("|"))))
+    return tuple(result)
+
+
+def _file_backed_memory_problems(
+    size_mb: int, virt_type: str, ram_ratio: Optional[float], reserved_mb: int
+) -> list[str]:
+    """nova refuses to start with file-backed memory unless guests are
+    QEMU/KVM, RAM is not overcommitted and none is reserved (libvirt
+    Host._check_file_backed_memory_support); so does the agent."""
+    if not size_mb:
+        return []
+    problems = []
+    if virt_type not in ("qemu", "kvm"):
+        problems.append(
+            f"[libvirt] file_backed_memory = {size_mb} needs [libvirt] virt_type "
+            f"qemu or kvm, not {virt_type}; nova refuses it too."
+        )
+    if ram_ratio != 1.0:
+        problems.append(
+            f"[libvirt] file_backed_memory = {size_mb} needs "
+            f"[DEFAULT] ram_allocation_ratio = 1.0 set explicitly (now "
+            f"{'unset' if ram_ratio is None else ram_ratio}): file-backed memory "
+            "cannot be overcommitted; nova refuses it too."
+        )
+    if reserved_mb:
+        problems.append(
+            f"[libvirt] file_backed_memory = {size_mb} does not go with "
+            f"[DEFAULT] reserved_host_memory_mb = {reserved_mb}: set it to 0 "
+            "(the host's RAM is not what guests use); nova refuses it too."
+        )
+    return problems
 
 
 def _guest_cpu(get: "_Reader", problems: list[str]) -> dict:
@@ -290,7 +393,18 @@ def _state_path(get: "_Reader", problems: list[str]) -> str:
     novas = get(None, "state_path")
     if not novas:
         return chosen
-    if os.path.normpath(chosen) == os.path.normpath(novas):
+    if os.path.normpath(novas) == DEFAULT_STATE_PATH:
+        # The sample of agents before 906cb2c set [DEFAULT] state_path to
+        # this directory (then the agent's option): an upgraded file keeps it.
+        problems.append(
+            f"[DEFAULT] state_path = {novas} is the option an earlier "
+            "node-agent read its own directory from. It is now nova's option "
+            "(nova's files, and instances_path defaults under it), and the "
+            "agent's directory is [agent] state_path, whose default is "
+            f"{DEFAULT_STATE_PATH}. Delete the [DEFAULT] state_path line from "
+            "node-agent's config file: the state stays where it is."
+        )
+    elif os.path.normpath(chosen) == os.path.normpath(novas):
         problems.append(
             f"[agent] state_path = {chosen} is nova's [DEFAULT] state_path: "
             "the agent never keeps its state in nova's directory. Choose "

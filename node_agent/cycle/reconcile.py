@@ -98,6 +98,9 @@ class ReshapeRefused:
     # Allocations kept changing under it (HostBusy): temporary, the next
     # cycle tries again; --once exits 75 rather than 1.
     busy: bool = False
+    # Guests the CPU sets leave without CPUs (policy/guest_fit.py): the CPU
+    # classes were refused before any reshape.
+    guests: bool = False
 
     def __str__(self) -> str:
         return self.reason
@@ -229,7 +232,9 @@ class Reconciler:
                 **kw,
             )
         except ReshapeError as exc:
-            LOG.error("reshape refused, the inventory it would move is kept as it is: %s", exc)
+            # Logged at DEBUG: the caller reports it (the service once while
+            # it stays the same, --once on stderr, the applier per message).
+            LOG.debug("reshape refused, the inventory it would move is kept as it is: %s", exc)
             return (
                 None,
                 ReshapeRefused(str(exc), busy=isinstance(exc, HostBusy)),
@@ -301,12 +306,12 @@ class Reconciler:
         desired = self._undecided_kept(desired)
         refused = guests_refused(desired, CPU_KEPT)
         if refused is not None:
-            LOG.error("%s", refused)
+            LOG.debug("%s", refused)  # the caller reports it, as a reshape refused
             with self.client.deadline("the tree sync"):
                 report = self.syncer.sync(
                     self._cpu_held(desired), limits_of(desired), guest_names(desired.host.guests)
                 )
-            return CycleOutcome(report, refused=ReshapeRefused(str(refused)))
+            return CycleOutcome(report, refused=ReshapeRefused(str(refused), guests=True))
         shape = shape_of(desired)
         tree, outcome, refusal = desired.tree, None, None
         if shape != self._applied_shape:

@@ -15,13 +15,13 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Optional
 
-from node_agent.errors import ConfigError, DiscoveryError, ParseError
+from node_agent.errors import ConfigError, CpuExpansionUnsupported, DiscoveryError, ParseError
 from node_agent.host.capabilities import parse_capabilities, parse_cpu_model_xml
 from node_agent.host.domain import parse_domain
 from node_agent.host.hypervisor_info import hypervisor_info
 from node_agent.host.meminfo import parse_node_meminfo
 from node_agent.host.sysfs import SysFS
-from node_agent.host.sysfs_pci import read_pci, with_mdev_parents
+from node_agent.host.sysfs_pci import read_pci, read_pmem_namespace_names, with_mdev_parents
 from node_agent.host.sysfs_topology import SysfsTopology, read_topology
 from node_agent.host.warn_once import log_once
 from node_agent.model.settings import Settings
@@ -80,6 +80,25 @@ def mem_total_kb(path: str = "/proc/meminfo") -> int:
             return parse_node_meminfo(handle.read())["MemTotal"]
     except (OSError, UnicodeDecodeError, ParseError, KeyError) as exc:
         raise DiscoveryError(f"cannot read MemTotal from {path}: {exc!r}") from exc
+
+
+def image_cache_bytes(instances_path: str, subdirectory: str) -> int:
+    """The disk the image cache's files occupy (their blocks: cached images
+    are sparse), as nova's libvirt ImageCacheManager.get_disk_usage counts
+    it: 0 when the cache is on another filesystem than instances_path (it
+    takes nothing from DISK_GB then) or cannot be read (not created yet)."""
+    cache = os.path.join(instances_path, subdirectory)
+    try:
+        if os.stat(instances_path).st_dev != os.stat(cache).st_dev:
+            return 0
+        total = 0
+        with os.scandir(cache) as entries:
+            for entry in entries:
+                if entry.is_file(follow_symlinks=True):
+                    total += entry.stat().st_blocks * 512
+        return total
+    except OSError:
+        return 0
 
 
 def memory_mb(topology: SysfsTopology, real_host: bool) -> tuple[int, list[str]]:
@@ -167,7 +186,7 @@ def guest_cpu_models(hypervisor, host: HostCpuModel, settings: Settings):
     does. An unknown model is a ConfigError (exit 78), as in nova."""
     if settings.cpu_mode == "custom":
         names = resolve_cpu_models(hypervisor, host.arch, settings.cpu_models)
-        if settings.virt_type == "kvm":
+        if settings.virt_type == "kvm" and not settings.skip_cpu_compare_at_startup:
             check_cpu_models_run_here(hypervisor, host, names, settings.cpu_model_extra_flags)
     elif settings.cpu_mode == "none":
         names = (_DEFAULT_CPU_MODEL.get(host.arch or "", "qemu64"),)
@@ -245,7 +264,14 @@ def _model_features(hypervisor, host: HostCpuModel, model: str) -> frozenset[str
     key = (hypervisor.uri, host.arch, host.vendor, model)
     if key not in _MODEL_FEATURES:
         cpu_xml = cpu_model_xml(host.arch, model, host.vendor)
-        _MODEL_FEATURES[key] = parse_cpu_model_xml(hypervisor.expand_cpu_features(cpu_xml)).features
+        try:
+            expanded = hypervisor.expand_cpu_features(cpu_xml)
+        except CpuExpansionUnsupported as exc:
+            # nova's _get_guest_baseline_cpu_features: no features, so no
+            # CPU feature traits, and the service runs.
+            log_once([f"CPU feature traits of guest CPU model {model} not reported: {exc}"])
+            return frozenset()
+        _MODEL_FEATURES[key] = parse_cpu_model_xml(expanded).features
     return _MODEL_FEATURES[key]
 
 
@@ -375,4 +401,15 @@ def discover(settings: Settings, hypervisor=None) -> HostSnapshot:
         sriov_pfs=sriov_pfs,
         hypervisor=facts.hypervisor_info,
         guest_cpu_models=facts.guest_cpu_models,
+        file_backed_memory_mb=settings.file_backed_memory,
+        pmem_namespaces=(
+            read_pmem_namespace_names(SysFS(settings.sysfs_root))
+            if settings.pmem_namespaces
+            else frozenset()
+        ),
+        image_cache_bytes=(
+            image_cache_bytes(settings.instances_path, settings.image_cache_subdirectory)
+            if settings.reserve_disk_for_image_cache
+            else 0
+        ),
     )

@@ -12,11 +12,12 @@ Every libvirt failure leaves as a ``DiscoveryError`` naming the URI.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, TypeVar
+from contextlib import contextmanager
+from typing import Callable, Iterator, Optional, TypeVar
 
 import libvirt
 
-from node_agent.errors import DiscoveryError, DomainCapsRefused
+from node_agent.errors import CpuExpansionUnsupported, DiscoveryError, DomainCapsRefused
 
 T = TypeVar("T")
 
@@ -31,6 +32,27 @@ libvirt.registerErrorHandler(_ignore_libvirt_error, None)
 # An object listed a moment ago may be gone by the time we ask for its XML
 # (a guest undefined, a VF disabled); that is a normal race, not a failure.
 _VANISHED = frozenset({libvirt.VIR_ERR_NO_DOMAIN, libvirt.VIR_ERR_NO_NODE_DEVICE})
+
+
+@contextmanager
+def _undecodable_as_discovery_error(uri: str, what: str) -> Iterator[None]:
+    """libvirt-python cannot raise a libvirtError whose message is not UTF-8
+    (a path with other bytes, URI-escaped, echoed back): it fails building
+    the exception and raises SystemError "returned a result with an
+    exception set" from the UnicodeDecodeError. That becomes the
+    DiscoveryError every other libvirt failure is, the message's bytes shown
+    with \\x escapes."""
+    try:
+        yield
+    except SystemError as exc:
+        bad = exc.__cause__ or exc.__context__
+        if not isinstance(bad, UnicodeDecodeError):
+            raise
+        message = bytes(bad.object).decode("utf-8", "backslashreplace")
+        raise DiscoveryError(
+            f"libvirt at {uri}: cannot {what}: {message} (libvirt's message is "
+            "not UTF-8; its other bytes are shown as \\x escapes)"
+        ) from None
 
 
 def _dead(conn: "libvirt.virConnect") -> bool:
@@ -59,7 +81,8 @@ class Hypervisor:
         if self._conn is None:
             try:
                 opener = libvirt.open if self.read_write else libvirt.openReadOnly
-                self._conn = opener(self.uri)
+                with _undecodable_as_discovery_error(self.uri, "connect"):
+                    self._conn = opener(self.uri)
             except libvirt.libvirtError as exc:
                 raise DiscoveryError(
                     f"cannot connect to libvirt at {self.uri}: {exc.get_error_message()}"
@@ -76,7 +99,8 @@ class Hypervisor:
         reused = self._conn is not None
         conn = self._connection()
         try:
-            return fn(conn)
+            with _undecodable_as_discovery_error(self.uri, what):
+                return fn(conn)
         except libvirt.libvirtError as exc:
             if not (reused and _dead(conn)):
                 raise DiscoveryError(
@@ -96,7 +120,19 @@ class Hypervisor:
         (Haswell implies AVX2 without listing it); traits need them all.
         """
         flags = libvirt.VIR_CONNECT_BASELINE_CPU_EXPAND_FEATURES
-        return self._call("expand CPU features", lambda conn: conn.baselineCPU([cpu_xml], flags))
+
+        def expand(conn: "libvirt.virConnect") -> str:
+            try:
+                return conn.baselineCPU([cpu_xml], flags)
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() != libvirt.VIR_ERR_NO_SUPPORT:
+                    raise
+                raise CpuExpansionUnsupported(
+                    f"libvirt at {self.uri} cannot expand CPU features (no "
+                    f"baselineCPU): {exc.get_error_message()}"
+                ) from exc
+
+        return self._call("expand CPU features", expand)
 
     def cpu_model_names(self, arch: str) -> list[str]:
         """The CPU models libvirt knows for ``arch`` (``virsh cpu-models``)."""
@@ -112,7 +148,8 @@ class Hypervisor:
         not ask."""
         conn = self._connection()
         try:
-            return conn.compareHypervisorCPU(None, None, None, None, cpu_xml, 0)
+            with _undecodable_as_discovery_error(self.uri, "compare CPUs"):
+                return conn.compareHypervisorCPU(None, None, None, None, cpu_xml, 0)
         except libvirt.libvirtError as exc:
             if exc.get_error_code() in (
                 libvirt.VIR_ERR_NO_SUPPORT,
@@ -142,7 +179,8 @@ class Hypervisor:
         """
         conn = self._connection()
         try:
-            return conn.getDomainCapabilities(emulator, arch, machine, virt_type, 0)
+            with _undecodable_as_discovery_error(self.uri, "read domain capabilities"):
+                return conn.getDomainCapabilities(emulator, arch, machine, virt_type, 0)
         except libvirt.libvirtError as exc:
             if _dead(conn):
                 raise DiscoveryError(
@@ -168,7 +206,8 @@ class Hypervisor:
         result = []
         for dom in domains:
             try:
-                result.append((dom.XMLDesc(0), bool(dom.isActive())))
+                with _undecodable_as_discovery_error(self.uri, "read a domain"):
+                    result.append((dom.XMLDesc(0), bool(dom.isActive())))
             except libvirt.libvirtError as exc:
                 if exc.get_error_code() in _VANISHED:
                     continue
@@ -189,7 +228,8 @@ class Hypervisor:
         result = []
         for name in names:
             try:
-                result.append(conn.nodeDeviceLookupByName(name).XMLDesc(0))
+                with _undecodable_as_discovery_error(self.uri, f"read node device {name}"):
+                    result.append(conn.nodeDeviceLookupByName(name).XMLDesc(0))
             except libvirt.libvirtError as exc:
                 if exc.get_error_code() in _VANISHED:
                     continue

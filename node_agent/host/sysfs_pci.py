@@ -134,3 +134,19 @@ def with_mdev_parents(guests: tuple[Guest, ...], gpus: tuple[PciGpu, ...]) -> tu
         else g
         for g in guests
     )
+
+
+ND_DEVICES = "bus/nd/devices"
+
+
+def read_pmem_namespace_names(sysfs: SysFS) -> frozenset[str]:
+    """The names of the host's NVDIMM namespaces: each ``namespaceX.Y``'s
+    ``alt_name``, what ``ndctl list`` calls its name (nova reads ndctl). A
+    namespace without a name cannot be configured, as in nova."""
+    names = set()
+    for entry in sysfs.listdir(ND_DEVICES) or ():
+        if entry.startswith("namespace"):
+            name = _read_text(sysfs, f"{ND_DEVICES}/{entry}/alt_name")
+            if name:
+                names.add(name)
+    return frozenset(names)

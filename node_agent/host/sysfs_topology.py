@@ -121,7 +121,18 @@ def _read_online(sysfs: SysFS, present: CpuSet, warnings: list[str]) -> CpuSet:
         cpu for cpu, flag in flags.items() if flag is not None and flag != (cpu in online)
     )
     if disagree:
-        warnings.append(f"{path} and cpuN/online disagree about CPUs {disagree}; trusting {path}")
+        # A damaged file on either side must not make CPUs out of nothing:
+        # only what both call online is counted (capacity never overstated).
+        online = online & by_flag
+        warnings.append(
+            f"{path} and cpuN/online disagree about CPUs {disagree}; counting as "
+            f"online only the CPUs both call online: {online or 'none'}"
+        )
+        if not online:
+            raise ParseError(
+                f"{path} and cpuN/online disagree about CPUs {disagree} and agree on "
+                "no online CPU, but a running host has one"
+            )
     if not online.issubset(present):
         warnings.append(f"{path} lists CPUs {online - present} that are not present; ignoring them")
         online = online & present

@@ -35,6 +35,20 @@ class CycleMode(enum.Enum):
 
 
 @dataclass(frozen=True)
+class MdevTypeSettings:
+    """One ``[mdev_<type>]`` section of nova's, for a type of
+    ``[devices] enabled_mdev_types``."""
+
+    name: str
+    # GPUs (PCI addresses) given this type; none: the default type.
+    device_addresses: tuple[str, ...] = ()
+    # The most mdevs of this type over all GPUs; None: no limit.
+    max_instances: Optional[int] = None
+    # VGPU, or the CUSTOM_* class the GPUs of device_addresses report.
+    mdev_class: str = "VGPU"
+
+
+@dataclass(frozen=True)
 class Settings:
     host: str
     state_path: str
@@ -62,6 +76,9 @@ class Settings:
     reserved_huge_pages: tuple[ReservedPages, ...] = ()
     provider_config_location: str = "/etc/node-agent/provider_config/"
     enabled_mdev_types: tuple[str, ...] = ()
+    # The [mdev_<type>] sections of enabled_mdev_types, in order; empty:
+    # every enabled type with its defaults.
+    mdev_types: tuple[MdevTypeSettings, ...] = ()
     pci_device_specs: tuple[PciDeviceSpec, ...] = ()
     report_sriov_numvfs: bool = True
     node_resource_class: Optional[str] = None
@@ -87,6 +104,16 @@ class Settings:
     domain_capabilities: bool = False
     # [libvirt] num_memory_encrypted_guests: caps each memory-encryption total.
     num_memory_encrypted_guests: Optional[int] = None
+    # [libvirt] pmem_namespaces (nova's): (label, namespace names), in order.
+    pmem_namespaces: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    # [libvirt] file_backed_memory (nova's): MEMORY_MB total in MiB, 0 = RAM.
+    file_backed_memory: int = 0
+    # [workarounds] (nova's): the image cache in DISK_GB reserved; no
+    # compareHypervisorCPU of the configured CPU models at start.
+    reserve_disk_for_image_cache: bool = False
+    skip_cpu_compare_at_startup: bool = False
+    # [image_cache] subdirectory_name (nova's), under instances_path.
+    image_cache_subdirectory: str = "_base"
     # [libvirt] images_type (nova's): lvm and rbd disks are not in instances_path.
     images_type: str = "default"
     # Kinds ("cpu", "ram", "disk") whose *_allocation_ratio is set: those

@@ -192,6 +192,15 @@ class HostSnapshot:
     # [libvirt] cpu_models (or cpu_mode = none's default model) with the
     # features libvirt's cpu_map gives each: (model, features), in order.
     guest_cpu_models: tuple[tuple[str, frozenset[str]], ...] = ()
+    # Bytes the image cache occupies on instances_path's filesystem, read
+    # only with [workarounds] reserve_disk_resource_for_image_cache.
+    image_cache_bytes: int = 0
+    # [libvirt] file_backed_memory (MiB): guest memory lives in files of
+    # this size in all, not in RAM; 0 when guests use RAM.
+    file_backed_memory_mb: int = 0
+    # Names of the host's persistent-memory namespaces (sysfs alt_name),
+    # read only with [libvirt] pmem_namespaces.
+    pmem_namespaces: frozenset[str] = frozenset()
 
     def node_of(self, cpu_id: int) -> Optional[int]:
         for node in self.nodes:

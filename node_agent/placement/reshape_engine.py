@@ -497,12 +497,26 @@ def _kept_warning(
     holders: Mapping[str, int],
     names: Mapping[str, str],
 ) -> str:
-    who = ", ".join(f"{consumer_label(c, names)} {n}" for c, n in sorted(holders.items()))
+    """Why ``holders`` keep ``rc``, by what is true of each: a guest of this
+    host (or its migration record) stays in ``rc`` by nova's rule; any other
+    consumer has no guest here."""
+    local = [f"{consumer_label(c, names)} {n}" for c, n in sorted(holders.items()) if c in names]
+    other = [f"{c} {n}" for c, n in sorted(holders.items()) if c not in names]
+    why = []
+    if local:
+        rule = (
+            "only guests nova counts as dedicated move to PCPU; shared and mixed "
+            "guests keep their VCPU, whatever their pins"
+            if rc == "VCPU"
+            else "nova's rule leaves them where they are"
+        )
+        why.append(f"guests of this host that stay in {rc} ({rule}): {', '.join(local)}")
+    if other:
+        why.append(f"consumers with no guest on this host: {', '.join(other)}")
     return (
         f"{used} {rc} on {provider} are held by consumers the reshape does not "
-        f"move ({who}), above the new capacity {cap}; {rc} inventory is kept "
-        f"as it is until they are gone (no guest on this host matches those "
-        f"consumers, or they are not pinned)."
+        f"move, above the new capacity {cap}: {'; '.join(why)}. {rc} inventory is "
+        "kept as it is until they are gone."
     )
 
 

@@ -511,7 +511,12 @@ def host_rule(
     children: fresh ones)."""
     root = _uuid(tree.root)
     numa = _numa_children(tree, host)
-    gpus = {address: _uuid(p) for address, p in _gpu_children(tree, host).items()}
+    # A GPU child of an [mdev_*] mdev_class holds no VGPU to move to.
+    gpus = {
+        address: _uuid(p)
+        for address, p in _gpu_children(tree, host).items()
+        if "VGPU" in p.inventories
+    }
     rules: list[Rule] = [
         *back,
         pinned_to_pcpu(host.guests, root, dedicated, [_uuid(p) for p in numa.values()]),

@@ -161,7 +161,8 @@ def host_limits(host: HostSnapshot, partition) -> HostLimits:
     between the two reads. The smaller would refuse a flat tree for those
     few MiB on every host; the larger lets a tree publish at most that
     difference more than its own source, and every tree is built from one
-    source only, never from the larger of the two."""
+    source only, never from the larger of the two. With file-backed
+    memory, the backing size is the limit when it is larger."""
     # The partition has already refused offline CPUs, except dedicated ones
     # under [libvirt] cpu_power_management (nova powers idle ones down):
     # those still back PCPU, each counted once.
@@ -178,7 +179,9 @@ def host_limits(host: HostSnapshot, partition) -> HostLimits:
     )
     return HostLimits(
         cpus=len(cpus),
-        memory_mb=max(host.memory_mb, node_mb),
+        # With [libvirt] file_backed_memory guests' memory is the backing
+        # files' size, which nova publishes as MEMORY_MB (not RAM).
+        memory_mb=max(host.memory_mb, node_mb, host.file_backed_memory_mb),
         disk_gb=host.disk_gb,
         hugepages=pages,
         vgpus=vgpus,

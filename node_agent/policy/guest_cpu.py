@@ -126,6 +126,16 @@ def classify(guest: Guest) -> GuestCpu:
     return _from_shape(guest)
 
 
+# Metadata keys host/domain.py reads from nova's <nova:instance> only.
+_NOVA_KEYS = ("nova:", "flavor:", "owner:", EXTRA_SPEC, IMAGE_PROPERTY)
+
+
+def by_nova(guest: Guest) -> bool:
+    """nova wrote this domain (its ``<nova:instance>`` metadata is there): a
+    guest started outside nova is not one nova-compute checks at start."""
+    return any(key.startswith(_NOVA_KEYS) for key, _ in guest.metadata)
+
+
 def _has_nova_specs(guest: Guest) -> bool:
     # host/domain.py records that nova wrote an <extraSpecs> element (even
     # an empty one) with this key, so "no policy" is nova's word.

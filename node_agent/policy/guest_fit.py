@@ -22,7 +22,7 @@ from typing import Iterable, Optional
 from node_agent.errors import GuestsDoNotFit
 from node_agent.model.cpuset import CpuSet
 from node_agent.model.snapshot import Guest
-from node_agent.policy.guest_cpu import classify
+from node_agent.policy.guest_cpu import by_nova, classify
 
 
 def pinned_misfit(
@@ -49,16 +49,36 @@ def pinned_misfit(
 
 
 def floating_misfit(guest: Guest, dedicated: CpuSet, shared: CpuSet) -> Optional[str]:
-    """Why a guest with floating vCPUs has no CPU to run on, or None."""
+    """Why a guest with floating vCPUs has no CPU to run on, or None: the
+    guest, the host CPUs it runs on, why its vCPUs count as floating, and
+    whether nova-compute refuses to start for it (only for its own guests)."""
     cpu = classify(guest)
     if not dedicated or shared or cpu.vcpu == 0:
         return None
+    where = (
+        f"runs on host CPUs {guest.pinned_cpus}"
+        if guest.pinned_cpus
+        else "has no pinned CPU (it may run on any)"
+    )
+    if by_nova(guest):
+        origin = ""
+        verdict = (
+            "nova has no CPU to run them on and nova-compute refuses to start. "
+            "Set [compute] cpu_shared_set to the CPUs floating guests may use, "
+            "or migrate the guest first."
+        )
+    else:
+        origin = ", not started by nova (no nova metadata),"
+        verdict = (
+            "no VCPU is published for them while they use host CPUs (nova-compute "
+            "does not know this guest). Set [compute] cpu_shared_set to the CPUs "
+            "it runs on, pin each of its vCPUs to a CPU of its own, or stop it."
+        )
     return (
-        f"{cpu.policy} guest {guest.name} ({guest.uuid}) has {cpu.vcpu} floating "
-        f"vCPUs, but cpu_dedicated_set = '{dedicated}' is set and cpu_shared_set is "
-        "empty, so nova has no CPU to run them on (nova-compute refuses to start). "
-        "Set [compute] cpu_shared_set to the CPUs floating guests may use, or "
-        "migrate the guest first."
+        f"{cpu.policy} guest {guest.name} ({guest.uuid}){origin} {where}; nova counts "
+        f"{cpu.vcpu} of its vCPUs as floating ({cpu.rule}): VCPU {cpu.vcpu}. "
+        f"cpu_dedicated_set = '{dedicated}' is set and cpu_shared_set is empty, so "
+        f"{verdict}"
     )
 
 

@@ -100,6 +100,8 @@ class UpstreamReport:
     # The maintenance the applier applied ({"on", "kept_by_placement"}); None
     # from a heartbeat or an older applier.
     maintenance: Optional[dict] = None
+    # Refused on this host: guests the CPU sets leave without CPUs.
+    guests_refused: bool = False
 
     @property
     def ok(self) -> bool:
@@ -156,9 +158,10 @@ def _guests_refused_here(desired) -> Optional[UpstreamReport]:
     refused = guests_refused(desired)
     if refused is None:
         return None
-    LOG.error("%s", refused)
+    LOG.debug("%s", refused)  # the service reports it, once while it stays the same
     return UpstreamReport(
         status=REFUSED,
+        guests_refused=True,
         errors=[str(refused)],
         messages=0,
         reshape={

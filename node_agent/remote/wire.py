@@ -3,8 +3,10 @@
 Both sides share this one definition: the agent encodes a cycle's
 ``Desired`` (:func:`body_of`, :func:`full_message`, :func:`heartbeat`) and
 checks it before sending (:func:`check_outgoing`); the applier decodes and
-validates it (:func:`parse_message` checks the version, then the published
-JSON Schema :mod:`node_agent.remote.schema` ships, then the digest;
+validates it (:func:`parse_envelope` checks the version and every field but
+the body against the published JSON Schema :mod:`node_agent.remote.schema`
+ships; the applier checks the signature then, and only then
+:func:`parse_body` the body's size, digest and schema;
 :func:`desired_from_body` the rules that span fields). The exchange itself
 (heartbeats, digests, ``seq``) is described in :mod:`node_agent.remote.upstream`.
 
@@ -513,23 +515,61 @@ def _check_version(version) -> tuple[int, int]:
     raise Malformed(f"version: wire format {version!r} {why} (this applier reads {ours[0]}.x)")
 
 
+# A real host's body is tens of KiB; schema validation costs about 3
+# CPU-seconds per MiB, so a body past this is refused before it.
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
 def parse_message(message) -> Message:
-    """Check the version, then the message against the published schema
-    (:mod:`node_agent.remote.schema`), then the body's digest; raises
-    :class:`Malformed` naming the first error's path."""
+    """:func:`parse_envelope`, then :func:`parse_body`: the whole check, as
+    the agent runs it on what it sends. The applier runs the two apart, with
+    the signature check between them."""
+    return parse_body(message, parse_envelope(message))
+
+
+def parse_envelope(message) -> tuple[int, int]:
+    """Check the version, then every field but the body against the
+    published schema (:mod:`node_agent.remote.schema`): what the signature
+    check reads, at a cost that does not grow with the body. Returns the
+    version (major, minor); raises :class:`Malformed` naming the first
+    error's path."""
     _need(isinstance(message, dict), "message", "must be an object")
     major, minor = _check_version(message.get("version"))
+    envelope = {key: value for key, value in message.items() if key != "body"}
+    _check_schema(envelope, major, minor)
+    return major, minor
+
+
+def parse_body(message: dict, version: tuple[int, int]) -> Message:
+    """The message whose envelope :func:`parse_envelope` accepted, its body
+    checked: the size limit and the digest (both one serialisation), then the
+    schema. Raises :class:`Malformed`."""
+    body = message.get("body")
+    if body is not None:
+        try:
+            text = canonical(body)
+        except (ValueError, TypeError, RecursionError):
+            raise Malformed("body: is not JSON data this applier can read") from None
+        size = len(text.encode("utf-8"))
+        _need(
+            size <= MAX_BODY_BYTES,
+            "body",
+            f"is {size} bytes, more than the {MAX_BODY_BYTES} a host's tree needs",
+        )
+        digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        _need(digest == message["digest"], "digest", "does not match the body")
+        _check_schema(message, *version)
+    return Message(
+        message["host"], message["seq"], message["digest"], body, signed="signature" in message
+    )
+
+
+def _check_schema(message: dict, major: int, minor: int) -> None:
     error = schema.first_error(
         message, major, newer_minor=minor > schema.minor_of(major), minor=minor
     )
     if error:
         raise Malformed(error)
-    body = message.get("body")
-    if body is not None:
-        _need(digest_of(body) == message["digest"], "digest", "does not match the body")
-    return Message(
-        message["host"], message["seq"], message["digest"], body, signed="signature" in message
-    )
 
 
 def sender_of(raw) -> str:

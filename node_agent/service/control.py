@@ -10,6 +10,7 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+from node_agent.errors import NodeAgentError
 from node_agent.policy import maintenance as maint
 from node_agent.state import MAINTENANCE, StateStore
 
@@ -85,10 +86,24 @@ class Control:
         return self.agent.status(self.service)
 
     def set_maintenance(self, on: bool, reason: Optional[str] = None) -> dict:
-        """Record the flag, then run a cycle to reserve (or release) it now.
-        ``applied_in_cycle``: that cycle's number, or None when it had not
-        ended within SYNC_WAIT (a loaded host, a slow Placement): the flag
-        is recorded either way and the cycle still applies it."""
-        result = Maintenance(self.service.config.settings.state_path).set(on, reason)
+        """The maintenance status after the switch, or, when the state file
+        cannot be written (read-only, full, permission), a refusal:
+        ``{"error": message, "exit_code": code}``, which the caller prints
+        and exits with; nothing is applied. After the switch, a cycle
+        reserves (or releases) it now: ``applied_in_cycle`` is that cycle's
+        number, or None when it had not ended within SYNC_WAIT (a loaded
+        host, a slow Placement); the flag is recorded either way and the
+        cycle still applies it."""
+        try:
+            result = Maintenance(self.service.config.settings.state_path).set(on, reason)
+        except NodeAgentError as exc:
+            LOG.error("maintenance %s refused: %s", "on" if on else "off", exc)
+            return refusal(exc)
         result["applied_in_cycle"] = self.service.trigger(wait=self.SYNC_WAIT)
         return result
+
+
+def refusal(exc: NodeAgentError) -> dict:
+    """A control RPC's answer for an error the agent raised on purpose: the
+    caller gets the message and the exit code, not a remote traceback."""
+    return {"error": str(exc), "exit_code": exc.exit_code}

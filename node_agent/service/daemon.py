@@ -23,9 +23,10 @@ from node_agent.errors import NodeAgentError, PlacementError
 from node_agent.host.discover import read_guests
 from node_agent.model.settings import Settings
 from node_agent.remote import messaging
-from node_agent.runner import CycleReport, CycleRunner, runner_for
+from node_agent.runner import Blocked, CycleReport, CycleRunner, runner_for
 from node_agent.service.control import Control, Maintenance, utc_now
 from node_agent.service.loop import CycleResult, Service, systemd_notifier
+from node_agent.service.restart_only import changed_restart_only, parsed_files
 from node_agent.startup import validate
 from node_agent.state import StateStore
 
@@ -98,6 +99,10 @@ class Agent:
         self._refused_files: tuple = ()
         self.last_audit: Optional[dict] = None
         self.last_companion: Optional[dict] = None
+        # What the last cycle that ran left refused (the metrics' problem);
+        # kept through a failed cycle, so a refusal that outlasts an outage
+        # is not announced again.
+        self.blocked: Optional[Blocked] = None
         self._lock = threading.Lock()
 
     def _runner_of(self, loaded: Loaded) -> CycleRunner:
@@ -149,6 +154,7 @@ class Agent:
             report = self._runner_of(loaded).run(desired, **self._reshape_hooks(loaded))
             self._note_findings(loaded, report)
             self._note_reshape(loaded, report.outcome)
+            self._note_blocked(report)
         except NodeAgentError as exc:
             with self._lock:
                 self.last_error = {"time": started, "error": str(exc)}
@@ -187,6 +193,28 @@ class Agent:
         else:
             LOG.info("operator provider files are all valid again")
         self._refused_files = refused
+
+    def _note_blocked(self, report: CycleReport) -> None:
+        """One ERROR when a refusal appears or changes, DEBUG while it stays,
+        one INFO when it clears: a refusal can last for days."""
+        blocked = report.blocked
+        if report.busy:
+            LOG.warning("%s; the next cycle tries again", "; ".join(report.errors))
+        if blocked == self.blocked:
+            if blocked is not None:
+                LOG.debug("still refused (%s): %s", blocked.reason, blocked.text)
+        elif blocked is not None:
+            LOG.error(
+                "%s; logged again when this changes, the metric node_agent_problem"
+                '{reason="%s"} stays 1 until then',
+                blocked.text,
+                blocked.reason,
+            )
+        else:
+            assert self.blocked is not None
+            LOG.info("the refusal (%s) is over: the tree is applied whole", self.blocked.reason)
+        with self._lock:
+            self.blocked = blocked
 
     def _note_findings(self, loaded: Loaded, report: CycleReport) -> None:
         """Keep the audit and the companion check, and announce what is new."""
@@ -299,6 +327,9 @@ def run(args: Sequence[str], loaded: Optional[Loaded] = None) -> int:
         loaded,
         notifier=systemd_notifier(),
         after_cycle=collector.cycle_done if collector else None,
+        unapplied=lambda old, new: changed_restart_only(
+            parsed_files(old.conf), parsed_files(new.conf)
+        ),
     )
     service.install_signal_handlers()
     control = Control(agent, service)

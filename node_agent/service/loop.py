@@ -94,6 +94,16 @@ def problem_kind(exc: BaseException) -> str:
     return "internal"
 
 
+def problem_reason(exc: BaseException) -> str:
+    """The error's class in snake case (``placement_error``, ``provider_owned``),
+    the metrics' reason label: a closed set, the error hierarchy's classes;
+    ``unexpected`` for anything outside it."""
+    if not isinstance(exc, NodeAgentError):
+        return "unexpected"
+    name = type(exc).__name__
+    return "".join(f"_{c.lower()}" if c.isupper() and i else c.lower() for i, c in enumerate(name))
+
+
 _PROBLEM_TEXT = {
     "placement": "Placement cannot be used",
     "host": "the host cannot be read; reported inventory is left as it was",
@@ -118,21 +128,27 @@ class Health:
     failures: int = 0
     since: Optional[float] = None
     message: str = ""
+    reason: str = ""  # problem_reason of the last failure
+    cause: str = ""
 
     def failed(self, exc: BaseException, now: float) -> bool:
-        """Record a failure; True when this changes the state (log it)."""
+        """Record a failure; True when this changes the state or its cause
+        (a state directory read-only, then full: log it)."""
         kind = problem_kind(exc)
-        changed = kind != self.kind
-        if changed:
+        cause = getattr(exc, "cause", "")
+        changed = kind != self.kind or cause != self.cause
+        if kind != self.kind:
             self.kind, self.since = kind, now
+        self.cause = cause
         self.failures += 1
+        self.reason = problem_reason(exc)
         self.message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return changed
 
     def succeeded(self) -> Optional[str]:
         """Record a success; returns the kind of problem that just ended."""
         ended, self.kind, self.failures, self.since = self.kind, None, 0, None
-        self.message = ""
+        self.message = self.reason = self.cause = ""
         return ended
 
 
@@ -194,10 +210,13 @@ class Service:
         stop_timeout: float = DEFAULT_STOP_TIMEOUT,
         tick: float = DEFAULT_TICK,
         after_cycle: Optional[Callable[[], None]] = None,
+        unapplied: Optional[Callable[[Any, Any], list[str]]] = None,
     ):
         """``after_cycle`` runs in the loop after each cycle, once its
-        outcome is recorded (metrics files)."""
+        outcome is recorded (metrics files). ``unapplied(old, new)`` names
+        the options a reload changed that apply only at a restart."""
         self._cycle_fn = cycle
+        self._unapplied = unapplied
         self._after_cycle = after_cycle
         self._load = load
         self.config = config if config is not None else load()
@@ -210,7 +229,11 @@ class Service:
         self.cycles = 0  # cycles finished (ok or not)
         self.last_result: Optional[CycleResult] = None
         self.last_duration: Optional[float] = None  # seconds, last cycle
-        self.last_success: Optional[float] = None  # wall time (time.time())
+        # Wall time (time.time()) of the last cycle that left nothing undone:
+        # one that left a change refused (CycleResult.ok False) ran, but
+        # Placement does not follow the host, and an alert on this age is
+        # what tells an operator so.
+        self.last_success: Optional[float] = None
         self._requests = _Requests()
         self._wake = threading.Event()
         self._lock = threading.Lock()
@@ -308,8 +331,17 @@ class Service:
             )
             self.notifier.notify("READY=1")
             return False
+        waiting = self._unapplied(self.config, new) if self._unapplied else []
         self.config = new
-        LOG.info("configuration reloaded; it applies from the next cycle")
+        if waiting:
+            LOG.warning(
+                "configuration reloaded; it applies from the next cycle, except "
+                "%s: read at start only, still the old value until "
+                "`systemctl restart node-agent`",
+                ", ".join(waiting),
+            )
+        else:
+            LOG.info("configuration reloaded; it applies from the next cycle")
         self.notifier.notify("READY=1")
         return True
 
@@ -357,7 +389,8 @@ class Service:
             if ended:  # good news: INFO, once; the failure was the ERROR
                 LOG.info("%s; back to normal", _RECOVERY_TEXT[ended])
             self.last_result = current.result
-            self.last_success = time.time()
+            if current.result is None or current.result.ok:
+                self.last_success = time.time()
         with self._finished:
             self._running = None
             self.cycles += 1

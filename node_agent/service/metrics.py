@@ -7,21 +7,39 @@ node_exporter's textfile collector. Both are off by default.
 
 Placement request counts come from the client's request log, so they
 restart from zero when a SIGHUP builds a new client.
+
+Names follow Prometheus' conventions, as ``promtool check metrics``
+checks them: ``_total`` on counters only, base units (seconds), a HELP for
+each family (tests/promlint.py restates its checks on the real output). The
+endpoint adds the process's own metrics (``process_*``, read from
+/proc/self); the textfile does not: node_exporter, which reads it, exports
+its own ``process_*`` series, and a file written once a cycle would show
+stale CPU and memory figures.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import os
+import platform
 import time
 from collections import Counter
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Optional
 
-from prometheus_client import CollectorRegistry, Histogram, start_http_server, write_to_textfile
+from prometheus_client import (
+    CollectorRegistry,
+    Histogram,
+    ProcessCollector,
+    start_http_server,
+    write_to_textfile,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.samples import Sample
 
 from node_agent.errors import ResourceError
+from node_agent.version import installed_version
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -48,6 +66,52 @@ def _gauge(name, doc, value=None, labels=()):
     if value is not None:
         family.add_metric([], value)
     return family
+
+
+class BuildInfo:
+    """``node_agent_build_info{version, python} 1``: which build runs, for a
+    fleet upgrade's dashboard. The version is read once (package metadata)."""
+
+    def __init__(self):
+        self.version = installed_version()
+        self.python = platform.python_version()
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            f"{PREFIX}_build_info",
+            "Always 1: the node-agent version and the Python that runs it.",
+            labels=["version", "python"],
+        )
+        family.add_metric([self.version, self.python], 1)
+        yield family
+
+
+def endpoint_registry(*collectors) -> CollectorRegistry:
+    """What an HTTP endpoint serves: ``collectors``, the build info and the
+    process's own metrics (``process_*`` from /proc/self: resident memory,
+    CPU seconds, start time, open file descriptors)."""
+    registry = CollectorRegistry()
+    for collector in (*collectors, BuildInfo()):
+        registry.register(collector)
+    ProcessCollector(registry=registry)
+    return registry
+
+
+# Problem kinds, each always exported (0 when not current).
+PROBLEM_KINDS = ("placement", "host", "config", "state", "internal")
+
+
+def current_problem(service, agent) -> Optional[tuple[str, str]]:
+    """The (kind, reason) ``node_agent_problem`` shows at 1: a cycle that
+    failed (the loop's health: its kind, the error's class), else what the
+    last cycle left blocked (:class:`node_agent.runner.Blocked`), else None."""
+    health = service.health
+    if health.kind is not None:
+        return health.kind, getattr(health, "reason", "") or health.kind
+    blocked = getattr(agent, "blocked", None)
+    if blocked is not None:
+        return blocked.kind, blocked.reason
+    return None
 
 
 def listen_problem(option: str, host: str, port: int, exc: OSError) -> str:
@@ -82,7 +146,9 @@ class AgentCollector:
         )
         yield _gauge(
             "last_success_timestamp_seconds",
-            "Unix time of the last cycle that synced (0: none yet).",
+            "Unix time of the last cycle after which Placement held everything "
+            "this host should publish (0: none yet); a cycle that failed or that "
+            "left a change refused does not move it.",
             service.last_success or 0.0,
         )
         yield _counter("cycles", "Cycles run since the agent started.", service.cycles)
@@ -91,11 +157,18 @@ class AgentCollector:
         )
         problem = _gauge(
             "problem",
-            "1 for the current problem kind (placement, host, config, state, internal).",
-            labels=["kind"],
+            "1 for the current problem: its kind (placement, host, config, "
+            "state, internal) and reason (the error's class, e.g. placement_error, "
+            "provider_owned; or what the last cycle refused: guests_do_not_fit, "
+            "reshape_refused, changes_refused); 0 for every other kind.",
+            labels=["kind", "reason"],
         )
-        for kind in ("placement", "host", "config", "state", "internal"):
-            problem.add_metric([kind], 1 if service.health.kind == kind else 0)
+        current = current_problem(service, agent)
+        for kind in PROBLEM_KINDS:
+            if current is not None and current[0] == kind:
+                problem.add_metric([kind, current[1]], 1)
+            else:  # no reason label: the series the kind had before reasons
+                problem.samples.append(Sample(problem.name, {"kind": kind}, 0))
         yield problem
         last = agent.last_sync or {}
         yield _gauge(
@@ -150,8 +223,10 @@ class AgentCollector:
         return family
 
     def _inventories(self):
+        # Formerly node_agent_inventory_total, a counter's suffix on a gauge
+        # (promtool refuses it); docs/admin/metrics.md keeps the old name.
         family = _gauge(
-            "inventory_total",
+            "inventory",
             "Inventory total reported, per provider and resource class.",
             labels=["provider", "resource_class"],
         )
@@ -174,6 +249,31 @@ class AgentCollector:
         return family
 
 
+# systemd/node-agent.service's ReadWritePaths=: the textfile directory of
+# Debian's prometheus-node-exporter (--collector.textfile.directory).
+UNIT_TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
+
+
+def textfile_fix(exc: OSError, path: str) -> str:
+    """What to do when ``[agent] metrics_textfile`` cannot be written."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if exc.errno == errno.EROFS:
+        return (
+            f"{directory} is read-only to the agent: the shipped unit "
+            f"(ProtectSystem=strict) allows {UNIT_TEXTFILE_DIR}, node_exporter's "
+            "textfile directory on Debian; for another, add ReadWritePaths="
+            f"{directory} with `systemctl edit node-agent`, then restart"
+        )
+    if exc.errno == errno.EACCES:
+        return (
+            "the service user may not write into the directory: "
+            f"`setfacl -m u:node-agent:rwx {directory}` (keeps its owner)"
+        )
+    if exc.errno == errno.ENOENT:
+        return f"{directory} does not exist: point it at node_exporter's textfile directory"
+    return "the file is tried again after each cycle"
+
+
 class Metrics:
     def __init__(self, port: int = 0, host: str = "127.0.0.1", textfile: Optional[str] = None):
         self.port = port
@@ -188,15 +288,17 @@ class Metrics:
             registry=self.registry,
         )
         self._service = None
+        self._textfile_problem: object = None  # the errno of the last failure
 
     def start(self, agent, service) -> None:
         self._service = service
-        self.registry.register(AgentCollector(agent, service))
+        collector = AgentCollector(agent, service)
+        self.registry.register(collector)
+        self.registry.register(BuildInfo())
         if self.port:
+            served = endpoint_registry(collector, self.durations)
             try:
-                self._server, _thread = start_http_server(
-                    self.port, self.host, registry=self.registry
-                )
+                self._server, _thread = start_http_server(self.port, self.host, registry=served)
             except OSError as exc:
                 raise ResourceError(
                     listen_problem("[agent] metrics_port", self.host, self.port, exc)
@@ -209,11 +311,26 @@ class Metrics:
         self.write_textfile()
 
     def write_textfile(self) -> None:
-        if self.textfile:
-            try:
-                write_to_textfile(self.textfile, self.registry)
-            except OSError as exc:
-                LOG.warning("cannot write metrics to %s: %s", self.textfile, exc)
+        """Write the file; a failure is logged once per cause, not every
+        cycle, and its end once."""
+        if not self.textfile:
+            return
+        try:
+            write_to_textfile(self.textfile, self.registry)
+        except OSError as exc:
+            cause = exc.errno or str(exc)
+            if cause != self._textfile_problem:
+                self._textfile_problem = cause
+                LOG.warning(
+                    "cannot write metrics to %s: %s. %s",
+                    self.textfile,
+                    exc.strerror or exc,
+                    textfile_fix(exc, self.textfile),
+                )
+            return
+        if self._textfile_problem is not None:
+            self._textfile_problem = None
+            LOG.info("metrics written to %s again", self.textfile)
 
     def stop(self) -> None:
         if self._server is not None:
@@ -236,11 +353,13 @@ def write_once(
     errors: list,
     companion: Optional[dict] = None,
     audit: Optional[dict] = None,
+    blocked=None,
 ) -> None:
     """``--once``: the service's metrics for this one cycle, written to
     ``[agent] metrics_textfile`` when it is set, so node_exporter's textfile
     collector shows hosts synced by a timer too. ``companion`` and ``audit``:
-    companion mode's check, for the drift and audit gauges."""
+    companion mode's check, for the drift and audit gauges; ``blocked``: what
+    the cycle left refused (:class:`node_agent.runner.Blocked`), the problem."""
 
     if not conf.agent.metrics_textfile:
         return
@@ -259,6 +378,7 @@ def write_once(
         last_desired=desired,
         last_companion=companion,
         last_audit=audit,
+        blocked=blocked,
     )
     metrics.start(agent, service)
     metrics.cycle_done()

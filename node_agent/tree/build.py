@@ -34,22 +34,16 @@ from node_agent.tree.mem_encryption import (
 from node_agent.tree.numa import split_by_numa
 from node_agent.tree.pci import gpu_children, sriov_children
 
-# libvirt/uname architecture names -> os-traits HW_ARCH_* names.
-_ARCH_ALIASES = {
-    "i386": "i686",
-    "i486": "i686",
-    "i586": "i686",
-    "amd64": "x86_64",
-    "arm64": "aarch64",
-    "armv6l": "armv6",
-    "armv7l": "armv7",
-}
-
 
 def arch_trait(arch: str | None) -> str | None:
+    """nova's rule (``_get_cpu_arch_traits``): ``HW_ARCH_`` + libvirt's arch
+    upper-cased, when os-traits has it. libvirt says ``armv7l``, and
+    os-traits has no HW_ARCH_ARMV7L, so a 32-bit ARM host gets no arch trait
+    from nova; a scheduler filter on HW_ARCH_ARMV7 never matched nova's
+    hosts either, so the agent adds none."""
     if not arch:
         return None
-    name = "HW_ARCH_" + _ARCH_ALIASES.get(arch, arch).upper()
+    name = "HW_ARCH_" + arch.upper()
     return name if hasattr(os_traits, name) else None
 
 
@@ -72,8 +66,14 @@ def check_reserved(settings: Settings, host: HostSnapshot) -> None:
         raise ConfigError(problems)
 
 
-def disk_reserved_gb(settings: Settings) -> int:
-    return math.ceil(settings.reserved_host_disk_mb / 1024)
+def disk_reserved_gb(settings: Settings, image_cache_bytes: int = 0) -> int:
+    """``reserved_host_disk_mb`` in GiB rounded up, plus, with
+    ``[workarounds] reserve_disk_resource_for_image_cache``, the image
+    cache's disk in GiB rounded up (nova's two roundings, added)."""
+    reserved = math.ceil(settings.reserved_host_disk_mb / 1024)
+    if settings.reserve_disk_for_image_cache:
+        reserved += math.ceil(image_cache_bytes / 1024**3)
+    return reserved
 
 
 def root_inventories(
@@ -88,19 +88,45 @@ def root_inventories(
         ),
         orc.PCPU: Inventory(total=len(partition.pcpu)),
         orc.MEMORY_MB: Inventory(
-            total=host.memory_mb,
+            # nova's Host.get_memory_mb_total: the backing files' size.
+            total=settings.file_backed_memory or host.memory_mb,
             reserved=settings.reserved_host_memory_mb,
             allocation_ratio=settings.ram_allocation_ratio,
             keep_placement_ratio=settings.keeps_placement_ratio("ram"),
         ),
         orc.DISK_GB: Inventory(
             total=host.disk_gb,
-            reserved=disk_reserved_gb(settings),
+            reserved=disk_reserved_gb(settings, host.image_cache_bytes),
             allocation_ratio=settings.disk_allocation_ratio,
             keep_placement_ratio=settings.keeps_placement_ratio("disk"),
         ),
     }
+    candidates.update(pmem_inventories(settings, host))
     return {rc: inv for rc, inv in candidates.items() if inv.total > 0}
+
+
+def pmem_inventories(settings: Settings, host: HostSnapshot) -> dict[str, Inventory]:
+    """nova's ``_update_provider_tree_for_vpmems``: one
+    CUSTOM_PMEM_NAMESPACE_<LABEL> per label, a unit per namespace. A
+    configured namespace the host lacks is refused, as nova refuses to
+    start (PMEMNamespaceConfigInvalid)."""
+    missing = [
+        name
+        for _label, names in settings.pmem_namespaces
+        for name in names
+        if name not in host.pmem_namespaces
+    ]
+    if missing:
+        raise ConfigError(
+            f"[libvirt] pmem_namespaces names {', '.join(missing)}, which this host "
+            f"does not have (its namespaces: {', '.join(sorted(host.pmem_namespaces)) or 'none'}; "
+            "see 'ndctl list'); nova refuses to start too. Correct the names."
+        )
+    counts: dict[str, int] = {}
+    for label, names in settings.pmem_namespaces:
+        rc = orc.normalize_name(f"PMEM_NAMESPACE_{label}")
+        counts[rc] = counts.get(rc, 0) + len(names)
+    return {rc: Inventory(total=n) for rc, n in counts.items()}
 
 
 def root_traits(host: HostSnapshot, settings: Optional[Settings] = None) -> dict[str, bool]:

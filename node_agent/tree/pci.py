@@ -1,11 +1,17 @@
 """GPU (VGPU) and SR-IOV PF (SRIOV_NET_VF) children of the root. Pure.
 
-GPU: one child per GPU offering an enabled mdev type, named
-``<host>_pci_<domain>_<bus>_<slot>_<function>``. A GPU serves one mdev type
-at a time (the types share the same hardware, so their available counts
-are not additive): the first enabled type it already has mdevs of, else the
-first enabled type it offers. VGPU total = available_instances + mdevs
-already created, because ``available_instances`` counts only what is left.
+GPU: nova's model (libvirt driver ``_get_supported_vgpu_types`` and
+``_get_gpu_inventories``). A GPU serves one mdev type (the types share the
+same hardware, so their available counts are not additive): the type whose
+``[mdev_<type>] device_addresses`` names it, else the default type, the
+first enabled type without device_addresses (later ones are not used).
+Total = mdevs of that type already created + its available_instances
+(which counts only what is left); ``max_instances`` caps a type over all
+GPUs, and a GPU whose available instances would pass it gets total 0. A
+GPU with total 0 (or not offering its type) has no child, named otherwise
+``<host>_pci_<domain>_<bus>_<slot>_<function>``, with class VGPU or the
+type's ``mdev_class`` for GPUs of its device_addresses (nova gives the
+default type's GPUs VGPU).
 Each GPU child carries the agent's mark
 (:data:`node_agent.policy.child_owner.AGENT_CHILD_TRAIT`): nova names its GPU
 children the same way, so the name alone does not say whose it is.
@@ -27,7 +33,7 @@ import os_resource_classes as orc
 
 from node_agent.model.device_spec import PciDeviceSpec, physnet_trait
 from node_agent.model.provider_tree import Inventory, Provider
-from node_agent.model.settings import Settings
+from node_agent.model.settings import MdevTypeSettings, Settings
 from node_agent.model.snapshot import HostSnapshot, MdevTypeInfo, PciGpu, SriovPf
 from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 
@@ -41,26 +47,80 @@ def sriov_provider_name(host: str, address: str) -> str:
     return f"{host}_{address}"
 
 
-def chosen_mdev_type(gpu: PciGpu, enabled: tuple[str, ...]) -> Optional[MdevTypeInfo]:
-    offered = {t.id: t for t in gpu.mdev_types}
-    candidates = [offered[name] for name in enabled if name in offered]
-    in_use = [t for t in candidates if t.mdevs]
-    chosen = in_use or candidates
-    return chosen[0] if chosen else None
+def mdev_type_settings(settings: Settings) -> tuple[MdevTypeSettings, ...]:
+    """The enabled types' sections; a type without one has the defaults."""
+    given = {t.name: t for t in settings.mdev_types}
+    return tuple(given.get(name, MdevTypeSettings(name)) for name in settings.enabled_mdev_types)
+
+
+def gpu_type_choice(types: tuple[MdevTypeSettings, ...]) -> tuple[dict, Optional[str]]:
+    """(address -> type, the default type): nova's ``_get_supported_vgpu_types``."""
+    by_address: dict[str, MdevTypeSettings] = {}
+    default = None
+    for mdev_type in types:
+        if not mdev_type.device_addresses:
+            default = default or mdev_type.name
+        for address in mdev_type.device_addresses:
+            by_address.setdefault(address.lower(), mdev_type)
+    return by_address, default
+
+
+def chosen_mdev_type(gpu: PciGpu, types: tuple[MdevTypeSettings, ...]) -> Optional[MdevTypeInfo]:
+    """The type ``gpu`` serves, as it offers it; None when it serves none
+    or does not offer the type it is given."""
+    by_address, default = gpu_type_choice(types)
+    given = by_address.get(gpu.address.lower())
+    name = given.name if given else default
+    return next((t for t in gpu.mdev_types if t.id == name), None)
+
+
+def gpu_totals(settings: Settings, gpus) -> dict[str, tuple[str, int]]:
+    """GPU address -> (resource class, total), nova's two passes: mdevs
+    already created count first, then the instances left, GPU by GPU in
+    address order, against each type's max_instances."""
+    types = mdev_type_settings(settings)
+    by_address, _default = gpu_type_choice(types)
+    limits = {t.name: t.max_instances for t in types}
+    used: dict[str, int] = {}
+    totals: dict[str, int] = {}
+    chosen = {gpu.address: chosen_mdev_type(gpu, types) for gpu in gpus}
+    for gpu in gpus:
+        offered = chosen[gpu.address]
+        if offered is not None and offered.mdevs:
+            used[offered.id] = used.get(offered.id, 0) + len(offered.mdevs)
+            totals[gpu.address] = len(offered.mdevs)
+    for gpu in gpus:
+        offered = chosen[gpu.address]
+        if offered is None:
+            continue
+        count, limit = offered.available_instances, limits.get(offered.id)
+        if limit and used.get(offered.id, 0) + count > limit:
+            totals[gpu.address] = 0  # nova removes this GPU's provider
+            continue
+        used[offered.id] = used.get(offered.id, 0) + count
+        totals[gpu.address] = totals.get(gpu.address, 0) + count
+    result = {}
+    for address, total in totals.items():
+        given = by_address.get(address.lower())
+        result[address] = (given.mdev_class if given else orc.VGPU, total)
+    return result
 
 
 def gpu_children(settings: Settings, host: HostSnapshot) -> tuple[Provider, ...]:
     children = []
-    for gpu in sorted(host.gpus, key=lambda g: g.address):
-        mdev_type = chosen_mdev_type(gpu, settings.enabled_mdev_types)
-        if mdev_type is None:
+    gpus = sorted(host.gpus, key=lambda g: g.address)
+    totals = gpu_totals(settings, gpus)
+    for gpu in gpus:
+        if gpu.address not in totals:
             continue
-        total = mdev_type.available_instances + len(mdev_type.mdevs)
+        resource_class, total = totals[gpu.address]
+        if total <= 0:
+            continue
         children.append(
             Provider(
                 name=gpu_provider_name(settings.host, gpu.address),
                 parent=settings.host,
-                inventories={orc.VGPU: Inventory(total=total)} if total > 0 else {},
+                inventories={resource_class: Inventory(total=total)},
                 traits={AGENT_CHILD_TRAIT: True},
             )
         )

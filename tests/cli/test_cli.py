@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.cli.runner import run_agent, write_config
@@ -206,3 +208,20 @@ def test_dry_run_reads_guests_through_libvirt_test_driver(tmp_path):
     result = agent(config, "--once", "--dry-run", "--output", "json")
     assert result.code == 0, result.stderr
     assert not any("connection_uri is empty" in w for w in result.json()["warnings"])
+
+
+def test_a_libvirt_error_that_is_not_utf8_exits_69_without_a_traceback(tmp_path):
+    config = write_config(tmp_path, TEST6)
+    uri = f"test://{tmp_path}/%FFhost.xml"  # libvirt echoes the unescaped byte 0xff
+    config.write_text(config.read_text().replace("connection_uri =\n", f"connection_uri = {uri}\n"))
+    # libxml2 prints its own warning with the raw byte, so stderr is not UTF-8.
+    done = subprocess.run(
+        [sys.executable, "-m", "node_agent.cli.main", "--config-file", str(config)]
+        + ["--once", "--dry-run"],
+        capture_output=True,
+        timeout=60,
+    )
+    stderr = done.stderr.decode("utf-8", "backslashreplace")
+    assert done.returncode == 69, stderr
+    assert "Traceback" not in stderr and "SystemError" not in stderr
+    assert f"libvirt at {uri}: cannot connect" in stderr

@@ -500,6 +500,279 @@ def local_disk(paths):
         CONF([], project="nova", default_config_files=[])
 
 
+# The capability traits the resource tracker adds on the root
+# (``ComputeDriver.capabilities_as_traits``): reported apart, so the agent
+# side can tell them from the driver's.
+_DRIVER_HOSTS = {}
+
+
+def _fakelibvirt():
+    """nova's fake libvirt, importable without ``nova.tests.fixtures``'s
+    ``__init__`` (which needs test-only packages .venv-nova lacks)."""
+    import os
+    import types
+
+    import nova.tests
+
+    if "nova.tests.fixtures" not in sys.modules:
+        package = types.ModuleType("nova.tests.fixtures")
+        package.__path__ = [os.path.join(os.path.dirname(nova.tests.__file__), "fixtures")]
+        sys.modules["nova.tests.fixtures"] = package
+    from nova.tests.fixtures import libvirt as fakelibvirt
+
+    return fakelibvirt
+
+
+def _set_conf(conf):
+    """``{group: {name: value}}`` onto nova's CONF; returns an undo."""
+    done = []
+    for group, values in conf.items():
+        for name, value in values.items():
+            grp = None if group == "DEFAULT" else group
+            CONF.set_override(name, value, group=grp)
+            done.append((name, grp))
+
+    def undo():
+        for name, grp in done:
+            CONF.clear_override(name, group=grp)
+
+    return undo
+
+
+def _fake_host(fakelibvirt, case):
+    spec = case["host"]
+    info = fakelibvirt.HostInfo(
+        cpu_nodes=spec.get("cpu_nodes", 1),
+        cpu_sockets=spec.get("cpu_sockets", 1),
+        cpu_cores=spec.get("cpu_cores", 2),
+        cpu_threads=spec.get("cpu_threads", 1),
+        kB_mem=spec.get("kB_mem", 16780000),
+    )
+    if spec.get("arch"):
+        info.arch = spec["arch"]
+        _complete_host_template(fakelibvirt, spec["arch"])
+    pci = case.get("pci")
+    pci_info = fakelibvirt.HostPCIDevicesInfo(**pci) if pci else None
+    mdev_info = None
+    if case.get("mdevs"):
+        mdev_info = fakelibvirt.HostMdevDevicesInfo(
+            devices={
+                name: fakelibvirt.FakeMdevDevice(dev_name=name, type_id=t, parent=parent)
+                for name, (t, parent) in case["mdevs"].items()
+            }
+        )
+    conn = fakelibvirt.Connection(
+        "qemu:///system",
+        version=spec.get("libvirt_version", fakelibvirt.FAKE_LIBVIRT_VERSION),
+        hv_version=spec.get("qemu_version", fakelibvirt.FAKE_QEMU_VERSION),
+        host_info=info,
+        pci_info=pci_info,
+        mdev_info=mdev_info,
+    )
+    for method in case.get("refuse", ()):
+        # A libvirt without this call (VIR_ERR_NO_SUPPORT), as older ones.
+        def refuse(*_a, _m=method, **_k):
+            raise fakelibvirt.make_libvirtError(
+                fakelibvirt.libvirtError,
+                f"this function is not supported by the connection driver: {_m}",
+                error_code=fakelibvirt.VIR_ERR_NO_SUPPORT,
+            )
+
+        setattr(conn, method, refuse)
+    return info, conn
+
+
+def _complete_host_template(fakelibvirt, arch):
+    """Some of fakelibvirt's host templates (ARMv7: "incomplete", its note
+    says) lack the NUMA topology every libvirt reports; nova's driver then
+    cannot start on them. Give them the x86_64 template's ``<topology>``
+    and ``<cpu>`` shape, keeping their own ``<arch>``."""
+    import re
+
+    data = sys.modules[fakelibvirt.__name__.replace("libvirt", "libvirt_data")]
+    template = data.CAPABILITIES_HOST_TEMPLATES.get(arch)
+    if template is None or "%(topology)s" in template:
+        return
+    own_arch = re.search(r"<arch>([^<]*)</arch>", template).group(1)
+    x86 = data.CAPABILITIES_HOST_TEMPLATES["x86_64"]
+    host_cpu = re.search(r"<cpu>.*?</cpu>", x86, re.S).group(0)
+    host_cpu = re.sub(r"<arch>[^<]*</arch>", f"<arch>{own_arch}</arch>", host_cpu)
+    host_cpu = re.sub(r"\s*<(model|vendor|feature)[^>]*>[^<]*(</\1>)?", "", host_cpu)
+    host_cpu = re.sub(r"\s*<feature [^>]*/>", "", host_cpu)
+    topology = re.search(r"\s*%\(topology\)s", x86).group(0)
+    data.CAPABILITIES_HOST_TEMPLATES[arch] = re.sub(
+        r"<cpu>.*?</cpu>", lambda _m: host_cpu + topology, template, flags=re.S
+    )
+
+
+def _ndctl_list(names):
+    """``ndctl list -X`` for devdax namespaces of these names (what nova's
+    privsep reads), one 128 GiB namespace each."""
+    return json.dumps(
+        [
+            {
+                "dev": f"namespace0.{i}",
+                "mode": "devdax",
+                "size": 128 * 1024**3,
+                "name": name,
+                "daxregion": {"id": 0, "align": 2097152, "devices": [{"chardev": f"dax0.{i}"}]},
+            }
+            for i, name in enumerate(names)
+        ]
+    )
+
+
+def _uname(arch):
+    import os
+
+    return os.uname_result(("Linux", "fixture", "6.1.0", "", arch))
+
+
+def _topology(info):
+    """The fake host's cells as the agent's sysfs needs them."""
+    cells = []
+    for cell in info.numa_topology.cells:
+        cells.append(
+            {
+                "id": cell.id,
+                "memory_kb": cell.memory,
+                "cpus": [
+                    {
+                        "id": cpu.id,
+                        "socket": cpu.socket_id,
+                        "core": cpu.core_id,
+                        "siblings": sorted(cpu.siblings or {cpu.id}),
+                    }
+                    for cpu in cell.cpus
+                ],
+            }
+        )
+    return cells
+
+
+def whole_driver(cases):
+    """Per case ``{name, host: HostInfo arguments, conf: {group: {name:
+    value}}, instances_path, image_cache_files?, pci?, mdevs?, refuse?}``:
+    nova's whole libvirt driver on nova's fake libvirt — ``init_host``, then
+    ``update_provider_tree`` on a tree with the root ``fixture``, then the
+    traits the resource tracker adds on the root. Answers ``{providers:
+    [{name, parent, inventories, traits}], tracker_traits, topology,
+    memory_kb}``; the fake connection stays for :func:`libvirt_call`."""
+    from unittest import mock
+
+    fakelibvirt = _fakelibvirt()
+    from nova import objects
+    from nova.virt import fake as fake_virt
+
+    objects.register_all()
+    nova.conf.devices.register_dynamic_opts(CONF)
+    real_fs_info = libvirt_utils.get_fs_info
+
+    def one(case):
+        info, conn = _fake_host(fakelibvirt, case)
+        _DRIVER_HOSTS[case["name"]] = (conn, info.arch)
+        CONF.set_override("instances_path", case["instances_path"])
+        # [devices] enabled_mdev_types names the [mdev_*] sections nova reads.
+        types = case["conf"].get("devices", {}).get("enabled_mdev_types", [])
+        CONF.set_override("enabled_mdev_types", types, group="devices")
+        nova.conf.devices.register_dynamic_opts(CONF)
+        undo = _set_conf(case["conf"])
+        online = set(range(info.cpus))
+        try:
+            with (
+                mock.patch("nova.virt.libvirt.host.Host.get_connection", return_value=conn),
+                mock.patch("nova.virt.libvirt.host.Host.get_online_cpus", return_value=online),
+                mock.patch(
+                    "nova.virt.libvirt.host.Host._has_cgroupsv1_cpu_controller",
+                    return_value=True,
+                ),
+                mock.patch.object(libvirt_utils, "get_fs_info", real_fs_info),
+                mock.patch("nova.privsep.utils.supports_direct_io", return_value=True),
+                mock.patch("os.uname", return_value=_uname(info.arch)),
+                mock.patch(
+                    "nova.privsep.libvirt.get_pmem_namespaces",
+                    return_value=_ndctl_list(case.get("pmem", ())),
+                ),
+                # A new host: no compute node record with a NUMA topology,
+                # so no PCPU reshape to ask the database about.
+                mock.patch.object(
+                    objects.ComputeNode,
+                    "get_by_nodename",
+                    return_value=objects.ComputeNode(numa_topology=None),
+                ),
+            ):
+                drvr = libvirt_driver.LibvirtDriver(fake_virt.FakeVirtAPI(), False)
+                drvr.init_host("fixture")
+                tree = nova_provider_tree.ProviderTree()
+                tree.new_root("fixture", "00000000-0000-0000-0000-000000000001")
+                drvr.update_provider_tree(tree, "fixture")
+                tracker = {}
+                for trait, supported in drvr.capabilities_as_traits().items():
+                    tracker[trait] = bool(supported)
+                providers = []
+                for uuid in tree.get_provider_uuids():
+                    data = tree.data(uuid)
+                    parent = tree.data(data.parent_uuid).name if data.parent_uuid else None
+                    providers.append(
+                        {
+                            "name": data.name,
+                            "parent": parent,
+                            "inventories": data.inventory,
+                            "traits": sorted(data.traits),
+                        }
+                    )
+            return {
+                "providers": providers,
+                "tracker_traits": tracker,
+                "topology": _topology(info),
+                "memory_kb": info.kB_mem,
+                "arch": info.arch,
+            }
+        finally:
+            undo()
+            CONF.clear_override("instances_path")
+            CONF.clear_override("enabled_mdev_types", group="devices")
+
+    def each(case):
+        # The host's facts even when nova refuses: the agent runs on it too.
+        info, _conn = _fake_host(fakelibvirt, case)
+        facts = {"topology": _topology(info), "memory_kb": info.kB_mem, "arch": info.arch}
+        try:
+            return {"value": one(case)}
+        except Exception as exc:  # nova refusing to start is an answer
+            return dict(_refusal(exc), host=facts)
+
+    with fakelibvirt.LibvirtFixture():
+        return [each(case) for case in cases]
+
+
+def libvirt_call(host, method, args):
+    """``method(*args)`` on the fake connection of :func:`whole_driver`'s
+    case ``host``: the agent's libvirt answers are the ones nova had. Node
+    devices answer by name (``XMLDesc``); a libvirt error answers
+    ``{"libvirt_error": [code, message]}``."""
+    from unittest import mock
+
+    fakelibvirt = _fakelibvirt()
+    conn, arch = _DRIVER_HOSTS[host]
+    try:
+        with mock.patch("os.uname", return_value=_uname(arch)):
+            return _libvirt_answer(fakelibvirt, conn, method, args)
+    except fakelibvirt.libvirtError as exc:
+        return {"libvirt_error": [exc.get_error_code(), str(exc)]}
+
+
+def _libvirt_answer(fakelibvirt, conn, method, args):
+    if method == "nodeDeviceXMLDesc":
+        return {"value": conn.nodeDeviceLookupByName(args[0]).XMLDesc(0)}
+    value = getattr(conn, method)(*args)
+    if method == "listAllDomains":
+        value = [[dom.XMLDesc(0), bool(dom.isActive())] for dom in value]
+    if isinstance(value, (set, frozenset, type({}.keys()))):
+        value = sorted(value)
+    return {"value": value}
+
+
 def version():
     import importlib.metadata
 
@@ -521,6 +794,8 @@ OPS = {
         test_data_dir,
         option_names,
         local_disk,
+        whole_driver,
+        libvirt_call,
         version,
     )
 }

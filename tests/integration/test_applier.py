@@ -32,6 +32,7 @@ from node_agent.placement.planner import wanted_inventories
 from node_agent.placement.sync import TreeSyncer
 from node_agent.remote import messaging, signing, upstream, wire
 from node_agent.state import StateStore
+from tests import promlint
 from tests.hostdata import sysfs_root_for, sysfs_trees
 from tests.integration.rabbit import free_port
 from tests.integration.reshape_driver import (
@@ -1133,6 +1134,12 @@ def test_a_message_that_waits_for_its_hosts_lock_is_counted_as_a_lock_wait(
     metrics = metrics_of(port)
     assert "node_agent_applier_lock_waits_total 1.0" in metrics, metrics
     assert converged(placement, agent)
+    # Issue 28: build and process metrics, names promtool accepts.
+    assert re.search(
+        r'^node_agent_build_info\{python="3[^"]*",version="[^"]+"\} 1\.0$', metrics, re.M
+    )
+    assert re.search(r"^process_resident_memory_bytes [1-9]", metrics, re.M), metrics
+    assert promlint.problems(metrics) == [] and promlint.promtool_problems(metrics) in (None, [])
 
 
 def test_a_broker_that_is_down_is_a_clear_error_within_seconds_not_a_hung_call(tmp_path):

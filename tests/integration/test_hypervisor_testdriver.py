@@ -143,6 +143,18 @@ def test_unreadable_host_file_is_a_discovery_error_naming_the_uri():
     assert "cannot connect" in str(raised.value)
 
 
+def test_a_libvirt_message_that_is_not_utf8_is_a_discovery_error(tmp_path):
+    # libvirt unescapes the URI's path and echoes its byte 0xff in its
+    # message; libvirt-python then failed to build the libvirtError
+    # (SystemError "returned a result with an exception set").
+    uri = f"test://{tmp_path}/%FFhost.xml"
+    with pytest.raises(DiscoveryError) as raised:
+        Hypervisor(uri).domain_xmls()
+    assert f"libvirt at {uri}: cannot connect: " in str(raised.value)
+    assert f"{tmp_path}/\\xffhost.xml" in str(raised.value)
+    assert "not UTF-8" in str(raised.value)
+
+
 def test_empty_uri_is_refused():
     with pytest.raises(ValueError):
         Hypervisor("")

@@ -87,13 +87,20 @@ def test_sighup_with_a_valid_config_applies_it_on_the_next_cycle(agent, placemen
     agent.start()
     agent.status_after(lambda s: s.startswith("ok:"))
 
-    agent.write_config(agent.config_text(reserved_memory_mb=2048))
+    # metrics_textfile is read at start only: the reload must say it waits.
+    textfile = agent.dir / "node-agent.prom"
+    agent.write_config(
+        agent.config_text(reserved_memory_mb=2048) + f"[agent]\nmetrics_textfile = {textfile}\n"
+    )
     agent.send(signal.SIGHUP)
 
     wait_until(
         lambda: root_inventory(placement_server.url, agent.host)["MEMORY_MB"]["reserved"] == 2048
     )
-    assert "configuration reloaded" in agent.log()
+    log = agent.log()
+    assert "configuration reloaded" in log
+    assert "except [agent] metrics_textfile: read at start only" in log, log
+    assert "`systemctl restart node-agent`" in log
 
 
 def test_placement_killed_and_restarted_the_agent_survives_and_heals_in_a_cycle(

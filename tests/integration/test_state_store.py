@@ -13,6 +13,11 @@ from pathlib import Path
 
 from node_agent.state import MAINTENANCE, OWNED_CHILDREN, StateStore
 
+# Each writer's own key (the keys the file's readers check for shape are not
+# lists of counters).
+SERVICE_KEY, COMMAND_KEY = "test_service_writes", "test_command_writes"
+CHILD, OTHER = "0c8e7c1e-62f1-4a39-8d0e-6f0b8f3b2a11", "0b7e5f1c-3d2a-4e6f-8a9b-1c2d3e4f5a6b"
+
 ROOT = Path(__file__).resolve().parents[2]
 UPDATES = 150
 
@@ -54,7 +59,7 @@ def _writer(directory: Path, key: str) -> subprocess.Popen:
 
 
 def test_two_processes_updating_the_state_file_lose_no_update(tmp_path):
-    writers = [_writer(tmp_path, MAINTENANCE), _writer(tmp_path, OWNED_CHILDREN)]
+    writers = [_writer(tmp_path, COMMAND_KEY), _writer(tmp_path, SERVICE_KEY)]
     for process in writers:
         assert process.stdin is not None
         process.stdin.write("go\n")
@@ -63,16 +68,16 @@ def test_two_processes_updating_the_state_file_lose_no_update(tmp_path):
         assert process.wait(timeout=600) == 0
 
     state = StateStore(tmp_path).load()
-    assert state[MAINTENANCE] == list(range(UPDATES))
-    assert state[OWNED_CHILDREN] == list(range(UPDATES))
+    assert state[COMMAND_KEY] == list(range(UPDATES))
+    assert state[SERVICE_KEY] == list(range(UPDATES))
     assert state["counter"] == 2 * UPDATES
 
 
 def test_an_update_keeps_the_keys_another_writer_saved(tmp_path):
     service, command = StateStore(tmp_path), StateStore(tmp_path)
-    service.put(OWNED_CHILDREN, ["child"])
+    service.put(OWNED_CHILDREN, [CHILD])
     command.put(MAINTENANCE, {"on": True})
-    assert service.put(OWNED_CHILDREN, ["child", "other"]) == {
-        OWNED_CHILDREN: ["child", "other"],
+    assert service.put(OWNED_CHILDREN, [CHILD, OTHER]) == {
+        OWNED_CHILDREN: [CHILD, OTHER],
         MAINTENANCE: {"on": True},
     }

@@ -6,6 +6,7 @@ is not counted.
 """
 
 import itertools
+import logging
 import uuid
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.placement.client import PlacementClient, Unavailable
 from node_agent.placement.sync import TreeSyncer
-from node_agent.state import FILE_NAME, StateStore
+from node_agent.state import FILE_NAME, StateStore, encode
 
 pytestmark = pytest.mark.integration
 
@@ -219,6 +220,28 @@ def test_corrupt_state_file_is_rebuilt_by_adoption(client, other, store, host_na
 
     assert report.ok and client.stats.writes == 0
     assert store.load()["root_uuid"] == root
+
+
+def test_a_wrong_shaped_state_file_with_a_valid_checksum_is_rebuilt_as_a_lost_one(
+    client, other, store, host_name, caplog
+):
+    desired = host_tree(host_name)
+    synced(client, store, desired)
+    root = store.load()["root_uuid"]
+    path = store.directory / FILE_NAME
+    key = "root_uuid"  # Placement refused it (400): exit 75 at every run
+    bad = encode({**store.load(), key: "not-a-uuid"})  # its checksum holds
+    path.write_text(bad)
+
+    with caplog.at_level(logging.WARNING):
+        report = TreeSyncer(client, store).sync(desired)
+        report_again = TreeSyncer(client, store).sync(desired)
+
+    assert report.ok and report_again.ok and client.stats.writes == 0
+    assert store.load()["root_uuid"] == root
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert f"state file {path} has a valid checksum but its {key!r}" in warning
+    assert path.with_name(FILE_NAME + ".corrupt").read_text() == bad
 
 
 def test_duplicate_name_on_create_leads_to_adoption(client, other, tmp_path, host_name):

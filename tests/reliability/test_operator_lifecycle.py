@@ -199,6 +199,29 @@ def test_state_file_the_service_user_cannot_read_is_one_clear_line(shared_dir):
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+def test_nova_conf_the_service_user_cannot_read_is_fixed_by_its_group_not_by_chgrp(shared_dir):
+    """nova.conf is root:nova 0640 and nova-compute reads it through that
+    group: the advice is to join the group, never to change the file's."""
+    base = shared_dir
+    config = write_config(base, stage_tree(TEST6, base))
+    open_to_everyone(base)
+    nova = base / "nova.conf"
+    nova.write_text("[DEFAULT]\nreserved_host_memory_mb = 512\n")
+    os.chown(nova, 0, 1)  # group "daemon" stands for nova's group
+    nova.chmod(0o640)
+
+    result = run_as_nobody(
+        "--config-file", str(nova), "--config-file", str(config), "--check-config"
+    )
+    assert_one_clear_line(
+        result,
+        78,
+        f"permission denied reading config file {nova}",
+        "SupplementaryGroups=daemon",
+    )
+    assert "chgrp" not in result.stderr, result.stderr
+
+
 # ------------------------------------------------------------ unwritable state
 
 
@@ -738,9 +761,7 @@ def test_once_writes_the_metrics_textfile(tmp_path, placement_server, host_name)
         for s in f.samples
     }
     assert (
-        samples[
-            ("node_agent_inventory_total", (("provider", host_name), ("resource_class", "VCPU")))
-        ]
+        samples[("node_agent_inventory", (("provider", host_name), ("resource_class", "VCPU")))]
         == 6
     )
     assert samples[("node_agent_last_success_timestamp_seconds", ())] > 0
@@ -810,11 +831,15 @@ def root_traits(placement, host: str) -> set:
     return set(placement.get(f"/resource_providers/{found[0]['uuid']}/traits")["traits"])
 
 
-def provider_files(tmp_path: Path) -> Path:
+# 600 levels: PyYAML's composer recursed past Python's limit (RecursionError).
+DEEP_FILE = GOOD_FILE + "    deep: " + "[" * 600 + "]" * 600 + "\n"
+
+
+def provider_files(tmp_path: Path, bad: str = BAD_FILE) -> Path:
     directory = tmp_path / "provider_config"
     directory.mkdir()
     (directory / "good.yaml").write_text(GOOD_FILE)
-    (directory / "bad.yaml").write_text(BAD_FILE)
+    (directory / "bad.yaml").write_text(bad)
     return directory
 
 
@@ -841,10 +866,15 @@ def test_a_bad_provider_file_is_refused_while_the_service_reports_the_rest(
         agent.notify.close()
 
 
+@pytest.mark.parametrize(
+    "bad, problem",
+    [(BAD_FILE, "not valid YAML"), (DEEP_FILE, "nests deeper than 32 levels")],
+    ids=["unparsable", "nested-600-deep"],
+)
 def test_once_with_a_bad_provider_file_syncs_the_rest_then_exits_78(
-    tmp_path, placement_server, placement, host_name
+    tmp_path, placement_server, placement, host_name, bad, problem
 ):
-    files = provider_files(tmp_path)
+    files = provider_files(tmp_path, bad)
     config = write_config(
         tmp_path,
         TEST6,
@@ -852,7 +882,7 @@ def test_once_with_a_bad_provider_file_syncs_the_rest_then_exits_78(
         extra=f"provider_config_location = {files}\n" + placement_section(placement_server.url),
     )
     result = run_agent("--config-file", str(config), "--once")
-    assert_one_clear_line(result, 78, str(files / "bad.yaml"), "not valid YAML")
+    assert_one_clear_line(result, 78, str(files / "bad.yaml"), problem)
     assert "CUSTOM_GOOD" in root_traits(placement, host_name)
 
 

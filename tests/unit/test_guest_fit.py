@@ -1,10 +1,12 @@
 """Guests the CPU sets leave without CPUs are refused by name (pure)."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from node_agent.model.cpuset import CpuSet, parse_cpu_spec
 from node_agent.model.snapshot import Guest
-from node_agent.policy.guest_fit import misfits, warnings
+from node_agent.policy.guest_fit import guests_refused, misfits, warnings
 
 PINNED = Guest(
     "p-uuid",
@@ -51,13 +53,16 @@ FLOATING_NUMA = Guest(
             "0-15",
             "",
             [
-                "shared guest floating-vm (f-uuid) has 2 floating vCPUs, but cpu_dedicated_set = "
-                "'0-15' is set and cpu_shared_set is empty, so nova has no CPU to run them on "
-                "(nova-compute refuses to start). Set [compute] cpu_shared_set to the CPUs "
-                "floating guests may use, or migrate the guest first.",
-                "shared guest numa-vm (n-uuid) has 2 floating vCPUs, but cpu_dedicated_set = "
-                "'0-15' is set and cpu_shared_set is empty, so nova has no CPU to run them on "
-                "(nova-compute refuses to start). Set [compute] cpu_shared_set to the CPUs "
+                "shared guest floating-vm (f-uuid), not started by nova (no nova metadata), "
+                "has no pinned CPU (it may run on any); nova counts 2 of its vCPUs as floating "
+                "(no pins): VCPU 2. cpu_dedicated_set = '0-15' is set and cpu_shared_set is "
+                "empty, so no VCPU is published for them while they use host CPUs "
+                "(nova-compute does not know this guest). Set [compute] cpu_shared_set to the "
+                "CPUs it runs on, pin each of its vCPUs to a CPU of its own, or stop it.",
+                "shared guest numa-vm (n-uuid) runs on host CPUs 0-1; nova counts 2 of its "
+                "vCPUs as floating (flavor extra specs): VCPU 2. cpu_dedicated_set = '0-15' is "
+                "set and cpu_shared_set is empty, so nova has no CPU to run them on and "
+                "nova-compute refuses to start. Set [compute] cpu_shared_set to the CPUs "
                 "floating guests may use, or migrate the guest first.",
             ],
         ),
@@ -113,3 +118,35 @@ def test_a_floating_numa_guest_is_never_judged_as_pinned():
 def test_without_the_shared_set_known_no_guest_is_refused():
     assert misfits((FLOATING,), spec("0-15"), None) == []
     assert misfits((PINNED, FLOATING), spec("3-9"), None) == []
+
+
+# Started with virsh, not nova: both vCPUs pinned to host CPU 3, which they share.
+OUTSIDE_NOVA = Guest(
+    "o-uuid",
+    "virsh-vm",
+    2,
+    True,
+    1024,
+    vcpupin=((0, parse_cpu_spec("3")), (1, parse_cpu_spec("3"))),
+)
+
+
+def test_a_pinned_guest_started_outside_nova_on_a_shared_cpu_is_named_with_its_cpus():
+    """Issue 28: the refusal said the guest did not fit "the new CPU sets"
+    (that had not changed) and that nova-compute would refuse to start (it
+    does not know the guest). It names the guest, its CPUs and the reason."""
+    refused = guests_refused(
+        SimpleNamespace(
+            host=SimpleNamespace(guests=(OUTSIDE_NOVA,)),
+            partition=SimpleNamespace(dedicated=spec("2-15"), shared=CpuSet()),
+        )
+    )
+    assert refused is not None
+    text = str(refused)
+    assert "new CPU sets" not in text and "nova-compute refuses" not in text
+    assert "under cpu_dedicated_set and cpu_shared_set as configured" in text
+    [reason] = refused.reasons
+    assert reason.startswith(
+        "shared guest virsh-vm (o-uuid), not started by nova (no nova metadata), "
+        "runs on host CPUs 3; nova counts 2 of its vCPUs as floating (pinning shape)"
+    )

@@ -161,9 +161,9 @@ def test_an_applied_off_is_forgotten_but_a_newer_record_is_kept(tmp_path):
     from node_agent.state import StateStore
 
     store = StateStore(tmp_path)
-    store.save({"root_uuid": "r", MAINTENANCE_KEY: OFF})
+    store.save({"root_uuid": "0b7e5f1c-3d2a-4e6f-8a9b-1c2d3e4f5a6b", MAINTENANCE_KEY: OFF})
     forget_applied_off(store, OFF)
-    assert store.load() == {"root_uuid": "r"}
+    assert store.load() == {"root_uuid": "0b7e5f1c-3d2a-4e6f-8a9b-1c2d3e4f5a6b"}
 
     store.save({MAINTENANCE_KEY: ON})  # `maintenance on` ran during the cycle
     forget_applied_off(store, OFF)

@@ -282,3 +282,22 @@ def test_the_agents_file_with_a_transport_url_and_no_agent_section_is_its_own(tm
     with pytest.raises(ConfigError) as err:
         load_conf(["--config-file", str(agent)])
     assert any("unknown option [compute] cpu_dedicated_sets" in p for p in err.value.problems)
+
+
+@pytest.mark.parametrize("agent_section", ["", "[agent]\nstate_path = /var/lib/node-agent\n"])
+def test_an_upgraded_file_with_the_earlier_default_state_path_is_told_to_delete_it(
+    tmp_path, agent_section
+):
+    # The earlier sample set [DEFAULT] state_path = /var/lib/node-agent (then
+    # the agent's own option): the advice must not name that same directory.
+    with pytest.raises(ConfigError) as err:
+        load_settings(
+            load(
+                tmp_path,
+                "[DEFAULT]\nstate_path = /var/lib/node-agent\n" + agent_section,
+                nova_conf="",
+            )
+        )
+    (problem,) = err.value.problems
+    assert "Delete the [DEFAULT] state_path line" in problem
+    assert "for example /var/lib/node-agent" not in problem

@@ -13,6 +13,7 @@ from node_agent.errors import DiscoveryError
 from node_agent.host.sysfs import SysFS
 from node_agent.host.sysfs_pci import read_pci, with_mdev_parents
 from node_agent.model.device_spec import parse_spec
+from node_agent.model.settings import MdevTypeSettings
 from node_agent.model.snapshot import Guest, GuestMdev
 from node_agent.policy.partition import partition_cpus
 from node_agent.tree.build import build_tree
@@ -159,17 +160,45 @@ def test_vgpu_total_counts_created_mdevs_and_what_is_left(sysroot, tmp_path):
     child = tree.by_name(name)
     assert child.parent == "fixture"
     assert child.inventories[orc.VGPU].total == 4  # 2 available + 2 created
-    # The second GPU offers nvidia-222 with nothing left and none created.
-    assert tree.by_name(gpu_provider_name("fixture", GPU2)).inventories == {}
+    # The second GPU offers nvidia-222 with nothing left and none created:
+    # total 0, no child (nova removes it).
+    assert gpu_provider_name("fixture", GPU2) not in tree.names()
 
 
-def test_gpu_keeps_the_type_it_already_has_mdevs_of(sysroot, tmp_path):
+def test_gpus_serve_the_first_type_without_device_addresses(sysroot, tmp_path):
+    # nova's default type: the first enabled type without device_addresses;
+    # the second is not used, even on a GPU that has mdevs of it.
     host = host_with(sysroot, tmp_path)
-    enabled = ("nvidia-223", "nvidia-222")
-    assert chosen_mdev_type(host.gpus[0], enabled).id == "nvidia-222"
-    assert chosen_mdev_type(host.gpus[1], enabled).id == "nvidia-223"
-    tree = tree_for(host, enabled_mdev_types=enabled)
+    types = (MdevTypeSettings("nvidia-223"), MdevTypeSettings("nvidia-222"))
+    assert chosen_mdev_type(host.gpus[0], types).id == "nvidia-223"
+    tree = tree_for(host, enabled_mdev_types=("nvidia-223", "nvidia-222"))
+    assert tree.names() == ["fixture", "fixture_pci_0000_82_00_0"]
     assert tree.by_name("fixture_pci_0000_82_00_0").inventories[orc.VGPU].total == 4
+
+
+def test_device_addresses_give_a_gpu_its_type_and_class(sysroot, tmp_path):
+    host = host_with(sysroot, tmp_path)
+    types = (
+        MdevTypeSettings("nvidia-222", device_addresses=(GPU,)),
+        MdevTypeSettings("nvidia-223", device_addresses=(GPU2,), mdev_class="CUSTOM_T4_4B"),
+    )
+    tree = tree_for(host, enabled_mdev_types=("nvidia-222", "nvidia-223"), mdev_types=types)
+    assert tree.by_name("fixture_pci_0000_81_00_0").inventories[orc.VGPU].total == 4
+    assert tree.by_name("fixture_pci_0000_82_00_0").inventories["CUSTOM_T4_4B"].total == 4
+
+
+def test_max_instances_drops_the_gpu_that_would_pass_it(sysroot, tmp_path):
+    host = host_with(sysroot, tmp_path)
+    types = (MdevTypeSettings("nvidia-223", max_instances=3),)
+    tree = tree_for(host, enabled_mdev_types=("nvidia-223",), mdev_types=types)
+    assert tree.names() == ["fixture"]  # GPU2's 4 left would pass 3
+
+
+def test_a_gpu_given_a_type_it_does_not_offer_has_no_child(sysroot, tmp_path):
+    host = host_with(sysroot, tmp_path)
+    types = (MdevTypeSettings("nvidia-999", device_addresses=(GPU,)),)
+    tree = tree_for(host, enabled_mdev_types=("nvidia-999",), mdev_types=types)
+    assert tree.names() == ["fixture"]
 
 
 def test_no_enabled_types_means_no_gpu_children(sysroot, tmp_path):
@@ -241,7 +270,6 @@ def test_devices_and_numa_children_together(sysroot, tmp_path):
         "fixture_NUMA_0",
         "fixture_NUMA_1",
         "fixture_pci_0000_81_00_0",
-        "fixture_pci_0000_82_00_0",
         "fixture_0000:3b:00.0",
     ]
 

@@ -754,3 +754,28 @@ def replace_inventories(provider, **inventories):
     import dataclasses
 
     return dataclasses.replace(provider, inventories=inventories)
+
+
+def test_a_local_guest_that_keeps_its_vcpu_is_named_as_this_hosts_not_as_a_stranger():
+    """Issue 28: a running local guest the reshape leaves in VCPU was
+    described as "no guest on this host matches those consumers, or they
+    are not pinned". The warning says which holders are this host's guests
+    and why they stay, and which have no guest here."""
+    consumers = legacy_consumers() + [consumer(ORPHAN, VCPU=1)]
+    current = {ROOT: {"VCPU": {"total": 16, "reserved": 0, "allocation_ratio": 4.0}}}
+    plan = compute_reshape(
+        provider_view(*consumers),
+        {c.uuid: c for c in consumers},
+        tree(vcpu=0, pcpu=8),
+        rule(),
+        current_inventories=current,
+        consumer_names={g.uuid: g.name for g in GUESTS},
+    )
+    [kept] = [w for w in plan.warnings if "VCPU inventory is kept" in w]
+    assert "no guest on this host matches" not in kept and "not pinned" not in kept
+    assert (
+        "guests of this host that stay in VCPU (only guests nova counts as dedicated "
+        "move to PCPU; shared and mixed guests keep their VCPU, whatever their pins): "
+        f"instance-00000003 ({UNPINNED}) 2" in kept
+    )
+    assert f"consumers with no guest on this host: {ORPHAN} 1" in kept

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from node_agent.errors import ConfigError, DiscoveryError
+from node_agent.errors import ConfigError, DiscoveryError, StateError
 from node_agent.placement.client import Unavailable
 from node_agent.service.loop import (
     CycleResult,
@@ -316,3 +316,82 @@ def test_maintenance_set_over_rpc_says_whether_its_cycle_ended(tmp_path):
     assert "recorded it and applied it in a cycle" in service_maintenance_line("off", "hv", answer)
     service.request_stop()
     thread.join(5)
+
+
+def test_a_reload_names_the_start_only_options_it_changed_and_nothing_else():
+    from node_agent.service.restart_only import changed_restart_only
+
+    before = [
+        {"DEFAULT": {"host": ["a"]}, "agent": {"report_interval": ["60"]}},
+        {"oslo_messaging_rabbit": {"ssl": ["false"]}},
+    ]
+    after = [
+        {"DEFAULT": {"host": ["a"], "log_dir": ["/var/log/node-agent"]}},
+        {
+            "agent": {"report_interval": ["30"], "metrics_textfile": ["/x.prom"]},
+            "oslo_messaging_rabbit": {"ssl": ["true"]},
+        },
+    ]
+    assert changed_restart_only(before, after) == [
+        "[agent] metrics_textfile",
+        "[DEFAULT] log_dir",
+        "[oslo_messaging_rabbit] ssl",
+    ]
+    assert changed_restart_only(before, before) == []
+    # The value that counts is the last one written, whichever file holds it.
+    moved = [{"agent": {"metrics_textfile": ["/x.prom"]}}, {}]
+    assert changed_restart_only(moved, [{}, {"agent": {"metrics_textfile": ["/x.prom"]}}]) == []
+
+
+def test_a_reload_that_cannot_apply_an_option_says_so(caplog):
+    service = Service(
+        lambda config: CycleResult(),
+        lambda: Timing(name="second"),
+        Timing(),
+        tick=0.01,
+        unapplied=lambda old, new: ["[agent] metrics_textfile"] if old.name != new.name else [],
+    )
+    with caplog.at_level(logging.INFO, logger="node_agent.service.loop"):
+        assert service.reload()
+    (record,) = [r for r in caplog.records if "reloaded" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert "except [agent] metrics_textfile" in record.getMessage()
+
+
+def test_problem_reason_is_the_error_class_in_snake_case():
+    from node_agent.errors import GuestsDoNotFit, ProviderOwned
+    from node_agent.service.loop import problem_reason
+
+    assert problem_reason(ProviderOwned("nova owns it")) == "provider_owned"
+    assert problem_reason(GuestsDoNotFit(["g"])) == "guests_do_not_fit"
+    assert problem_reason(Unavailable("down")) == "unavailable"
+    assert problem_reason(RuntimeError("bug")) == "unexpected"
+
+
+def test_a_cycle_that_left_a_refusal_does_not_move_the_last_success():
+    """Issue 28: a refused configuration kept last_success moving, so an
+    alert on its age never fired while Placement stopped following the host."""
+    results = iter([CycleResult(True, "ok"), CycleResult(False, "refused")])
+    seen = []
+
+    def cycle(_config):
+        seen.append(1)
+        return next(results, CycleResult(False, "refused"))
+
+    service = Service(cycle, Timing)
+    thread, _ = start(service)
+    wait_for(lambda: service.cycles >= 1)
+    first = service.last_success
+    wait_for(lambda: service.cycles >= 3)
+    service.request_stop()
+    thread.join(5)
+    assert first is not None and service.last_success == first
+    assert service.health.kind is None  # ran: not an outage, no backoff
+
+
+def test_health_reports_a_new_cause_of_the_same_problem():
+    health = Health()
+    assert health.failed(StateError("read-only", "EROFS"), 1.0) is True
+    assert health.failed(StateError("read-only again", "EROFS"), 2.0) is False
+    assert health.failed(StateError("disk full", "ENOSPC"), 3.0) is True
+    assert health.message == "disk full" and health.since == 1.0

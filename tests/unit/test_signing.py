@@ -136,6 +136,61 @@ def test_applier_refuses_before_touching_the_hosts_record_and_names_no_secret(
     assert f"refused a message from victim ({reason}; 1 refused so far)" in caplog.text
 
 
+def _oversized(body: dict) -> dict:
+    """``body`` grown to 8.6 MB, as the fault harness sent it: its tree
+    repeated (the schema would read every copy)."""
+    copies = 8_600_000 // len(wire.canonical(body["tree"])) + 1
+    return {**body, "tree": body["tree"] * copies}
+
+
+@pytest.fixture
+def validated(monkeypatch):
+    """What the wire schema validated, in order: each message's keys."""
+    from node_agent.remote import schema
+
+    seen: list[set] = []
+    real = schema.first_error
+
+    def spy(message, *args, **kwargs):
+        seen.append(set(message) if isinstance(message, dict) else {"?"})
+        return real(message, *args, **kwargs)
+
+    monkeypatch.setattr(schema, "first_error", spy)
+    return seen
+
+
+def test_an_oversized_unsigned_message_is_refused_before_its_body_is_validated(
+    tmp_path, body, validated
+):
+    from node_agent.applier.applier import Applier
+
+    message = {**wire.full_message("victim", 1, _oversized(body), b"k" * 32), "version": "2.1"}
+    del message["signature"]
+    assert len(json.dumps(message)) > 8_500_000
+    applier = Applier(_no_placement, tmp_path, keyring=ring(), clock=lambda: NOW)
+
+    reply = applier.handle(message)
+
+    assert reply["status"] == wire.REFUSED and applier.refused == {signing.UNSIGNED: 1}
+    assert validated == [{"version", "host", "seq", "digest"}]  # the envelope only
+
+
+def test_a_signed_message_over_the_size_limit_is_refused_before_its_body_is_validated(
+    tmp_path, body, validated
+):
+    from node_agent.applier.applier import Applier
+
+    key = signing.host_key(MASTER, "victim")
+    message = wire.full_message("victim", 1, _oversized(body), key)
+    applier = Applier(_no_placement, tmp_path, keyring=ring(), clock=lambda: NOW)
+
+    reply = applier.handle(message)
+
+    assert reply["status"] == wire.REFUSED and applier.refused == {"format": 1}
+    assert f"more than the {wire.MAX_BODY_BYTES} a host's tree needs" in reply["error"]
+    assert all("body" not in keys_ for keys_ in validated)
+
+
 def test_once_a_host_signed_its_unsigned_messages_are_refused_during_the_transition(tmp_path, body):
     from node_agent.applier.applier import Applier
     from node_agent.state import StateStore

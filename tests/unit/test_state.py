@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from node_agent.state import FILE_NAME, StateCorrupt, StateStore
+from node_agent.state import FILE_NAME, StateCorrupt, StateStore, encode, shape_problem
 
 SAMPLE = {
     "root_uuid": "8a4f2a3e-7d52-4a5c-9f4f-0b1c2d3e4f50",
@@ -30,8 +30,8 @@ def test_saved_data_loads_back_identical(tmp_path):
 def test_second_save_replaces_first(tmp_path):
     store = StateStore(tmp_path)
     store.save(SAMPLE)
-    store.save({"root_uuid": "other"})
-    assert store.load() == {"root_uuid": "other"}
+    store.save({"root_uuid": "0b7e5f1c-3d2a-4e6f-8a9b-1c2d3e4f5a6b"})
+    assert store.load() == {"root_uuid": "0b7e5f1c-3d2a-4e6f-8a9b-1c2d3e4f5a6b"}
 
 
 def test_failing_write_keeps_old_file_and_leaves_no_temp_file(tmp_path):
@@ -113,3 +113,48 @@ def test_load_or_empty_logs_corruption_and_returns_empty(tmp_path, caplog):
 def test_load_or_empty_returns_saved_data(tmp_path):
     StateStore(tmp_path).save(SAMPLE)
     assert StateStore(tmp_path).load_or_empty(logging.getLogger()) == SAMPLE
+
+
+GOOD_UUID = "0b7e5f1c-3d2a-4e6f-8a9b-1c2d3e4f5a6b"
+
+
+@pytest.mark.parametrize(
+    "payload, problem",
+    [
+        ({"root_uuid": GOOD_UUID, "anything": [1]}, None),
+        ({"root_uuid": None, "provider_cache": None}, None),
+        ({"maintenance": {"on": True, "reason": "", "since": "2026-01-01"}}, None),
+        ({"applier": {"seq": 3}}, None),
+        ({"root_uuid": "nope"}, "its 'root_uuid' is str \"nope\", not a provider uuid"),
+        ({"root_uuid": 7}, "its 'root_uuid' is int 7"),
+        ({"providers": [GOOD_UUID]}, "its 'providers' is list"),
+        ({"providers": {"h": 1}}, "its 'providers' is dict"),
+        ({"owned_children": GOOD_UUID}, "its 'owned_children' is str"),
+        ({"provider_config_applied": {"h": "CUSTOM_A"}}, "its 'provider_config_applied'"),
+        ({"maintenance": True}, "its 'maintenance' is bool true"),
+        ({"maintenance": {"on": "yes"}}, "its 'maintenance' is dict"),
+        ({"audit": []}, "its 'audit' is list"),
+        ({"applier": {"seq": "3"}}, "its 'applier' is dict"),
+        ({"provider_cache": "x" * 100}, '"' + "x" * 56 + "..."),
+    ],
+)
+def test_a_payload_of_the_wrong_shape_is_named_by_key(payload, problem):
+    found = shape_problem(payload)
+    assert (found is None) if problem is None else (problem in found), found
+
+
+def test_a_wrong_shaped_file_is_corrupt_warned_once_and_kept_aside(tmp_path, caplog):
+    bad = encode({"root_uuid": GOOD_UUID, "providers": ["x"]})
+    (tmp_path / FILE_NAME).write_text(bad)
+    store = StateStore(tmp_path)
+    with pytest.raises(StateCorrupt, match="valid checksum but its 'providers' is list"):
+        store.load()
+
+    with caplog.at_level(logging.WARNING):
+        assert store.load_or_empty(logging.getLogger("t")) == {}
+        assert store.load_or_empty(logging.getLogger("t")) == {}
+        assert store.put("root_uuid", GOOD_UUID) == {"root_uuid": GOOD_UUID}
+
+    (warning,) = caplog.records
+    assert f"the bad file is kept as {tmp_path / FILE_NAME}.corrupt" in warning.getMessage()
+    assert (tmp_path / (FILE_NAME + ".corrupt")).read_text() == bad

@@ -292,10 +292,43 @@ def test_missing_online_file_uses_per_cpu_online_flags(tmp_path):
     assert not cpu(topo, 1).online
 
 
-def test_per_cpu_online_disagreeing_with_online_file_is_warned(tmp_path):
+def test_per_cpu_online_disagreeing_with_online_file_counts_only_what_both_say(tmp_path):
     topo = read_topology(build_tree(tmp_path, {**SMALL_HOST, "cpu/cpu1/online": "0\n"}))
-    assert topo.online == CpuSet([0, 1])
+    assert topo.online == CpuSet([0])
+    assert any("disagree about CPUs 1; counting as online only" in w for w in topo.warnings)
+
+
+def _damaged_copy(tmp_path, name: str, online: str) -> SysFS:
+    import shutil
+
+    system_dir = tmp_path / "copy" / "system"
+    shutil.copytree(HOSTDATA / name, system_dir, symlinks=True)
+    (system_dir / "cpu" / "online").write_text(online)
+    return SysFS(str(sysfs_root_for(system_dir, tmp_path)))
+
+
+def test_a_damaged_online_file_listing_offline_cpus_does_not_count_them(tmp_path):
+    # A real POWER8 host with 20 of its 160 CPUs online (subcores); its
+    # online file damaged to list all 160, as the per-CPU files do not.
+    truth = ground_truth()["virhostcpudata/linux-subcores1"]
+    topo = read_topology(_damaged_copy(tmp_path, "virhostcpudata/linux-subcores1", "0-159\n"))
+    assert topo.online == parse_cpulist(truth["online_list"])
+    assert len(topo.online) == 20
+    assert {c.id for c in topo.cpus if c.online} == set(topo.online)
+    (warning,) = [w for w in topo.warnings if "disagree" in w]
+    assert "counting as online only the CPUs both call online: 0,8,16," in warning
+
+
+def test_a_damaged_online_file_listing_too_few_cpus_is_the_smaller_set(tmp_path):
+    topo = read_topology(_damaged_copy(tmp_path, "virhostcpudata/linux-subcores1", "0,8\n"))
+    assert topo.online == CpuSet([0, 8])
     assert any("disagree" in w for w in topo.warnings)
+
+
+def test_online_file_and_per_cpu_files_agreeing_on_no_cpu_is_a_parse_error(tmp_path):
+    sysfs = _damaged_copy(tmp_path, "virhostcpudata/linux-subcores1", "1-7\n")
+    with pytest.raises(ParseError, match="agree on no online CPU"):
+        read_topology(sysfs)
 
 
 @pytest.mark.parametrize(

@@ -34,8 +34,18 @@ def test_unit_is_a_notify_service_with_watchdog_reload_and_sandbox():
         "PrivateTmp": "yes",
         "ReadOnlyPaths": "/sys",
         "SupplementaryGroups": "libvirt",
+        "LogsDirectory": "node-agent",
+        "RestartPreventExitStatus": "78",
     }.items():
         assert service[key] == value, key
+
+
+def test_unit_grants_the_documented_write_paths():
+    # state_path's default, log_dir = /var/log/node-agent (LogsDirectory),
+    # and Debian node_exporter's textfile directory when it exists.
+    writable = unit_section("Service")["ReadWritePaths"].split()
+    assert "/var/lib/node-agent" in writable
+    assert "-/var/lib/prometheus/node-exporter" in writable
 
 
 @pytest.mark.skipif(

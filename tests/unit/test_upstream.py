@@ -605,6 +605,7 @@ def test_applier_refusal_names_the_path_counts_it_and_echoes_no_value(tmp_path, 
     message = wire.full_message("node1", 1, wire.body_of(desired), KEY)
     message["body"]["reshape"]["guests"][0]["vcpus"] = secret
     message = _redigest(message)
+    message["signature"] = signing.signature(message, KEY)  # the host's own bug
     applier = Applier(_no_placement, tmp_path, keyring=KEYRING)
 
     reply = applier.handle(message)

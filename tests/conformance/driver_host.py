@@ -1,0 +1,254 @@
+"""The agent on the host nova's whole driver saw (area ``whole_driver``).
+
+nova's side (``nova_side.whole_driver``) runs nova 34's ``LibvirtDriver``
+on nova's fake libvirt and keeps that fake connection. The agent then runs
+on the same host: a sysfs tree written from the fake host's cells
+(:func:`write_sysfs`), the same libvirt answers (:class:`NovaConnection`
+hands every libvirt call of the agent's real ``Hypervisor`` gateway to the
+fake connection nova used), the same instances filesystem, the same
+nova.conf, read by the agent's own config loader as an operator's file is.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Optional
+
+import libvirt
+
+from node_agent.config.files import parse_conf, unknown_options
+from node_agent.config.settings import load_settings
+from node_agent.cycle.desired import desired_from
+from node_agent.errors import ConfigError, NodeAgentError
+from node_agent.host.discover import discover
+from node_agent.host.hypervisor import Hypervisor
+
+ROOT = "fixture"
+
+
+def _cpulist(ids) -> str:
+    return ",".join(str(i) for i in sorted(ids))
+
+
+def write_sysfs(root: Path, topology: list, memory_mb: int) -> Path:
+    """A sysfs root showing the fake host's cells: CPUs with their package,
+    core and siblings, nodes with their CPUs and memory. The nodes' MemTotal
+    adds up to what libvirt's getInfo tells nova (``memory_mb``)."""
+    system = root / "devices" / "system"
+    cpu_dir, node_dir = system / "cpu", system / "node"
+    cpu_dir.mkdir(parents=True)
+    node_dir.mkdir(parents=True)
+    every = [cpu["id"] for cell in topology for cpu in cell["cpus"]]
+    (cpu_dir / "present").write_text(_cpulist(every) + "\n")
+    (cpu_dir / "online").write_text(_cpulist(every) + "\n")
+    (node_dir / "online").write_text(_cpulist(c["id"] for c in topology) + "\n")
+    left_kb = memory_mb * 1024
+    for index, cell in enumerate(topology):
+        node = node_dir / f"node{cell['id']}"
+        node.mkdir()
+        (node / "cpulist").write_text(_cpulist(c["id"] for c in cell["cpus"]) + "\n")
+        share = left_kb if index == len(topology) - 1 else memory_mb * 1024 // len(topology)
+        left_kb -= share
+        (node / "meminfo").write_text(f"Node {cell['id']} MemTotal:  {share} kB\n")
+        for cpu in cell["cpus"]:
+            topo = cpu_dir / f"cpu{cpu['id']}" / "topology"
+            topo.mkdir(parents=True)
+            (cpu_dir / f"cpu{cpu['id']}" / "online").write_text("1\n")
+            (topo / "physical_package_id").write_text(f"{cpu['socket']}\n")
+            (topo / "core_id").write_text(f"{cpu['core']}\n")
+            (topo / "thread_siblings_list").write_text(_cpulist(cpu["siblings"]) + "\n")
+            (topo / "core_cpus_list").write_text(_cpulist(cpu["siblings"]) + "\n")
+    return root
+
+
+def write_pci(root: Path, device_xmls: list) -> None:
+    """``bus/pci/devices/<address>/`` for the fake host's PCI node devices:
+    ids, NUMA node, SR-IOV counts of a PF (its VFs are all enabled) and the
+    mdev types a GPU offers with their available instances."""
+    import xml.etree.ElementTree as ET
+
+    for xml in device_xmls:
+        cap = ET.fromstring(xml).find("capability[@type='pci']")
+        if cap is None:
+            continue
+        numbers = [int(cap.findtext(tag, "0"), 0) for tag in ("domain", "bus", "slot", "function")]
+        address = "{:04x}:{:02x}:{:02x}.{:x}".format(*numbers)
+        base = root / "bus" / "pci" / "devices" / address
+        base.mkdir(parents=True)
+        (base / "vendor").write_text(f"{cap.find('vendor').get('id')}\n")
+        (base / "device").write_text(f"{cap.find('product').get('id')}\n")
+        numa = cap.find("numa")
+        (base / "numa_node").write_text(f"{numa.get('node') if numa is not None else -1}\n")
+        vfs = cap.find("capability[@type='virt_functions']")
+        if vfs is not None:
+            count = len(vfs.findall("address"))
+            (base / "sriov_totalvfs").write_text(f"{vfs.get('maxCount') or count}\n")
+            (base / "sriov_numvfs").write_text(f"{count}\n")
+        for mdev_type in cap.findall("capability[@type='mdev_types']/type"):
+            where = base / "mdev_supported_types" / mdev_type.get("id")
+            (where / "devices").mkdir(parents=True)
+            (where / "available_instances").write_text(
+                mdev_type.findtext("availableInstances", "0") + "\n"
+            )
+            (where / "name").write_text(mdev_type.findtext("name", "") + "\n")
+            (where / "device_api").write_text(mdev_type.findtext("deviceAPI", "") + "\n")
+
+
+def _libvirt_error(code: int, message: str) -> libvirt.libvirtError:
+    exc = libvirt.libvirtError(message)
+    exc.err = (code, 0, message, 1, None, None, None, 0, 0)
+    return exc
+
+
+class _NodeDevice:
+    def __init__(self, conn: "NovaConnection", name: str):
+        self._conn, self._name = conn, name
+
+    def XMLDesc(self, _flags: int = 0) -> str:
+        return self._conn.ask("nodeDeviceXMLDesc", self._name)
+
+
+class _Domain:
+    def __init__(self, xml: str, active: bool):
+        self._xml, self._active = xml, active
+
+    def XMLDesc(self, _flags: int = 0) -> str:
+        return self._xml
+
+    def isActive(self) -> bool:
+        return self._active
+
+
+class NovaConnection:
+    """A ``virConnect`` whose every answer is the fake libvirt's nova used."""
+
+    def __init__(self, nova, host: str):
+        self._nova, self._host = nova, host
+
+    def ask(self, method: str, *args):
+        answer = self._nova.call("libvirt_call", host=self._host, method=method, args=list(args))
+        if "libvirt_error" in answer:
+            raise _libvirt_error(*answer["libvirt_error"])
+        return answer["value"]
+
+    def getCapabilities(self):
+        return self.ask("getCapabilities")
+
+    def baselineCPU(self, xmls, flags):
+        return self.ask("baselineCPU", xmls, flags)
+
+    def getCPUModelNames(self, arch, flags):
+        return self.ask("getCPUModelNames", arch)
+
+    def compareHypervisorCPU(self, *args):
+        return self.ask("compareHypervisorCPU", *args)
+
+    def getLibVersion(self):
+        return self.ask("getLibVersion")
+
+    def getVersion(self):
+        return self.ask("getVersion")
+
+    def getDomainCapabilities(self, *args):
+        return self.ask("getDomainCapabilities", *args)
+
+    def listAllDomains(self, flags=0):
+        return [_Domain(xml, active) for xml, active in self.ask("listAllDomains", flags)]
+
+    def listDevices(self, cap, flags):
+        return self.ask("listDevices", cap, flags)
+
+    def nodeDeviceLookupByName(self, name):
+        return _NodeDevice(self, name)
+
+    def isAlive(self):
+        return True
+
+    def close(self):
+        return 0
+
+
+def _value(value) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def nova_conf_text(conf: Mapping[str, Mapping], instances_path: str) -> str:
+    """The case's nova.conf, as an operator's file."""
+    sections = {"DEFAULT": {"instances_path": instances_path}}
+    for group, values in conf.items():
+        sections.setdefault(group, {}).update(values)
+    lines = []
+    for group, values in sections.items():
+        lines.append(f"[{group}]")
+        for name, value in values.items():
+            if isinstance(value, list) and group == "pci":
+                lines += [f"{name} = {v}" for v in value]
+            else:
+                lines.append(f"{name} = {_value(value)}")
+    return "\n".join(lines) + "\n"
+
+
+def agent_tree(nova, case: Mapping, nova_answer: Mapping, work: Path) -> dict:
+    """The agent's answer on the same host: ``{"value": {providers,
+    warnings}}`` or ``{"refused": "ErrorClass(exit N): message"}``."""
+    sysfs = write_sysfs(work / "sys", nova_answer["topology"], nova_answer["memory_kb"])
+    connection = NovaConnection(nova, case["name"])
+    write_pci(
+        sysfs, [connection.ask("nodeDeviceXMLDesc", n) for n in connection.listDevices("pci", 0)]
+    )
+    for index, name in enumerate(case.get("pmem", ())):
+        namespace = sysfs / "bus" / "nd" / "devices" / f"namespace0.{index}"
+        namespace.mkdir(parents=True)
+        (namespace / "alt_name").write_text(name + "\n")
+    nova_conf = work / "nova.conf"
+    nova_conf.write_text(nova_conf_text(case["conf"], case["instances_path"]))
+    agent_conf = work / "node-agent.conf"
+    agent_conf.write_text(
+        f"[DEFAULT]\nhost = {ROOT}\n[host]\nsysfs_root = {sysfs}\n"
+        f"[libvirt]\nconnection_uri = qemu:///system\ndomain_capabilities = true\n"
+        f"[agent]\nstate_path = {work / 'state'}\n"
+    )
+    hypervisor = Hypervisor("qemu:///system", read_write=True)
+    hypervisor._conn = connection  # type: ignore[assignment]
+    try:
+        conf = parse_conf(["--config-file", str(nova_conf), "--config-file", str(agent_conf)])
+        problems = unknown_options(conf)
+        if problems:
+            raise ConfigError(problems)
+        settings = load_settings(conf)
+        desired = desired_from(settings, discover(settings, hypervisor))
+    except NodeAgentError as exc:
+        return {"refused": f"{type(exc).__name__}(exit {exc.exit_code}): {exc}"}
+    providers = []
+    for p in desired.tree.providers:
+        providers.append(
+            {
+                "name": p.name,
+                "parent": p.parent,
+                "inventories": {rc: _inventory(inv) for rc, inv in p.inventories.items()},
+                "traits": sorted(t for t, on in p.traits.items() if on),
+            }
+        )
+    return {"value": {"providers": providers, "warnings": list(desired.warnings)}}
+
+
+def _inventory(inv) -> dict:
+    return {
+        "total": inv.total,
+        "reserved": inv.reserved,
+        "min_unit": inv.min_unit,
+        "max_unit": inv.max_unit if inv.max_unit is not None else inv.total,
+        "step_size": inv.step_size,
+        "allocation_ratio": inv.allocation_ratio,
+    }
+
+
+def provider(answer: Mapping, name: str) -> Optional[Mapping]:
+    for p in answer["providers"]:
+        if p["name"] == name:
+            return p
+    return None
