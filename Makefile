@@ -1,6 +1,7 @@
 # node-agent: set-up, tests and the embedded demo run.
 #   make install   system packages (when missing), .venv, requirements, the package
 #   make test      install when needed (and nova's .venv-nova), then lint, then the whole test suite
+#                  (TEST_LINT= skips lint)
 #   make lint      ruff, mypy on the whole package, the import contract
 #   make unit      tests/unit: the pure core and the parsers, no server (times: CONTRIBUTING.md)
 #   make run       install when needed, then the README's run (see README)
@@ -89,7 +90,14 @@ unit: install
 # .venv-nova, built once like .venv. When it cannot be built (no package
 # index) the tests skip with a loud reason instead of failing the suite;
 # with NODE_AGENT_REQUIRE_REAL=1 (CI) both make and the tests fail instead.
-test: install nova-venv lint
+# TEST_LINT= leaves lint out: tests/run-as-user.sh does, since the root pass
+# of .ci/run has linted the same commit (lint does not depend on the user).
+# compileall: the suite starts hundreds of node-agent processes; where
+# PYTHONDONTWRITEBYTECODE is set no import writes bytecode, and each of them
+# would compile the whole package again (tests/cli: 46 s CPU -> 39 s).
+TEST_LINT ?= lint
+test: install nova-venv $(TEST_LINT)
+	$(PY) -m compileall -q node_agent devenv tests
 	$(PY) -m pytest -q -rs --durations=15
 
 # As root: `make test` in a fresh clone of this commit, as an unprivileged

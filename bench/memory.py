@@ -137,10 +137,13 @@ def dry_run(work: Path, sysfs_root: Path, label: str) -> dict:
             "json",
         ],
         "baseline": [sys.executable, "-c", "pass"],
+        # What reading a config file costs before any node-agent code: the
+        # floor of the dry run's ratio (issue 28).
+        "floor": [sys.executable, "-c", "import oslo_config.cfg"],
     }
-    runs: dict[str, list] = {"agent": [], "baseline": []}
+    runs: dict[str, list] = {name: [] for name in commands}
     for i in range(DRY_RUN_REPEATS):
-        for name in ("agent", "baseline") if i % 2 == 0 else ("baseline", "agent"):
+        for name in list(commands) if i % 2 == 0 else list(commands)[::-1]:
             runs[name].append(_child(commands[name]))
     result: dict = {"host": label, "exit": runs["agent"][-1][3]}
     for index, key in enumerate(("seconds", "cpu", "rss_mib")):
@@ -149,6 +152,10 @@ def dry_run(work: Path, sysfs_root: Path, label: str) -> dict:
         result[f"ratio_{key}"] = common.summary(
             [a[index] / b[index] for a, b in zip(runs["agent"], runs["baseline"])]
         )
+    result["floor_cpu"] = common.summary([r[1] for r in runs["floor"]])
+    result["ratio_floor_cpu"] = common.summary(
+        [a[1] / b[1] for a, b in zip(runs["floor"], runs["baseline"])]
+    )
     return result
 
 

@@ -489,6 +489,16 @@ def _memory(m: dict) -> list[str]:
             f"`python -c pass` itself (measured): {fmt_stat(base['baseline_cpu'], sec)}"
             f" s CPU, {fmt_stat(base['baseline_rss_mib'], mib)} MiB.",
         ]
+    if base and "floor_cpu" in base:
+        lines += [
+            "",
+            "`python -c 'import oslo_config.cfg'`, in the same repetitions (measured): "
+            f"{fmt_stat(base['floor_cpu'], sec)} s CPU, "
+            f"{fmt_ratio(base['ratio_floor_cpu'])} `python -c pass` (computed). Any run "
+            "that reads a config file pays it before node-agent's own code (oslo.config "
+            "imports stevedore, netaddr and rfc3986, which compiles its regular "
+            "expressions at import): the floor under the dry run's ratio.",
+        ]
     s = m["soak"]
     samples = {int(k): v for k, v in s["samples_kib"].items()}  # JSON keys are text
     start = samples[0]

@@ -359,6 +359,21 @@ def _companion_audit(conf, settings, desired, output: str) -> int:
     return EX_NOT_IN_SYNC if found.alarms else 0
 
 
+def service_maintenance_line(switch: str, host: str, answer: dict) -> str:
+    """What ``maintenance on|off`` prints after the running service answered:
+    applied only when the cycle it ran for it ended (``applied_in_cycle``)."""
+    if answer.get("applied_in_cycle") is None:
+        done = (
+            "recorded it; the cycle that applies it had not ended when it answered "
+            "(see `node-agent maintenance status`)"
+        )
+    else:
+        done = "recorded it and applied it in a cycle"
+    return f"maintenance {switch} for {host}: the running service {done}: " + json.dumps(
+        answer, sort_keys=True
+    )
+
+
 def _maintenance(args) -> int:
     """``node-agent maintenance on|off|status``. ``on``/``off`` ask the
     running service over its control channel when one answers (it records
@@ -384,10 +399,7 @@ def _maintenance(args) -> int:
             print(f"node-agent: error: {answer['error']}", file=sys.stderr)
             return int(answer.get("exit_code", 1))
         if answer is not None:
-            print(
-                f"maintenance {args.switch} for {settings.host}: the running service "
-                f"recorded it and applied it in a cycle: {json.dumps(answer, sort_keys=True)}"
-            )
+            print(service_maintenance_line(args.switch, settings.host, answer))
             return 0
         store = _state_store(settings)
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -89,13 +89,17 @@ class Control:
         """The maintenance status after the switch, or, when the state file
         cannot be written (read-only, full, permission), a refusal:
         ``{"error": message, "exit_code": code}``, which the caller prints
-        and exits with; nothing is applied."""
+        and exits with; nothing is applied. After the switch, a cycle
+        reserves (or releases) it now: ``applied_in_cycle`` is that cycle's
+        number, or None when it had not ended within SYNC_WAIT (a loaded
+        host, a slow Placement); the flag is recorded either way and the
+        cycle still applies it."""
         try:
             result = Maintenance(self.service.config.settings.state_path).set(on, reason)
         except NodeAgentError as exc:
             LOG.error("maintenance %s refused: %s", "on" if on else "off", exc)
             return refusal(exc)
-        self.service.trigger(wait=self.SYNC_WAIT)  # reserve (or release) it now
+        result["applied_in_cycle"] = self.service.trigger(wait=self.SYNC_WAIT)
         return result
 
 

@@ -62,6 +62,9 @@ class NovaBridge:
             raise BridgeError(f"{op}: {answer['error']}")
         return answer["ok"]
 
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
     def close(self) -> None:
         if self._proc.stdin:
             self._proc.stdin.close()

@@ -45,6 +45,18 @@ from tests.hostdata import HOSTDATA, sysfs_root_for
 from tests.integration.reshape_driver import HOST_XML, agent_cycle, make_settings
 
 NOVA_SCHEDULER_SIDE = Path(__file__).with_name("nova_scheduler_side.py")
+
+
+def nova_side(python: Path, running: Optional[NovaBridge] = None) -> NovaBridge:
+    """``running`` while it lives, else a new nova process. Importing nova's
+    scheduler and libvirt driver is most of a scenario's set-up (about 4 s
+    on a loaded machine); the scenarios share one process and each
+    :class:`Cloud` resets it."""
+    if running is not None and running.alive():
+        return running
+    return NovaBridge(python, NOVA_SCHEDULER_SIDE)
+
+
 PROJECT = "8f6c1a2e-0000-4000-8000-00000000000a"
 USER = "5d1e7b3c-0000-4000-8000-00000000000b"
 TEST_NS = "http://libvirt.org/schemas/domain/test/1.0"
@@ -324,9 +336,11 @@ class Guest:
 class Cloud:
     """nova's scheduler, conductor and computes over the agent hosts."""
 
-    def __init__(self, python: Path, url: str):
+    def __init__(self, nova: NovaBridge, url: str):
+        """``nova``: a process of nova_scheduler_side.py (:func:`nova_side`),
+        which ``init`` starts afresh: no host, no guest, a new report client."""
         self.url = url
-        self.nova = NovaBridge(python, NOVA_SCHEDULER_SIDE)
+        self.nova = nova
         self.nova.call("init", url=url)
         self.placement = PlacementClient.for_endpoint(url)
         self.hosts: dict[str, AgentHost] = {}
@@ -336,9 +350,6 @@ class Cloud:
         # (host, from the first query) of each candidate of the last select
         self.last_candidates: list[tuple[str, bool]] = []
         self._count = 0
-
-    def close(self) -> None:
-        self.nova.close()
 
     # ------------------------------------------------------------- hosts
 

@@ -29,6 +29,7 @@ from tests.integration.nova_scheduler import (
     check_host,
     flavor,
     moved_whole,
+    nova_side,
     pinned,
     pinned_not_on_pcpu,
 )
@@ -57,11 +58,21 @@ def nova_venv_python():
     return python
 
 
+@pytest.fixture(scope="module")
+def nova_processes():
+    """The module's nova process (a new one after one died)."""
+    running: list = []
+    yield running
+    for process in running:
+        process.close()
+
+
 @pytest.fixture
-def cloud(nova_venv_python, placement_server):
-    cloud = Cloud(nova_venv_python, placement_server.url)
-    yield cloud
-    cloud.close()
+def cloud(nova_venv_python, nova_processes, placement_server):
+    nova = nova_side(nova_venv_python, nova_processes[-1] if nova_processes else None)
+    if not nova_processes or nova is not nova_processes[-1]:
+        nova_processes.append(nova)
+    return Cloud(nova, placement_server.url)
 
 
 def new_host(cloud, tmp_path, host_name, suffix="", **config) -> AgentHost:

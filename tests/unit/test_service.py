@@ -274,6 +274,50 @@ def test_systemd_hears_ready_first_then_status_and_watchdog_and_stopping():
     assert sent[-1] == "STOPPING=1"
 
 
+def test_maintenance_set_over_rpc_says_whether_its_cycle_ended(tmp_path):
+    """The control RPC's answer must not say "applied" for a cycle that had
+    not ended when it answered (the CLI printed so on a loaded host)."""
+    from node_agent.cli.main import service_maintenance_line
+    from node_agent.service.control import Control
+
+    @dataclass(frozen=True)
+    class Config(Timing):
+        settings: object = None
+
+    @dataclass(frozen=True)
+    class Paths:
+        state_path: str
+
+    entered, release = threading.Event(), threading.Event()
+
+    def cycle(config):
+        entered.set()
+        release.wait()
+        return CycleResult()
+
+    config = Config(report_interval=3600, settings=Paths(str(tmp_path)))
+    service = Service(cycle, lambda: config, config, tick=0.01)
+    control = Control(agent=None, service=service)
+    control.SYNC_WAIT = 0.2
+    thread, _ = start(service)
+    try:
+        assert entered.wait(5)  # the first cycle runs and does not end
+        answer = control.set_maintenance(True, "disk swap")
+        assert (answer["on"], answer["applied_in_cycle"]) == (True, None)
+        line = service_maintenance_line("on", "hv", answer)
+        assert "recorded it; the cycle that applies it had not ended" in line
+        assert "applied it in a cycle" not in line
+    finally:
+        release.set()
+    wait_for(lambda: service.cycles >= 2)
+    control.SYNC_WAIT = 5
+    answer = control.set_maintenance(False)
+    assert answer["applied_in_cycle"] is not None
+    assert "recorded it and applied it in a cycle" in service_maintenance_line("off", "hv", answer)
+    service.request_stop()
+    thread.join(5)
+
+
 def test_a_reload_names_the_start_only_options_it_changed_and_nothing_else():
     from node_agent.service.restart_only import changed_restart_only
 
