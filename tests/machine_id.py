@@ -4,7 +4,9 @@ own files under /etc:
 * the machine identity (``[agent] machine_id_path``), never the host's
   /etc/machine-id: that is empty in a container or an image prepared for
   cloning, and the agent then refuses every writing command (exit 78). One
-  id for the whole suite, as one host's id was before;
+  id per test directory (a config's machine) and, for settings built in the
+  test process, one per host name: the suite shares one Placement, and one
+  machine's mark on two roots is refused as a renamed host or a clone;
 * the operator's provider files (``[compute] provider_config_location``),
   never /etc/node-agent/provider_config/: on a machine where node-agent is
   installed that directory is root's and the service group's only (mode
@@ -13,6 +15,8 @@ own files under /etc:
 
 from __future__ import annotations
 
+import hashlib
+import tempfile
 from pathlib import Path
 
 MACHINE_ID = "7e57ab1e00000000000000000000cafe"
@@ -20,13 +24,33 @@ MACHINE_ID = "7e57ab1e00000000000000000000cafe"
 MACHINE_ID_FILE = Path(__file__).resolve().parent / "data" / "machine-id"
 
 
+def machine_id_of(key: str) -> str:
+    """A machine id of its own for ``key`` (a directory, a host name)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
 def machine_id_file(directory: Path) -> Path:
     """A machine-id file in ``directory`` (beside a test's config file, so a
-    process running as another user reads it where it reads the config)."""
+    process running as another user reads it where it reads the config),
+    with an id of that directory's."""
     path = Path(directory) / "test-machine-id"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(MACHINE_ID + "\n")
+        path.write_text(machine_id_of(str(Path(directory).resolve())) + "\n")
+    return path
+
+
+_HOST_IDS: list[Path] = []
+
+
+def machine_id_file_of_host(host: str) -> Path:
+    """A machine-id file holding an id of ``host``'s own, for settings built
+    in the test process (one directory per test process)."""
+    if not _HOST_IDS:
+        _HOST_IDS.append(Path(tempfile.mkdtemp(prefix="node-agent-test-ids-")))
+    path = _HOST_IDS[0] / machine_id_of(host)
+    if not path.exists():
+        path.write_text(machine_id_of(host) + "\n")
     return path
 
 
