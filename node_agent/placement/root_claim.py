@@ -23,8 +23,9 @@ LOG = logging.getLogger("node_agent.placement.sync")
 class RootClaim:
     """This machine's claim on its root (``owner``: its identity)."""
 
-    def __init__(self, owner: root_owner.Identity):
+    def __init__(self, owner: root_owner.Identity, state_file: str = ""):
         self.owner = owner
+        self.state_file = state_file  # named in a refusal that says to remove it
         self._judged: Optional[str] = None  # the last verdict's owner, logged on change
 
     def claimed(
@@ -39,7 +40,9 @@ class RootClaim:
         # judge() lets the agent write a root that Placement does not hold yet.
         if root is not None and not verdict.may_write:
             raise ProviderOwned(
-                root_owner.refusal(verdict, desired.root.name, root.uuid, root.name)
+                root_owner.refusal(
+                    verdict, desired.root.name, root.uuid, root.name, self.state_file
+                )
             )
         if verdict.owner != self._judged and root is not None:
             if verdict.owner in (

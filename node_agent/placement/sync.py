@@ -82,7 +82,9 @@ class TreeSyncer:
         when nova-compute or another machine manages it."""
         self.client = client
         self.owner = owner
-        self._claim = None if owner is None else RootClaim(owner)
+        self._claim = (
+            None if owner is None else RootClaim(owner, str(getattr(store, "path", "") or ""))
+        )
         self.store = store
         self.full_verify_interval = full_verify_interval
         self.clock = clock

@@ -145,18 +145,21 @@ def judge(
     return Verdict(owner, False, {}, others)
 
 
-def refusal(verdict: Verdict, host: str, uuid: str, held_name: str = "") -> str:
+def refusal(
+    verdict: Verdict, host: str, uuid: str, held_name: str = "", state_file: str = ""
+) -> str:
     """Why the agent does not write ``host``'s root, and what to do
-    (``held_name``: the name Placement holds the root under)."""
+    (``held_name``: the name Placement holds the root under; ``state_file``:
+    where the state file is, when it is one)."""
     if verdict.owner == NAMED_ELSEWHERE:
         return (
             f"the state file names provider {held_name} ({uuid}) as this host's root, but "
             f"it is not named {host} and carries no node-agent owner mark: it may be "
             "another host's (a state file copied with a cloned image or directory). "
             "Nothing was written. If it is another host's, remove this host's state file "
-            "(state.json in [DEFAULT] state_path) and run again: the agent then finds or "
-            f"creates {host}. If it is this host's, renamed, set [agent] "
-            "take_over_provider = true once"
+            f"({state_file or 'state.json in [DEFAULT] state_path'}) and run again: the "
+            f"agent then finds or creates {host}. If it is this host's, renamed, set "
+            "[agent] take_over_provider = true once"
         )
     if verdict.owner == OWNED_BY_NOVA:
         return (
