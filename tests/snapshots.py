@@ -10,7 +10,7 @@ from node_agent.host.sysfs import SysFS
 from node_agent.host.sysfs_topology import read_topology
 from node_agent.model.snapshot import HostCpuModel, HostSnapshot
 from tests.hostdata import HOSTDATA, sysfs_root_for
-from tests.machine_id import MACHINE_ID_FILE
+from tests.machine_id import machine_id_file_of_host
 
 
 def snapshot(
@@ -50,7 +50,7 @@ def settings(**overrides) -> Settings:
         ram_allocation_ratio=1.0,
         disk_allocation_ratio=1.0,
         instances_path="/nonexistent",
-        machine_id_path=str(MACHINE_ID_FILE),
     )
     values.update(overrides)
+    values.setdefault("machine_id_path", str(machine_id_file_of_host(values["host"])))
     return Settings(**values)

@@ -40,7 +40,8 @@ answered ``stale`` and ignored, unless it is a replay (below).
 
 A host may only change its own subtree: the root must be named as the
 sending host, every child must hang under it and be named ``<host>_...``
-(checked in :func:`node_agent.remote.wire.tree_from_wire`), and a provider
+(one of the names the agent gives its children, never another host's root
+name: checked in :func:`node_agent.remote.wire.tree_from_wire`), and a provider
 name or uuid that Placement shows under another root is refused and
 logged (:meth:`Applier.foreign` says exactly what is looked up).
 

@@ -29,6 +29,7 @@ import uuid as uuidlib
 from dataclasses import replace
 from typing import Callable, Iterable, Mapping, Optional
 
+from node_agent.errors import ProviderOwned
 from node_agent.model.provider_state import ProviderState
 from node_agent.model.provider_tree import PlacedTree, ProviderTree
 from node_agent.placement.capacity_gate import CapacityGate, as_left
@@ -89,7 +90,9 @@ class TreeSyncer:
         self.client = client
         self._former = frozenset(former_names)
         self.owner = owner
-        self._claim = None if owner is None else RootClaim(owner)
+        self._claim = (
+            None if owner is None else RootClaim(owner, str(getattr(store, "path", "") or ""))
+        )
         self.store = store
         self.full_verify_interval = full_verify_interval
         self.clock = clock
@@ -98,7 +101,9 @@ class TreeSyncer:
         self._cache = TreeCache()
         self._guard = UsageGuard(client)
         self._gate = CapacityGate(client, self._guard)
-        self._writer = TreeWriter(client, self._cache, self._guard, self._adopted, self._deleted)
+        self._writer = TreeWriter(
+            client, self._cache, self._guard, self._adopted, self._deleted, self._claim
+        )
         self._last_capacity: Optional[dict] = None
         self._last_cuts: list = []
         self._last_errors: list[str] = []
@@ -163,7 +168,30 @@ class TreeSyncer:
             marked = [s.uuid for s in roots if s.name in self._former and mark in s.traits]
             return named[0] if named else marked[0] if len(marked) == 1 else None
         found = self._lookup_by_name(desired.root.name) or self._lookup_by_mark()
-        return found["uuid"] if found else None
+        uuid = found["uuid"] if found else None
+        self._refuse_second_root(desired.root.name, uuid)
+        return uuid
+
+    def _refuse_second_root(self, host: str, uuid: Optional[str]) -> None:
+        """The state file does not name the root: raise ProviderOwned when
+        another root carries this machine's mark (a rename with a lost state
+        file, or a clone that kept /etc/machine-id). One GET, only then."""
+        mark = self.owner.mark if self.owner is not None else None
+        if mark is None:
+            return
+        try:
+            marked = self.client.providers_with_trait(mark)
+        except PlacementError as exc:
+            if getattr(exc, "status", None) != 400:
+                raise
+            return  # the trait is not defined yet: no provider carries it
+        others = [
+            (rp["name"], rp["uuid"])
+            for rp in marked
+            if rp["uuid"] != uuid and not rp.get("parent_provider_uuid")
+        ]
+        if others:
+            raise ProviderOwned(root_owner.second_root_refusal(host, others, mark, uuid))
 
     def _lookup_by_mark(self) -> Optional[dict]:
         """This machine's root under a former name (see ``former_names``):
@@ -195,6 +223,7 @@ class TreeSyncer:
         return actual
 
     def _prepare(self, desired: ProviderTree) -> SyncContext:
+        from_state = bool(self._state.get(ROOT_UUID))
         root_uuid = self._root_uuid(desired)
         actual = self._actual(root_uuid, desired.root.name)
         by_name = {s.name: s.uuid for s in actual.values()}
@@ -210,9 +239,12 @@ class TreeSyncer:
         }
         if root_uuid:
             uuids[desired.root.name] = root_uuid
+        unclaimed = False
         if self._claim is not None:
-            desired = self._claim.claimed(desired, actual.get(root_uuid) if root_uuid else None)
-        return SyncContext(desired.placed(uuids), actual)
+            root = actual.get(root_uuid) if root_uuid else None
+            desired = self._claim.claimed(desired, root, from_state)
+            unclaimed = self._claim.needs_mark(root)
+        return SyncContext(desired.placed(uuids), actual, unclaimed=unclaimed)
 
     def held_uuids(self, desired: ProviderTree) -> dict[str, str]:
         """Name -> uuid of the desired providers Placement holds, found as

@@ -73,6 +73,9 @@ class SyncContext:
     written_cuts: list = field(default_factory=list)  # ... and those the writer wrote
     capacity: Optional[dict] = None
     shrink_failed: bool = False
+    # The root does not carry this machine's mark yet: the writer sets it
+    # (compare-and-set on the generation) before anything else is written.
+    unclaimed: bool = False
 
 
 def body_of(change: Change) -> dict:

@@ -9,7 +9,14 @@ with its 409 cases.
   re-reads that provider and retries (bounded); traits are merged into
   what Placement holds, never replaced;
 * a DELETE refused because something is allocated (409) is reported and
-  retried next cycle.
+  retried next cycle;
+* a root that does not carry this machine's owner mark yet gets it first,
+  before any other write on the tree: a compare-and-set (the traits PUT
+  carries the generation of the traits just read; a 409 reads and judges
+  again), then a read-back. Of two machines with one host name that create
+  or adopt the root together, the second's PUT fails on the generation or
+  its read finds the first's mark: it raises ProviderOwned having written
+  nothing but, at most, the provider it created.
 
 Each answer updates the syncer's cache (:mod:`node_agent.placement.tree_cache`)
 at the generation Placement returned. A 404 (a provider gone behind the
@@ -20,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, Optional
 
 import tenacity
 
@@ -34,6 +41,7 @@ from node_agent.placement.errors import (
     PlacementError,
 )
 from node_agent.placement.planner import Change, merged_traits
+from node_agent.placement.root_claim import RootClaim
 from node_agent.placement.sync_context import Replan, SyncContext, SyncReport, body_of
 from node_agent.placement.tree_cache import TreeCache
 from node_agent.placement.usage_guard import UsageGuard, cuts
@@ -58,8 +66,10 @@ class TreeWriter:
         guard: UsageGuard,
         adopted: Callable[[str, str, bool], None],
         deleted: Callable[[str], None],
+        claim: Optional[RootClaim] = None,
     ):
         self.client = client
+        self._claim = claim
         self._cache = cache
         self._guard = guard
         self._adopted = adopted
@@ -84,7 +94,14 @@ class TreeWriter:
             "traits": self._put_traits,
             "delete": self._delete,
         }
+        root = ctx.tree.root_uuid
         for change in changes:
+            if (
+                ctx.unclaimed
+                and change.kind not in ("resource_class", "trait")
+                and not (change.kind == "create" and change.target == root)
+            ):
+                self._mark_root(ctx)
             if self._blocked(ctx, change):
                 report.errors.append(
                     f"skipped ({change.summary}): its provider or parent could not be created"
@@ -121,6 +138,45 @@ class TreeWriter:
             if errors and change.kind == "create":
                 ctx.failed.add(change.provider)
             report.errors += errors
+
+    def _mark_root(self, ctx: SyncContext) -> None:
+        """Set this machine's mark on the root, compare-and-set on its
+        generation, and read it back; ProviderOwned when another machine's
+        mark is there first. Raises Replan when its generation keeps moving.
+        A root that could not be created is left: its changes are skipped."""
+        uuid, host = ctx.tree.root_uuid, ctx.tree.root.name
+        if uuid not in self._held or self._claim is None:
+            return
+        try:
+            for try_ in self._retrying():
+                with try_:
+                    got = self.client.traits(uuid)
+                    generation = got["resource_provider_generation"]
+                    self._cache.mark_if_moved(uuid, generation)
+                    current = frozenset(got["traits"])
+                    owner = self._claim.recheck(current, host, uuid)
+                    merged = (current - {t for t, on in owner.items() if not on}) | {
+                        t for t, on in owner.items() if on
+                    }
+                    if merged != current:
+                        generation = self.client.put_traits(
+                            uuid,
+                            {"resource_provider_generation": generation, "traits": sorted(merged)},
+                        )["resource_provider_generation"]
+        except GenerationConflict:
+            raise Replan() from None
+        # The read-back: under the compare-and-set no other agent can have
+        # added its mark after ours, and this says so at the cost of one GET.
+        got = self.client.traits(uuid)
+        self._claim.recheck(got["traits"], host, uuid)
+        if got["resource_provider_generation"] != generation:
+            self._cache.partial.add(uuid)
+        self._held[uuid] = replace(
+            self._held[uuid],
+            traits=frozenset(got["traits"]),
+            generation=got["resource_provider_generation"],
+        )
+        ctx.unclaimed = False
 
     def _blocked(self, ctx: SyncContext, change: Change) -> bool:
         if change.provider is None:

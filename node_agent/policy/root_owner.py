@@ -19,8 +19,12 @@ generation, so a writer that raced us learns it at its next write.
 :func:`judge` decides from the root's traits as Placement holds them:
 
 * no root yet, or a root with our mark: ours, write it (and mark it);
-* a root without any owner mark (made by an older node-agent, or by hand):
-  adopt it and mark it;
+* a root without any owner mark (made by an older node-agent, or by hand)
+  and named as this host: adopt it and mark it;
+* a root without any owner mark that the state file names under another
+  name (a state file copied from another host, a cloned image): refused,
+  since nothing says it is ours and renaming it would take another host's
+  provider;
 * ``OWNER_NOVA``: nova-compute's; refused;
 * another machine's mark: refused.
 
@@ -28,6 +32,19 @@ The refusals hold unless the operator asks to take over
 (``[agent] take_over_provider``): then our mark replaces another machine's.
 ``OWNER_NOVA`` is never removed: it is nova's trait and its scheduler relies
 on it.
+
+One machine has one root: when the state file does not name the root and
+another root already carries this machine's mark (the host was renamed
+while its state file was lost, or this machine is a clone that kept
+/etc/machine-id), the agent creates nothing and says what to run
+(:func:`second_root_refusal`). It does not rename that root itself: the
+mark cannot tell a renamed host from a running clone, and renaming a
+clone's root would take that machine's provider and allocations.
+
+Creation races (two machines with one host name starting together) are
+closed by the writer: it sets the mark with a compare-and-set on the
+root's generation before any other write, and reads it back
+(:mod:`node_agent.placement.tree_writer`).
 """
 
 from __future__ import annotations
@@ -50,12 +67,13 @@ MARK_PREFIX = "CUSTOM_OWNER_NODE_AGENT_"
 _KEY = b"node-agent root provider owner"
 _MACHINE_ID = re.compile(r"^[0-9a-f]{32}$")
 
-MINE, ABSENT, UNMARKED, OWNED_BY_NOVA, OTHER_MACHINE = (
+MINE, ABSENT, UNMARKED, OWNED_BY_NOVA, OTHER_MACHINE, NAMED_ELSEWHERE = (
     "mine",
     "absent",
     "unmarked",
     "nova",
     "other machine",
+    "unmarked, another name",
 )
 
 
@@ -93,7 +111,7 @@ class Identity:
 
 @dataclass(frozen=True)
 class Verdict:
-    owner: str  # MINE, ABSENT, UNMARKED, OWNED_BY_NOVA, OTHER_MACHINE
+    owner: str  # MINE, ABSENT, UNMARKED, OWNED_BY_NOVA, OTHER_MACHINE, NAMED_ELSEWHERE
     may_write: bool
     # The root's traits this agent decides on: its mark on, and with a take
     # over, the other machine's mark off.
@@ -101,9 +119,12 @@ class Verdict:
     others: tuple[str, ...] = ()  # other machines' marks found
 
 
-def judge(traits: Optional[Iterable[str]], identity: Identity) -> Verdict:
+def judge(
+    traits: Optional[Iterable[str]], identity: Identity, named_elsewhere: bool = False
+) -> Verdict:
     """May this agent write the root whose traits are ``traits`` (None: no
-    root in Placement yet)?"""
+    root in Placement yet)? ``named_elsewhere``: the root is the state
+    file's, and Placement holds it under another name than this host's."""
     own = {identity.mark: True} if identity.mark else {}
     if traits is None:
         return Verdict(ABSENT, True, own)
@@ -115,6 +136,8 @@ def judge(traits: Optional[Iterable[str]], identity: Identity) -> Verdict:
         owner = OTHER_MACHINE
     elif identity.mark and identity.mark in traits:
         return Verdict(MINE, True, own)
+    elif named_elsewhere:
+        owner = NAMED_ELSEWHERE
     else:
         return Verdict(UNMARKED, True, own)
     if identity.take_over and identity.mark:
@@ -122,8 +145,22 @@ def judge(traits: Optional[Iterable[str]], identity: Identity) -> Verdict:
     return Verdict(owner, False, {}, others)
 
 
-def refusal(verdict: Verdict, host: str, uuid: str) -> str:
-    """Why the agent does not write ``host``'s root, and what to do."""
+def refusal(
+    verdict: Verdict, host: str, uuid: str, held_name: str = "", state_file: str = ""
+) -> str:
+    """Why the agent does not write ``host``'s root, and what to do
+    (``held_name``: the name Placement holds the root under; ``state_file``:
+    where the state file is, when it is one)."""
+    if verdict.owner == NAMED_ELSEWHERE:
+        return (
+            f"the state file names provider {held_name} ({uuid}) as this host's root, but "
+            f"it is not named {host} and carries no node-agent owner mark: it may be "
+            "another host's (a state file copied with a cloned image or directory). "
+            "Nothing was written. If it is another host's, remove this host's state file "
+            f"({state_file or 'state.json in [DEFAULT] state_path'}) and run again: the "
+            f"agent then finds or creates {host}. If it is this host's, renamed, set "
+            "[agent] take_over_provider = true once"
+        )
     if verdict.owner == OWNED_BY_NOVA:
         return (
             f"provider {host} ({uuid}) carries {NOVA}: nova-compute manages it, and two "
@@ -139,6 +176,36 @@ def refusal(verdict: Verdict, host: str, uuid: str) -> str:
         "are configured with [DEFAULT] host = " + host + " (a cloned image?). Nothing "
         "was written. Give this machine its own host name; if the other machine is "
         "gone (this one replaces it), set [agent] take_over_provider = true once"
+    )
+
+
+def second_root_refusal(
+    host: str, marked: Iterable[tuple[str, str]], mark: str, existing: Optional[str] = None
+) -> str:
+    """Why the agent does not create or write ``host``'s root when other
+    roots (``marked``: (name, uuid)) carry this machine's ``mark``, and what
+    to run. ``existing``: the uuid of a root already named ``host``."""
+    marked = sorted(marked)
+    names = ", ".join(f"{name} ({uuid})" for name, uuid in marked)
+    name, uuid = marked[0]
+    if existing is None:
+        fix = (
+            f"If this host was renamed from {name}, rename its provider so that its "
+            f"allocations stay: `openstack resource provider set --name {host} {uuid}`, "
+            "then run the agent again."
+        )
+    else:
+        fix = (
+            f"If this host was renamed from {name}, its old root is published beside "
+            f"{host} ({existing}): once nothing is allocated on it, delete it "
+            f"(`openstack resource provider delete {uuid}`) and run the agent again."
+        )
+    return (
+        f"this machine's owner mark {mark} is already on root provider {names}, and the "
+        f"state file does not say which root is {host}'s: publishing {host} too would "
+        f"count this machine twice. Nothing was written. {fix} If {name} is another "
+        "machine cloned from this one (same /etc/machine-id), give this machine its own "
+        "id instead: `rm /etc/machine-id && systemd-machine-id-setup`"
     )
 
 

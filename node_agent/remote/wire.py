@@ -72,6 +72,8 @@ from node_agent.model.snapshot import Guest, GuestMdev, HostSnapshot, NumaNode, 
 from node_agent.policy import maintenance as maint
 from node_agent.policy.capacity import HostLimits, limits_of
 from node_agent.remote import schema, signing
+from node_agent.tree import child_names
+from node_agent.tree.child_names import is_child_name
 from node_agent.tree.numa import numa_provider_name
 from node_agent.tree.pci import gpu_provider_name
 
@@ -320,7 +322,9 @@ def _provider_from_wire(data: dict, n: int) -> Provider:
 
 def tree_from_wire(data: list, host: str) -> ProviderTree:
     """The tree of ``host``, checked: one root named ``host`` first, every
-    child named ``<host>_...`` under a provider listed before it."""
+    child named as the agent names its children
+    (:func:`node_agent.tree.child_names.is_child_name`: never another
+    host's root name) under a provider listed before it."""
     providers = tuple(_provider_from_wire(p, n) for n, p in enumerate(data))
     root = providers[0]
     _need(root.parent is None, "body.tree[0]", "the first provider must be the root")
@@ -340,9 +344,10 @@ def tree_from_wire(data: list, host: str) -> ProviderTree:
             f"parent {provider.parent!r} is not listed before it in this host's tree",
         )
         _need(
-            provider.name.startswith(host + "_"),
+            is_child_name(host, provider.name),
             where,
-            f"a child of host {host!r} must be named {host}_...; this name is not this host's",
+            f"a child of host {host!r} must be named {child_names.KINDS}; this name is "
+            "not this host's (it could be another host's root)",
         )
         seen.add(provider.name)
     uuids = [p.uuid for p in providers if p.uuid]

@@ -30,7 +30,7 @@ def write_config(
     instances.mkdir(exist_ok=True)
     path = tmp_path / "node-agent.conf"
     path.write_text(
-        isolated_config(tmp_path)
+        isolated_config(tmp_path, host)
         + f"[DEFAULT]\nhost = {host}\n[agent]\nstate_path = {tmp_path / 'state'}\n"
         f"[host]\nsysfs_root = {root}\n"
         "[libvirt]\nconnection_uri =\n"

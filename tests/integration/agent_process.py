@@ -126,7 +126,7 @@ class AgentProcess:
 
     def config_text(self, reserved_memory_mb: int = 512) -> str:
         return (
-            isolated_config(self.dir) + f"[DEFAULT]\nhost = {self.host}\n"
+            isolated_config(self.dir, self.host) + f"[DEFAULT]\nhost = {self.host}\n"
             f"{self.extra}"
             f"[agent]\nstate_path = {self.dir / 'state'}\n"
             f"[host]\nsysfs_root = {self.sysroot}\n"

@@ -27,7 +27,7 @@ from node_agent.placement.client import PlacementClient
 from node_agent.placement.sync import TreeSyncer
 from node_agent.state import StateStore
 from tests.hostdata import HOSTDATA, sysfs_root_for
-from tests.machine_id import MACHINE_ID_FILE
+from tests.machine_id import machine_id_file_of_host
 
 PROJECT = "33333333000040008000000000000001"
 USER = "22222222000040008000000000000001"
@@ -60,7 +60,7 @@ def make_settings(
         disk_allocation_ratio=1.0,
         instances_path=instances_path,
         pcpu_transition_mode=transition,
-        machine_id_path=str(MACHINE_ID_FILE),
+        machine_id_path=str(machine_id_file_of_host(host)),
     )
 
 

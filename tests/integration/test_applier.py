@@ -380,7 +380,7 @@ def test_message_naming_another_hosts_provider_is_refused(bus, placement):
 
     by_uuid = dict(
         body["tree"][0],
-        name=f"{intruder.name}_extra",
+        name=f"{intruder.name}_0000:3b:00.1",
         parent=intruder.name,
         uuid=victim_root["uuid"],
     )
@@ -947,6 +947,31 @@ def test_a_2_0_agent_is_applied_closed_and_the_applier_says_so_once_per_host(bus
     assert len(warned) == 1, applier.log()
     assert agent.cycle().ok  # a 2.3 message from the same host: checked and open again
     assert converged(placement, agent)
+
+
+def test_a_child_named_like_another_hosts_root_is_refused_and_that_host_registers(bus, placement):
+    """Host ``hv`` with its own valid key sends a child ``hv_2``: refused,
+    so the real host ``hv_2`` still gets its root."""
+    bus.start(1)
+    name = f"hv-{uuid.uuid4().hex[:6]}"
+    hv = FixtureAgent(bus, name, sysfs_trees()[0], bus.tmp / "agents" / "hv")
+    body = wire.body_of(hv.desired)
+    shadow = dict(body["tree"][0], name=f"{name}_2", parent=name, uuid=None)
+
+    reply = hv.upstream._client.call(
+        {},
+        "apply",
+        message=wire.full_message(
+            name, 1, {**body, "tree": body["tree"] + [shadow]}, hv.upstream.key
+        ),
+    )
+
+    assert reply["status"] == wire.REFUSED and "could be another host's root" in reply["error"]
+    assert placement.get(f"/resource_providers?name={name}_2")["resource_providers"] == []
+    assert hv.cycle().ok  # its own children's names pass
+    real = FixtureAgent(bus, f"{name}_2", sysfs_trees()[1], bus.tmp / "agents" / "hv_2")
+    assert real.cycle().ok
+    assert root_of(placement, f"{name}_2")["parent_provider_uuid"] is None
 
 
 def test_tree_for_a_root_another_machine_marked_is_refused_by_the_applier(bus, placement):

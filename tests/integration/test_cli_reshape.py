@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 def write_config(host: Host, extra: str = "") -> str:
     path = host.tmp / "node-agent.conf"
     path.write_text(
-        isolated_config(host.tmp)
+        isolated_config(host.tmp, host.name)
         + f"[DEFAULT]\nhost = {host.name}\n[agent]\nstate_path = {host.state_dir}\n"
         f"[host]\nsysfs_root = {host.sysfs}\n[libvirt]\nconnection_uri = {host.uri}\n"
         f"[compute]\ninstances_path = {host.tmp}\n{extra}"

@@ -237,7 +237,7 @@ class RunningService:
     def __init__(self, tmp_path, libvirtd, placement_url, host, interval=3600):
         config = tmp_path / "node-agent.conf"
         config.write_text(
-            isolated_config(tmp_path)
+            isolated_config(tmp_path, host)
             + f"[DEFAULT]\nhost = {host}\n[agent]\nstate_path = {tmp_path / 'state'}\n"
             f"[libvirt]\nconnection_uri = {libvirtd.ro_uri}\n"
             f"[compute]\ninstances_path = {tmp_path}\n"
@@ -511,7 +511,7 @@ def test_companion_on_a_nova_host_audits_real_guests_and_previews_the_reshape_re
     shared = ",".join(str(c) for c in ONLINE if c != PINNED_CPU)
     config = tmp_path / "node-agent.conf"
     config.write_text(
-        isolated_config(tmp_path) + f"[DEFAULT]\nhost = {host_name}\n"
+        isolated_config(tmp_path, host_name) + f"[DEFAULT]\nhost = {host_name}\n"
         f"[agent]\nmode = companion\nstate_path = {tmp_path / 'state'}\n"
         f"[libvirt]\nconnection_uri = {libvirtd.ro_uri}\n"
         f"[compute]\ninstances_path = {tmp_path}\ncpu_dedicated_set = {PINNED_CPU}\n"

@@ -7,15 +7,27 @@ from pathlib import Path
 
 import pytest
 
+from node_agent.errors import ProviderOwned
 from node_agent.policy.root_owner import mark_for
+from node_agent.state import FILE_NAME, ROOT_UUID, StateStore
 from tests.cli.runner import run_agent, write_config
 from tests.integration.agent_process import OTHER_HOST, SMALL_HOST, AgentProcess
 from tests.integration.test_service_process import wait_until
+from tests.machine_id import machine_id_of
 
 pytestmark = pytest.mark.integration
 
 ID_A = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa1"
 ID_B = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb2"
+
+
+@pytest.fixture(autouse=True)
+def machine_ids(host_name):
+    """Two machines of each test's own: the suite shares one Placement, and
+    one machine's mark on two host names' roots is refused (a renamed host
+    or a clone)."""
+    global ID_A, ID_B
+    ID_A, ID_B = machine_id_of(host_name + "/a"), machine_id_of(host_name + "/b")
 
 
 def machine_id(path: Path, value: str) -> Path:
@@ -63,8 +75,9 @@ def test_second_machine_with_the_same_host_refuses_loudly_and_never_overwrites(
     first.start()
     wait_until(lambda: root_of(placement, first.host) is not None)
     path = f"/resource_providers/{root_of(placement, first.host)['uuid']}"
-    # Traits are the last write of a first cycle.
+    # The mark is the first write on a new root; the cycle's end is its status.
     wait_until(lambda: mark_for(ID_A) in placement.get(f"{path}/traits")["traits"])
+    first.status_after(lambda s: s.startswith("ok:"))
     settled = placement.get(f"{path}/inventories")
 
     second.start()
@@ -242,3 +255,132 @@ def test_owner_mode_beside_nova_34_computes_says_nova_will_not_schedule_onto_its
     finally:
         assert service.stop() == 0
         service.notify.close()
+
+
+# ---------------------------------------------------------------- one machine, one root
+
+
+def marked_roots(client, mark):
+    return [
+        rp
+        for rp in client.get(f"/resource_providers?required={mark}")["resource_providers"]
+        if rp["parent_provider_uuid"] is None
+    ]
+
+
+def test_a_host_renamed_with_its_state_file_lost_gets_no_second_root(
+    tmp_path, placement_server, placement, host_name
+):
+    config = once_config(tmp_path, host_name, placement_server.url, ID_A)
+    assert run_agent("--config-file", str(config), "--once").code == 0
+    old = root_of(placement, host_name)
+    new_name = f"{host_name}-renamed"
+    config.write_text(config.read_text().replace(f"host = {host_name}\n", f"host = {new_name}\n"))
+    (tmp_path / ID_A[:4] / "state" / FILE_NAME).unlink()
+
+    result = run_agent("--config-file", str(config), "--once")
+    assert result.code == 78, result.stderr
+    assert f"openstack resource provider set --name {new_name} {old['uuid']}" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert root_of(placement, new_name) is None
+
+    # What the message says to run, then the agent again: one root, renamed.
+    placement.put(f"/resource_providers/{old['uuid']}", {"name": new_name})
+    result = run_agent("--config-file", str(config), "--once")
+    assert result.code == 0, result.stderr
+    assert [rp["uuid"] for rp in marked_roots(placement, mark_for(ID_A))] == [old["uuid"]]
+
+
+def test_a_state_file_naming_another_hosts_unmarked_root_writes_nothing(
+    tmp_path, placement_server, placement, host_name
+):
+    other = placement.post("/resource_providers", {"name": f"{host_name}-other"})
+    placement.put(
+        f"/resource_providers/{other['uuid']}/inventories",
+        {"resource_provider_generation": 0, "inventories": {"VCPU": {"total": 3}}},
+    )
+    before = (
+        placement.get(f"/resource_providers/{other['uuid']}"),
+        placement.get(f"/resource_providers/{other['uuid']}/inventories"),
+        placement.get(f"/resource_providers/{other['uuid']}/traits"),
+    )
+    config = once_config(tmp_path, host_name, placement_server.url, ID_A)
+    # The copied state file: another host's root as this host's.
+    StateStore(tmp_path / ID_A[:4] / "state").put(ROOT_UUID, other["uuid"])
+
+    result = run_agent("--config-file", str(config), "--once")
+
+    assert result.code == 78, result.stderr
+    assert "take_over_provider" in result.stderr and other["uuid"] in result.stderr
+    assert f"remove this host's state file ({tmp_path / ID_A[:4] / 'state' / FILE_NAME})" in (
+        result.stderr
+    )
+    assert "Traceback" not in result.stderr
+    assert (
+        placement.get(f"/resource_providers/{other['uuid']}"),
+        placement.get(f"/resource_providers/{other['uuid']}/inventories"),
+        placement.get(f"/resource_providers/{other['uuid']}/traits"),
+    ) == before
+    assert root_of(placement, host_name) is None
+
+
+def _interleaved(client, method, between):
+    """``client`` with ``between()`` run once, after its first ``send`` of
+    a provider create, or before its first ``put_traits``: the moment the
+    other machine's whole cycle lands in the race."""
+    original = getattr(client, method)
+    done = []
+
+    def wrapped(*args, **kw):
+        if method == "put_traits" and not done:
+            done.append(between())
+        result = original(*args, **kw)
+        if method == "send" and args[0].kind == "create" and not done:
+            done.append(between())
+        return result
+
+    setattr(client, method, wrapped)
+    return client
+
+
+@pytest.mark.parametrize("moment", ["send", "put_traits"])
+def test_two_machines_with_one_host_name_racing_leave_one_owner(
+    tmp_path, placement_server, placement, host_name, moment
+):
+    from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
+    from node_agent.placement.client import PlacementClient
+    from node_agent.placement.sync import TreeSyncer
+    from node_agent.policy.root_owner import Identity
+
+    tree = ProviderTree((Provider(host_name, inventories={"VCPU": Inventory(total=8)}),))
+    other_tree = ProviderTree((Provider(host_name, inventories={"VCPU": Inventory(total=16)}),))
+    second = TreeSyncer(
+        PlacementClient.for_endpoint(placement_server.url),
+        StateStore(tmp_path / "b"),
+        owner=Identity(mark_for(ID_B)),
+    )
+    outcomes = {}
+
+    def second_cycle():
+        try:
+            outcomes["second"] = second.sync(other_tree).ok
+        except ProviderOwned:
+            outcomes["second"] = "refused"
+        return True
+
+    client = _interleaved(PlacementClient.for_endpoint(placement_server.url), moment, second_cycle)
+    first = TreeSyncer(client, StateStore(tmp_path / "a"), owner=Identity(mark_for(ID_A)))
+    try:
+        outcomes["first"] = first.sync(tree).ok
+    except ProviderOwned:
+        outcomes["first"] = "refused"
+
+    root = root_of(placement, host_name)
+    traits = placement.get(f"/resource_providers/{root['uuid']}/traits")["traits"]
+    marks = [t for t in traits if t.startswith("CUSTOM_OWNER_NODE_AGENT_")]
+    assert len(marks) == 1, (outcomes, traits)
+    winner = "first" if marks == [mark_for(ID_A)] else "second"
+    loser = "second" if winner == "first" else "first"
+    assert outcomes == {winner: True, loser: "refused"}
+    total = placement.get(f"/resource_providers/{root['uuid']}/inventories")["inventories"]
+    assert total["VCPU"]["total"] == (8 if winner == "first" else 16)

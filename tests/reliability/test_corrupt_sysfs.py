@@ -156,7 +156,7 @@ def config_for(root: Path, tmp_path: Path) -> Path:
     instances.mkdir(exist_ok=True)
     config = tmp_path / "node-agent.conf"
     config.write_text(
-        isolated_config(tmp_path)
+        isolated_config(tmp_path, "damaged")
         + f"[DEFAULT]\nhost = damaged\n[agent]\nstate_path = {tmp_path / 'state'}\n"
         f"[host]\nsysfs_root = {root}\n[libvirt]\nconnection_uri =\n"
         f"[compute]\ninstances_path = {instances}\nnuma_in_placement = true\n"

@@ -75,3 +75,24 @@ def test_a_file_without_a_machine_id_is_a_config_error_naming_it(text):
 
 def test_machine_id_file_with_newline_is_read():
     assert ro.parse_machine_id(ID_A + "\n", "f") == ID_A
+
+
+def test_an_unmarked_root_the_state_file_names_under_another_name_is_refused():
+    from node_agent.policy.root_owner import NAMED_ELSEWHERE, Identity, judge, mark_for, refusal
+
+    me = Identity(mark_for("a" * 32))
+    verdict = judge({"COMPUTE_NODE"}, me, named_elsewhere=True)
+    assert (verdict.owner, verdict.may_write) == (NAMED_ELSEWHERE, False)
+    assert "take_over_provider = true" in refusal(verdict, "hv", "u-1", "other")
+    assert judge({"COMPUTE_NODE"}, Identity(me.mark, take_over=True), True).may_write
+    assert judge({me.mark}, me, named_elsewhere=True).may_write  # ours, renamed
+
+
+def test_second_root_refusal_gives_the_command_for_each_case():
+    from node_agent.policy.root_owner import second_root_refusal
+
+    text = second_root_refusal("new", [("old", "u-1")], "CUSTOM_OWNER_NODE_AGENT_X")
+    assert "openstack resource provider set --name new u-1" in text
+    assert "systemd-machine-id-setup" in text
+    both = second_root_refusal("new", [("old", "u-1")], "CUSTOM_OWNER_NODE_AGENT_X", "u-2")
+    assert "openstack resource provider delete u-1" in both

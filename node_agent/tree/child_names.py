@@ -1,0 +1,38 @@
+"""The names the agent gives its root's children, as one check. Pure.
+
+Every child is ``<host>_<suffix>`` with one of four suffixes: a NUMA node
+(``NUMA_<n>``, :mod:`node_agent.tree.numa`), a GPU
+(``pci_<domain>_<bus>_<slot>_<function>``) or an SR-IOV PF (its PCI address,
+``<domain>:<bus>:<slot>.<function>``, :mod:`node_agent.tree.pci`), or a
+memory-encryption model (:mod:`node_agent.tree.mem_encryption`).
+
+The prefix alone does not keep hosts apart: host ``hv``'s child ``hv_2``
+would be host ``hv_2``'s root name, and while it exists that host could not
+register. The applier therefore takes from a host only children with one
+of the suffixes above: fixed words and PCI addresses, which no other host's
+name ends with unless it is named like one of this host's children.
+"""
+
+from __future__ import annotations
+
+import re
+
+from node_agent.tree.mem_encryption import AMD_SEV, AMD_SEV_ES, AMD_SEV_SNP
+
+_SUFFIX = re.compile(
+    r"NUMA_\d+"
+    r"|pci_[0-9a-f]{4}_[0-9a-f]{2}_[0-9a-f]{2}_[0-7]"
+    r"|[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]"
+    r"|" + "|".join(re.escape(m) for m in (AMD_SEV, AMD_SEV_ES, AMD_SEV_SNP))
+)
+
+KINDS = (
+    "<host>_NUMA_<n>, <host>_pci_<dddd>_<bb>_<ss>_<f>, <host>_<dddd>:<bb>:<ss>.<f> "
+    "or <host>_amd_sev[_es|_snp]"
+)
+
+
+def is_child_name(host: str, name: str) -> bool:
+    """True when ``name`` is one the agent gives a child of ``host``."""
+    prefix = host + "_"
+    return name.startswith(prefix) and _SUFFIX.fullmatch(name[len(prefix) :]) is not None

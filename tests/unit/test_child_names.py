@@ -1,0 +1,40 @@
+import pytest
+
+from node_agent.tree.child_names import is_child_name
+from node_agent.tree.mem_encryption import child_name
+from node_agent.tree.numa import numa_provider_name
+from node_agent.tree.pci import gpu_provider_name, sriov_provider_name
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        numa_provider_name("hv", 0),
+        numa_provider_name("hv", 12),
+        gpu_provider_name("hv", "0000:81:00.0"),
+        sriov_provider_name("hv", "0000:3b:00.1"),
+        child_name("hv", "amd_sev"),
+        child_name("hv", "amd_sev_es"),
+        child_name("hv", "amd_sev_snp"),
+    ],
+)
+def test_every_name_the_tree_gives_a_child_is_a_child_name(name):
+    assert is_child_name("hv", name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "hv_2",
+        "hv_b",
+        "hv",
+        "hv_",
+        "hv_NUMA_",
+        "hv_NUMA_0_x",
+        "hvx_NUMA_0",
+        "other_NUMA_0",
+        "hv_0000:81:00.8",
+    ],
+)
+def test_a_name_another_host_could_have_is_not_a_child_name(name):
+    assert not is_child_name("hv", name)
