@@ -7,6 +7,7 @@
 #   make config    regenerate etc/node-agent.conf.sample (never edit it by hand)
 #   make docs-design  render docs/design/nova-differences.md from its YAML (never edit the .md)
 #   make docs      regenerate docs/reference/ (configuration, CLI, exit codes) from the code
+#   make test-nova-cloud  nova 34's own services beside the agent, alone (tests/integration/test_nova_cloud.py)
 #   make nova-guests  regenerate tests/data/nova_guests (guest XML nova 34's libvirt driver writes)
 #   make bench     benchmarks against nova's report client -> BENCHMARKS.md (not in test)
 #   make soak      long reliability runs (not in test); see RELIABILITY.md
@@ -33,7 +34,7 @@ DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev rabbitmq-server redis-ser
 	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients $(QEMU_PACKAGE)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-packages nova-venv lint unit test test-as-user run stop config docs docs-design nova-guests install-service bench soak property clean
+.PHONY: install system-packages nova-venv lint unit test test-nova-cloud test-as-user run stop config docs docs-design nova-guests install-service bench soak property clean
 
 install: $(STAMP)
 
@@ -82,6 +83,12 @@ test: install nova-venv lint
 # user (created when missing); see tests/run-as-user.sh.
 test-as-user:
 	tests/run-as-user.sh
+
+# nova-conductor and nova-compute (nova's libvirt driver, the suite's private
+# libvirtd, RabbitMQ and Placement) with the agent in companion mode beside
+# them; part of `make test` too. As root (libvirtd's namespace).
+test-nova-cloud: install nova-venv
+	$(PY) -m pytest -q -rs --durations=10 tests/integration/test_nova_cloud.py
 
 nova-venv:
 	@$(MAKE) --no-print-directory $(NOVA_VENV)/.installed || { \
