@@ -22,7 +22,8 @@ STAMP  := $(VENV)/.installed
 # rabbitmq-server is started by the messaging tests themselves; libvirtd, its
 # qemu driver and the QEMU emulator of this architecture run the real guests
 # of tests/integration/test_real_libvirtd.py (virsh from libvirt-clients is
-# for debugging them).
+# for debugging them); qemu-img (qemu-utils) for nova-compute's image backend
+# in tests/integration/test_nova_cloud.py.
 QEMU_x86_64  := qemu-system-x86
 QEMU_i686    := qemu-system-x86
 QEMU_aarch64 := qemu-system-arm
@@ -31,7 +32,7 @@ QEMU_ppc64le := qemu-system-ppc
 QEMU_ppc64   := qemu-system-ppc
 QEMU_PACKAGE := $(or $(QEMU_$(shell uname -m)),qemu-system-misc)
 DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev rabbitmq-server redis-server postgresql \
-	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients $(QEMU_PACKAGE)
+	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients $(QEMU_PACKAGE) qemu-utils
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install system-packages nova-venv lint unit test test-nova-cloud test-as-user run stop config docs docs-design nova-guests install-service bench soak property clean

@@ -47,6 +47,10 @@ def unavailable_reason() -> Optional[str]:
     ]
     if missing:
         return f"{NOVA_VENV} has no {', '.join(missing)}: `make nova-venv` builds nova 34 there"
+    import shutil
+
+    if shutil.which("qemu-img") is None:
+        return "qemu-img not installed (qemu-utils): nova's image backend runs it"
     probe = subprocess.run(
         [str(NOVA_BIN / "python"), "-c", "import libvirt"], capture_output=True, text=True
     )
