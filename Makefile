@@ -8,6 +8,7 @@
 #   make config    regenerate etc/node-agent.conf.sample (never edit it by hand)
 #   make docs-design  render docs/design/nova-differences.md from its YAML (never edit the .md)
 #   make docs      regenerate docs/reference/ (configuration, CLI, exit codes) from the code
+#   make test-nova-cloud  nova 34's own services beside the agent, alone (tests/integration/test_nova_cloud.py)
 #   make nova-guests  regenerate tests/data/nova_guests (guest XML nova 34's libvirt driver writes)
 #   make bench     benchmarks against nova's report client -> BENCHMARKS.md (not in test)
 #   make soak      long reliability runs (not in test); see RELIABILITY.md
@@ -22,7 +23,8 @@ STAMP  := $(VENV)/.installed
 # rabbitmq-server is started by the messaging tests themselves; libvirtd, its
 # qemu driver and the QEMU emulator of this architecture run the real guests
 # of tests/integration/test_real_libvirtd.py (virsh from libvirt-clients is
-# for debugging them).
+# for debugging them); qemu-img (qemu-utils) for nova-compute's image backend
+# in tests/integration/test_nova_cloud.py.
 QEMU_x86_64  := qemu-system-x86
 QEMU_i686    := qemu-system-x86
 QEMU_aarch64 := qemu-system-arm
@@ -31,10 +33,10 @@ QEMU_ppc64le := qemu-system-ppc
 QEMU_ppc64   := qemu-system-ppc
 QEMU_PACKAGE := $(or $(QEMU_$(shell uname -m)),qemu-system-misc)
 DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev rabbitmq-server redis-server postgresql \
-	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients $(QEMU_PACKAGE)
+	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients $(QEMU_PACKAGE) qemu-utils
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-packages nova-venv lint unit test test-as-user run stop config docs docs-design nova-guests install-service bench soak property clean
+.PHONY: install system-packages nova-venv lint unit test test-nova-cloud test-as-user run stop config docs docs-design nova-guests install-service bench soak property clean
 
 install: $(STAMP)
 
@@ -104,6 +106,12 @@ test: install nova-venv $(TEST_LINT)
 # user (created when missing); see tests/run-as-user.sh.
 test-as-user:
 	tests/run-as-user.sh
+
+# nova-conductor and nova-compute (nova's libvirt driver, the suite's private
+# libvirtd, RabbitMQ and Placement) with the agent in companion mode beside
+# them; part of `make test` too. As root (libvirtd's namespace).
+test-nova-cloud: install nova-venv
+	$(PY) -m pytest -q -rs --durations=10 tests/integration/test_nova_cloud.py
 
 nova-venv:
 	@$(MAKE) --no-print-directory $(NOVA_VENV)/.installed || { \

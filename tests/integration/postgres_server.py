@@ -74,8 +74,11 @@ class PostgresCluster:
             f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.dir} -c fsync=off",
             "start",
         )
-        self._run("createdb", "-h", str(self.dir), "-p", str(self.port), "-U", "postgres", DATABASE)
+        self.createdb(DATABASE)
         return self
+
+    def createdb(self, name: str) -> None:
+        self._run("createdb", "-h", str(self.dir), "-p", str(self.port), "-U", "postgres", name)
 
     def log(self) -> str:
         path = self.dir / "server.log"
