@@ -243,9 +243,11 @@ class Coordination:
         if self._started:
             return self
         try:
-            self._coordinator.start(start_heart=True)
             if self._redis is not None:
+                # First: tooz's Redis driver retries a refused connection
+                # for about a minute before it says so.
                 self._redis.ping()
+            self._coordinator.start(start_heart=True)
             if self._sql is not None:
                 from node_agent.remote import sql_records
 

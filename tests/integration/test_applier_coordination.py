@@ -19,10 +19,10 @@ from node_agent.remote.coordination import RECORD_PREFIX
 from node_agent.state import decode
 from tests.integration.redis_server import redis_url  # noqa: F401 (fixture)
 from tests.integration.reshape_driver import allocate
-from tests.integration.test_applier import (  # noqa: F401
+from tests.integration.test_applier import (
     AGENTS,
+    Bus,
     allocations,
-    bus,
     converged,
     in_threads,
     make_agents,
@@ -37,6 +37,16 @@ APPLY_MARGIN = 10  # seconds for one apply on a loaded machine, beyond the lock'
 # The URL sets no expiry: the applier makes it half of its lock_timeout
 # (8 s: a killed holder's lock is free after 4 s).
 LOCK_TIMEOUT = 8
+
+
+@pytest.fixture
+def bus(redis_url, tmp_path, rabbitmq, placement_server):
+    """test_applier's ``bus``, set up after this test's Redis and so stopped
+    before it: an applier whose Redis is gone spends its stop on tooz's
+    retries until the test kills it (20 s each)."""
+    bus = Bus(tmp_path, rabbitmq, placement_server.url)
+    yield bus
+    bus.stop()
 
 
 def record(url: str, host: str) -> dict:
