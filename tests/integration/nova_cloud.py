@@ -239,8 +239,12 @@ class NovaCloud:
             headers={
                 "Content-Type": "application/json",
                 "X-Auth-Token": "admin",
+                # keystonemiddleware always sets the names too; without them
+                # nova writes an empty <nova:owner/> into the domain.
                 "X-User-Id": USER,
+                "X-User-Name": "demo",
                 "X-Project-Id": PROJECT,
+                "X-Project-Name": "demo",
                 "X-Roles": "admin,member,reader",
                 "X-Identity-Status": "Confirmed",
                 "OpenStack-API-Version": f"compute {MICROVERSION}",
