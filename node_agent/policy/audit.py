@@ -271,6 +271,7 @@ def audit(
     local = {g.uuid for g in guests}
     records = {c: details[c] for c in here if c not in local and c in details}
     migrating = migrations.match(guests, records, providers, here)
+    resizing = migrations.resize_sources(guests, records, here)
     for consumer, by_provider in sorted(here.items()):
         if consumer in local:
             continue
@@ -278,7 +279,7 @@ def audit(
         elsewhere = _elsewhere(details, consumer, providers)
         since = float(seen_orphans.get(consumer, now))
         orphans_now[consumer] = since
-        if ctype == MIGRATION or elsewhere or consumer in migrating:
+        if ctype == MIGRATION or elsewhere or consumer in migrating or consumer in resizing:
             if ctype == MIGRATION:
                 why = "a migration's allocation (consumer_type MIGRATION)"
             elif consumer in migrating:
@@ -287,6 +288,13 @@ def audit(
                     + ", ".join(g.name for g in migrating[consumer])
                     + " (its owner and size; the guest's own allocation moved): "
                     "a resize or migration in progress"
+                )
+            elif consumer in resizing:
+                why = (
+                    "maybe the old flavor of guest "
+                    + ", ".join(g.name for g in resizing[consumer])
+                    + " (its owner; the guest holds its new flavor here): a resize "
+                    "on this host not yet confirmed"
                 )
             else:
                 why = (

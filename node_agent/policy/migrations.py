@@ -114,3 +114,30 @@ def match(
         if matched:
             found[consumer] = matched
     return found
+
+
+def resize_sources(
+    guests: Iterable[Guest], records: Mapping[str, Mapping], here: Iterable[str]
+) -> dict[str, list[Guest]]:
+    """consumer -> the local guests it may be the source half of a
+    same-host resize of.
+
+    nova resizing a guest onto its own host moves the old flavor's
+    allocation to the migration's uuid and claims the new flavor for the
+    guest here too, until the resize is confirmed (maybe never:
+    ``resize_confirm_window`` is 0 by default). The domain then describes
+    the new flavor only, so the old size cannot be checked: the owner alone
+    matches. Weaker than :func:`match`, so only the audit uses it (as in
+    flight, up to its grace); the reshape never moves a consumer on it."""
+    held = set(here)
+    staying = [g for g in guests if g.uuid in held and all(_owner(g))]
+    local = {g.uuid for g in guests}
+    found: dict[str, list[Guest]] = {}
+    for consumer, record in sorted(records.items()):
+        if consumer in local or (record.get("consumer_type") or "").upper() == INSTANCE:
+            continue
+        owner = (_id(record.get("project_id")), _id(record.get("user_id")))
+        matched = [g for g in staying if _owner(g) == owner]
+        if matched:
+            found[consumer] = matched
+    return found

@@ -219,12 +219,6 @@ def _allocations(cloud) -> dict:
     return {consumer: dict(a["resources"]) for consumer, a in held.items()}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="finding (issue 27): the migration consumer of nova's unconfirmed same-host "
-    "resize (it holds the old flavor; nova sends no consumer_type) is reported as an "
-    "orphan alarm",
-)
 def test_audit_raises_no_alarm_on_novas_own_guests(nova_cloud, guests, tmp_path):
     held = _allocations(nova_cloud)
     # The resize in flight: the instance holds the new flavor, its migration the old.

@@ -427,3 +427,50 @@ def test_a_resized_guests_untyped_migration_record_is_in_flight_not_an_orphan():
         pcpu_offered=True,
     )
     assert kinds(result)[0] == (A.ORPHAN, A.ALARM, "migration-1")
+
+
+def test_a_same_host_resizes_old_flavor_is_in_flight_while_the_guest_holds_its_new_one():
+    """nova resizing onto the same host keeps the old flavor on the
+    migration's uuid (untyped) and the new one on the guest, both here, until
+    the confirm; the domain says only the new size. Seen against nova 34's
+    services (tests/integration/test_nova_cloud.py)."""
+    guest = nova_guest("one-node--dedicated-emulator-isolate")
+    owner = dict(guest.metadata)
+    old = {"PCPU": 2, "MEMORY_MB": 512}
+    details = {
+        "migration-1": {
+            "allocations": {ROOT: {"resources": old}},
+            "project_id": owner["owner:project"].replace("-", ""),
+            "user_id": owner["owner:user"].replace("-", ""),
+        },
+    }
+    history = {"guests": {guest.uuid: 1.0}, "orphans": {"migration-1": 1.0}}
+    held = {guest.uuid.replace("-", "_"): {"PCPU": 3, "MEMORY_MB": 1024}, "migration_1": old}
+    result = A.audit(
+        [guest],
+        on(ROOT, **held),
+        history,
+        200.0,
+        consumer_details=details,
+        pcpu_offered=True,
+    )
+    assert kinds(result) == [(A.ORPHAN, A.IN_FLIGHT, "migration-1")]
+    assert "resize on this host not yet confirmed" in result.findings[0].detail
+
+    # Past the grace it is an alarm again: the owner alone cannot vouch forever.
+    late = A.audit(
+        [guest],
+        on(ROOT, **held),
+        history,
+        1.0 + A.IN_FLIGHT_GRACE + 1,
+        consumer_details=details,
+        pcpu_offered=True,
+    )
+    assert kinds(late) == [(A.ORPHAN, A.ALARM, "migration-1")]
+
+    # Another project's consumer is an orphan as before.
+    details["migration-1"]["project_id"] = "someone-else"
+    other = A.audit(
+        [guest], on(ROOT, **held), history, 200.0, consumer_details=details, pcpu_offered=True
+    )
+    assert kinds(other) == [(A.ORPHAN, A.ALARM, "migration-1")]
