@@ -103,14 +103,24 @@ def match(
     guests = list(guests)
     host = frozenset(host_providers)
     gone = away(guests, here)
+    return _matching(
+        guests,
+        records,
+        lambda owner, record: [
+            g for g in gone if _owner(g) == owner and fits(g, _on_host(record, host))
+        ],
+    )
+
+
+def _matching(guests: list[Guest], records: Mapping[str, Mapping], guests_of) -> dict:
+    """consumer -> ``guests_of(owner, record)`` when not empty, for the
+    records that may be a migration: not a local guest, not an instance."""
     local = {g.uuid for g in guests}
     found: dict[str, list[Guest]] = {}
     for consumer, record in sorted(records.items()):
         if consumer in local or (record.get("consumer_type") or "").upper() == INSTANCE:
             continue
-        owner = (_id(record.get("project_id")), _id(record.get("user_id")))
-        held = _on_host(record, host)
-        matched = [g for g in gone if _owner(g) == owner and fits(g, held)]
+        matched = guests_of((_id(record.get("project_id")), _id(record.get("user_id"))), record)
         if matched:
             found[consumer] = matched
     return found
@@ -129,15 +139,8 @@ def resize_sources(
     the new flavor only, so the old size cannot be checked: the owner alone
     matches. Weaker than :func:`match`, so only the audit uses it (as in
     flight, up to its grace); the reshape never moves a consumer on it."""
-    held = set(here)
+    guests, held = list(guests), set(here)
     staying = [g for g in guests if g.uuid in held and all(_owner(g))]
-    local = {g.uuid for g in guests}
-    found: dict[str, list[Guest]] = {}
-    for consumer, record in sorted(records.items()):
-        if consumer in local or (record.get("consumer_type") or "").upper() == INSTANCE:
-            continue
-        owner = (_id(record.get("project_id")), _id(record.get("user_id")))
-        matched = [g for g in staying if _owner(g) == owner]
-        if matched:
-            found[consumer] = matched
-    return found
+    return _matching(
+        guests, records, lambda owner, _record: [g for g in staying if _owner(g) == owner]
+    )
