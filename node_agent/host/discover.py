@@ -1,4 +1,4 @@
-"""Discovery: read sysfs, libvirt and the kernel's totals, return one HostSnapshot.
+"""Discovery: read sysfs, libvirt and psutil, return one HostSnapshot.
 
 This is the shell's only entry into the host. sysfs (the kernel) is the
 authority on topology; libvirt adds the CPU model, page sizes and guests,
@@ -15,11 +15,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Optional
 
-from node_agent.errors import ConfigError, CpuExpansionUnsupported, DiscoveryError, ParseError
+import psutil
+
+from node_agent.errors import ConfigError, CpuExpansionUnsupported, DiscoveryError
 from node_agent.host.capabilities import parse_capabilities, parse_cpu_model_xml
 from node_agent.host.domain import parse_domain
 from node_agent.host.hypervisor_info import hypervisor_info
-from node_agent.host.meminfo import parse_node_meminfo
 from node_agent.host.sysfs import SysFS
 from node_agent.host.sysfs_pci import read_pci, read_pmem_namespace_names, with_mdev_parents
 from node_agent.host.sysfs_topology import SysfsTopology, read_topology
@@ -64,22 +65,9 @@ def disk_gb(instances_path: str, images_type: str = "default") -> tuple[int, lis
         )
 
     try:
-        # What psutil.disk_usage().total is, without importing psutil (a
-        # fifth of a dry run's start-up).
-        stat = os.statvfs(where)
-        return stat.f_blocks * stat.f_frsize // GIB, warnings
+        return psutil.disk_usage(str(where)).total // GIB, warnings
     except OSError as exc:
         raise DiscoveryError(f"cannot size the filesystem of '{where}': {exc}") from exc
-
-
-def mem_total_kb(path: str = "/proc/meminfo") -> int:
-    """The kernel's MemTotal in KiB (what psutil.virtual_memory().total
-    gives in bytes)."""
-    try:
-        with open(path, encoding="ascii") as handle:
-            return parse_node_meminfo(handle.read())["MemTotal"]
-    except (OSError, UnicodeDecodeError, ParseError, KeyError) as exc:
-        raise DiscoveryError(f"cannot read MemTotal from {path}: {exc!r}") from exc
 
 
 def image_cache_bytes(instances_path: str, subdirectory: str) -> int:
@@ -104,16 +92,16 @@ def image_cache_bytes(instances_path: str, subdirectory: str) -> int:
 def memory_mb(topology: SysfsTopology, real_host: bool) -> tuple[int, list[str]]:
     """Host memory in MiB.
 
-    On the real host the kernel's MemTotal (/proc/meminfo) is the total; the
-    per-node sums only split it. On a fixture root, /proc/meminfo is this
-    machine's, not the fixture's, so the node sums are used, and MemTotal
-    only when the tree has no node meminfo.
+    On the real host the kernel's MemTotal (/proc/meminfo, via psutil) is the
+    total; the per-node sums only split it. On a fixture root, psutil knows
+    nothing of the fixture, so the node sums are used, and psutil only when
+    the tree has no node meminfo.
     """
     nodes_mb = topology.memory_kb // 1024 if topology.memory_kb else None
     if nodes_mb is not None and not real_host:
         return nodes_mb, []
 
-    total_mb = mem_total_kb() // 1024
+    total_mb = psutil.virtual_memory().total // (1024 * 1024)
     if nodes_mb is not None and abs(nodes_mb - total_mb) > total_mb // 10:
         return total_mb, [
             f"NUMA node meminfo sums to {nodes_mb} MiB but the kernel's "

@@ -16,7 +16,7 @@ from tests.cli.runner import write_config
 from tests.hostdata import HOSTDATA
 
 TEST6 = HOSTDATA / "virhostcpudata" / "linux-test6"
-UNUSED_BY_A_DRY_RUN = ("keystoneauth1", "requests", "urllib3", "oslo_messaging", "psutil")
+UNUSED_BY_A_DRY_RUN = ("keystoneauth1", "requests", "urllib3", "oslo_messaging")
 # node-agent's own engine, which a dry-run without Placement never runs, and
 # the owner mark's HMAC (OpenSSL): together about 0.08 s CPU and 3 MiB; and
 # oslo.log's logging machinery (about 3 MiB), for a run that logs to stderr only
