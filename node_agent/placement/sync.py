@@ -167,49 +167,40 @@ class TreeSyncer:
             mark = self._claim.owner.mark if self._claim is not None else None
             marked = [s.uuid for s in roots if s.name in self._former and mark in s.traits]
             return named[0] if named else marked[0] if len(marked) == 1 else None
-        found = self._lookup_by_name(desired.root.name) or self._lookup_by_mark()
+        found = self._lookup_by_name(desired.root.name)
+        mine = self._marked_roots()
+        if found is None and self._former:
+            # This machine's root under a former name (see ``former_names``):
+            # the state file that kept its uuid is gone; renaming it beats a
+            # second root for the same machine.
+            former = [rp for rp in mine if rp["name"] in self._former]
+            found = former[0] if len(former) == 1 else None
         uuid = found["uuid"] if found else None
-        self._refuse_second_root(desired.root.name, uuid)
+        others = [(rp["name"], rp["uuid"]) for rp in mine if rp["uuid"] != uuid]
+        if others:
+            # A rename with a lost state file, or a clone that kept
+            # /etc/machine-id: another root carries this machine's mark.
+            raise ProviderOwned(
+                root_owner.second_root_refusal(desired.root.name, others, self._mark() or "", uuid)
+            )
         return uuid
 
-    def _refuse_second_root(self, host: str, uuid: Optional[str]) -> None:
-        """The state file does not name the root: raise ProviderOwned when
-        another root carries this machine's mark (a rename with a lost state
-        file, or a clone that kept /etc/machine-id). One GET, only then."""
-        mark = self.owner.mark if self.owner is not None else None
-        if mark is None:
-            return
+    def _mark(self) -> Optional[str]:
+        return self.owner.mark if self.owner is not None else None
+
+    def _marked_roots(self) -> list[dict]:
+        """The roots carrying this machine's mark: one GET, made only when
+        the state file does not name the root."""
+        mark = self._mark()
+        if not mark:
+            return []
         try:
             marked = self.client.providers_with_trait(mark)
         except PlacementError as exc:
             if getattr(exc, "status", None) != 400:
                 raise
-            return  # the trait is not defined yet: no provider carries it
-        others = [
-            (rp["name"], rp["uuid"])
-            for rp in marked
-            if rp["uuid"] != uuid and not rp.get("parent_provider_uuid")
-        ]
-        if others:
-            raise ProviderOwned(root_owner.second_root_refusal(host, others, mark, uuid))
-
-    def _lookup_by_mark(self) -> Optional[dict]:
-        """This machine's root under a former name (see ``former_names``):
-        the state file that kept its uuid is gone. Renaming it beats a
-        second root for the same machine."""
-        mark = self._claim.owner.mark if self._claim is not None else None
-        if not mark or not self._former:
-            return None
-        try:
-            marked = self.client.providers_with_trait(mark)
-        except PlacementError as exc:
-            if exc.status == 400:  # no such trait: no provider was ever marked
-                return None
-            raise
-        roots = [
-            rp for rp in marked if not rp.get("parent_provider_uuid") and rp["name"] in self._former
-        ]
-        return roots[0] if len(roots) == 1 else None
+            return []  # the trait is not defined yet: no provider carries it
+        return [rp for rp in marked if not rp.get("parent_provider_uuid")]
 
     def _actual(self, root_uuid: Optional[str], host: str) -> dict[str, ProviderState]:
         cached = self._cache.providers

@@ -255,8 +255,10 @@ def test_registering_a_new_host_costs_one_lookup_then_its_writes(
     placement_server, host_name, tmp_path
 ):
     """A new host's first ``--once``: the owner check, the reshape check and
-    the sync share one name lookup; then the owner trait, the provider, its
-    inventories and its traits."""
+    the sync share one name lookup and one lookup of the roots carrying this
+    machine's mark (a second root is refused); then the owner trait, the
+    provider, its mark first (written at the generation just read, then read
+    back: the creation race), its inventories and its traits."""
     host = Host(tmp_path, placement_server.url, host_name)
     log = RequestLog(placement_server)
 
@@ -265,4 +267,16 @@ def test_registering_a_new_host_costs_one_lookup_then_its_writes(
     requests = [" ".join(r.split()[:2]) for r in cycle_requests(log)]
     assert requests[0] == f"GET /resource_providers?name={host_name}", requests
     assert requests.count(f"GET /resource_providers?name={host_name}") == 1, requests
-    assert [r.split()[0] for r in requests] == ["GET", "PUT", "POST", "PUT", "PUT"], requests
+    marked = [r for r in requests if r.startswith("GET /resource_providers?required=")]
+    assert len(marked) == 1, requests
+    assert [r.split()[0] for r in requests] == [
+        "GET",
+        "GET",
+        "PUT",
+        "POST",
+        "GET",
+        "PUT",
+        "GET",
+        "PUT",
+        "PUT",
+    ], requests
