@@ -616,9 +616,14 @@ def test_help_lists_the_subcommands_and_version_exists():
         assert command in listed, result.stdout
     from importlib.metadata import version as installed
 
+    from node_agent.version import build_version
+
+    # The package's version, with the commit of this checkout (0.1.0+g...).
+    expected = build_version()
+    assert expected.startswith(installed("node-agent")), expected
     version = run_agent("--version")
     assert version.code == 0
-    assert version.stdout.strip() == f"node-agent {installed('node-agent')}"
+    assert version.stdout.strip() == f"node-agent {expected}"
     applier = subprocess.run(
         [sys.executable, "-m", "node_agent.applier", "--version"],
         capture_output=True,
@@ -626,7 +631,7 @@ def test_help_lists_the_subcommands_and_version_exists():
         timeout=60,
     )
     assert applier.returncode == 0, applier.stderr
-    assert applier.stdout.strip() == f"node-agent-applier {installed('node-agent')}"
+    assert applier.stdout.strip() == f"node-agent-applier {expected}"
 
 
 # ------------------------------------------------------------ logging, metrics
