@@ -92,14 +92,22 @@ def _static_cases() -> list[tuple[str, dict]]:
     return cases
 
 
-def _agent_static(case: dict) -> dict[str, bool]:
-    settings = agent_side.settings(case["options"])
+def _hypervisor_info(case: dict, **kwargs) -> HypervisorInfo:
+    """The case's libvirt and QEMU versions and every domain capabilities
+    document it gives, as the agent's discovery returns them."""
     caps = tuple(
         parse_domain_capabilities(xml)
         for machines in case["domain_caps"].values()
         for xml in machines.values()
     )
-    info = HypervisorInfo(tuple(case["libvirt_version"]), tuple(case["qemu_version"]), caps)
+    return HypervisorInfo(
+        tuple(case["libvirt_version"]), tuple(case["qemu_version"]), caps, **kwargs
+    )
+
+
+def _agent_static(case: dict) -> dict[str, bool]:
+    settings = agent_side.settings(case["options"])
+    info = _hypervisor_info(case)
     return hypervisor_traits(info, trait_settings(settings), case["host_arch"])
 
 
@@ -424,17 +432,7 @@ def _capability_cases() -> list[tuple[str, dict]]:
 
 def _agent_capabilities(case: dict) -> dict[str, bool]:
     settings = agent_side.settings(case["options"])
-    caps = tuple(
-        parse_domain_capabilities(xml)
-        for machines in case["domain_caps"].values()
-        for xml in machines.values()
-    )
-    info = HypervisorInfo(
-        tuple(case["libvirt_version"]),
-        tuple(case["qemu_version"]),
-        caps,
-        hv_type="QEMU" if case["uri"].startswith("qemu:") else "Test",
-    )
+    info = _hypervisor_info(case, hv_type="QEMU" if case["uri"].startswith("qemu:") else "Test")
     return capability_traits(info, capability_settings(settings), case["host_arch"])
 
 

@@ -29,13 +29,8 @@ def test_metrics_endpoint_shows_inventory_requests_and_last_success(
 ):
     port = free_port()
     textfile = tmp_path / "node_agent.prom"
-    agent = AgentProcess(
-        tmp_path,
-        placement_server.url,
-        host_name,
-        agent_options=(
-            f"report_interval = 1\nmetrics_port = {port}\nmetrics_textfile = {textfile}\n"
-        ),
+    agent = AgentProcess.with_metrics(
+        tmp_path, placement_server.url, host_name, port, textfile
     ).start()
     try:
         agent.status_after(lambda s: s.startswith("ok:"))
@@ -72,13 +67,8 @@ def test_metrics_are_promtool_clean_with_build_and_process_metrics(
     (tests/promlint.py, and promtool itself when it is installed)."""
     port = free_port()
     textfile = tmp_path / "node_agent.prom"
-    agent = AgentProcess(
-        tmp_path,
-        placement_server.url,
-        host_name,
-        agent_options=(
-            f"report_interval = 1\nmetrics_port = {port}\nmetrics_textfile = {textfile}\n"
-        ),
+    agent = AgentProcess.with_metrics(
+        tmp_path, placement_server.url, host_name, port, textfile
     ).start()
     try:
         agent.status_after(lambda s: s.startswith("ok:"))
@@ -113,12 +103,7 @@ def test_a_refused_configuration_raises_problem_with_its_reason_and_logs_one_err
     same ERROR every cycle. Now: one ERROR, the problem with its reason, the
     last success held; the fix clears it with one INFO line."""
     port = free_port()
-    agent = AgentProcess(
-        tmp_path,
-        placement_server.url,
-        host_name,
-        agent_options=f"report_interval = 1\nmetrics_port = {port}\n",
-    )
+    agent = AgentProcess.with_metrics(tmp_path, placement_server.url, host_name, port)
     # Floating guests 03, 05, 06 of host.xml need a cpu_shared_set.
     good = agent.config_text().replace(
         "[libvirt]\nconnection_uri =\n", f"[libvirt]\nconnection_uri = test://{HOST_XML}\n"
