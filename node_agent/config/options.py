@@ -179,6 +179,18 @@ LIBVIRT_OPTS = [
         "maxESGuests). Unset: libvirt's numbers. 0: no memory "
         "encryption is reported.",
     ),
+    cfg.IntOpt(
+        "num_intel_tdx_guests",
+        min=0,
+        help="nova's option: the most guests with Intel TDX this host may "
+        "run, for the <host>_intel_tdx child's MEM_ENCRYPTION_CONTEXT "
+        "total. TDX is reported only with cpu_mode = host-passthrough, "
+        "domain_capabilities on and libvirt saying <tdx supported='yes'>. "
+        "The kernel's misc cgroup (misc.capacity, line tdx) gives the "
+        "count; this option is needed where that file cannot be read (a "
+        "container), and lowers it when set. Unlike nova, a value above "
+        "the cgroup's is not published (nova publishes it).",
+    ),
 ]
 
 LIBVIRT_OPTS += [

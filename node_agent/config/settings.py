@@ -231,6 +231,7 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
         supported_tpm_secret_security=tuple(get("libvirt", "supported_tpm_secret_security") or ()),
         domain_capabilities=bool(get("libvirt", "domain_capabilities")),
         num_memory_encrypted_guests=get("libvirt", "num_memory_encrypted_guests"),
+        num_intel_tdx_guests=get("libvirt", "num_intel_tdx_guests"),
         file_backed_memory=get("libvirt", "file_backed_memory", 0) or 0,
         pmem_namespaces=_pmem_namespaces(get("libvirt", "pmem_namespaces") or (), problems),
         reserve_disk_for_image_cache=bool(

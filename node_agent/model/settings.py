@@ -104,6 +104,9 @@ class Settings:
     domain_capabilities: bool = False
     # [libvirt] num_memory_encrypted_guests: caps each memory-encryption total.
     num_memory_encrypted_guests: Optional[int] = None
+    # [libvirt] num_intel_tdx_guests (nova's): the TDX guests when the misc
+    # cgroup does not say; the lower of the two when it does.
+    num_intel_tdx_guests: Optional[int] = None
     # [libvirt] pmem_namespaces (nova's): (label, namespace names), in order.
     pmem_namespaces: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # [libvirt] file_backed_memory (nova's): MEMORY_MB total in MiB, 0 = RAM.

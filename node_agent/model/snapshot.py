@@ -76,6 +76,8 @@ class DomainCaps:
     sev_max_es_guests: Optional[int] = None
     # <launchSecurity supported='yes'> sectypes (sev, sev-snp, tdx, s390-pv).
     launch_security: frozenset[str] = frozenset()
+    # <features><tdx supported='yes'/>: Intel TDX, as nova reads it.
+    tdx_supported: bool = False
     # <os><loader><enum name='secure'> offers 'yes': UEFI secure boot.
     secure_boot: bool = False
 
@@ -96,6 +98,10 @@ class HypervisorInfo:
     # ``sev_snp`` (/sys/module/kvm_amd/parameters): the kernel's half of
     # memory encryption, as nova's ``Host._kernel_supports_amd_sev`` reads it.
     kvm_amd: frozenset[str] = frozenset()
+    # The kernel misc cgroup's ``tdx`` capacity (/sys/fs/cgroup/misc.capacity):
+    # the TDX guests the host has keys for; None when the file or its line
+    # is missing or unreadable (nova then needs [libvirt] num_intel_tdx_guests).
+    tdx_capacity: Optional[int] = None
     # virConnectGetType: "QEMU" for qemu:///system (nova checks it for the
     # address-space traits); None when not read.
     hv_type: Optional[str] = None

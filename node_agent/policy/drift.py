@@ -41,6 +41,10 @@ _SEV = (
     "libvirt's SEV guest counts (domain capabilities), the kvm_amd kernel "
     "parameters and [libvirt] num_memory_encrypted_guests"
 )
+_TDX = (
+    "libvirt's TDX support (domain capabilities), [libvirt] cpu_mode, the "
+    "kernel's misc cgroup and [libvirt] num_intel_tdx_guests"
+)
 
 # OWNER_* traits (os-traits) -> who writes the provider.
 _OWNERS = {"OWNER_NOVA": "nova-compute", "OWNER_CYBORG": "cyborg"}
@@ -210,6 +214,8 @@ def explain_provider(name: str, root: str) -> str:
         return "node-agent's [compute] numa_in_placement (nova-compute reports no NUMA providers)"
     if name.startswith(f"{root}_amd_sev"):
         return _SEV
+    if name == f"{root}_intel_tdx":
+        return _TDX
     if name.startswith(f"{root}_pci_"):
         return "[devices] enabled_mdev_types or [pci] device_spec"
     return "an operator provider file ([compute] provider_config_location)"

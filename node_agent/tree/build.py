@@ -29,6 +29,7 @@ from node_agent.tree.cpu_traits import guest_cpu_traits
 from node_agent.tree.hypervisor_traits import TraitSettings, hypervisor_traits
 from node_agent.tree.mem_encryption import (
     MemEncryption,
+    TdxSettings,
     host_mem_encryption,
     mem_encryption_children,
 )
@@ -176,9 +177,13 @@ def trait_settings(settings: Settings) -> TraitSettings:
 
 
 def mem_encryption(settings: Settings, host: HostSnapshot) -> Optional[MemEncryption]:
-    """The AMD SEV guests the host offers (:mod:`node_agent.tree.mem_encryption`)."""
+    """The AMD SEV and Intel TDX guests the host offers
+    (:mod:`node_agent.tree.mem_encryption`)."""
     return host_mem_encryption(
-        host.hypervisor, host.cpu_model.arch, settings.num_memory_encrypted_guests
+        host.hypervisor,
+        host.cpu_model.arch,
+        settings.num_memory_encrypted_guests,
+        TdxSettings(settings.cpu_mode, settings.num_intel_tdx_guests),
     )
 
 

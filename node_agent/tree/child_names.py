@@ -17,18 +17,18 @@ from __future__ import annotations
 
 import re
 
-from node_agent.tree.mem_encryption import AMD_SEV, AMD_SEV_ES, AMD_SEV_SNP
+from node_agent.tree.mem_encryption import MODEL_TRAITS
 
 _SUFFIX = re.compile(
     r"NUMA_\d+"
     r"|pci_[0-9a-f]{4}_[0-9a-f]{2}_[0-9a-f]{2}_[0-7]"
     r"|[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]"
-    r"|" + "|".join(re.escape(m) for m in (AMD_SEV, AMD_SEV_ES, AMD_SEV_SNP))
+    r"|" + "|".join(re.escape(m) for m in MODEL_TRAITS)
 )
 
 KINDS = (
     "<host>_NUMA_<n>, <host>_pci_<dddd>_<bb>_<ss>_<f>, <host>_<dddd>:<bb>:<ss>.<f> "
-    "or <host>_amd_sev[_es|_snp]"
+    "<host>_amd_sev[_es|_snp] or <host>_intel_tdx"
 )
 
 

@@ -370,7 +370,8 @@ def _mem_encryption_host(case):
 
 def mem_encryption_children(cases):
     """Per case ``{options, host_arch, domain_caps, libvirt_version,
-    qemu_version, kvm_amd: [parameters that are on]}``: the children nova's
+    qemu_version, kvm_amd: [parameters that are on], misc_capacity: the
+    kernel misc cgroup's misc.capacity or None}``: the children nova's
     ``_update_provider_tree_for_memory_encryption`` adds under root ``cn1``,
     as ``{name: {inventories, traits}}``. nova 34 has no
     ``num_memory_encrypted_guests``: a nova.conf setting it is read as if
@@ -386,6 +387,9 @@ def mem_encryption_children(cases):
         for name in case["kvm_amd"]:
             with open(os.path.join(params, name), "w") as f:
                 f.write("Y\n")
+        if case.get("misc_capacity") is not None:
+            with open(os.path.join(params, "misc.capacity"), "w") as f:
+                f.write(case["misc_capacity"])
         _configure({k: v for k, v in case["options"].items() if k != "num_memory_encrypted_guests"})
         drv = _caps_driver(case)
         drv._host = _mem_encryption_host(case)
@@ -404,8 +408,7 @@ def mem_encryption_children(cases):
     saved = (libvirt_host.SEV_KERNEL_PARAM_FILE, libvirt_host.MISC_CONTROL_GROUP_CAPACITY_FILE)
     with tempfile.TemporaryDirectory() as params:
         libvirt_host.SEV_KERNEL_PARAM_FILE = os.path.join(params, "%s")
-        # No misc cgroup: TDX comes from num_intel_tdx_guests alone.
-        libvirt_host.MISC_CONTROL_GROUP_CAPACITY_FILE = os.path.join(params, "absent")
+        libvirt_host.MISC_CONTROL_GROUP_CAPACITY_FILE = os.path.join(params, "misc.capacity")
         try:
             return _each(cases, lambda case: one(case, params))
         finally:
