@@ -43,6 +43,7 @@ from node_agent.placement.usage_guard import UsageGuard
 from node_agent.policy import capacity as cap
 from node_agent.policy import root_owner
 from node_agent.state import OWNED_CHILDREN, PROVIDERS, ROOT_UUID, Store
+from node_agent.tree.child_names import child_suffix
 
 LOG = logging.getLogger(__name__)
 
@@ -221,9 +222,11 @@ class TreeSyncer:
         saved = self._state.get(PROVIDERS, {})
         held_root = actual.get(root_uuid) if root_uuid else None
         renamed = _renamed(held_root.name if held_root else None, desired.root.name)
+        by_suffix = _children_by_suffix(actual.values(), root_uuid, set(desired.names()))
         uuids = {
             p.name: by_name.get(p.name)
             or by_name.get(renamed(p.name))
+            or by_suffix.get(p.name[len(desired.root.name) + 1 :] if p.parent else "")
             or saved.get(p.name)
             or str(uuidlib.uuid4())
             for p in desired.providers
@@ -508,6 +511,23 @@ class TreeSyncer:
             **self._state,
             OWNED_CHILDREN: [u for u in self._state.get(OWNED_CHILDREN, []) if u != uuid],
         }
+
+
+def _children_by_suffix(
+    held: Iterable[ProviderState], root_uuid: Optional[str], wanted: set[str]
+) -> dict[str, str]:
+    """suffix -> uuid of the root's children named as the agent names them
+    but after another host name (``old_NUMA_0``), none of them a name the
+    tree wants: a root the operator renamed while the state file was lost
+    keeps its children's uuids, and their allocations, as a rename the
+    agent makes does (:func:`_renamed`)."""
+    found = {}
+    for provider in held:
+        if root_uuid and provider.parent_uuid == root_uuid and provider.name not in wanted:
+            suffix = child_suffix(provider.name)
+            if suffix is not None:
+                found[suffix] = provider.uuid
+    return found
 
 
 def _renamed(held: Optional[str], wanted: str):

@@ -32,6 +32,16 @@ KINDS = (
 )
 
 
+_ANY_HOST = re.compile(r"_(" + _SUFFIX.pattern + r")$")
+
+
+def child_suffix(name: str) -> str | None:
+    """The suffix of a name the agent gives a child, whatever the host's
+    name before it (``NUMA_0`` of ``old-name_NUMA_0``); None for others."""
+    found = _ANY_HOST.search(name)
+    return found.group(1) if found else None
+
+
 def is_child_name(host: str, name: str) -> bool:
     """True when ``name`` is one the agent gives a child of ``host``."""
     prefix = host + "_"
