@@ -197,6 +197,9 @@ class AgentProcess:
         return found[len("STATUS=") :]
 
     def new_status(self, predicate, timeout: float = 20) -> str:
-        """Like :meth:`status_after`, ignoring datagrams already read."""
+        """Like :meth:`status_after`, ignoring datagrams already sent: those
+        read, and those still queued (on a loaded machine, several cycles'
+        statuses from before the caller's change wait there)."""
+        self.notify.drain()
         self.notify.received.clear()
         return self.status_after(predicate, timeout)
