@@ -43,6 +43,7 @@ from node_agent.placement.reshape_reads import plan_reshape
 from node_agent.policy import drift as drift_policy
 from node_agent.policy.audit import IN_FLIGHT_GRACE
 from node_agent.policy.guest_fit import guests_refused
+from node_agent.tree.cpu_traits import NOT_DECIDED_BY_NOVA
 
 LOG = logging.getLogger(__name__)
 
@@ -214,11 +215,13 @@ class Companion:
                     desired, settings.host, settings.numa_in_placement, save=save
                 ).as_dict()
                 self._next_restart = self._preview(desired, by_name)
+            owner = drift_policy.owner_of((self._held or {})[self._root_uuid].traits)
+            ignored = NOT_DECIDED_BY_NOVA if owner == "nova-compute" else frozenset()
             report = replace(
                 report,
                 root_uuid=self._root_uuid,
-                owner=drift_policy.owner_of((self._held or {})[self._root_uuid].traits),
-                differences=drift_policy.drift(tree, by_name, settings),
+                owner=owner,
+                differences=drift_policy.drift(tree, by_name, settings, ignored),
                 audit=self._audit,
                 next_restart=self._next_restart,
             )
