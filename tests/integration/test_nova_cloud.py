@@ -227,18 +227,65 @@ def test_audit_raises_no_alarm_on_novas_own_guests(nova_cloud, guests, tmp_path)
     assert set(states.values()) <= {"in_flight"}, audit["findings"]
 
 
+def _restart_nova_compute(cloud) -> int:
+    """Restart nova-compute; the size its log had before (where the new
+    process's lines begin)."""
+    log = cloud.logs / "nova-compute.log"
+    cloud.stop_service("nova-compute")
+    offset = log.stat().st_size if log.exists() else 0
+    cloud.start_service("nova-compute")
+    return offset
+
+
+def _log_since(cloud, offset: int) -> str:
+    with open(cloud.logs / "nova-compute.log", errors="replace") as log:
+        log.seek(offset)
+        return log.read()
+
+
 def test_reshape_preview_is_what_nova_compute_does_at_its_restart(
     nova_cloud, guests, tmp_path, libvirtd
 ):
     cloud = nova_cloud
     before = _allocations(cloud)
-    # The dedicated CPU is the one nova pinned the guest to: a pinned guest
-    # outside cpu_dedicated_set makes nova-compute's every resource update
-    # fail (CPUPinningUnknown in numa_usage_from_instance_numa), so nova
-    # never reshapes (seen here; the agent's preview does not say so yet).
     xml = libvirtd.rw().lookupByUUIDString(guests["pinned"]).XMLDesc(0)
     pinned_cpu = xml.split("<vcpupin vcpu='0' cpuset='", 1)[1].split("'", 1)[0]
-    cloud.write_conf(f"cpu_shared_set = {1 - int(pinned_cpu)}\ncpu_dedicated_set = {pinned_cpu}\n")
+    other_cpu = 1 - int(pinned_cpu)
+
+    # First the CPU nova pinned the guest to left out of cpu_dedicated_set:
+    # nova-compute starts, but its resource tracker pins the guest on the
+    # dedicated CPUs again at its first update and fails (CPUPinningUnknown),
+    # so it never reshapes. The preview says so instead of a reshape.
+    cloud.write_conf(f"cpu_shared_set = {pinned_cpu}\ncpu_dedicated_set = {other_cpu}\n")
+    preview = companion(cloud, tmp_path, "--once", "--dry-run", "--output", "json")
+    assert preview.code == 0, preview.stderr
+    restart = preview.json()["companion"]["next_restart"]
+    assert restart["reshape"] is None, restart
+    (blocked,) = restart["blocking"]
+    assert f"({guests['pinned']}) is pinned to host CPUs {pinned_cpu};" in blocked, blocked
+    assert f"CPUs {pinned_cpu} are outside cpu_dedicated_set = '{other_cpu}'" in blocked
+    assert "CPUPinningUnknown" in blocked and "does not reshape" in blocked
+
+    offset = _restart_nova_compute(cloud)
+    failed = cloud.wait_for(
+        lambda: "CPUPinningUnknown" in _log_since(cloud, offset) and _log_since(cloud, offset),
+        "nova-compute's first resource update after its restart",
+        "nova-compute",
+    )
+    assert "Error updating resources for node" in failed
+    print(
+        "nova-compute after the blocking change:\n",
+        "\n".join(
+            line for line in failed.splitlines() if "CPUPinningUnknown" in line or "ERROR" in line
+        )[:3000],
+    )
+    assert cloud.procs["nova-compute"].poll() is None  # it runs, reporting nothing
+    inventories = cloud.placement.get(f"/resource_providers/{cloud.root}/inventories")
+    assert "PCPU" not in inventories["inventories"]
+    assert _allocations(cloud) == before
+
+    # Then the pinned guest's CPU dedicated, the other shared: nova reshapes.
+    cloud.write_conf(f"cpu_shared_set = {other_cpu}\ncpu_dedicated_set = {pinned_cpu}\n")
     preview = companion(cloud, tmp_path, "--once", "--dry-run", "--output", "json")
     assert preview.code == 0, preview.stderr
     restart = preview.json()["companion"]["next_restart"]
@@ -248,8 +295,7 @@ def test_reshape_preview_is_what_nova_compute_does_at_its_restart(
         for c in (restart["reshape"] or {}).get("consumers", [])
     }
 
-    cloud.stop_service("nova-compute")
-    cloud.start_service("nova-compute")
+    _restart_nova_compute(cloud)
 
     def reshaped():
         inventories = cloud.placement.get(f"/resource_providers/{cloud.root}/inventories")
