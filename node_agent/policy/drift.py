@@ -265,10 +265,12 @@ def inventory_differences(
     return out
 
 
-def trait_differences(provider: Provider, held: ProviderState) -> list[Difference]:
+def trait_differences(
+    provider: Provider, held: ProviderState, owner_ignores: frozenset[str] = frozenset()
+) -> list[Difference]:
     out = []
     for trait, wanted in sorted(provider.traits.items()):
-        if trait in NOT_COMPARED:
+        if trait in NOT_COMPARED or trait in owner_ignores:
             continue
         if wanted != (trait in held.traits):
             out.append(
@@ -284,12 +286,18 @@ def trait_differences(provider: Provider, held: ProviderState) -> list[Differenc
 
 
 def drift(
-    desired: ProviderTree, held: Mapping[str, ProviderState], settings: Settings
+    desired: ProviderTree,
+    held: Mapping[str, ProviderState],
+    settings: Settings,
+    owner_ignores: frozenset[str] = frozenset(),
 ) -> tuple[Difference, ...]:
     """Every difference, provider by provider in the tree's order.
     ``held``: provider name -> what Placement holds for it (the root's
     tree, found by the root's name). A provider of ``desired`` Placement
-    does not have is one difference; its contents are not listed."""
+    does not have is one difference; its contents are not listed.
+    ``owner_ignores``: traits the provider's writer never sets from the
+    host (the CPU feature traits nova's table lacks, on nova's root): not
+    compared."""
     out: list[Difference] = []
     for provider in desired.providers:
         state = held.get(provider.name)
@@ -305,7 +313,7 @@ def drift(
             )
             continue
         out += inventory_differences(provider, state, settings)
-        out += trait_differences(provider, state)
+        out += trait_differences(provider, state, owner_ignores)
     return tuple(out)
 
 

@@ -12,6 +12,7 @@ from node_agent.model.settings import Settings
 from node_agent.placement.client import PlacementClient
 from node_agent.placement.readonly import ReadOnlyPlacement, WriteRefused
 from node_agent.policy import drift as D
+from node_agent.tree.cpu_traits import NOT_DECIDED_BY_NOVA
 
 ROOT = "11111111-1111-4111-8111-111111111111"
 
@@ -128,6 +129,30 @@ def test_only_traits_the_agent_decides_about_count():
         "trait",
     )
     assert diff.explained_by == "the host CPU as libvirt describes it (no option)"
+
+
+def test_cpu_traits_nova_does_not_decide_are_no_drift_on_its_root_only():
+    # The agent's table maps more features than nova's and reads libvirt's
+    # "pni" as SSE3; nova-compute, the writer here, never sets those traits.
+    traits = {
+        "COMPUTE_NODE": True,
+        "HW_CPU_X86_AVX2": True,
+        "HW_CPU_X86_SSE3": True,
+        "HW_CPU_X86_STIBP": True,
+        "HW_CPU_X86_INTEL_MD_CLEAR": True,
+    }
+    tree = desired(traits=traits)
+    assert D.drift(tree, held(MATCHING), SETTINGS, NOT_DECIDED_BY_NOVA) == ()
+    assert [d.subject for d in D.drift(tree, held(MATCHING), SETTINGS)] == [
+        "trait HW_CPU_X86_INTEL_MD_CLEAR",
+        "trait HW_CPU_X86_SSE3",
+        "trait HW_CPU_X86_STIBP",
+    ]
+    # A trait nova does decide still counts.
+    missing_avx2 = held(MATCHING, traits=("COMPUTE_NODE", "OWNER_NOVA"))
+    assert [d.subject for d in D.drift(tree, missing_avx2, SETTINGS, NOT_DECIDED_BY_NOVA)] == [
+        "trait HW_CPU_X86_AVX2"
+    ]
 
 
 def test_a_child_nova_does_not_report_is_one_difference_naming_the_option():
