@@ -54,6 +54,7 @@ MAINTENANCE = "maintenance"  # the maintenance command / control RPC: the reques
 AUDIT = "audit"  # the allocation audit: its history
 APPLIER = "applier"  # node-agent-applier: its per-host record
 PROVIDER_CACHE = "provider_cache"  # the service and --once: the syncer's cache
+AGGREGATES = "aggregates"  # the syncer: {"root_uuid", "ours"}, the aggregates it added
 
 
 def _reason(exc: OSError) -> str:
@@ -176,6 +177,15 @@ _SHAPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
         lambda v: isinstance(v, dict) and type(v.get("seq", 0)) is int,
     ),
     PROVIDER_CACHE: ("an object", lambda v: v is None or isinstance(v, dict)),
+    AGGREGATES: (
+        "an object with root_uuid and a list of aggregate uuids, ours",
+        lambda v: (
+            isinstance(v, dict)
+            and _is_uuid(v.get("root_uuid"))
+            and isinstance(v.get("ours"), list)
+            and all(_is_uuid(u) for u in v["ours"])
+        ),
+    ),
 }
 
 

@@ -74,6 +74,9 @@ def desired_from(
     previous = {name: set(traits) for name, traits in (previously_applied or {}).items()}
     tree = build_tree(settings, host, partition).with_uuids(known_uuids or {})
     tree = apply_provider_configs(tree, configs, {} if refused_files else previous)
+    if settings.placement_aggregates:
+        root = replace(tree.root, aggregates=frozenset(settings.placement_aggregates))
+        tree = ProviderTree((root,) + tree.providers[1:])
     notes = [
         f"provider file entry {c.source} names a provider that is not on this host: {c.identity}"
         for c in unmatched(tree, configs)
