@@ -51,6 +51,7 @@ PROVIDERS = "providers"  # the syncer (or the upstream sender): name -> uuid
 OWNED_CHILDREN = "owned_children"  # the syncer: children it created, uuids
 APPLIED = "provider_config_applied"  # a cycle: provider -> operator traits applied
 MAINTENANCE = "maintenance"  # the maintenance command / control RPC: the request
+DEVICE_MAINTENANCE = "device_maintenance"  # maintenance --provider: name -> request
 AUDIT = "audit"  # the allocation audit: its history
 APPLIER = "applier"  # node-agent-applier: its per-host record
 PROVIDER_CACHE = "provider_cache"  # the service and --once: the syncer's cache
@@ -169,6 +170,19 @@ _SHAPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
             and isinstance(v.get("on", True), bool)
             and _maybe_text(v.get("reason"))
             and _maybe_text(v.get("since"))
+        ),
+    ),
+    DEVICE_MAINTENANCE: (
+        "an object of provider name -> {on, reason, since}",
+        lambda v: (
+            isinstance(v, dict)
+            and all(
+                isinstance(r, dict)
+                and isinstance(r.get("on", True), bool)
+                and _maybe_text(r.get("reason"))
+                and _maybe_text(r.get("since"))
+                for r in v.values()
+            )
         ),
     ),
     AUDIT: ("an object", lambda v: isinstance(v, dict)),
