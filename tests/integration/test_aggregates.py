@@ -88,6 +88,25 @@ def test_operators_aggregate_survives_every_cycle_and_the_removal_of_ours(
     assert store.load()[AGGREGATES]["ours"] == []
 
 
+def test_the_next_process_reads_no_aggregates_when_the_root_did_not_move(
+    client, tmp_path, host_name
+):
+    """The provider cache the state file keeps carries the root's
+    aggregates: a restarted agent's verify reads the listing, not them."""
+    store = StateStore(tmp_path / "state")
+    first = TreeSyncer(client, store)
+    assert first.sync(joining(host_tree(host_name), A)).ok
+    restarted = TreeSyncer(client, store)
+    assert restarted.import_cache(first.export_cache(), verify_now=True)
+    client.stats.reset()
+
+    report = restarted.sync(joining(host_tree(host_name), A))
+
+    assert report.ok and report.applied == []
+    assert aggregate_requests(client) == []
+    assert client.stats.reads == 1  # the listing
+
+
 def test_an_aggregate_the_operator_had_set_is_not_taken_for_ours(
     client, operator, tmp_path, host_name
 ):

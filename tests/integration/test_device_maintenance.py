@@ -96,6 +96,22 @@ def test_a_child_in_maintenance_takes_no_claim_while_its_sibling_does(node0_clos
     assert steady.code == 0 and steady.json()["changes"] == []
 
 
+def test_a_child_holding_allocations_is_closed_and_they_stay(numa_host):
+    host = numa_host
+    node0 = tree(host)[host.node0]
+    guest = str(uuid.uuid4())
+    allocate(host.scheduler, guest, {node0: {"VCPU": 2}})
+    assert maintenance(host.config, "on", "--provider", host.node0).code == 0
+
+    result = once(host.config, "--output", "json")
+
+    assert result.code == 0, result.stderr
+    assert closed(host, node0)
+    assert result.json()["below_usage"] == []  # closed on purpose, not a cut
+    held = host.scheduler.get(f"/allocations/{guest}")["allocations"]
+    assert held[node0]["resources"] == {"VCPU": 2}
+
+
 def test_a_lost_state_file_does_not_reopen_the_child(node0_closed):
     host = node0_closed
     node0 = tree(host)[host.node0]
