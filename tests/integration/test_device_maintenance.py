@@ -233,6 +233,12 @@ def test_the_running_service_applies_device_maintenance_and_shows_it(
     assert scraped[("node_agent_device_maintenance", (("provider", name),))] == 1
     assert ("node_agent_device_maintenance", (("provider", sorted(children)[-1]),)) not in scraped
 
+    answer = ctl(rabbitmq, agent.host, "maintenance", "off", "--provider", name)
+    assert answer["applied_in_cycle"] is not None, answer
+    held = client.inventories(children[name])["inventories"]
+    assert not any(inv["reserved"] == inv["total"] for inv in held.values())
+    assert TRAIT not in client.traits(children[name])["traits"]
+
 
 # --- through node-agent-applier (upstream = messaging)
 
