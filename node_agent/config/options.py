@@ -690,6 +690,23 @@ APPLIER_OPTS = [
 
 PLACEMENT_GROUP = "placement"
 
+# The agent's own [placement] options, next to keystoneauth's.
+PLACEMENT_AGENT_OPTS = [
+    cfg.ListOpt(
+        "aggregates",
+        default=[],
+        help="Aggregate UUIDs this host's root provider joins in Placement "
+        "(for example the uuid `openstack aggregate show NAME -c uuid` "
+        "prints). Additive: the agent adds them to whatever aggregates the "
+        "root already has and removes only ones it added itself (recorded "
+        "in the state file) when they leave this list; an aggregate set by "
+        "an operator or nova-api is never removed. After a lost state file "
+        "an aggregate already on the root counts as the operator's and is "
+        "kept. Refused with [agent] mode = companion (nova-api mirrors "
+        "nova's host aggregates there) and upstream = messaging.",
+    ),
+]
+
 
 def register_opts(conf: cfg.ConfigOpts, placement: bool = True) -> None:
     """Register every option on ``conf``. ``placement=False`` leaves out the
@@ -718,6 +735,7 @@ def register_placement_opts(conf: cfg.ConfigOpts) -> None:
     from keystoneauth1 import loading as ks_loading
 
     conf.register_opts(_session_opts(), group=PLACEMENT_GROUP)
+    conf.register_opts(PLACEMENT_AGENT_OPTS, group=PLACEMENT_GROUP)
     ks_loading.register_auth_conf_options(conf, PLACEMENT_GROUP)
     ks_loading.register_adapter_conf_options(conf, PLACEMENT_GROUP)
 
@@ -776,6 +794,7 @@ def placement_base_opts() -> list:
 
     return (
         _session_opts()
+        + PLACEMENT_AGENT_OPTS
         + ks_loading.get_auth_common_conf_options()
         + ks_loading.get_adapter_conf_options()
     )

@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import re
+import uuid
 from typing import Optional
 
 import os_resource_classes as orc
@@ -259,6 +260,7 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
         values["reserved_host_memory_mb"],
     )
     values.update(_nested_provider_values(get, problems))
+    values["placement_aggregates"] = _aggregates(conf, get, values["cycle_mode"], problems)
     values["mdev_types"] = _mdev_types(conf, get, values["enabled_mdev_types"], problems)
     host = conf_mod.default_host(conf)
     if not host or not host.strip():
@@ -269,6 +271,39 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
     _read_every_option(get, conf)
     problems.extend(transport_url_problems(conf))
     return Settings(host=(host or "").strip(), **values), list(dict.fromkeys(problems))
+
+
+def _aggregates(conf, get: "_Reader", mode: CycleMode, problems: list) -> tuple[str, ...]:
+    """``[placement] aggregates``: aggregate uuids, canonical and sorted.
+    Registered only when a file has ``[placement]``."""
+    if conf_mod.PLACEMENT_GROUP not in conf:
+        return ()
+    written = [a.strip() for a in get(conf_mod.PLACEMENT_GROUP, "aggregates") or () if a.strip()]
+    found: set[str] = set()
+    for value in written:
+        try:
+            found.add(str(uuid.UUID(value)))
+        except ValueError:
+            problems.append(
+                f"[placement] aggregates: '{value}' is not an aggregate UUID. Placement "
+                "names aggregates by UUID: give the uuid `openstack aggregate show NAME "
+                "-c uuid` prints (nova's), or any UUID the hosts to group share."
+            )
+    if found and mode is not CycleMode.DIRECT:
+        why = (
+            "[agent] mode = companion never writes the root; nova-api mirrors nova's "
+            "host aggregates into Placement there (`openstack aggregate add host`)"
+            if mode is CycleMode.COMPANION
+            else "[agent] upstream = messaging: node-agent-applier writes the tree and "
+            "does not carry aggregates"
+        )
+        problems.append(
+            f"[placement] aggregates = {', '.join(sorted(found))}: {why}. Remove the "
+            "option, or set the aggregates on the root in Placement "
+            "(`openstack resource provider aggregate set`)."
+        )
+        return ()
+    return tuple(sorted(found))
 
 
 _PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")

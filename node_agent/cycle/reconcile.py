@@ -33,7 +33,11 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Callable, Generic, Iterable, Mapping, Optional, Protocol, TypeVar
 
-from node_agent.cycle.desired import Desired, with_placement_maintenance
+from node_agent.cycle.desired import (
+    Desired,
+    with_placement_device_maintenance,
+    with_placement_maintenance,
+)
 from node_agent.errors import HostBusy, ReshapeError
 from node_agent.model.provider_tree import PlacedTree, ProviderTree, with_held_ratios
 from node_agent.model.snapshot import Guest
@@ -256,10 +260,12 @@ class Reconciler:
         """``desired`` kept in maintenance when Placement's root says so and
         the state file does not say otherwise (a lost or corrupt state file
         cannot end maintenance). Reads what the sync reads next, from the
-        syncer's cache between full verifications."""
-        if desired.maintenance:
-            return desired  # the state file decides; no read needed
-        return with_placement_maintenance(desired, self.syncer.root_traits(desired.tree))
+        syncer's cache between full verifications. Children carrying the
+        disabled trait with no record stay closed the same way
+        (:mod:`node_agent.policy.device_maintenance`)."""
+        if not desired.maintenance:  # else the state file decides
+            desired = with_placement_maintenance(desired, self.syncer.root_traits(desired.tree))
+        return with_placement_device_maintenance(desired, self.syncer.traits_by_name(desired.tree))
 
     def _capacity_guard(self, desired: Desired, tree: ProviderTree):
         """A check of the ``POST /reshaper`` body, called just before it is

@@ -90,6 +90,8 @@ class Settings:
     # take over a root another writer manages.
     machine_id_path: str = "/etc/machine-id"
     take_over_provider: bool = False
+    # [placement] aggregates: uuids the root joins (canonical, sorted).
+    placement_aggregates: tuple[str, ...] = ()
     upstream_key_file: str = ""
     # [libvirt] cpu_power_management: dedicated CPUs may be offline.
     cpu_power_management: bool = False

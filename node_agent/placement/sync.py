@@ -40,9 +40,10 @@ from node_agent.placement.sync_context import Replan, SyncContext, SyncReport
 from node_agent.placement.tree_cache import TreeCache
 from node_agent.placement.tree_writer import TreeWriter
 from node_agent.placement.usage_guard import UsageGuard
+from node_agent.policy import aggregates as aggs
 from node_agent.policy import capacity as cap
 from node_agent.policy import root_owner
-from node_agent.state import OWNED_CHILDREN, PROVIDERS, ROOT_UUID, Store
+from node_agent.state import AGGREGATES, OWNED_CHILDREN, PROVIDERS, ROOT_UUID, Store
 from node_agent.tree.child_names import child_suffix
 
 LOG = logging.getLogger(__name__)
@@ -103,8 +104,16 @@ class TreeSyncer:
         self._guard = UsageGuard(client)
         self._gate = CapacityGate(client, self._guard)
         self._writer = TreeWriter(
-            client, self._cache, self._guard, self._adopted, self._deleted, self._claim
+            client,
+            self._cache,
+            self._guard,
+            self._adopted,
+            self._deleted,
+            self._claim,
+            aggregates_ours=self._aggregates_ours,
+            aggregates_written=self._aggregates_written,
         )
+        self._warned_aggregates: set[str] = set()
         self._last_capacity: Optional[dict] = None
         self._last_cuts: list = []
         self._last_errors: list[str] = []
@@ -203,21 +212,68 @@ class TreeSyncer:
             return []  # the trait is not defined yet: no provider carries it
         return [rp for rp in marked if not rp.get("parent_provider_uuid")]
 
-    def _actual(self, root_uuid: Optional[str], host: str) -> dict[str, ProviderState]:
+    def _actual(
+        self, root_uuid: Optional[str], host: str, aggregates: bool = False
+    ) -> dict[str, ProviderState]:
+        """What Placement holds of the tree; ``aggregates``: the root's
+        aggregates too (read once, then kept in the cache like the rest)."""
         cached = self._cache.providers
         if cached is not None and not self._verify_due():
-            return dict(cached)
-        actual = self._full_read(root_uuid) if root_uuid else {}
-        now = self.clock()
-        self._cache.read_whole(
-            actual, now, self._cache.next_due(now, host, self.full_verify_interval, self.spread)
-        )
+            actual = dict(cached)
+        else:
+            actual = self._full_read(root_uuid) if root_uuid else {}
+            now = self.clock()
+            self._cache.read_whole(
+                actual, now, self._cache.next_due(now, host, self.full_verify_interval, self.spread)
+            )
+        if aggregates and root_uuid in actual and actual[root_uuid].aggregates is None:
+            actual[root_uuid] = self._read_aggregates(actual[root_uuid])
         return actual
+
+    def _read_aggregates(self, state: ProviderState) -> ProviderState:
+        got = self.client.aggregates(state.uuid)
+        held = self._cache.held
+        if state.uuid in held:
+            self._cache.mark_if_moved(state.uuid, got["resource_provider_generation"])
+        state = replace(state, aggregates=frozenset(got["aggregates"]))
+        if state.uuid in held:
+            held[state.uuid] = replace(held[state.uuid], aggregates=state.aggregates)
+        return state
+
+    def _aggregates_ours(self, root_uuid: Optional[str]) -> Optional[frozenset]:
+        """The root's aggregates the agent added (the state file's record);
+        None when it has no record for this root."""
+        record = self._state.get(AGGREGATES)
+        if not record or not root_uuid or record.get("root_uuid") != root_uuid:
+            return None
+        return frozenset(record.get("ours") or ())
+
+    def _aggregates_written(self, root_uuid: str, before: frozenset, after: frozenset) -> None:
+        """Record at once which of the root's aggregates are the agent's: a
+        crash after this write cannot make the next run remove an
+        operator's aggregate (:func:`node_agent.policy.aggregates.owned_after`)."""
+        ours = aggs.owned_after(self._aggregates_ours(root_uuid), before, after)
+        record = {"root_uuid": root_uuid, "ours": sorted(ours)}
+        if self._state.get(AGGREGATES) != record:
+            self._state = self.store.put(AGGREGATES, record)
+
+    def _warn_unknown_aggregates(self, ctx: SyncContext) -> None:
+        root = ctx.actual.get(ctx.tree.root_uuid)
+        if root is None or root.aggregates is None:
+            return
+        names = aggs.unknown_owner(
+            self._aggregates_ours(root.uuid), root.aggregates, ctx.tree.root.aggregates
+        )
+        new = [n for n in names if n not in self._warned_aggregates]
+        if new:
+            self._warned_aggregates.update(new)
+            LOG.warning("%s", aggs.unknown_owner_warning(ctx.tree.root.name, new))
 
     def _prepare(self, desired: ProviderTree) -> SyncContext:
         from_state = bool(self._state.get(ROOT_UUID))
         root_uuid = self._root_uuid(desired)
-        actual = self._actual(root_uuid, desired.root.name)
+        keeps_aggregates = bool(desired.root.aggregates or self._aggregates_ours(root_uuid))
+        actual = self._actual(root_uuid, desired.root.name, keeps_aggregates)
         by_name = {s.name: s.uuid for s in actual.values()}
         saved = self._state.get(PROVIDERS, {})
         held_root = actual.get(root_uuid) if root_uuid else None
@@ -266,12 +322,14 @@ class TreeSyncer:
         return set(self._state.get(OWNED_CHILDREN, [])) | found
 
     def _plan(self, ctx: SyncContext) -> list[Change]:
+        self._warn_unknown_aggregates(ctx)
         return plan_changes(
             ctx.tree,
             ctx.actual,
             self._owned(ctx),
             known_resource_classes=self._writer.known_classes,
             known_traits=self._writer.known_traits,
+            root_aggregates_ours=self._aggregates_ours(ctx.tree.root_uuid),
         )
 
     def plan(self, desired: ProviderTree) -> list[Change]:
