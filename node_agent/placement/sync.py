@@ -246,9 +246,9 @@ class TreeSyncer:
         if not root_uuid:
             return desired
         held = [s for s in actual.values() if pci_placement.is_pci_child(s, root_uuid)]
-        need = [s for s in held if pci_placement.needs_usage(desired, s)]
-        if not need:
+        if not held:
             return desired
+        need = [s for s in held if pci_placement.needs_usage(desired, s)]
         usages = {s.name: self._guard.usages(s.uuid) for s in need}
         return pci_placement.at_usage(desired, held, usages)
 
