@@ -168,11 +168,9 @@ def _dependent(dev: PciDevice, child: _Child) -> str:
     )
 
 
-def pci_children(settings: Settings, host: HostSnapshot) -> tuple[Provider, ...]:
-    """The PCI children under ``settings.host``; () without report_in_placement.
-    Raises ConfigError for the device specs nova refuses on this host."""
+def _assemble(settings: Settings, host: HostSnapshot) -> dict[str, _Child]:
     if not settings.pci_in_placement or not settings.pci_device_specs:
-        return ()
+        return {}
     devices = sorted(host.pci_devices, key=lambda d: d.address)
     pfs = frozenset(d.address for d in devices if d.dev_type == PCI_PF)
     children: dict[str, _Child] = {}
@@ -186,6 +184,27 @@ def pci_children(settings: Settings, host: HostSnapshot) -> tuple[Provider, ...]
         else:
             name = provider_name(settings.host, dev.address)
             _add_parent(children.setdefault(name, _Child(name)), dev, spec)
+    return children
+
+
+def claimed_vfs(settings: Settings, host: HostSnapshot) -> dict[str, Optional[int]]:
+    """PF address -> how many of its VFs the PCI children count, None when
+    the PF itself is a PCI child (its VFs then serve no one else). The
+    SR-IOV children (:mod:`node_agent.tree.pci`) leave these out, so no VF
+    is offered twice."""
+    claimed: dict[str, Optional[int]] = {}
+    for child in _assemble(settings, host).values():
+        if child.parent is not None:
+            claimed[child.parent.address] = None
+        elif child.vfs and child.vfs[0].parent_addr:
+            claimed[child.vfs[0].parent_addr] = len(child.vfs)
+    return claimed
+
+
+def pci_children(settings: Settings, host: HostSnapshot) -> tuple[Provider, ...]:
+    """The PCI children under ``settings.host``; () without report_in_placement.
+    Raises ConfigError for the device specs nova refuses on this host."""
+    children = _assemble(settings, host)
     providers = []
     for name in sorted(children):
         child = children[name]
