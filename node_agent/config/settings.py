@@ -25,7 +25,13 @@ from node_agent.model.cpuset import CpuSet, CpuSetSyntaxError, parse_cpu_spec
 from node_agent.model.device_spec import parse_device_specs
 from node_agent.model.hugepages import parse_reserved_huge_pages
 from node_agent.model.settings import CycleMode, MdevTypeSettings, Settings
+from node_agent.policy.provider_config import (
+    NEUTRON_CLASS_PREFIXES,
+    NEUTRON_TRAIT_PREFIXES,
+    NEUTRON_WHY,
+)
 from node_agent.state import FILE_NAME as STATE_FILE_NAME
+from node_agent.tree.pci_placement import spec_problems
 
 LOG = logging.getLogger(__name__)
 
@@ -186,6 +192,10 @@ def _pci_specs(get: "_Reader", problems: list):
                 f"[pci] device_spec with devname '{spec.devname}': with [pci] "
                 "report_in_placement the devices are named by PCI address; give "
                 "the address instead (nova refuses devname here too)."
+            )
+        if in_placement:
+            problems += spec_problems(
+                spec, NEUTRON_CLASS_PREFIXES, NEUTRON_TRAIT_PREFIXES, NEUTRON_WHY
             )
         if spec.one_time_use and not in_placement:
             problems.append(

@@ -40,11 +40,28 @@ import os_traits
 
 from node_agent.errors import ConfigError
 from node_agent.model.device_spec import PciDeviceSpec
+from node_agent.model.hugepages import PAGE_CLASS_PREFIX
 from node_agent.model.provider_state import ProviderState
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.model.settings import Settings
 from node_agent.model.snapshot import PCI_PF, PCI_VF, HostSnapshot, PciDevice
 from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
+
+# Classes the agent computes from the host itself (and its capacity
+# invariant checks against the host): a PCI device published in one would
+# be counted against the CPUs, memory, GPUs or VFs it is not.
+HOST_CLASSES = frozenset(
+    {
+        orc.VCPU,
+        orc.PCPU,
+        orc.MEMORY_MB,
+        orc.DISK_GB,
+        orc.VGPU,
+        orc.SRIOV_NET_VF,
+        orc.MEM_ENCRYPTION_CONTEXT,
+    }
+)
+HOST_CLASS_PREFIXES = (PAGE_CLASS_PREFIX, "CUSTOM_PMEM_NAMESPACE_")
 
 MANAGED = os_traits.COMPUTE_MANAGED_PCI_DEVICE
 ONE_TIME_USE = os_traits.HW_PCI_ONE_TIME_USE
@@ -77,6 +94,27 @@ def resource_class(requested: Optional[str], vendor_id: str, product_id: str) ->
             rc = orc.normalize_name(rc)
         return rc
     return f"CUSTOM_PCI_{vendor_id}_{product_id}".upper()
+
+
+def spec_problems(spec: PciDeviceSpec, neutron_classes, neutron_traits, why: str) -> list[str]:
+    """What a spec asks the agent to publish that is not a PCI device's:
+    a class the agent computes from the host, or neutron's classes and
+    traits (``neutron_*`` prefixes, ``why`` says whose they are)."""
+    problems = []
+    rc = resource_class(spec.resource_class, "0000", "0000") if spec.resource_class else None
+    if rc and (rc in HOST_CLASSES or rc.startswith(HOST_CLASS_PREFIXES)):
+        problems.append(
+            f"[pci] device_spec resource_class '{spec.resource_class}' is {rc}, which "
+            "the agent reports from the host itself; a PCI device counted in it would "
+            "be offered as that resource. Use a name of its own (e.g. PGPU or "
+            "CUSTOM_<NAME>)."
+        )
+    if rc and rc.startswith(tuple(neutron_classes)):
+        problems.append(f"[pci] device_spec resource_class {rc} {why}")
+    for trait in sorted(spec_traits(spec.traits)):
+        if trait.startswith(tuple(neutron_traits)):
+            problems.append(f"[pci] device_spec trait {trait} {why}")
+    return problems
 
 
 def device_traits(spec: PciDeviceSpec) -> frozenset[str]:

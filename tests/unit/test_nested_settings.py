@@ -199,3 +199,28 @@ def test_one_time_use_that_is_not_a_boolean_is_refused(tmp_path):
             "[pci]\nreport_in_placement = true\n"
             'device_spec = {"address": "0000:81:00.0", "one_time_use": "maybe"}\n',
         )
+
+
+@pytest.mark.parametrize(
+    "rc", ["VCPU", "memory_mb", "VGPU", "SRIOV_NET_VF", "CUSTOM_MEMORY_PAGE_2048"]
+)
+def test_pci_resource_class_the_agent_reports_from_the_host_is_refused(tmp_path, rc):
+    with pytest.raises(ConfigError, match="reports from the host itself"):
+        load(
+            tmp_path,
+            "[pci]\nreport_in_placement = true\n"
+            f'device_spec = {{"address": "0000:81:00.0", "resource_class": "{rc}"}}\n',
+        )
+
+
+def test_pci_spec_with_neutrons_class_or_trait_is_refused_naming_neutron(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load(
+            tmp_path,
+            "[pci]\nreport_in_placement = true\n"
+            'device_spec = {"address": "0000:81:00.0", "resource_class": '
+            '"NET_BW_EGR_KILOBIT_PER_SEC", "traits": "CUSTOM_VNIC_TYPE_DIRECT"}\n',
+        )
+    problems = err.value.problems
+    assert any("NET_BW_EGR_KILOBIT_PER_SEC belongs to neutron" in p for p in problems)
+    assert any("CUSTOM_VNIC_TYPE_DIRECT belongs to neutron" in p for p in problems)

@@ -6,6 +6,7 @@ usage changes. Several cases are the expectations of nova 34's own tests
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 
@@ -370,3 +371,45 @@ def test_sysfs_types_functions_as_nova_does(tmp_path):
         "0000:3b:00.0": (PCI_PF, None),
         "0000:3b:02.0": (PCI_VF, "0000:3b:00.0"),
     }
+
+
+# -- SR-IOV children beside PCI children
+
+
+def _sriov_host():
+    from node_agent.model.snapshot import SriovPf
+
+    pf = "0000:81:00.0"
+    return dataclasses.replace(
+        bare_host(fake_host_devices(num_pfs=1, num_vfs=4)),
+        sriov_pfs=(SriovPf(pf, total_vfs=8, num_vfs=4, vendor_id=VEND, product_id=PF_PROD),),
+    )
+
+
+def _sriov_total(specs):
+    from node_agent.tree.pci import sriov_children
+    from node_agent.tree.pci_placement import claimed_vfs
+
+    parsed = tuple(parse_spec(json.dumps(s)) for s in specs)
+    settings = make_settings(host="compute1", pci_in_placement=True, pci_device_specs=parsed)
+    host = _sriov_host()
+    [child] = sriov_children(settings, host, claimed_vfs(settings, host))
+    return child.inventories.get("SRIOV_NET_VF")
+
+
+def test_vfs_on_a_pci_child_are_not_counted_again_as_sriov_net_vf():
+    physnet = {"product_id": PF_PROD, "physical_network": "physnet1"}
+    inv = _sriov_total([physnet, {"product_id": VF_PROD, "address": "0000:81:00.1"}])
+    assert inv.total == 3  # 4 enabled VFs, one on its PCI child
+    assert _sriov_total([physnet, {"product_id": VF_PROD}]) is None  # all four taken
+
+
+def test_sriov_child_keeps_every_vf_without_report_in_placement():
+    from node_agent.tree.pci import sriov_children
+    from node_agent.tree.pci_placement import claimed_vfs
+
+    parsed = (parse_spec(json.dumps({"product_id": PF_PROD, "physical_network": "p"})),)
+    settings = make_settings(host="compute1", pci_device_specs=parsed)
+    host = _sriov_host()
+    [child] = sriov_children(settings, host, claimed_vfs(settings, host))
+    assert child.inventories["SRIOV_NET_VF"].total == 4
