@@ -35,7 +35,7 @@ from node_agent.tree.mem_encryption import (
 )
 from node_agent.tree.numa import split_by_numa
 from node_agent.tree.pci import gpu_children, sriov_children
-from node_agent.tree.pci_placement import claimed_vfs, pci_children
+from node_agent.tree.pci_placement import pci_tree
 
 
 def arch_trait(arch: str | None) -> str | None:
@@ -221,8 +221,7 @@ def _resource_tree(settings: Settings, host: HostSnapshot, partition: CpuPartiti
         split = split_by_numa(settings, host, partition, inventories)
         inventories, children = split.root_inventories, split.children
     root = Provider(name=settings.host, inventories=inventories, traits=root_traits(host, settings))
-    children += gpu_children(settings, host)
-    children += sriov_children(settings, host, claimed_vfs(settings, host))
-    children += pci_children(settings, host)
+    pci, claimed = pci_tree(settings, host)
+    children += gpu_children(settings, host) + sriov_children(settings, host, claimed) + pci
     children += mem_encryption_children(settings.host, mem_encryption(settings, host))
     return ProviderTree((root,) + children)

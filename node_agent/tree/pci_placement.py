@@ -32,6 +32,7 @@ otherwise left as Placement holds it, since only an operator unreserves it.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Optional
 
@@ -73,6 +74,7 @@ def provider_name(host: str, address: str) -> str:
     return f"{host}_{address.upper()}"
 
 
+@functools.lru_cache(maxsize=256)
 def spec_traits(text: Optional[str]) -> frozenset[str]:
     """nova's ``get_traits``: comma-separated names; standard traits kept,
     ``custom_x`` upper-cased, anything else normalised into ``CUSTOM_``."""
@@ -117,6 +119,7 @@ def spec_problems(spec: PciDeviceSpec, neutron_classes, neutron_traits, why: str
     return problems
 
 
+@functools.lru_cache(maxsize=256)
 def device_traits(spec: PciDeviceSpec) -> frozenset[str]:
     traits = set(spec_traits(spec.traits)) | {MANAGED}
     if spec.live_migratable:
@@ -129,15 +132,26 @@ def spec_of(
 ) -> Optional[PciDeviceSpec]:
     """The first spec matching ``dev`` (nova's ``Whitelist.get_devspec``).
     A spec naming exactly one PF's address matches its VFs too."""
-    for spec in specs:
-        if spec.devname is not None:
-            continue  # refused with report_in_placement (config/settings.py)
+    return _first_match(dev, _indexed(specs, pfs))
+
+
+def _indexed(specs: Iterable[PciDeviceSpec], pfs: frozenset[str]) -> list:
+    """(spec, names one PF) for the address-based specs (devname ones are
+    refused with report_in_placement, in config/settings.py)."""
+    return [
+        (spec, spec.single_address and spec.address in pfs)
+        for spec in specs
+        if spec.devname is None
+    ]
+
+
+def _first_match(dev: PciDevice, indexed: list) -> Optional[PciDeviceSpec]:
+    for spec, names_pf in indexed:
         if spec.matches(dev.address, (), dev.vendor_id, dev.product_id):
             return spec
         if (
-            dev.parent_addr
-            and spec.single_address
-            and spec.address in pfs
+            names_pf
+            and dev.parent_addr
             and spec.matches(dev.parent_addr, (), dev.vendor_id, dev.product_id)
         ):
             return spec
@@ -211,9 +225,10 @@ def _assemble(settings: Settings, host: HostSnapshot) -> dict[str, _Child]:
         return {}
     devices = sorted(host.pci_devices, key=lambda d: d.address)
     pfs = frozenset(d.address for d in devices if d.dev_type == PCI_PF)
+    indexed = _indexed(settings.pci_device_specs, pfs)
     children: dict[str, _Child] = {}
     for dev in devices:
-        spec = spec_of(dev, settings.pci_device_specs, pfs)
+        spec = _first_match(dev, indexed)
         if spec is None or spec.physical_network:
             continue
         if dev.dev_type == PCI_VF:
@@ -230,22 +245,28 @@ def claimed_vfs(settings: Settings, host: HostSnapshot) -> dict[str, Optional[in
     the PF itself is a PCI child (its VFs then serve no one else). The
     SR-IOV children (:mod:`node_agent.tree.pci`) leave these out, so no VF
     is offered twice."""
-    claimed: dict[str, Optional[int]] = {}
-    for child in _assemble(settings, host).values():
-        if child.parent is not None:
-            claimed[child.parent.address] = None
-        elif child.vfs and child.vfs[0].parent_addr:
-            claimed[child.vfs[0].parent_addr] = len(child.vfs)
-    return claimed
+    return pci_tree(settings, host)[1]
 
 
 def pci_children(settings: Settings, host: HostSnapshot) -> tuple[Provider, ...]:
     """The PCI children under ``settings.host``; () without report_in_placement.
     Raises ConfigError for the device specs nova refuses on this host."""
+    return pci_tree(settings, host)[0]
+
+
+def pci_tree(
+    settings: Settings, host: HostSnapshot
+) -> tuple[tuple[Provider, ...], dict[str, Optional[int]]]:
+    """:func:`pci_children` and :func:`claimed_vfs` from one pass."""
     children = _assemble(settings, host)
+    claimed: dict[str, Optional[int]] = {}
     providers = []
     for name in sorted(children):
         child = children[name]
+        if child.parent is not None:
+            claimed[child.parent.address] = None
+        elif child.vfs and child.vfs[0].parent_addr:
+            claimed[child.vfs[0].parent_addr] = len(child.vfs)
         total = 1 if child.parent else len(child.vfs)
         traits = {t: True for t in child.traits or ()}
         traits.setdefault(ONE_TIME_USE, False)
@@ -259,7 +280,7 @@ def pci_children(settings: Settings, host: HostSnapshot) -> tuple[Provider, ...]
                 traits=traits,
             )
         )
-    return tuple(providers)
+    return tuple(providers), claimed
 
 
 # -- what Placement's usage changes (applied by the syncer)
