@@ -75,14 +75,14 @@ class PciDeviceSpec:
         vendor_id: Optional[str] = None,
         product_id: Optional[str] = None,
     ) -> bool:
-        if self.address is not None and not fnmatch.fnmatchcase(address, self.address):
-            return False
-        if self.devname is not None and self.devname not in tuple(netdevs):
-            return False
+        # The id comparisons first: they are cheap and rule out most of a
+        # host's hundreds of functions before any glob is matched.
         for wanted, have in ((self.vendor_id, vendor_id), (self.product_id, product_id)):
             if wanted is not None and (have or "").lower() != wanted.lower():
                 return False
-        return True
+        if self.address is not None and not fnmatch.fnmatchcase(address, self.address):
+            return False
+        return self.devname is None or self.devname in tuple(netdevs)
 
 
 def physnet_trait(physnet: str) -> str:
