@@ -328,7 +328,9 @@ def at_usage(
     allocated comes back with total = max_unit = its usage and the traits
     Placement holds; a child below its usage is raised to it; a one-time-use
     child in use is fully reserved, and otherwise keeps the reserved
-    Placement holds (never above its total)."""
+    Placement holds (never above its total); a child the tree closes
+    (maintenance) stays closed. Traits Placement holds on a child that the
+    tree no longer gives it are removed, as nova replaces them."""
     providers = list(tree.providers)
     index = {p.name: i for i, p in enumerate(providers)}
     for state in held:
@@ -356,12 +358,19 @@ def at_usage(
         inventories = {}
         for rc, inv in wanted.inventories.items():
             n = used.get(rc, 0)
+            closed = inv.total > 0 and inv.reserved >= inv.total  # maintenance
             if n > inv.total:
                 inv = replace(inv, total=n, max_unit=n)
+            reserved = inv.total if closed else inv.reserved
             if one_time:
                 record = state.inventories.get(rc) or {}
                 kept = min(record.get("reserved", 0), inv.total)
-                inv = replace(inv, reserved=inv.total if n else kept)
-            inventories[rc] = inv
-        providers[index[state.name]] = replace(wanted, inventories=inventories)
+                reserved = max(reserved, inv.total if n else kept)
+            inventories[rc] = replace(inv, reserved=reserved)
+        # nova replaces a PCI child's traits (update_traits): one the specs
+        # no longer give goes.
+        traits = dict(wanted.traits)
+        for trait in state.traits - set(traits):
+            traits[trait] = False
+        providers[index[state.name]] = replace(wanted, inventories=inventories, traits=traits)
     return ProviderTree(tuple(providers))

@@ -314,6 +314,14 @@ def cases() -> list[dict]:
     )
     out.append(
         _case(
+            "spec_traits_changed",
+            pf_alone,
+            [{"vendor_id": VEND, "product_id": PF_PROD, "traits": "new"}],
+            held=[_held("0000:81:00.0", PF_RC, 1, ("CUSTOM_OLD", "HW_PCI_LIVE_MIGRATABLE"))],
+        )
+    )
+    out.append(
+        _case(
             "pf_steady_with_held_child",
             pf_alone,
             pf_spec,

@@ -165,3 +165,20 @@ def test_one_time_use_device_is_reserved_once_allocated_and_stays_reserved(
     client.delete(f"/allocations/{guest}")
     assert _cycle(client, settings).ok
     assert _tree(client, host_name)[otu]["inventories"][OTU_RC]["reserved"] == 1
+
+
+def test_traits_a_spec_no_longer_gives_leave_the_child_as_nova_replaces_them(
+    client, host_name, tmp_path
+):
+    settings = _settings(_host(tmp_path), tmp_path, host_name)
+    assert _cycle(client, settings).ok
+    gpu = f"{host_name}_{GPU.upper()}"
+    assert "CUSTOM_GPU" in _tree(client, host_name)[gpu]["traits"]
+    respec = ({"vendor_id": "10de", "traits": "accel"},) + SPECS[1:]
+    changed = dataclasses.replace(
+        settings, pci_device_specs=tuple(parse_spec(json.dumps(s)) for s in respec)
+    )
+    assert _cycle(client, changed).ok
+    traits = _tree(client, host_name)[gpu]["traits"]
+    assert "CUSTOM_ACCEL" in traits
+    assert not {"CUSTOM_GPU", ot.HW_GPU_API_VULKAN, ot.HW_PCI_LIVE_MIGRATABLE} & traits

@@ -413,3 +413,36 @@ def test_sriov_child_keeps_every_vf_without_report_in_placement():
     host = _sriov_host()
     [child] = sriov_children(settings, host, claimed_vfs(settings, host))
     assert child.inventories["SRIOV_NET_VF"].total == 4
+
+
+def test_trait_a_spec_no_longer_gives_is_removed_as_nova_replaces_them():
+    state = held(
+        "compute1_0000:81:00.0",
+        total=1,
+        traits=("COMPUTE_MANAGED_PCI_DEVICE", AGENT_CHILD_TRAIT, "CUSTOM_OLD"),
+    )
+    tree = ProviderTree((ROOT, child(state.name, 1)))
+    got = at_usage(tree, [state], {}).by_name(state.name)
+    assert got.traits["CUSTOM_OLD"] is False
+    assert got.wanted_traits == {"COMPUTE_MANAGED_PCI_DEVICE", AGENT_CHILD_TRAIT}
+
+
+def test_child_closed_for_maintenance_stays_closed_when_raised_to_usage():
+    state = held("compute1_0000:81:00.0", total=4)
+    closed = Provider(
+        state.name,
+        "compute1",
+        inventories={RC: Inventory(1, reserved=1, max_unit=1)},
+        traits={"COMPUTE_MANAGED_PCI_DEVICE": True, AGENT_CHILD_TRAIT: True},
+    )
+    got = at_usage(ProviderTree((ROOT, closed)), [state], {state.name: {RC: 3}})
+    inv = got.by_name(state.name).inventories[RC]
+    assert (inv.total, inv.reserved) == (3, 3)
+
+
+def test_one_time_use_child_closed_for_maintenance_is_not_reopened():
+    state = held("compute1_0000:81:00.0", total=1, reserved=0)
+    closed = child(state.name, 1, one_time_use=True)
+    closed = dataclasses.replace(closed, inventories={RC: Inventory(1, reserved=1, max_unit=1)})
+    got = at_usage(ProviderTree((ROOT, closed)), [state], {state.name: {}})
+    assert got.by_name(state.name).inventories[RC].reserved == 1
