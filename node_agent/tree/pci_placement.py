@@ -112,10 +112,10 @@ def spec_problems(spec: PciDeviceSpec, neutron_classes, neutron_traits, why: str
             "CUSTOM_<NAME>)."
         )
     if rc and rc.startswith(tuple(neutron_classes)):
-        problems.append(f"[pci] device_spec resource_class {rc} {why}")
+        problems.append(f"[pci] device_spec resource_class {rc} {why}.")
     for trait in sorted(spec_traits(spec.traits)):
         if trait.startswith(tuple(neutron_traits)):
-            problems.append(f"[pci] device_spec trait {trait} {why}")
+            problems.append(f"[pci] device_spec trait {trait} {why}.")
     return problems
 
 
