@@ -283,6 +283,35 @@ def pci_tree(
     return tuple(providers), claimed
 
 
+def unmatched_specs(settings: Settings, host: HostSnapshot) -> list[str]:
+    """Warnings for the device specs without physical_network that match no
+    PCI function on this host under report_in_placement: usually a typo in
+    an address or id, and the tree simply lacks that child."""
+    if not settings.pci_in_placement:
+        return []
+    devices = host.pci_devices
+    pfs = frozenset(d.address for d in devices if d.dev_type == PCI_PF)
+    warnings = []
+    for spec, names_pf in _indexed(settings.pci_device_specs, pfs):
+        if spec.physical_network or any(_first_match(d, [(spec, names_pf)]) for d in devices):
+            continue
+        shown = {
+            k: v
+            for k, v in (
+                ("address", spec.address),
+                ("vendor_id", spec.vendor_id),
+                ("product_id", spec.product_id),
+            )
+            if v
+        }
+        warnings.append(
+            f"[pci] device_spec {shown} matches no PCI device on this host "
+            f"({len(devices)} functions read); with report_in_placement it reports "
+            "nothing. Check the address and ids (lspci -nn -D)."
+        )
+    return warnings
+
+
 # -- what Placement's usage changes (applied by the syncer)
 
 

@@ -446,3 +446,16 @@ def test_one_time_use_child_closed_for_maintenance_is_not_reopened():
     closed = dataclasses.replace(closed, inventories={RC: Inventory(1, reserved=1, max_unit=1)})
     got = at_usage(ProviderTree((ROOT, closed)), [state], {state.name: {}})
     assert got.by_name(state.name).inventories[RC].reserved == 1
+
+
+def test_spec_matching_no_device_is_warned_under_report_in_placement():
+    from node_agent.tree.pci_placement import unmatched_specs
+
+    specs = (
+        parse_spec(json.dumps({"product_id": PCI_PROD})),
+        parse_spec(json.dumps({"address": "0000:99:00.0"})),
+        parse_spec(json.dumps({"address": "0000:98:00.0", "physical_network": "p"})),
+    )
+    settings = make_settings(host="compute1", pci_in_placement=True, pci_device_specs=specs)
+    [warning] = unmatched_specs(settings, bare_host(fake_host_devices(num_pci=1)))
+    assert "0000:99:00.0" in warning and "matches no PCI device" in warning
