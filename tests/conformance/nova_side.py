@@ -916,8 +916,10 @@ def pci_placement(cases):
     the ``held`` children, over a PCI tracker holding the devices (as nova's
     tracker does: those a spec matches, and allocated ones it keeps), with
     nova's own ``Whitelist``. ``is_physical_function`` answers from the
-    devices, as sysfs would. Answers the children ``[{name, inventories,
-    traits}]`` or nova's refusal."""
+    devices, as sysfs would; ``report_in_placement`` (default true) as given.
+    Answers ``{children: [{name, inventories, traits}], healed}`` (healed:
+    nova changed the allocations, adding the PCI ones its tracker has and
+    Placement lacks) or nova's refusal."""
     from types import SimpleNamespace as Namespace
     from unittest import mock
 
@@ -933,7 +935,7 @@ def pci_placement(cases):
         def is_pf(domain, bus, slot, function):
             return f"{domain}:{bus}:{slot}.{function}" in pfs
 
-        CONF.set_override("report_in_placement", True, group="pci")
+        CONF.set_override("report_in_placement", case.get("report_in_placement", True), group="pci")
         CONF.set_override("device_spec", case["device_spec"], group="pci")
         try:
             with mock.patch("nova.pci.utils.is_physical_function", is_pf):
@@ -959,7 +961,7 @@ def pci_placement(cases):
                 )
                 tree = nova_provider_tree.ProviderTree()
                 tree.new_root("compute1", "00000000-0000-0000-0000-000000000001")
-                uuids = {}
+                uuids = {"compute1": "00000000-0000-0000-0000-000000000001"}
                 for n, held in enumerate(case.get("held", ())):
                     uuids[held["name"]] = f"00000000-0000-0000-0001-{n:012d}"
                     tree.new_child(held["name"], "compute1", uuid=uuids[held["name"]])
@@ -976,7 +978,9 @@ def pci_placement(cases):
                     }
                     for consumer, by_rp in case.get("allocations", {}).items()
                 }
-                ppt.update_provider_tree_for_pci(tree, "compute1", tracker, allocations, [])
+                healed = ppt.update_provider_tree_for_pci(
+                    tree, "compute1", tracker, allocations, []
+                )
             children = []
             for uuid in tree.get_provider_uuids():
                 data = tree.data(uuid)
@@ -988,7 +992,7 @@ def pci_placement(cases):
                             "traits": sorted(data.traits),
                         }
                     )
-            return children
+            return {"children": children, "healed": bool(healed)}
         finally:
             CONF.clear_override("report_in_placement", group="pci")
             CONF.clear_override("device_spec", group="pci")

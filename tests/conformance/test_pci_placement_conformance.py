@@ -71,7 +71,9 @@ def _device(dev: PciDevice, **extra) -> dict:
     return out
 
 
-def _case(name, devices, specs, held=(), allocations=None, gone=(), used=()) -> dict:
+def _case(
+    name, devices, specs, held=(), allocations=None, gone=(), used=(), in_placement=True
+) -> dict:
     """``used``: addresses nova's tracker has allocated (to ``i-<address>``);
     ``gone``: addresses no longer on the host (nova's tracker keeps those
     allocated, and forgets the others)."""
@@ -86,6 +88,7 @@ def _case(name, devices, specs, held=(), allocations=None, gone=(), used=()) -> 
         "held": list(held),
         "allocations": allocations or {},
         "gone": list(gone),
+        "report_in_placement": in_placement,
     }
 
 
@@ -322,6 +325,26 @@ def cases() -> list[dict]:
     )
     out.append(
         _case(
+            "test_heal_single_pci_allocation",
+            pf_alone,
+            pf_spec,
+            held=[_held("0000:81:00.0", PF_RC, 1)],
+            # The instance holds its CPUs on the root, not its PF yet.
+            allocations={"i-0000:81:00.0": {"compute1": {"VCPU": 1}}},
+            used={"0000:81:00.0"},
+        )
+    )
+    out.append(
+        _case(
+            "test_reporting_cannot_be_disable_once_it_is_enabled",
+            pci_one,
+            [{"product_id": PCI_PROD}],
+            held=[_held("0000:81:00.0", PCI_RC, 1)],
+            in_placement=False,
+        )
+    )
+    out.append(
+        _case(
             "pf_steady_with_held_child",
             pf_alone,
             pf_spec,
@@ -334,7 +357,8 @@ def cases() -> list[dict]:
 def agent_children(case: dict, tmp_path) -> list[dict]:
     """The agent's children for ``case``: the tree from the devices still on
     the host, then what Placement's usage changes (as the syncer does)."""
-    text = "[DEFAULT]\nhost = compute1\n[pci]\nreport_in_placement = true\n"
+    on = "true" if case["report_in_placement"] else "false"
+    text = f"[DEFAULT]\nhost = compute1\n[pci]\nreport_in_placement = {on}\n"
     text += "".join(f"device_spec = {spec}\n" for spec in case["device_spec"])
     path = tmp_path / f"{case['name']}.conf"
     path.write_text(text)
@@ -415,13 +439,28 @@ def test_pci_children_are_novas_on_the_same_devices_specs_and_usage(nova, tmp_pa
                     f"{case['name']}: agent refuses ({exc}), nova reports {answer['value']}",
                 )
             continue
+        if "refused" in answer and "report_in_placement is False but it was enabled" in str(
+            answer["refused"]
+        ):
+            observed.add(
+                "pci-disable-after-enable",
+                f"{case['name']}: nova refuses to start ({answer['refused']}), the agent "
+                f"reports {_comparable(ours, AGENT_CHILD_TRAIT)}",
+            )
+            continue
         if "refused" in answer:
             observed.add(
                 UNCLASSIFIED + " nova refuses",
                 f"{case['name']}: nova refuses ({answer['refused']}), agent reports {ours}",
             )
             continue
-        novas = answer["value"]
+        novas = answer["value"]["children"]
+        if answer["value"]["healed"]:
+            observed.add(
+                "pci-allocation-healing",
+                f"{case['name']}: nova adds the PCI allocations its tracker holds "
+                "and Placement lacks; the agent writes no allocation",
+            )
         if any("OWNER_NOVA" in c["traits"] for c in novas):
             observed.add(
                 "pci-child-owner-mark",
