@@ -22,12 +22,16 @@ resource tracker), on the devices discovery read
   and one of its VFs both matched, VFs of one PF given different classes or
   traits, ``one_time_use`` on a VF.
 
+The VFs a PCI child counts are left out of the physnet SR-IOV children
+(:func:`claimed_vfs`), so no VF is offered twice.
+
 What depends on Placement's usage is :func:`at_usage`, applied by the syncer
 once it has read the children: a child whose devices are gone (or no longer
 matched) while allocated keeps its usage as total, never less and never more
 (nova's ``_adjust_for_removals_and_held_devices``); a one-time-use child in
 use is published fully reserved (reserved = total), and its reserved is
-otherwise left as Placement holds it, since only an operator unreserves it.
+otherwise left as Placement holds it, since only an operator unreserves it;
+traits the specs no longer give are removed, as nova replaces them.
 """
 
 from __future__ import annotations
