@@ -432,6 +432,19 @@ PCI_OPTS = [
         "use. False reports the most the PF supports (sriov_totalvfs), "
         "which overstates the host until that many VFs are enabled.",
     ),
+    cfg.BoolOpt(
+        "report_in_placement",
+        default=False,
+        help="nova's option: each PCI device matched by a device_spec "
+        "without physical_network becomes a child <host>_<ADDRESS> (the "
+        "VFs of one PF counted on the PF's child) with CUSTOM_PCI_<VENDOR>_"
+        "<PRODUCT> or the spec's resource_class, trait "
+        "COMPUTE_MANAGED_PCI_DEVICE plus the spec's traits, "
+        "HW_PCI_LIVE_MIGRATABLE (live_migratable) and HW_PCI_ONE_TIME_USE "
+        "(one_time_use: reserved = total once allocated). A child whose "
+        "device is gone while allocated keeps its usage as total. devname "
+        "specs are refused, as nova refuses them.",
+    ),
 ]
 
 NODE_OPTS = [

@@ -26,7 +26,13 @@ from node_agent.model.cpuset import CpuSet, CpuSetSyntaxError, parse_cpu_spec
 from node_agent.model.device_spec import parse_device_specs
 from node_agent.model.hugepages import parse_reserved_huge_pages
 from node_agent.model.settings import CycleMode, MdevTypeSettings, Settings
+from node_agent.policy.provider_config import (
+    NEUTRON_CLASS_PREFIXES,
+    NEUTRON_TRAIT_PREFIXES,
+    NEUTRON_WHY,
+)
 from node_agent.state import FILE_NAME as STATE_FILE_NAME
+from node_agent.tree.pci_placement import spec_problems
 
 LOG = logging.getLogger(__name__)
 
@@ -169,10 +175,36 @@ def _nested_provider_values(get: "_Reader", problems: list) -> dict:
         enabled_mdev_types=tuple(
             t.strip() for t in (get("devices", "enabled_mdev_types") or ()) if t.strip()
         ),
-        pci_device_specs=parse_device_specs(get("pci", "device_spec") or (), problems),
+        pci_device_specs=_pci_specs(get, problems),
         report_sriov_numvfs=bool(get("pci", "report_sriov_numvfs")),
+        pci_in_placement=bool(get("pci", "report_in_placement")),
         node_resource_class=_node_resource_class(get("node", "resource_class"), problems),
     )
+
+
+def _pci_specs(get: "_Reader", problems: list):
+    """The device specs, with nova's refusals under report_in_placement
+    (PlacementPciException, PciConfigInvalidSpec)."""
+    specs = parse_device_specs(get("pci", "device_spec") or (), problems)
+    in_placement = bool(get("pci", "report_in_placement"))
+    for spec in specs:
+        if in_placement and spec.devname:
+            problems.append(
+                f"[pci] device_spec with devname '{spec.devname}': with [pci] "
+                "report_in_placement the devices are named by PCI address; give "
+                "the address instead (nova refuses devname here too)."
+            )
+        if in_placement:
+            problems += spec_problems(
+                spec, NEUTRON_CLASS_PREFIXES, NEUTRON_TRAIT_PREFIXES, NEUTRON_WHY
+            )
+        if spec.one_time_use and not in_placement:
+            problems.append(
+                "[pci] device_spec with one_time_use = true needs [pci] "
+                "report_in_placement = true (only Placement can reserve a used "
+                "device); nova refuses it too."
+            )
+    return specs
 
 
 def load_settings(conf) -> Settings:

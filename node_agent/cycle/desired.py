@@ -30,6 +30,7 @@ from node_agent.policy.provider_config import (
 from node_agent.state import APPLIED, DEVICE_MAINTENANCE, MAINTENANCE, PROVIDERS
 from node_agent.tree.build import build_tree, mem_encryption
 from node_agent.tree.pci import unmatched_device_options
+from node_agent.tree.pci_placement import unmatched_specs
 
 LOG = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ def desired_from(
         for c in unmatched(tree, configs)
     ]
     notes += unmatched_device_options(settings, host)
+    notes += unmatched_specs(settings, host)
     notes += guest_fit.warnings(
         host.guests, partition.dedicated, getattr(partition, "shared", None)
     )

@@ -22,7 +22,12 @@ from node_agent.host.capabilities import parse_capabilities, parse_cpu_model_xml
 from node_agent.host.domain import parse_domain
 from node_agent.host.hypervisor_info import hypervisor_info
 from node_agent.host.sysfs import SysFS
-from node_agent.host.sysfs_pci import read_pci, read_pmem_namespace_names, with_mdev_parents
+from node_agent.host.sysfs_pci import (
+    read_pci,
+    read_pci_functions,
+    read_pmem_namespace_names,
+    with_mdev_parents,
+)
 from node_agent.host.sysfs_topology import SysfsTopology, read_topology
 from node_agent.host.warn_once import log_once
 from node_agent.model.settings import Settings
@@ -406,6 +411,11 @@ def discover(settings: Settings, hypervisor=None) -> HostSnapshot:
         hypervisor=facts.hypervisor_info,
         guest_cpu_models=facts.guest_cpu_models,
         file_backed_memory_mb=settings.file_backed_memory,
+        pci_devices=(
+            read_pci_functions(SysFS(settings.sysfs_root))
+            if settings.pci_in_placement and settings.pci_device_specs
+            else ()
+        ),
         pmem_namespaces=(
             read_pmem_namespace_names(SysFS(settings.sysfs_root))
             if settings.pmem_namespaces

@@ -81,6 +81,8 @@ class Settings:
     mdev_types: tuple[MdevTypeSettings, ...] = ()
     pci_device_specs: tuple[PciDeviceSpec, ...] = ()
     report_sriov_numvfs: bool = True
+    # [pci] report_in_placement (nova's): matched devices become children.
+    pci_in_placement: bool = False
     node_resource_class: Optional[str] = None
     # [agent] mode and upstream, as one typed choice.
     cycle_mode: CycleMode = CycleMode.DIRECT

@@ -178,6 +178,24 @@ class SriovPf:
     netdevs: tuple[str, ...] = ()
 
 
+# nova's PCI device types (nova.objects.fields.PciDeviceType).
+PCI_STANDARD, PCI_PF, PCI_VF = "type-PCI", "type-PF", "type-VF"
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    """A PCI function, typed as nova types it: a PF has ``sriov_totalvfs``
+    (libvirt's ``virt_functions`` capability), a VF a ``physfn`` (its PF's
+    address is ``parent_addr``), any other is standard."""
+
+    address: str
+    vendor_id: str
+    product_id: str
+    dev_type: str = PCI_STANDARD
+    parent_addr: Optional[str] = None
+    numa_node: Optional[int] = None
+
+
 @dataclass(frozen=True)
 class HostSnapshot:
     """Everything one discovery cycle learnt about the host."""
@@ -212,6 +230,8 @@ class HostSnapshot:
     # Names of the host's persistent-memory namespaces (sysfs alt_name),
     # read only with [libvirt] pmem_namespaces.
     pmem_namespaces: frozenset[str] = frozenset()
+    # Every PCI function, read only with [pci] report_in_placement.
+    pci_devices: tuple[PciDevice, ...] = ()
 
     def node_of(self, cpu_id: int) -> Optional[int]:
         for node in self.nodes:

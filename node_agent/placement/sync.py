@@ -44,6 +44,7 @@ from node_agent.policy import aggregates as aggs
 from node_agent.policy import capacity as cap
 from node_agent.policy import root_owner
 from node_agent.state import AGGREGATES, OWNED_CHILDREN, PROVIDERS, ROOT_UUID, Store
+from node_agent.tree import pci_placement
 from node_agent.tree.child_names import child_suffix
 
 LOG = logging.getLogger(__name__)
@@ -274,6 +275,7 @@ class TreeSyncer:
         root_uuid = self._root_uuid(desired)
         keeps_aggregates = bool(desired.root.aggregates or self._aggregates_ours(root_uuid))
         actual = self._actual(root_uuid, desired.root.name, keeps_aggregates)
+        desired = self._pci_at_usage(desired, actual, root_uuid)
         by_name = {s.name: s.uuid for s in actual.values()}
         saved = self._state.get(PROVIDERS, {})
         held_root = actual.get(root_uuid) if root_uuid else None
@@ -295,6 +297,19 @@ class TreeSyncer:
             desired = self._claim.claimed(desired, root, from_state)
             unclaimed = self._claim.needs_mark(root)
         return SyncContext(desired.placed(uuids), actual, unclaimed=unclaimed)
+
+    def _pci_at_usage(self, desired: ProviderTree, actual, root_uuid) -> ProviderTree:
+        """The PCI children as their usage requires
+        (:func:`node_agent.tree.pci_placement.at_usage`): usages are read only
+        for children that vanish, shrink or are one-time-use and unreserved."""
+        if not root_uuid:
+            return desired
+        held = [s for s in actual.values() if pci_placement.is_pci_child(s, root_uuid)]
+        if not held:
+            return desired
+        need = [s for s in held if pci_placement.needs_usage(desired, s)]
+        usages = {s.name: self._guard.usages(s.uuid) for s in need}
+        return pci_placement.at_usage(desired, held, usages)
 
     def held_uuids(self, desired: ProviderTree) -> dict[str, str]:
         """Name -> uuid of the desired providers Placement holds, found as

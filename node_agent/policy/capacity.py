@@ -46,7 +46,10 @@ The rules, over the root and ALL its children:
    children, never both (the same CPUs or memory offered twice).
 
 Classes the agent knows nothing about (the operator's ``CUSTOM_`` classes
-from provider files, a bare-metal node class) are not checked.
+from provider files, a bare-metal node class) are not checked, nor are PCI
+devices' classes (:mod:`node_agent.tree.pci_placement`: the devices counted,
+or the usage of a child whose device left; a device spec may not name a
+class checked here).
 """
 
 from __future__ import annotations

@@ -18,6 +18,7 @@ or a child provider it would not report, is someone else's and is no drift.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -80,6 +81,13 @@ class Difference:
             f"{self.provider}: {self.subject}: Placement {self.placement}, "
             f"this host {self.host} -- {self.explained_by}"
         )
+
+
+_PCI_IN_PLACEMENT = (
+    "[pci] report_in_placement and the device_spec matching the device "
+    "(resource_class, traits, live_migratable, one_time_use)"
+)
+_PCI_ADDRESS = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
 
 def owner_of(traits) -> Optional[str]:
@@ -157,12 +165,16 @@ def explain_inventory(rc: str, field: str, settings: Settings) -> str:
         return "the host's huge pages and [DEFAULT] reserved_huge_pages"
     if rc.startswith("SRIOV_") or rc.startswith("PCI_"):
         return "[pci] device_spec"
+    if rc.startswith("CUSTOM_PCI_"):
+        return _PCI_IN_PLACEMENT
     if rc.startswith("CUSTOM_"):
         return "an operator provider file ([compute] provider_config_location)"
     return "the host as node-agent discovers it (no nova option)"
 
 
 def explain_trait(trait: str) -> str:
+    if trait == "COMPUTE_MANAGED_PCI_DEVICE" or trait.startswith("HW_PCI_"):
+        return _PCI_IN_PLACEMENT
     if trait == "COMPUTE_NODE":
         return "every compute node's root carries it"
     if trait == "HW_CPU_HYPERTHREADING":
@@ -218,6 +230,8 @@ def explain_provider(name: str, root: str) -> str:
         return _TDX
     if name.startswith(f"{root}_pci_"):
         return "[devices] enabled_mdev_types or [pci] device_spec"
+    if _PCI_ADDRESS.fullmatch(name[len(root) + 1 :]) and name.startswith(f"{root}_"):
+        return "[pci] device_spec (a physnet PF's VFs, or a device with report_in_placement)"
     return "an operator provider file ([compute] provider_config_location)"
 
 

@@ -5,7 +5,8 @@ are left out, as Placement has no use for an empty inventory.
 
 The tree: the root (CPUs, memory, disk, or one unit in whole-node mode),
 then NUMA children (:mod:`node_agent.tree.numa`), GPU and SR-IOV children
-(:mod:`node_agent.tree.pci`), memory-encryption children
+(:mod:`node_agent.tree.pci`), PCI devices in Placement
+(:mod:`node_agent.tree.pci_placement`), memory-encryption children
 (:mod:`node_agent.tree.mem_encryption`), and finally the operator's provider files
 (:mod:`node_agent.policy.provider_config`) layered on top.
 """
@@ -35,6 +36,7 @@ from node_agent.tree.mem_encryption import (
 )
 from node_agent.tree.numa import split_by_numa
 from node_agent.tree.pci import gpu_children, sriov_children
+from node_agent.tree.pci_placement import pci_tree
 
 
 def arch_trait(arch: str | None) -> str | None:
@@ -224,6 +226,7 @@ def _resource_tree(settings: Settings, host: HostSnapshot, partition: CpuPartiti
         split = split_by_numa(settings, host, partition, inventories)
         inventories, children = split.root_inventories, split.children
     root = Provider(name=settings.host, inventories=inventories, traits=root_traits(host, settings))
-    children += gpu_children(settings, host) + sriov_children(settings, host)
+    pci, claimed = pci_tree(settings, host)
+    children += gpu_children(settings, host) + sriov_children(settings, host, claimed) + pci
     children += mem_encryption_children(settings.host, mem_encryption(settings, host))
     return ProviderTree((root,) + children)

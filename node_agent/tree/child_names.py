@@ -1,10 +1,12 @@
 """The names the agent gives its root's children, as one check. Pure.
 
-Every child is ``<host>_<suffix>`` with one of four suffixes: a NUMA node
+Every child is ``<host>_<suffix>`` with one of five suffixes: a NUMA node
 (``NUMA_<n>``, :mod:`node_agent.tree.numa`), a GPU
 (``pci_<domain>_<bus>_<slot>_<function>``) or an SR-IOV PF (its PCI address,
-``<domain>:<bus>:<slot>.<function>``, :mod:`node_agent.tree.pci`), or a
-memory-encryption model (:mod:`node_agent.tree.mem_encryption`).
+``<domain>:<bus>:<slot>.<function>``, :mod:`node_agent.tree.pci`), a PCI
+device in Placement (its address upper-cased, as nova names it,
+:mod:`node_agent.tree.pci_placement`), or a memory-encryption model
+(:mod:`node_agent.tree.mem_encryption`).
 
 The prefix alone does not keep hosts apart: host ``hv``'s child ``hv_2``
 would be host ``hv_2``'s root name, and while it exists that host could not
@@ -23,12 +25,13 @@ _SUFFIX = re.compile(
     r"NUMA_\d+"
     r"|pci_[0-9a-f]{4}_[0-9a-f]{2}_[0-9a-f]{2}_[0-7]"
     r"|[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]"
+    r"|[0-9A-F]{4}:[0-9A-F]{2}:[0-9A-F]{2}\.[0-7]"
     r"|" + "|".join(re.escape(m) for m in MODEL_TRAITS)
 )
 
 KINDS = (
     "<host>_NUMA_<n>, <host>_pci_<dddd>_<bb>_<ss>_<f>, <host>_<dddd>:<bb>:<ss>.<f> "
-    "<host>_amd_sev[_es|_snp] or <host>_intel_tdx"
+    "(hex digits all lower or all upper case), <host>_amd_sev[_es|_snp] or <host>_intel_tdx"
 )
 
 

@@ -4,6 +4,7 @@ from node_agent.tree.child_names import child_suffix, is_child_name
 from node_agent.tree.mem_encryption import child_name
 from node_agent.tree.numa import numa_provider_name
 from node_agent.tree.pci import gpu_provider_name, sriov_provider_name
+from node_agent.tree.pci_placement import provider_name as pci_placement_name
 
 
 @pytest.mark.parametrize(
@@ -13,6 +14,7 @@ from node_agent.tree.pci import gpu_provider_name, sriov_provider_name
         numa_provider_name("hv", 12),
         gpu_provider_name("hv", "0000:81:00.0"),
         sriov_provider_name("hv", "0000:3b:00.1"),
+        pci_placement_name("hv", "0000:af:00.1"),
         child_name("hv", "amd_sev"),
         child_name("hv", "amd_sev_es"),
         child_name("hv", "amd_sev_snp"),
@@ -34,6 +36,7 @@ def test_every_name_the_tree_gives_a_child_is_a_child_name(name):
         "hvx_NUMA_0",
         "other_NUMA_0",
         "hv_0000:81:00.8",
+        "hv_0000:Af:00.0",
     ],
 )
 def test_a_name_another_host_could_have_is_not_a_child_name(name):

@@ -208,10 +208,17 @@ def test_owner_is_read_from_the_owner_trait(traits, owner):
         ("COMPUTE_SECURITY_TPM_2_0", "[libvirt] swtpm_enabled"),
         ("HW_CPU_X86_AVX512F", "the host CPU as libvirt describes it"),
         ("CUSTOM_GOLD", "provider_config_location"),
+        ("COMPUTE_MANAGED_PCI_DEVICE", "[pci] report_in_placement"),
+        ("HW_PCI_ONE_TIME_USE", "one_time_use"),
     ],
 )
 def test_each_kind_of_trait_names_what_decides_it(trait, named):
     assert named in D.explain_trait(trait)
+
+
+def test_pci_device_child_and_class_name_report_in_placement():
+    assert "report_in_placement" in D.explain_provider("hv_0000:AF:00.0", "hv")
+    assert "report_in_placement" in D.explain_inventory("CUSTOM_PCI_10DE_1EB8", "total", None)
 
 
 def test_vcpu_total_without_any_cpu_set_is_explained_by_the_online_cpus():
