@@ -96,3 +96,9 @@ class SqlStore(Store):
             if new != state:
                 self._write(conn, encode(new), exists=text is not None)
             return new
+
+
+def hosts(engine: Engine) -> list[str]:
+    """The hosts that have a row, sorted."""
+    with engine.connect() as conn:
+        return sorted(row[0] for row in conn.execute(sa.select(RECORDS.c.host)))
