@@ -185,8 +185,10 @@ class DeadHosts:
         try:
             added = self._write_traits(record, root, liveness.closing)
         except NotFound:
+            # Deleted (decommissioned): nothing is open; noted so that the
+            # next sweeps do not ask again.
             LOG.warning("%s: its root %s is gone from Placement; nothing to close", host, root)
-            return None
+            added = False
         record[CLOSED_KEY] = {"at": now, "root": root, "added": added, "by": self.token}
         store.put(RECORD_KEY, record)
         with self._lock:
