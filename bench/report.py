@@ -1237,7 +1237,7 @@ def _candidates(c: dict) -> list[str]:
         )
     lines += [
         "",
-        "Rerun alone (about 3 minutes; not part of `make test`):",
+        "Rerun alone (about 5 minutes; not part of `make test`):",
         "",
         "```",
         "make bench-candidates   # .venv/bin/python -m bench.run --only candidates",
