@@ -187,8 +187,10 @@ def register(url: str, work: Path, hosts: int) -> dict[str, str]:
     return aggregates
 
 
-def query(request: str, aggregate: str) -> str:
+def query(request: str, aggregate: str, limit: bool = True) -> str:
     params = {**REQUESTS[request][0], "member_of": aggregate, **NOVA_ROOT}
+    if not limit:
+        params.pop("limit")
     return "/allocation_candidates?" + urlencode(params)
 
 
@@ -206,6 +208,7 @@ def run(
     hosts: int = HOSTS,
     settings: tuple[str, ...] = tuple(SETTINGS),
 ) -> dict:
+    """One embedded Placement per setting, then :func:`measure`."""
     work.mkdir(parents=True, exist_ok=True)
     servers = {}
     try:
@@ -213,38 +216,43 @@ def run(
             servers[name] = start_subprocess(
                 work / f"placement-{name}", placement_options=SETTINGS[name][0]
             )
-        aggregates = {
-            name: register(server.url, work / f"state-{name}", hosts)
-            for name, server in servers.items()
-        }
-        session = requests.Session()
-        session.headers.update(
-            {"X-Auth-Token": "admin", "OpenStack-API-Version": f"placement {MICROVERSION}"}
-        )
-        cases = [
-            (setting, shape, request)
-            for setting in settings
-            for shape in SHAPES
-            for request, (_q, shapes, _d) in REQUESTS.items()
-            if shape in shapes
-        ]
-        times: dict[tuple, list[float]] = {case: [] for case in cases}
-        counts: dict[tuple, int] = {}
-        for case in cases:  # warm-up, not timed: the first query of a server
-            _took, counts[case] = _get(
-                session, servers[case[0]].url + query(case[2], aggregates[case[0]][case[1]])
-            )
-        order = random.Random(29)
-        for _ in range(repetitions):
-            for case in order.sample(cases, len(cases)):
-                setting, shape, request = case
-                took, _n = _get(
-                    session, servers[setting].url + query(request, aggregates[setting][shape])
-                )
-                times[case].append(took)
+        return measure({n: s.url for n, s in servers.items()}, work, repetitions, hosts)
     finally:
         for server in servers.values():
             server.stop()
+
+
+def measure(urls: dict[str, str], work: Path, repetitions: int, hosts: int) -> dict:
+    """``urls``: setting -> a Placement run with that setting's options."""
+    settings = tuple(urls)
+    aggregates = {name: register(url, work / f"state-{name}", hosts) for name, url in urls.items()}
+    session = requests.Session()
+    session.headers.update(
+        {"X-Auth-Token": "admin", "OpenStack-API-Version": f"placement {MICROVERSION}"}
+    )
+    cases = [
+        (setting, shape, request)
+        for setting in settings
+        for shape in SHAPES
+        for request, (_q, shapes, _d) in REQUESTS.items()
+        if shape in shapes
+    ]
+
+    def url(case, limit: bool = True) -> str:
+        setting, shape, request = case
+        return urls[setting] + query(request, aggregates[setting][shape], limit)
+
+    times: dict[tuple, list[float]] = {case: [] for case in cases}
+    counts: dict[tuple, int] = {}
+    generated: dict[tuple, int] = {}
+    for case in cases:  # not timed: what each case returns, and generates without nova's limit
+        _took, counts[case] = _get(session, url(case))
+        _took, generated[case] = _get(session, url(case, limit=False))
+    order = random.Random(29)
+    for _ in range(repetitions):
+        for case in order.sample(cases, len(cases)):
+            took, _n = _get(session, url(case))
+            times[case].append(took)
     rows = []
     for case in cases:
         setting, shape, request = case
@@ -256,6 +264,7 @@ def run(
                 "shape": shape,
                 "request": request,
                 "candidates": counts[case],
+                "generated": generated[case],
                 "p50_ms": common.percentile(values, 50),
                 "p99_ms": common.percentile(values, 99),
                 "n": len(values),

@@ -57,6 +57,7 @@ def test_the_section_renders_labelled_figures():
                 "shape": "numa",
                 "request": "single",
                 "candidates": 16,
+                "generated": 16,
                 "p50_ms": 10.0,
                 "p99_ms": 20.0,
                 "n": 3,
@@ -67,4 +68,4 @@ def test_the_section_renders_labelled_figures():
     }
     text = "\n".join(report._candidates(result))
     assert "p50 ms (measured)" in text and "vs flat (computed)" in text
-    assert "| default | numa | single | 16 | 10.0 | 20.0 | 2.00× (1.50–3.00) | – |" in text
+    assert "| default | numa | single | 16 | 16 | 10.0 | 20.0 | 2.00× (1.50–3.00) | – |" in text
