@@ -60,6 +60,11 @@ Killed mid-apply: the sync writes one provider at a time and the next
 message from that host (its next cycle) finds the tree as it is and
 finishes it; the reshape is one POST /reshaper, applied or not.
 
+A host from which no message came for ``[applier] dead_after`` seconds is
+closed (``COMPUTE_STATUS_DISABLED`` on its root) and reopened at its next
+message: :mod:`node_agent.applier.dead_hosts`, called from :meth:`Applier._handle`
+under the host's lock, and swept by a thread of :func:`serve`.
+
 Why one module over 400 lines: the per-host record, its lock and the
 handler that reads and rewrites them under that lock must be read together
 to see that no two processes ever apply one host at once.
@@ -698,8 +703,7 @@ def check_config(conf) -> int:
 
 def _status_line(topic: str, applier: Applier) -> str:
     """systemd's STATUS=: the topic and the hosts closed as dead."""
-    with applier.dead._lock:
-        closed = sorted(applier.dead.closed)
+    closed = sorted(applier.dead.snapshot()[0])
     if not closed:
         return f"listening on topic {topic}"
     shown = ", ".join(closed[:5]) + (f" and {len(closed) - 5} more" if len(closed) > 5 else "")

@@ -76,6 +76,12 @@ class DeadHosts:
         self.reopens = 0  # hosts this process reopened
         self.placement_requests = 0
 
+    def snapshot(self) -> tuple[dict[str, float], int, int, int]:
+        """(closed hosts -> since, closes, reopens, Placement requests), for
+        the metrics and systemd's STATUS=."""
+        with self._lock:
+            return dict(self.closed), self.closes, self.reopens, self.placement_requests
+
     @property
     def enabled(self) -> bool:
         return self.dead_after > 0

@@ -38,11 +38,8 @@ class ApplierCollector:
             outcomes = dict(applier.outcomes)
             refused = dict(applier.refused)
             lock_waits, requests = applier.lock_waits, applier.placement_requests
-        dead = applier.dead
-        with dead._lock:
-            closed = dict(dead.closed)
-            closes, reopens = dead.closes, dead.reopens
-            requests += dead.placement_requests
+        closed, closes, reopens, dead_requests = applier.dead.snapshot()
+        requests += dead_requests
         messages = CounterMetricFamily(
             f"{PREFIX}_messages",
             "Agent messages handled, by the status of the reply "
