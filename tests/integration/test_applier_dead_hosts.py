@@ -14,7 +14,9 @@ import time
 import pytest
 
 from tests import promlint
+from tests.integration.postgres_server import postgres_cluster, postgres_url  # noqa: F401
 from tests.integration.rabbit import free_port
+from tests.integration.redis_server import redis_url  # noqa: F401
 from tests.integration.test_applier import (  # noqa: F401 (bus: fixture)
     APPLIER,
     RequestLog,
@@ -189,3 +191,34 @@ def test_a_dead_after_not_above_twice_the_lock_timeout_is_refused_at_start(bus):
     )
     assert done.returncode == 78, done.stdout + done.stderr
     assert "[applier] dead_after = 5 is not above twice [applier] lock_timeout" in done.stderr
+
+
+# ---------------------------------------------------------------- every backend
+
+
+def hosts_of_a_backend(url, tmp_path) -> list[str]:
+    """Records of two hosts written through one Coordination, listed by
+    another: what every applier process's sweep reads."""
+    from node_agent.remote.coordination import Coordination
+
+    writer = Coordination(url, tmp_path / "state", "writer", 10).start()
+    reader = Coordination(url, tmp_path / "state", "reader", 10).start()
+    try:
+        for host in ("compute-b", "compute-a"):
+            writer.store(host).put("applier", {"seq": 1, "seen_at": 1.0})
+        return reader.hosts()
+    finally:
+        writer.stop()
+        reader.stop()
+
+
+def test_the_sweep_lists_the_hosts_of_state_files(tmp_path):
+    assert hosts_of_a_backend(None, tmp_path) == ["compute-a", "compute-b"]
+
+
+def test_the_sweep_lists_the_hosts_of_redis(redis_url, tmp_path):
+    assert hosts_of_a_backend(redis_url, tmp_path) == ["compute-a", "compute-b"]
+
+
+def test_the_sweep_lists_the_hosts_of_postgresql(postgres_url, tmp_path):
+    assert hosts_of_a_backend(postgres_url, tmp_path) == ["compute-a", "compute-b"]
