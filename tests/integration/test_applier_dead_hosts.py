@@ -19,6 +19,7 @@ from tests.integration.rabbit import free_port
 from tests.integration.redis_server import redis_url  # noqa: F401
 from tests.integration.test_applier import (  # noqa: F401 (bus: fixture)
     APPLIER,
+    Bus,
     RequestLog,
     bus,
     messaging_service,
@@ -222,3 +223,47 @@ def test_the_sweep_lists_the_hosts_of_redis(redis_url, tmp_path):
 
 def test_the_sweep_lists_the_hosts_of_postgresql(postgres_url, tmp_path):
     assert hosts_of_a_backend(postgres_url, tmp_path) == ["compute-a", "compute-b"]
+
+
+@pytest.fixture
+def redis_bus(redis_url, tmp_path, rabbitmq, placement_server):
+    """``bus`` set up after Redis, so stopped before it (as
+    test_applier_coordination's): an applier whose Redis is gone spends
+    its stop on tooz's retries."""
+    bus = Bus(tmp_path, rabbitmq, placement_server.url)
+    yield bus
+    bus.stop()
+
+
+def test_a_host_one_applier_closed_on_redis_is_reopened_by_another(
+    redis_bus,
+    redis_url,
+    tmp_path,
+    placement,
+    host_name,
+):
+    bus = redis_bus
+    bus.start(2, applier=f"dead_after = {DEAD_AFTER}\ncoordination_url = {redis_url}\n")
+    agent = start_agent(bus, tmp_path, host_name)
+    try:
+        root = root_of(placement, host_name)["uuid"]
+        agent.send(signal.SIGKILL)
+        agent.proc.wait(10)
+        wait_for(lambda: DISABLED in traits_of(placement, root), DEAD_AFTER + 10, "closed")
+        wait_for(
+            lambda: any(f"{host_name} closed as dead" in a.log() for a in bus.appliers),
+            5,
+            "the close logged",
+        )
+        time.sleep(DEAD_AFTER / 4 + 1)  # every process's sweep has seen it closed
+        closer = next(a for a in bus.appliers if f"{host_name} closed as dead" in a.log())
+        other = next(a for a in bus.appliers if a is not closer)
+        assert f"{host_name} closed as dead" not in other.log()  # closed once
+        closer.stop()
+
+        agent.start()
+        wait_for(lambda: DISABLED not in traits_of(placement, root), 60, "reopened")
+        assert f"{host_name} reports again: reopened" in other.log()
+    finally:
+        agent.stop()
+        agent.notify.close()
