@@ -108,7 +108,7 @@ from node_agent.policy import capacity, liveness
 from node_agent.policy import maintenance as maint
 from node_agent.policy.root_owner import identity_of_tree
 from node_agent.remote import keys, messaging, schema, signing, wire
-from node_agent.remote.coordination import Busy, Coordination
+from node_agent.remote.coordination import Busy, Coordination, CoordinationError
 from node_agent.runner import DirectRunner, applier_runner
 from node_agent.service.loop import systemd_notifier
 from node_agent.state import APPLIER, PROVIDERS, ROOT_UUID, Store
@@ -631,6 +631,13 @@ def _parser() -> argparse.ArgumentParser:
         "and which are closed as dead ([applier] dead_after)",
     )
     shown.add_argument("--output", choices=("text", "json"), default="text")
+    forget = commands.add_parser(
+        "forget",
+        help="remove HOST's record (before moving it back to the direct mode, "
+        "or once it is gone): the sweep then never closes it; a "
+        "COMPUTE_STATUS_DISABLED the appliers added to its root is removed first",
+    )
+    forget.add_argument("host", metavar="HOST")
     return parser
 
 
@@ -767,6 +774,37 @@ def status(conf, output: str) -> int:
     return 0
 
 
+def forget_host(conf, host: str) -> int:
+    """``forget HOST``: 0 done, 1 when there was no record."""
+    group = conf.applier
+    coordination = Coordination(
+        group.coordination_url, Path(group.state_path), f"forget-{os.getpid()}", group.lock_timeout
+    ).start()
+    try:
+        base = _placement_client(conf)
+        watch = DeadHosts(
+            coordination, lambda: PlacementClient(base.adapter), 0, lock_timeout=group.lock_timeout
+        )
+        try:
+            had, removed = watch.forget(host)
+        except Busy:
+            raise CoordinationError(
+                f"forget {host}: its record is held by an applier applying one of its "
+                f"messages for more than {group.lock_timeout:g} s; stop its agent first"
+            ) from None
+    finally:
+        coordination.stop()
+    if not had:
+        print(f"no record of {host}: nothing to forget", file=sys.stderr)
+        return 1
+    print(
+        f"forgot {host}"
+        + (f": removed the {maint.TRAIT} the appliers had added to its root" if removed else "")
+        + "; a message from it makes a new record"
+    )
+    return 0
+
+
 def _placement_client(conf):
     if not placement_configured(conf):
         raise ConfigError(
@@ -869,6 +907,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return derive_key(conf, args.host, args.output)
         if args.command == "status":
             return status(conf, args.output)
+        if args.command == "forget":
+            return forget_host(conf, args.host)
         if args.check_config:
             return check_config(conf)
         return serve(conf)

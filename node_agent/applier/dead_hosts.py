@@ -139,6 +139,23 @@ class DeadHosts:
             else f"{maint.TRAIT} was already gone from its root",
         )
 
+    def forget(self, host: str) -> tuple[bool, bool]:
+        """``node-agent-applier forget HOST``, under the host's lock: remove
+        the trait when the record says the applier added it, then the
+        record. Returns (had a record, trait removed). For a host leaving
+        the messaging mode: otherwise the sweep closes it as dead."""
+        with self.coordination.lock(host, self.lock_timeout):
+            store = self.coordination.store(host)
+            record = dict(store.load_or_empty(LOG).get(RECORD_KEY, {}))
+            closed = record.get(CLOSED_KEY) or {}
+            removed = False
+            if closed.get("added") and closed.get("root"):
+                try:
+                    removed = self._write_traits(record, closed["root"], liveness.reopening)
+                except NotFound:
+                    removed = False
+            return self.coordination.forget(host), removed
+
     # -- the sweep
 
     def run(self, stop: threading.Event) -> None:

@@ -30,6 +30,7 @@ both are refused.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -306,6 +307,20 @@ class Coordination:
         return sorted(
             d.name for d in self.state_path.iterdir() if d.is_dir() and (d / FILE_NAME).exists()
         )
+
+    def forget(self, host: str) -> bool:
+        """Remove the host's record (hold its lock); False when it had none."""
+        if self._sql is not None:
+            from node_agent.remote import sql_records
+
+            return sql_records.forget(self._sql, host)
+        if self._redis is not None:
+            return bool(self._redis.delete(RECORD_PREFIX + host))
+        directory = self.state_path / host
+        if not (directory / FILE_NAME).exists():
+            return False
+        shutil.rmtree(directory)
+        return True
 
     def stop(self) -> None:
         if self._started:

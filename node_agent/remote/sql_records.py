@@ -102,3 +102,9 @@ def hosts(engine: Engine) -> list[str]:
     """The hosts that have a row, sorted."""
     with engine.connect() as conn:
         return sorted(row[0] for row in conn.execute(sa.select(RECORDS.c.host)))
+
+
+def forget(engine: Engine, host: str) -> bool:
+    """Delete the host's row; False when it had none."""
+    with engine.begin() as conn:
+        return conn.execute(sa.delete(RECORDS).where(RECORDS.c.host == host)).rowcount > 0

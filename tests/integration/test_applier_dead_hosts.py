@@ -182,6 +182,33 @@ def test_a_disabled_trait_the_applier_did_not_add_stays_when_the_host_returns(
         agent.notify.close()
 
 
+def test_forget_reopens_a_host_the_applier_closed_and_the_sweep_leaves_it_alone(
+    bus, tmp_path, placement, host_name
+):
+    """Before a host moves back to the direct mode."""
+    bus.write_config(f"dead_after = {DEAD_AFTER}\n")
+    bus.start(1)
+    agent = start_agent(bus, tmp_path, host_name)
+    try:
+        root = root_of(placement, host_name)["uuid"]
+        assert agent.stop() == 0
+        wait_for(lambda: DISABLED in traits_of(placement, root), DEAD_AFTER + 10, "closed")
+
+        forget = [str(APPLIER), "--config-file", str(bus.config), "forget", host_name]
+        done = subprocess.run(forget, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert f"forgot {host_name}: removed the {DISABLED}" in done.stdout
+        assert DISABLED not in traits_of(placement, root)
+        assert host_name not in applier_status(bus)
+        time.sleep(DEAD_AFTER / 4 + 2)  # a sweep or more
+        assert DISABLED not in traits_of(placement, root)
+        again = subprocess.run(forget, capture_output=True, text=True, timeout=60)
+        assert again.returncode == 1 and "nothing to forget" in again.stderr
+    finally:
+        agent.stop()
+        agent.notify.close()
+
+
 def test_a_dead_after_not_above_twice_the_lock_timeout_is_refused_at_start(bus):
     bus.write_config("dead_after = 5\n")  # lock_timeout = 3
     done = subprocess.run(
@@ -198,30 +225,32 @@ def test_a_dead_after_not_above_twice_the_lock_timeout_is_refused_at_start(bus):
 
 
 def hosts_of_a_backend(url, tmp_path) -> list[str]:
-    """Records of two hosts written through one Coordination, listed by
-    another: what every applier process's sweep reads."""
+    """Records of three hosts written through one Coordination, one
+    forgotten and the rest listed by another: what every applier process's
+    sweep reads."""
     from node_agent.remote.coordination import Coordination
 
     writer = Coordination(url, tmp_path / "state", "writer", 10).start()
     reader = Coordination(url, tmp_path / "state", "reader", 10).start()
     try:
-        for host in ("compute-b", "compute-a"):
+        for host in ("compute-b", "compute-a", "compute-c"):
             writer.store(host).put("applier", {"seq": 1, "seen_at": 1.0})
+        assert reader.forget("compute-c") and not reader.forget("compute-c")
         return reader.hosts()
     finally:
         writer.stop()
         reader.stop()
 
 
-def test_the_sweep_lists_the_hosts_of_state_files(tmp_path):
+def test_the_sweep_lists_the_hosts_not_forgotten_of_state_files(tmp_path):
     assert hosts_of_a_backend(None, tmp_path) == ["compute-a", "compute-b"]
 
 
-def test_the_sweep_lists_the_hosts_of_redis(redis_url, tmp_path):
+def test_the_sweep_lists_the_hosts_not_forgotten_of_redis(redis_url, tmp_path):
     assert hosts_of_a_backend(redis_url, tmp_path) == ["compute-a", "compute-b"]
 
 
-def test_the_sweep_lists_the_hosts_of_postgresql(postgres_url, tmp_path):
+def test_the_sweep_lists_the_hosts_not_forgotten_of_postgresql(postgres_url, tmp_path):
     assert hosts_of_a_backend(postgres_url, tmp_path) == ["compute-a", "compute-b"]
 
 
