@@ -11,6 +11,7 @@
 #   make test-nova-cloud  nova 34's own services beside the agent, alone (tests/integration/test_nova_cloud.py)
 #   make nova-guests  regenerate tests/data/nova_guests (guest XML nova 34's libvirt driver writes)
 #   make bench     benchmarks against nova's report client -> BENCHMARKS.md (not in test)
+#   make bench-candidates  only BENCHMARKS.md's allocation-candidates section (not in test)
 #   make soak      long reliability runs (not in test); see RELIABILITY.md
 #   make property  the capacity property test, long (not in test): >= 1,000 steps
 #   make test-as-user  (as root) `make test` in a fresh clone as the user node-agent-ci
@@ -36,7 +37,7 @@ DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev rabbitmq-server redis-ser
 	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients $(QEMU_PACKAGE) qemu-utils
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-packages nova-venv lint unit test test-nova-cloud test-as-user run stop config docs docs-design nova-guests install-service bench soak property clean
+.PHONY: install system-packages nova-venv lint unit test test-nova-cloud test-as-user run stop config docs docs-design nova-guests install-service bench bench-candidates soak property clean
 
 install: $(STAMP)
 
@@ -213,6 +214,11 @@ bench: install $(NOVA_VENV)/.installed
 	$(MAKE) system-packages DEB_PACKAGES="$(BENCH_DEB_PACKAGES)"
 	$(PY) -m pip install -q -r bench/requirements.txt
 	$(PY) -m bench.run
+
+# BENCHMARKS.md's allocation-candidates section alone (embedded Placement
+# only: no nova venv, no PostgreSQL).
+bench-candidates: install
+	$(PY) -m bench.run --only candidates
 
 SOAK_SEED ?= 20240
 

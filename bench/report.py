@@ -1196,6 +1196,81 @@ def _before_after(b: dict) -> list[str]:
 
 
 HEAL_LIMIT_TEXT = "the wait (300 s after the restart)"
+
+
+def _ratio(stat: dict | None) -> str:
+    if not stat:
+        return "–"
+    text = f"{stat['median']:.2f}×"
+    if stat["min"] != stat["max"]:
+        text += f" ({stat['min']:.2f}–{stat['max']:.2f})"
+    return text
+
+
+def _candidates(c: dict) -> list[str]:
+    lines = ["## 12. Allocation candidates: what our trees cost Placement", ""]
+    failed = _failed(c)
+    if failed:
+        return lines + [failed, ""]
+    h = c["host_model"]
+    p = c["providers"]
+    lines += [
+        f"`GET /allocation_candidates` against the embedded Placement (SQLite, one "
+        f"threaded process per setting), {c['hosts']} hosts of each shape, one host model "
+        f"in three shapes: {h['cpus']} CPUs and {h['memory_mb'] // 1024} GiB in "
+        f"{h['nodes']} NUMA nodes, {h['gpus']} GPUs (VGPU), {h['pfs']} PFs "
+        f"(SRIOV_NET_VF), DISK_GB on the root. *flat*: every class on the root "
+        f"({p['flat']} provider); *numa*: VCPU and MEMORY_MB on one `HW_NUMA_ROOT` child "
+        f"per node, devices on the root ({p['numa']} providers); *numa_gpu_pf*: each "
+        f"node's GPUs and PF as children of that node ({p['numa_gpu_pf']} providers). "
+        "The requests are formed as nova 34 forms them (microversion 1.36, "
+        "`limit=1000`, `root_required=!COMPUTE_STATUS_DISABLED`); each shape's "
+        "hosts are in one aggregate and its requests carry `member_of` (as an "
+        "availability zone's do), so a request sees only its shape's hosts. "
+        f"{c['repetitions']} repetitions, each sending every (setting, shape, request) "
+        "once in a shuffled order; p50 and p99 of those (measured; with "
+        f"{c['repetitions']} samples, p99 is the largest but one or the largest); "
+        "*vs flat* and *vs default* are per-repetition ratios to the same request "
+        "on the flat shape, or under placement's defaults, in the same repetition "
+        "(computed; median (min–max)). *returned* is the number of candidates in "
+        "the response (measured; nova's `limit=1000` cuts the response after "
+        "Placement has generated them all); *generated* is the same request "
+        "without `limit`, sent once before the timed runs (measured): what "
+        "Placement builds, unless `max_allocation_candidates` stops it first.",
+        "",
+        "Requests:",
+        "",
+    ]
+    for name, text in c["requests"].items():
+        lines.append(f"- *{name}*: {text}")
+    lines += ["", "Placement settings (placement's own `[placement]` options):", ""]
+    for name, text in c["settings"].items():
+        lines.append(f"- *{name}*: {text}")
+    lines += [
+        "",
+        "| setting | shape | request | returned (measured) | generated (measured) "
+        "| p50 ms (measured) | p99 ms (measured) | vs flat (computed) "
+        "| vs default (computed) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in c["rows"]:
+        lines.append(
+            f"| {r['setting']} | {r['shape']} | {r['request']} | {r['candidates']} "
+            f"| {r.get('generated', '–')} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {_ratio(r['vs_flat'])} "
+            f"| {_ratio(r['vs_default'])} |"
+        )
+    lines += [
+        "",
+        "Rerun alone (about 5 minutes; not part of `make test`):",
+        "",
+        "```",
+        "make bench-candidates   # .venv/bin/python -m bench.run --only candidates",
+        "```",
+        "",
+    ]
+    return lines
+
+
 HOW_TO_RERUN = "## How to rerun"
 TOOK = "This run took"
 
@@ -1250,6 +1325,7 @@ def _sections(results: dict) -> dict[str, list[str]]:
         "before_after": (
             _before_after(results["before_after"]) if "before_after" in results else []
         ),
+        "candidates": _candidates(results["candidates"]) if "candidates" in results else [],
     }
 
 
@@ -1373,6 +1449,7 @@ SECTION_ORDER = (
     "companion",
     "appliers",
     "before_after",
+    "candidates",
 )
 
 

@@ -6,7 +6,7 @@
 Benchmarks report; they never fail the build: a section that breaks is
 reported as such in the file and the others still run. ``--only`` runs the
 named sections (discovery, phases, memory, fleet, messaging, production,
-outage, audit, companion, appliers, before_after) and replaces just their part
+outage, audit, companion, appliers, before_after, candidates) and replaces just their part
 of an existing output file.
 """
 
@@ -26,6 +26,7 @@ from bench import (
     appliers,
     audit,
     before_after,
+    candidates,
     companion,
     discovery,
     fleet,
@@ -57,6 +58,7 @@ RUN_ORDER = (
     "appliers",
     "audit",
     "companion",
+    "candidates",
 )
 
 
@@ -158,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         "companion": lambda: companion.run(work / "companion"),
         "appliers": lambda: appliers.run(work / "appliers"),
         "before_after": lambda: before_after.run(work / "before-after"),
+        "candidates": lambda: candidates.run(work / "candidates"),
     }
     try:
         # The sections issue 19 asked for first, so an interrupted run still

@@ -38,8 +38,13 @@ PORT_FILE = "port"
 POLICY = '"placement:reshaper:reshape": "role:admin or role:service"\n'
 
 
-def _config_text(workdir: Path, database_url: str | None = None) -> str:
+def _config_text(
+    workdir: Path, database_url: str | None = None, placement_options: dict | None = None
+) -> str:
     connection = database_url or f"sqlite:///{workdir / 'placement.sqlite'}"
+    # [placement] options of placement itself (max_allocation_candidates...),
+    # for the allocation-candidates benchmark.
+    extra = "".join(f"{k} = {v}\n" for k, v in (placement_options or {}).items())
     return (
         "[DEFAULT]\n"
         f"log_dir = {workdir}\n"
@@ -50,11 +55,13 @@ def _config_text(workdir: Path, database_url: str | None = None) -> str:
         "\n[placement_database]\n"
         f"connection = {connection}\n"
         "\n[oslo_policy]\n"
-        f"policy_file = {workdir / POLICY_FILE}\n"
+        f"policy_file = {workdir / POLICY_FILE}\n" + (f"\n[placement]\n{extra}" if extra else "")
     )
 
 
-def prepare(workdir: Path, database_url: str | None = None) -> Path:
+def prepare(
+    workdir: Path, database_url: str | None = None, placement_options: dict | None = None
+) -> Path:
     """Write the config and policy files and create or upgrade the database.
 
     ``database_url`` (an SQLAlchemy URL, e.g. PostgreSQL for ``make bench``)
@@ -65,7 +72,7 @@ def prepare(workdir: Path, database_url: str | None = None) -> Path:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / POLICY_FILE).write_text(POLICY)
     config = workdir / CONFIG_FILE
-    config.write_text(_config_text(workdir, database_url))
+    config.write_text(_config_text(workdir, database_url, placement_options))
     manage = Path(sys.executable).parent / "placement-manage"
     result = subprocess.run(
         [str(manage), "--config-file", str(config), "db", "sync"],
@@ -138,9 +145,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--port-file", type=Path, help="write the chosen port here once listening")
     parser.add_argument("--database-url", help="SQLAlchemy URL instead of the SQLite file")
+    parser.add_argument(
+        "--placement-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option of placement's own [placement] section (repeatable)",
+    )
     args = parser.parse_args(argv)
 
-    prepare(args.workdir, args.database_url)
+    options = dict(o.split("=", 1) for o in args.placement_option)
+    prepare(args.workdir, args.database_url, options)
     server = make_server(args.workdir, args.host, args.port)
     url = f"http://{args.host}:{server.server_port}"
     if args.port_file:
@@ -167,10 +182,12 @@ class EmbeddedPlacement:
         timeout: float = 90,
         detach: bool = False,
         database_url: str | None = None,
+        placement_options: dict | None = None,
     ):
         # detach: own session, so the server outlives the command that started it.
         self.detach = detach
         self.database_url = database_url
+        self.placement_options = dict(placement_options or {})
         self.workdir = Path(workdir).resolve()
         self.host = host
         self.port = port
@@ -200,6 +217,8 @@ class EmbeddedPlacement:
         ]
         if self.database_url:
             command += ["--database-url", self.database_url]
+        for key, value in self.placement_options.items():
+            command += ["--placement-option", f"{key}={value}"]
         with open(self.workdir / "server.out", "ab") as out:
             self.proc = subprocess.Popen(
                 command,
@@ -270,11 +289,19 @@ def start_subprocess(
     host: str = "127.0.0.1",
     detach: bool = False,
     database_url: str | None = None,
+    placement_options: dict | None = None,
 ) -> EmbeddedPlacement:
     """Start placement in a child process and wait until ``GET /`` answers.
-    ``database_url`` (SQLAlchemy URL) replaces the SQLite file."""
+    ``database_url`` (SQLAlchemy URL) replaces the SQLite file;
+    ``placement_options`` go to placement's own ``[placement]`` section."""
     return EmbeddedPlacement(
-        workdir, port=port, host=host, timeout=timeout, detach=detach, database_url=database_url
+        workdir,
+        port=port,
+        host=host,
+        timeout=timeout,
+        detach=detach,
+        database_url=database_url,
+        placement_options=placement_options,
     ).start()
 
 

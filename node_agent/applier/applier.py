@@ -60,6 +60,11 @@ Killed mid-apply: the sync writes one provider at a time and the next
 message from that host (its next cycle) finds the tree as it is and
 finishes it; the reshape is one POST /reshaper, applied or not.
 
+A host from which no message came for ``[applier] dead_after`` seconds is
+closed (``COMPUTE_STATUS_DISABLED`` on its root) and reopened at its next
+message: :mod:`node_agent.applier.dead_hosts`, called from :meth:`Applier._handle`
+under the host's lock, and swept by a thread of :func:`serve`.
+
 Why one module over 400 lines: the per-host record, its lock and the
 handler that reads and rewrites them under that lock must be read together
 to see that no two processes ever apply one host at once.
@@ -69,6 +74,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import logging
 import os
 import signal
@@ -83,7 +89,9 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 from node_agent import logs
+from node_agent.applier import dead_hosts
 from node_agent.applier import metrics as applier_metrics
+from node_agent.applier.dead_hosts import SEEN_KEY, DeadHosts
 from node_agent.config.files import load_conf, oslo_args, placement_configured
 from node_agent.cycle.reconcile import Shape, shape_of
 from node_agent.errors import (
@@ -96,11 +104,11 @@ from node_agent.errors import (
 from node_agent.placement.client import PlacementClient
 from node_agent.placement.errors import NotFound
 from node_agent.placement.sync import TreeSyncer
-from node_agent.policy import capacity
+from node_agent.policy import capacity, liveness
 from node_agent.policy import maintenance as maint
 from node_agent.policy.root_owner import identity_of_tree
 from node_agent.remote import keys, messaging, schema, signing, wire
-from node_agent.remote.coordination import Busy, Coordination
+from node_agent.remote.coordination import Busy, Coordination, CoordinationError
 from node_agent.runner import DirectRunner, applier_runner
 from node_agent.service.loop import systemd_notifier
 from node_agent.state import APPLIER, PROVIDERS, ROOT_UUID, Store
@@ -175,6 +183,7 @@ class Applier:
         *,
         keyring: signing.Keyring,
         coordination: Optional[Coordination] = None,
+        dead_after: float = 0,
     ):
         self.client_factory = client_factory
         self.keyring = keyring
@@ -205,6 +214,15 @@ class Applier:
         # (wire 2.1's body.limits), so the invariant cannot be checked.
         # Logged once per host.
         self.unchecked: Counter[str] = Counter()
+        # Hosts that stopped reporting: closed, then reopened (dead_hosts).
+        self.dead = DeadHosts(
+            self.coordination,
+            client_factory,
+            dead_after,
+            clock=clock,
+            token=self.token,
+            lock_timeout=min(1.0, lock_timeout),
+        )
 
     def handle(self, raw) -> dict:
         """The reply to one message (a JSON-able dict; never raises)."""
@@ -322,6 +340,9 @@ class Applier:
                 message.host,
                 f"{message.host} has sent signed messages: an unsigned one in its name is refused",
             )
+        record = self.dead.seen(
+            message.host, store, record, lambda: self._maintenance_on(message, record)
+        )
         body = message.body
         if body is None:
             if record.get("digest") != message.digest or "body" not in record:
@@ -385,6 +406,7 @@ class Applier:
                 "by": self.token,
                 SHAPE_KEY: shape,
                 "signed": message.signed or bool(record.get("signed")),
+                SEEN_KEY: record.get(SEEN_KEY),
                 APPLIED_KEY: (marks + ([mark] if mark else []))[-APPLIED_KEPT:],
                 CACHE_KEY: local.syncer.export_cache(),
             },
@@ -415,6 +437,18 @@ class Applier:
             if report.outcome is not None and report.outcome.report.tree
             else {},
         }
+
+    @staticmethod
+    def _maintenance_on(message: wire.Message, record: dict) -> bool:
+        """Whether the host's own maintenance asks for the disabled trait
+        (its message's body, or the last applied one for a heartbeat)."""
+        body = message.body if message.body is not None else record.get("body")
+        if body is None:
+            return False
+        try:
+            return maint.is_on(wire.desired_from_body(body, message.host).maintenance)
+        except wire.Malformed:
+            return False
 
     def _unchecked(self, host: str, desired):
         """A body without the host's limits (a 2.0 agent): the invariant
@@ -591,6 +625,19 @@ def _parser() -> argparse.ArgumentParser:
     derive.add_argument(
         "--output", metavar="FILE", help="write the key to FILE (mode 0600) instead of printing it"
     )
+    shown = commands.add_parser(
+        "status",
+        help="the hosts the appliers hold a record of: when each last reported, "
+        "and which are closed as dead ([applier] dead_after)",
+    )
+    shown.add_argument("--output", choices=("text", "json"), default="text")
+    forget = commands.add_parser(
+        "forget",
+        help="remove HOST's record (before moving it back to the direct mode, "
+        "or once it is gone): the sweep then never closes it; a "
+        "COMPUTE_STATUS_DISABLED the appliers added to its root is removed first",
+    )
+    forget.add_argument("host", metavar="HOST")
     return parser
 
 
@@ -632,6 +679,9 @@ def check_config(conf) -> int:
     except ConfigError as exc:
         problems += exc.problems
     group = conf.applier
+    problem = liveness.dead_after_problem(group.dead_after, group.lock_timeout)
+    if problem:
+        problems.append(problem)
     try:
         coordination = Coordination(
             group.coordination_url,
@@ -658,6 +708,103 @@ def check_config(conf) -> int:
     return 0
 
 
+def _status_line(topic: str, applier: Applier) -> str:
+    """systemd's STATUS=: the topic and the hosts closed as dead."""
+    closed = sorted(applier.dead.snapshot()[0])
+    if not closed:
+        return f"listening on topic {topic}"
+    shown = ", ".join(closed[:5]) + (f" and {len(closed) - 5} more" if len(closed) > 5 else "")
+    return f"listening on topic {topic}; {len(closed)} host(s) closed as dead: {shown}"
+
+
+def _check_dead_after(group) -> None:
+    problem = liveness.dead_after_problem(group.dead_after, group.lock_timeout)
+    if problem:
+        raise ConfigError(problem)
+
+
+def status(conf, output: str) -> int:
+    """``status``: every host the appliers hold a record of, when it last
+    reported, and whether it is closed as dead (read from the coordination
+    backend, so it shows what every applier process did)."""
+    group = conf.applier
+    coordination = Coordination(
+        group.coordination_url, Path(group.state_path), f"status-{os.getpid()}", group.lock_timeout
+    ).start()
+    try:
+        now = time.time()
+        rows = []
+        for host in coordination.hosts():
+            record = coordination.store(host).load_or_empty(LOG).get(RECORD_KEY, {})
+            seen = record.get(dead_hosts.SEEN_KEY)
+            closed = record.get(dead_hosts.CLOSED_KEY) or None
+            rows.append(
+                {
+                    "host": host,
+                    "seen_ago": None if seen is None else round(now - float(seen), 1),
+                    "closed": closed is not None,
+                    "closed_since": None if closed is None else closed.get("at"),
+                    "trait_added_by_applier": None if closed is None else bool(closed.get("added")),
+                }
+            )
+    finally:
+        coordination.stop()
+    if output == "json":
+        print(json.dumps({"dead_after": group.dead_after, "hosts": rows}, indent=1))
+        return 0
+    closed_rows = [r for r in rows if r["closed"]]
+    print(
+        f"{len(rows)} host(s), {len(closed_rows)} closed as dead "
+        f"([applier] dead_after = {group.dead_after} s"
+        + (", off" if not group.dead_after else "")
+        + ")"
+    )
+    for row in rows:
+        seen = (
+            "never recorded"
+            if row["seen_ago"] is None
+            else f"last message {row['seen_ago']:.0f} s ago"
+        )
+        state = ""
+        if row["closed"]:
+            state = " CLOSED as dead" + (
+                "" if row["trait_added_by_applier"] else " (the trait was already there: not ours)"
+            )
+        print(f"  {row['host']}: {seen}{state}")
+    return 0
+
+
+def forget_host(conf, host: str) -> int:
+    """``forget HOST``: 0 done, 1 when there was no record."""
+    group = conf.applier
+    coordination = Coordination(
+        group.coordination_url, Path(group.state_path), f"forget-{os.getpid()}", group.lock_timeout
+    ).start()
+    try:
+        base = _placement_client(conf)
+        watch = DeadHosts(
+            coordination, lambda: PlacementClient(base.adapter), 0, lock_timeout=group.lock_timeout
+        )
+        try:
+            had, removed = watch.forget(host)
+        except Busy:
+            raise CoordinationError(
+                f"forget {host}: its record is held by an applier applying one of its "
+                f"messages for more than {group.lock_timeout:g} s; stop its agent first"
+            ) from None
+    finally:
+        coordination.stop()
+    if not had:
+        print(f"no record of {host}: nothing to forget", file=sys.stderr)
+        return 1
+    print(
+        f"forgot {host}"
+        + (f": removed the {maint.TRAIT} the appliers had added to its root" if removed else "")
+        + "; a message from it makes a new record"
+    )
+    return 0
+
+
 def _placement_client(conf):
     if not placement_configured(conf):
         raise ConfigError(
@@ -677,6 +824,7 @@ def serve(conf) -> int:
         )
 
     group = conf.applier
+    _check_dead_after(group)
     keyring = keys.keyring(group)
     base = _placement_client(conf)
     base.check_version()
@@ -692,6 +840,7 @@ def serve(conf) -> int:
         token=token,
         keyring=keyring,
         coordination=coordination,
+        dead_after=group.dead_after,
     )
     if keyring.accept_unsigned:
         LOG.warning(
@@ -711,6 +860,12 @@ def serve(conf) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     server.start()
+    watch = None
+    if applier.dead.enabled:
+        watch = threading.Thread(
+            target=applier.dead.run, args=(stop,), name="dead-hosts", daemon=True
+        )
+        watch.start()
     notifier = systemd_notifier()
     notifier.notify("READY=1")
     notifier.notify(f"STATUS=listening on topic {group.topic}")
@@ -722,9 +877,16 @@ def serve(conf) -> int:
         if coordination.lock_expiry is None
         else f"; a killed applier's host locks expire after {coordination.lock_expiry}s",
     )
+    shown = None
     while not stop.wait(5):
         notifier.notify("WATCHDOG=1")
+        status = _status_line(group.topic, applier)
+        if status != shown:
+            notifier.notify(f"STATUS={status}")
+            shown = status
     notifier.notify("STOPPING=1")
+    if watch is not None:
+        watch.join(30)
     server.stop()
     server.wait()
     transport.cleanup()
@@ -743,6 +905,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         messaging.register(conf)
         if args.command == "derive-key":
             return derive_key(conf, args.host, args.output)
+        if args.command == "status":
+            return status(conf, args.output)
+        if args.command == "forget":
+            return forget_host(conf, args.host)
         if args.check_config:
             return check_config(conf)
         return serve(conf)

@@ -13,7 +13,7 @@ import logging
 from typing import TYPE_CHECKING, Optional
 
 from prometheus_client import start_http_server
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from node_agent.errors import ResourceError
 from node_agent.remote import signing
@@ -38,6 +38,8 @@ class ApplierCollector:
             outcomes = dict(applier.outcomes)
             refused = dict(applier.refused)
             lock_waits, requests = applier.lock_waits, applier.placement_requests
+        closed, closes, reopens, dead_requests = applier.dead.snapshot()
+        requests += dead_requests
         messages = CounterMetricFamily(
             f"{PREFIX}_messages",
             "Agent messages handled, by the status of the reply "
@@ -81,6 +83,29 @@ class ApplierCollector:
         )
         sent.add_metric([], requests)
         yield sent
+        hosts = GaugeMetricFamily(
+            f"{PREFIX}_hosts_closed_dead",
+            "Hosts closed as dead (no message for [applier] dead_after seconds: "
+            "COMPUTE_STATUS_DISABLED on the root), as this process's last sweep "
+            "read the shared records: every process reports the same set.",
+        )
+        hosts.add_metric([], len(closed))
+        yield hosts
+        since = GaugeMetricFamily(
+            f"{PREFIX}_dead_host_closed_timestamp_seconds",
+            "Per host closed as dead: when it was closed (seconds since the epoch).",
+            labels=["host"],
+        )
+        for host, at in sorted(closed.items()):
+            since.add_metric([host], at)
+        yield since
+        for name, value, text in (
+            ("closes", closes, "Hosts this process closed as dead."),
+            ("reopens", reopens, "Hosts closed as dead that this process reopened."),
+        ):
+            family = CounterMetricFamily(f"{PREFIX}_dead_host_{name}", text)
+            family.add_metric([], value)
+            yield family
 
 
 def serve(applier, port: int, host: str) -> Optional[WSGIServer]:

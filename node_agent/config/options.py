@@ -641,6 +641,20 @@ APPLIER_OPTS = [
         "host before it is answered 'busy'. With Redis, a killed "
         "applier's locks expire after half of it (see coordination_url).",
     ),
+    cfg.IntOpt(
+        "dead_after",
+        default=600,
+        min=0,
+        help="Seconds without any message from a host (its agent sends one "
+        "every [agent] report_interval, 60 s by default, and at least every "
+        "[agent] retry_max_interval while failing) after which the applier "
+        "closes it: COMPUTE_STATUS_DISABLED on its root provider, which "
+        "nova's scheduler filters out; inventories and allocations are kept. "
+        "The host is reopened (that trait removed, only when the applier "
+        "added it) when it reports again. Must be above twice lock_timeout. "
+        "Counted from the later of the host's last message and the applier's "
+        "start. 0 never closes a host.",
+    ),
     cfg.StrOpt(
         "coordination_url",
         secret=True,

@@ -30,6 +30,7 @@ both are refused.
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -38,7 +39,15 @@ from urllib.parse import parse_qs, urlsplit, urlunsplit
 import tenacity
 
 from node_agent.errors import ConfigError, NodeAgentError
-from node_agent.state import StateStore, Store, decode, decode_or_empty, edited, encode
+from node_agent.state import (
+    FILE_NAME,
+    StateStore,
+    Store,
+    decode,
+    decode_or_empty,
+    edited,
+    encode,
+)
 
 LOG = logging.getLogger(__name__)
 
@@ -279,6 +288,39 @@ class Coordination:
         if self._redis is None:
             return StateStore(self.state_path / host)
         return RedisStore(self._redis, RECORD_PREFIX + host)
+
+    def hosts(self) -> list[str]:
+        """Every host that has a record (sorted): what the dead-host watch
+        looks at, whichever applier process last handled each host."""
+        if self._sql is not None:
+            from node_agent.remote import sql_records
+
+            return sql_records.hosts(self._sql)
+        if self._redis is not None:
+            prefix = RECORD_PREFIX.encode("utf-8")
+            return sorted(
+                key[len(prefix) :].decode("utf-8")
+                for key in self._redis.scan_iter(match=prefix + b"*", count=500)
+            )
+        if not self.state_path.is_dir():
+            return []
+        return sorted(
+            d.name for d in self.state_path.iterdir() if d.is_dir() and (d / FILE_NAME).exists()
+        )
+
+    def forget(self, host: str) -> bool:
+        """Remove the host's record (hold its lock); False when it had none."""
+        if self._sql is not None:
+            from node_agent.remote import sql_records
+
+            return sql_records.forget(self._sql, host)
+        if self._redis is not None:
+            return bool(self._redis.delete(RECORD_PREFIX + host))
+        directory = self.state_path / host
+        if not (directory / FILE_NAME).exists():
+            return False
+        shutil.rmtree(directory)
+        return True
 
     def stop(self) -> None:
         if self._started:

@@ -96,3 +96,15 @@ class SqlStore(Store):
             if new != state:
                 self._write(conn, encode(new), exists=text is not None)
             return new
+
+
+def hosts(engine: Engine) -> list[str]:
+    """The hosts that have a row, sorted."""
+    with engine.connect() as conn:
+        return sorted(row[0] for row in conn.execute(sa.select(RECORDS.c.host)))
+
+
+def forget(engine: Engine, host: str) -> bool:
+    """Delete the host's row; False when it had none."""
+    with engine.begin() as conn:
+        return conn.execute(sa.delete(RECORDS).where(RECORDS.c.host == host)).rowcount > 0
