@@ -336,7 +336,15 @@ COMPUTE_OPTS = [
         "the root keeps DISK_GB. Host reservations are charged to the "
         "lowest node first. Turning it on or off while guests run moves "
         "their allocations in one reshape; turning it off then deletes "
-        "the children.",
+        "the children. Opt-in, per host, as in nova's approved "
+        "NUMA-in-Placement spec: Placement takes each resource class of a "
+        "request group from one provider and cannot split it over nodes "
+        "(no 'can_split'), so on this host a flavor larger than its largest "
+        "node finds no candidate that the flat host would have given (on 8 "
+        "nodes of 6 CPUs, VCPU:7 and up), and hw:numa_nodes=N flavors need N "
+        "nodes that each hold 1/N of them. --dry-run and --check-config "
+        "list those stranded flavor shapes for this host. The spec keeps "
+        "NUMA-agnostic flavors off such hosts.",
     ),
     cfg.MultiStrOpt(
         "reserved_huge_pages",

@@ -12,11 +12,12 @@ from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Sequence
 
 from node_agent.config.provider_files import load_provider_configs, load_provider_files
+from node_agent.errors import ConfigError
 from node_agent.host.discover import discover
 from node_agent.model.provider_tree import ProviderTree
 from node_agent.model.settings import Settings
 from node_agent.model.snapshot import HostSnapshot
-from node_agent.policy import guest_fit
+from node_agent.policy import guest_fit, stranded
 from node_agent.policy import maintenance as maint
 from node_agent.policy.partition import CpuPartition, partition_cpus
 from node_agent.policy.provider_config import (
@@ -48,6 +49,9 @@ class Desired:
     # Problems of operator provider files refused this cycle (the others
     # and the rest of the tree are still reported).
     refused_files: tuple[str, ...] = ()
+    # What NUMA children strand (policy/stranded.py: report), on a host with
+    # NUMA nodes; None otherwise.
+    stranded: Optional[Mapping] = None
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -96,7 +100,34 @@ def desired_from(
         for name, traits in previous.items():  # still remembered: not removed
             now.setdefault(name, set()).update(traits)
     applied = {name: sorted(traits) for name, traits in now.items()}
-    return Desired(host, partition, tree, applied, maintenance, tuple(notes), tuple(refused_files))
+    return Desired(
+        host,
+        partition,
+        tree,
+        applied,
+        maintenance,
+        tuple(notes),
+        tuple(refused_files),
+        numa_stranded(settings, host, partition),
+    )
+
+
+def numa_stranded(
+    settings: Settings, host: HostSnapshot, partition: CpuPartition
+) -> Optional[dict]:
+    """Pure: what NUMA children strand on this host (:mod:`node_agent.policy.stranded`),
+    the host's trees built both ways; when ``numa_in_placement`` is off,
+    what turning it on would strand. None on a host without NUMA nodes, in
+    whole-node mode, or when the NUMA tree cannot be built (its error is the
+    tree's own when the option is on)."""
+    if settings.node_resource_class or not host.nodes:
+        return None
+    try:
+        numa = build_tree(replace(settings, numa_in_placement=True), host, partition)
+        flat = build_tree(replace(settings, numa_in_placement=False), host, partition)
+    except ConfigError:
+        return None
+    return stranded.report(stranded.stranded_shapes(numa, flat), settings.numa_in_placement)
 
 
 def file_traits_to_remember(
