@@ -344,7 +344,10 @@ COMPUTE_OPTS = [
         "nodes of 6 CPUs, VCPU:7 and up), and hw:numa_nodes=N flavors need N "
         "nodes that each hold 1/N of them. --dry-run and --check-config "
         "list those stranded flavor shapes for this host. The spec keeps "
-        "NUMA-agnostic flavors off such hosts.",
+        "NUMA-agnostic flavors off such hosts. GPU and SR-IOV PF children "
+        "move under the child of the node their device is attached to "
+        "(sysfs numa_node), so a same_subtree request can ask for CPUs and "
+        "a device of one node.",
     ),
     cfg.MultiStrOpt(
         "reserved_huge_pages",

@@ -143,6 +143,10 @@ class Shape:
             "request": self.request(self.numa[self.cpu_class], self.numa[MEMORY])
             if self.numa[self.cpu_class] and self.numa[MEMORY]
             else None,
+            "probes": [
+                {"what": what, "request": request, "flat_request": flat}
+                for what, request, flat in self.probes()
+            ],
         }
 
     def line(self) -> str:

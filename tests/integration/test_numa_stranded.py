@@ -1,0 +1,152 @@
+"""NUMA children against the real Placement: the flavors the report names
+as stranded find no candidate, the shape just under does, and on the flat
+tree the stranded shape finds one; a same_subtree request for CPUs and a
+vGPU gets only pairs of one NUMA node.
+
+Hosts: virhostcpudata/linux-test3 (48 CPUs, 8 nodes of 6, the issue's host)
+and linux-test4 (16 CPUs, 2 nodes of 8) with two GPUs built in sysfs, one
+attached to each node. No guests (libvirt's test driver, no domains).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+
+from node_agent.placement.client import PlacementClient
+from tests.hostdata import HOSTDATA, sysfs_root_for
+from tests.integration.reshape_driver import agent_cycle, allocate, make_settings
+from tests.integration.test_nested_reshape import host_xml
+from tests.unit.test_pci import add_device, add_mdev_type
+
+pytestmark = pytest.mark.integration
+
+MDEV_TYPE = "nvidia-222"
+GPUS = {"0000:81:00.0": "0", "0000:c1:00.0": "1"}  # address -> sysfs numa_node
+
+
+class Host:
+    def __init__(self, tmp_path, url, name, tree_dir, gpus=None):
+        self.name, self.tmp = name, tmp_path
+        self.sysroot = sysfs_root_for(HOSTDATA / "virhostcpudata" / tree_dir, tmp_path)
+        for address, node in (gpus or {}).items():
+            device = add_device(self.sysroot, address, numa_node=node)
+            add_mdev_type(device, MDEV_TYPE, available=2, name="GRID T4-2B")
+        self.uri = host_xml(tmp_path / "host.xml", [])
+        self.client = PlacementClient.for_endpoint(url)
+
+    def cycle(self, **kw):
+        base = make_settings(
+            self.name, str(self.sysroot), self.uri, str(self.tmp / "state"), str(self.tmp)
+        )
+        outcome, report, desired = agent_cycle(self.client, dataclasses.replace(base, **kw))
+        assert report.ok, report.errors
+        return desired
+
+    def tree(self) -> dict:
+        """uuid -> (name, parent uuid) of the host's providers."""
+        root = self.client.get(f"/resource_providers?name={self.name}")["resource_providers"]
+        listed = self.client.get(f"/resource_providers?in_tree={root[0]['uuid']}")
+        return {
+            rp["uuid"]: (rp["name"], rp["parent_provider_uuid"])
+            for rp in listed["resource_providers"]
+        }
+
+    def candidates(self, query: str) -> list[dict]:
+        """This host's allocation requests for ``query``: provider name -> resources."""
+        tree = self.tree()
+        found = self.client.get(f"/allocation_candidates?{query}")["allocation_requests"]
+        mine = [a["allocations"] for a in found if set(a["allocations"]) <= set(tree)]
+        return [{tree[rp][0]: a["resources"] for rp, a in alloc.items()} for alloc in mine]
+
+
+# hw:numa_nodes=N on 8 nodes costs Placement 8^N group combinations (at N=6
+# it did not answer within 30 s): the probes stop at 3 groups.
+ASKED = ("floating", "pinned", "hw:numa_nodes=2", "hw:numa_nodes=3")
+
+
+def probes(desired) -> list[dict]:
+    return [
+        p for shape in desired.stranded["shapes"] if shape["kind"] in ASKED for p in shape["probes"]
+    ]
+
+
+def test_shapes_the_report_names_stranded_find_none_nested_and_one_flat(
+    tmp_path, placement_server, host_name
+):
+    host = Host(tmp_path, placement_server.url, host_name, "linux-test3")
+    flat = host.cycle()
+    assert flat.stranded["numa_in_placement"] is False
+    named = probes(flat)
+    kinds = {s["kind"] for s in flat.stranded["shapes"]}
+    assert {"floating", "hw:numa_nodes=2", "hw:numa_nodes=8"} <= kinds
+    assert len(named) == 12  # per kind asked (no PCPU here): VCPU and memory, each both ways
+    stranded = [p for p in named if p["what"] == "stranded"]
+    assert "resources=VCPU:7,MEMORY_MB:1" in [p["request"] for p in stranded]
+    # Flat: every stranded shape finds this host (the spec's fallback request).
+    for probe in stranded:
+        assert len(host.candidates(probe["flat_request"])) == 1, probe
+
+    nested = host.cycle(numa_in_placement=True)
+    assert probes(nested) == named  # an empty host: the same report on or off
+    assert len(host.tree()) == 9
+    for probe in named:
+        found = host.candidates(probe["request"])
+        if probe["what"] == "stranded":
+            assert found == [], probe
+        else:
+            assert found, probe
+            groups = len(re.findall(r"resources\d+=", probe["request"]))
+            for allocation in found:  # N groups: on N distinct nodes, each whole
+                if groups:
+                    assert len(allocation) == groups, (probe, allocation)
+                    assert all(len(res) == 2 for res in allocation.values()), allocation
+
+
+def test_same_subtree_pairs_cpus_and_a_vgpu_of_one_numa_node(tmp_path, placement_server, host_name):
+    host = Host(tmp_path, placement_server.url, host_name, "linux-test4", GPUS)
+    desired = host.cycle(enabled_mdev_types=(MDEV_TYPE,), numa_in_placement=True)
+    gpu0, gpu1 = (f"{host_name}_pci_{a.replace(':', '_').replace('.', '_')}" for a in GPUS)
+    assert desired.tree.by_name(gpu0).parent == f"{host_name}_NUMA_0"
+    parents = {name: host.tree()[parent][0] for name, parent in host.tree().values() if parent}
+    assert parents[gpu0] == f"{host_name}_NUMA_0" and parents[gpu1] == f"{host_name}_NUMA_1"
+
+    query = (
+        "resources_CPU=VCPU:2&resources_GPU=VGPU:1&required_NUMA=HW_NUMA_ROOT"
+        "&same_subtree=_CPU,_GPU,_NUMA&group_policy=none"
+    )
+    pairs = host.candidates(query)
+    assert sorted(pairs, key=str) == [
+        {f"{host_name}_NUMA_0": {"VCPU": 2}, gpu0: {"VGPU": 1}},
+        {f"{host_name}_NUMA_1": {"VCPU": 2}, gpu1: {"VGPU": 1}},
+    ]
+    # Without same_subtree, Placement also offers the cross-node pairs.
+    loose = host.candidates("resources_CPU=VCPU:2&resources_GPU=VGPU:1&group_policy=none")
+    assert len(loose) == 4
+
+
+def test_gpu_children_move_under_their_node_and_back_keeping_uuids_and_allocations(
+    tmp_path, placement_server, host_name
+):
+    host = Host(tmp_path, placement_server.url, host_name, "linux-test4", GPUS)
+    host.cycle(enabled_mdev_types=(MDEV_TYPE,))
+    flat = {name: (uuid, parent) for uuid, (name, parent) in host.tree().items()}
+    root = flat[host_name][0]
+    gpu0 = f"{host_name}_pci_0000_81_00_0"
+    assert flat[gpu0][1] == root
+    consumer = "6c1fa7a2-7c3e-4d2b-9a55-1f6d6a1e0001"  # a claim with no guest here
+    allocate(host.client, consumer, {flat[gpu0][0]: {"VGPU": 1}})
+
+    host.cycle(enabled_mdev_types=(MDEV_TYPE,), numa_in_placement=True)
+    nested = {name: (uuid, parent) for uuid, (name, parent) in host.tree().items()}
+    assert nested[gpu0] == (flat[gpu0][0], nested[f"{host_name}_NUMA_0"][0])
+    held = host.client.get(f"/allocations/{consumer}")["allocations"]
+    assert {rp: a["resources"] for rp, a in held.items()} == {flat[gpu0][0]: {"VGPU": 1}}
+
+    host.cycle(enabled_mdev_types=(MDEV_TYPE,))
+    back = {name: (uuid, parent) for uuid, (name, parent) in host.tree().items()}
+    assert back == flat
+    held = host.client.get(f"/allocations/{consumer}")["allocations"]
+    assert {rp: a["resources"] for rp, a in held.items()} == {flat[gpu0][0]: {"VGPU": 1}}
