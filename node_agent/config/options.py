@@ -344,7 +344,11 @@ COMPUTE_OPTS = [
         "nodes of 6 CPUs, VCPU:7 and up), and hw:numa_nodes=N flavors need N "
         "nodes that each hold 1/N of them. --dry-run and --check-config "
         "list those stranded flavor shapes for this host. The spec keeps "
-        "NUMA-agnostic flavors off such hosts. GPU and SR-IOV PF children "
+        "NUMA-agnostic flavors off such hosts and puts one already there on "
+        "a node: turning it on moves each guest with no NUMA placement (no "
+        "pins, no numatune) whole to the node with the most room for it, or "
+        "splits it over the nodes when none can hold it; one the nodes "
+        "together cannot hold refuses the reshape, named. GPU and SR-IOV PF children "
         "move under the child of the node their device is attached to "
         "(sysfs numa_node), so a same_subtree request can ask for CPUs and "
         "a device of one node.",

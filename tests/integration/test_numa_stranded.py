@@ -15,10 +15,11 @@ import re
 
 import pytest
 
+from node_agent.cycle.reconcile import ReshapeRefused
 from node_agent.placement.client import PlacementClient
 from tests.hostdata import HOSTDATA, sysfs_root_for
 from tests.integration.reshape_driver import agent_cycle, allocate, make_settings
-from tests.integration.test_nested_reshape import host_xml
+from tests.integration.test_nested_reshape import NestedHost, guest, host_xml, prefix
 from tests.unit.test_pci import add_device, add_mdev_type
 
 pytestmark = pytest.mark.integration
@@ -150,3 +151,39 @@ def test_gpu_children_move_under_their_node_and_back_keeping_uuids_and_allocatio
     assert back == flat
     held = host.client.get(f"/allocations/{consumer}")["allocations"]
     assert {rp: a["resources"] for rp, a in held.items()} == {flat[gpu0][0]: {"VGPU": 1}}
+
+
+def test_floating_guests_go_to_a_node_when_numa_children_appear_and_a_wide_one_is_split(
+    tmp_path, placement_server, host_name
+):
+    # linux-test4, no dedicated set: 8 VCPU per node (max_unit 8), 16 flat.
+    p = prefix()
+    guests = [
+        guest(1, p, pins=(2, 3), nodes="0"),  # its node is known: 0
+        guest(2, p),  # floating: neither pins nor numatune
+        guest(3, p, vcpus=12, memory=2048),  # floating, wider than any node
+    ]
+    host = NestedHost(tmp_path, placement_server.url, host_name, guests)
+    pinned, floating, wide = (g["uuid"] for g in guests)
+    outcome, report, _ = host.cycle(dedicated=None, shared=None)
+    assert report.ok
+    root = host.root
+    allocate(host.scheduler, pinned, {root: {"VCPU": 2, "MEMORY_MB": 1024}})
+    allocate(host.scheduler, floating, {root: {"VCPU": 2, "MEMORY_MB": 1024, "DISK_GB": 5}})
+    allocate(host.scheduler, wide, {root: {"VCPU": 12, "MEMORY_MB": 2048}})
+
+    outcome, report, _ = host.cycle(dedicated=None, shared=None, numa_in_placement=True)
+
+    assert not isinstance(outcome, ReshapeRefused), outcome
+    assert outcome.reshaped and report.ok, report.errors
+    tree = host.tree()
+    node0, node1 = tree[f"{host_name}_NUMA_0"][0], tree[f"{host_name}_NUMA_1"][0]
+    assert host.allocations() == {
+        pinned: {node0: {"VCPU": 2, "MEMORY_MB": 1024}},
+        # The wide guest first: the roomier node 1 takes 8 VCPU (max_unit)
+        # and all its memory, node 0 the 4 VCPU left ...
+        wide: {node1: {"VCPU": 8, "MEMORY_MB": 2048}, node0: {"VCPU": 4}},
+        # ... then the small one, whole, on the node with more room left.
+        floating: {node0: {"VCPU": 2, "MEMORY_MB": 1024}, root: {"DISK_GB": 5}},
+    }
+    assert set(host.inventories(root)) == {"DISK_GB"}
