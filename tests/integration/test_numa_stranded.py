@@ -38,9 +38,15 @@ class Host:
         self.uri = host_xml(tmp_path / "host.xml", [])
         self.client = PlacementClient.for_endpoint(url)
 
-    def cycle(self, **kw):
+    def cycle(self, dedicated=None, shared=None, **kw):
         base = make_settings(
-            self.name, str(self.sysroot), self.uri, str(self.tmp / "state"), str(self.tmp)
+            self.name,
+            str(self.sysroot),
+            self.uri,
+            str(self.tmp / "state"),
+            str(self.tmp),
+            dedicated,
+            shared,
         )
         outcome, report, desired = agent_cycle(self.client, dataclasses.replace(base, **kw))
         assert report.ok, report.errors
@@ -78,19 +84,23 @@ def test_shapes_the_report_names_stranded_find_none_nested_and_one_flat(
     tmp_path, placement_server, host_name
 ):
     host = Host(tmp_path, placement_server.url, host_name, "linux-test3")
-    flat = host.cycle()
+    # Three dedicated CPUs on node 0 (0,4,8), two on node 1 (24,28).
+    sets = {"dedicated": "0,4,8,24,28", "shared": "1-3,5-7,9-23,25-27,29-47"}
+    flat = host.cycle(**sets)
     assert flat.stranded["numa_in_placement"] is False
     named = probes(flat)
     kinds = {s["kind"] for s in flat.stranded["shapes"]}
-    assert {"floating", "hw:numa_nodes=2", "hw:numa_nodes=8"} <= kinds
-    assert len(named) == 12  # per kind asked (no PCPU here): VCPU and memory, each both ways
+    assert {"floating", "pinned", "hw:numa_nodes=2", "hw:numa_nodes=8"} <= kinds
+    assert len(named) == 16  # per kind asked: CPU and memory, stranded and just under
     stranded = [p for p in named if p["what"] == "stranded"]
-    assert "resources=VCPU:7,MEMORY_MB:1" in [p["request"] for p in stranded]
+    requests = [p["request"] for p in stranded]
+    assert "resources=VCPU:7,MEMORY_MB:1" in requests
+    assert "resources=PCPU:4,MEMORY_MB:1" in requests  # 5 flat, 3 on node 0
     # Flat: every stranded shape finds this host (the spec's fallback request).
     for probe in stranded:
         assert len(host.candidates(probe["flat_request"])) == 1, probe
 
-    nested = host.cycle(numa_in_placement=True)
+    nested = host.cycle(numa_in_placement=True, **sets)
     assert probes(nested) == named  # an empty host: the same report on or off
     assert len(host.tree()) == 9
     for probe in named:
