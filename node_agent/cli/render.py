@@ -133,8 +133,9 @@ def with_audit(report: dict, audit: Optional[dict]) -> dict:
 
 
 def with_stranded(report: dict, stranded: Optional[Mapping]) -> dict:
-    """``report`` with what NUMA children strand (:mod:`node_agent.policy.stranded`)."""
-    return {**report, "numa_stranded": stranded} if stranded else report
+    """``report`` with what NUMA children strand (:mod:`node_agent.policy.stranded`);
+    null on a host without NUMA nodes."""
+    return {**report, "numa_stranded": stranded}
 
 
 def stranded_lines(stranded: Optional[Mapping]) -> list[str]:

@@ -113,11 +113,16 @@ def desired_from(
 
 
 def numa_stranded(
-    settings: Settings, host: HostSnapshot, partition: CpuPartition
+    settings: Settings,
+    host: HostSnapshot,
+    partition: CpuPartition,
+    usage: Optional[stranded.Usage] = None,
 ) -> Optional[dict]:
     """Pure: what NUMA children strand on this host (:mod:`node_agent.policy.stranded`),
     the host's trees built both ways; when ``numa_in_placement`` is off,
-    what turning it on would strand. None on a host without NUMA nodes, in
+    what turning it on would strand. ``usage``: what Placement holds on the
+    NUMA tree's providers, by name (only with the option on: off, nobody
+    knows which node a guest would use). None on a host without NUMA nodes, in
     whole-node mode, or when the NUMA tree cannot be built (its error is the
     tree's own when the option is on)."""
     if settings.node_resource_class or not host.nodes:
@@ -127,7 +132,9 @@ def numa_stranded(
         flat = build_tree(replace(settings, numa_in_placement=False), host, partition)
     except ConfigError:
         return None
-    return stranded.report(stranded.stranded_shapes(numa, flat), settings.numa_in_placement)
+    return stranded.report(
+        stranded.stranded_shapes(numa, flat, usage), settings.numa_in_placement, bool(usage)
+    )
 
 
 def file_traits_to_remember(

@@ -174,14 +174,19 @@ def _nth_largest(values: list[int], n: int) -> int:
 
 
 def _grouped(
-    numa: ProviderTree, flat: ProviderTree, usage: Usage, cpu_class: str, nodes: int
+    numa: ProviderTree,
+    flat: ProviderTree,
+    usage: Usage,
+    flat_usage: Usage,
+    cpu_class: str,
+    nodes: int,
 ) -> Shape:
     """``hw:numa_nodes=nodes``: each group on its own host node."""
     cpu = _largest(numa, usage, cpu_class, numa_only=True)
     memory = _largest(numa, usage, MEMORY, numa_only=True)
     per_cpu, per_memory = _nth_largest(cpu, nodes), _nth_largest(memory, nodes)
     together = sum(1 for c, m in zip(cpu, memory) if c >= per_cpu and m >= per_memory) >= nodes
-    flat_max = {rc: max(_largest(flat, usage, rc), default=0) for rc in (cpu_class, MEMORY)}
+    flat_max = {rc: max(_largest(flat, flat_usage, rc), default=0) for rc in (cpu_class, MEMORY)}
     return Shape(
         f"hw:numa_nodes={nodes}",
         cpu_class,
@@ -197,12 +202,19 @@ def stranded_shapes(
 ) -> list[Shape]:
     """The shapes of :mod:`this module <node_agent.policy.stranded>` for a
     host's tree with NUMA children (``numa``) and the same host flat
-    (``flat``). ``usage``: what is allocated, by provider name and class,
-    where known (a flat tree's usage is that of its root)."""
+    (``flat``). ``usage``: what is allocated on the NUMA tree's providers,
+    by provider name and class, where known; the flat root holds their sum."""
     usage = usage or {}
+    summed: dict[str, int] = {}
+    for held in usage.values():
+        for rc, amount in held.items():
+            summed[rc] = summed.get(rc, 0) + amount
+    flat_usage = {flat.root.name: summed}
     shapes = []
     for kind, cpu_class in (("floating", "VCPU"), ("pinned", "PCPU")):
-        flat_max = {rc: max(_largest(flat, usage, rc), default=0) for rc in (cpu_class, MEMORY)}
+        flat_max = {
+            rc: max(_largest(flat, flat_usage, rc), default=0) for rc in (cpu_class, MEMORY)
+        }
         if not flat_max[cpu_class]:
             continue
         numa_max = {rc: max(_largest(numa, usage, rc), default=0) for rc in (cpu_class, MEMORY)}
@@ -210,15 +222,21 @@ def stranded_shapes(
     nodes = sum(1 for p in numa.providers if p.traits.get(HW_NUMA_ROOT))
     cpu_class = "VCPU" if any(s.cpu_class == "VCPU" for s in shapes) else "PCPU"
     for n in range(2, nodes + 1):
-        shapes.append(_grouped(numa, flat, usage, cpu_class, n))
+        shapes.append(_grouped(numa, flat, usage, flat_usage, cpu_class, n))
     return shapes
 
 
-def report(shapes: list[Shape], enabled: bool) -> dict:
+def report(shapes: list[Shape], enabled: bool, usage_counted: bool = False) -> dict:
     """The ``numa_stranded`` key of ``--dry-run`` and ``--check-config``."""
     state = "on" if enabled else "off (what turning it on would strand)"
+    state += (
+        ", with the usage Placement holds now"
+        if usage_counted
+        else ", for the host empty (usage not counted)"
+    )
     return {
         "numa_in_placement": enabled,
+        "usage_counted": usage_counted,
         "shapes": [s.as_dict() for s in shapes],
         "lines": [f"[compute] numa_in_placement is {state}:"] + [f"  {s.line()}" for s in shapes],
     }

@@ -45,6 +45,7 @@ def test_dry_run_json_has_the_stable_keys(tmp_path):
         "changes",
         "errors",
         "guests",
+        "numa_stranded",
         "providers",
         "reshape",
         "warnings",
@@ -270,7 +271,7 @@ def test_check_config_and_dry_run_name_the_flavors_numa_children_strand(tmp_path
     )
     checked = agent(config, "--check-config")
     assert checked.code == 0, checked.stderr
-    assert "[compute] numa_in_placement is on:" in checked.stdout
+    assert "[compute] numa_in_placement is on, for the host empty" in checked.stdout
     assert stranded in checked.stdout
     assert "hw:numa_nodes=2: flavors with VCPU 14..48" in checked.stdout
     as_json = agent(config, "--check-config", "--output", "json").json()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from uuid import uuid4
 
 import pytest
 
@@ -197,3 +198,31 @@ def test_floating_guests_go_to_a_node_when_numa_children_appear_and_a_wide_one_i
         floating: {node0: {"VCPU": 2, "MEMORY_MB": 1024}, root: {"DISK_GB": 5}},
     }
     assert set(host.inventories(root)) == {"DISK_GB"}
+
+
+def test_dry_run_counts_the_usage_placement_holds_on_the_nodes(
+    tmp_path, placement_server, host_name
+):
+    from tests.integration.reshape_driver import Host as CliHost
+    from tests.integration.test_cli_reshape import once, write_config
+
+    host = CliHost(tmp_path, placement_server.url, host_name)
+    config = write_config(host, "numa_in_placement = true\n")
+    assert once(config).code == 0
+    root = host.scheduler.get(f"/resource_providers?name={host_name}")["resource_providers"][0]
+    listed = host.scheduler.get(f"/resource_providers?in_tree={root['uuid']}")
+    tree = {rp["name"]: rp["uuid"] for rp in listed["resource_providers"]}
+    # 30 of each node's 32 VCPU (8 CPUs at ratio 4), at most 8 a claim (max_unit).
+    for node in (0, 1):
+        for amount in (8, 8, 8, 6):
+            rp = tree[f"{host_name}_NUMA_{node}"]
+            allocate(host.scheduler, str(uuid4()), {rp: {"VCPU": amount}})
+
+    plan = once(config, "--dry-run", "--output", "json")
+
+    assert plan.code == 0, plan.stderr
+    report = plan.json()["numa_stranded"]
+    assert report["usage_counted"] is True
+    floating = next(s for s in report["shapes"] if s["kind"] == "floating")
+    assert floating["numa"]["VCPU"] == 2 and floating["flat"]["VCPU"] == 4
+    assert floating["stranded"]["VCPU"] == [3, 4]

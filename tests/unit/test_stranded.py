@@ -95,3 +95,12 @@ def test_no_report_on_a_host_without_numa_nodes_or_in_whole_node_mode(tmp_path):
     assert numa_stranded(conf, host, partition_cpus(settings(), host)) is None
     flat_host = dataclasses.replace(host, nodes=())
     assert numa_stranded(settings(), flat_host, partition_cpus(settings(), host)) is None
+
+
+def test_usage_on_the_nodes_counts_on_the_flat_root_as_their_sum(tmp_path):
+    numa, flat = trees(tmp_path, "virhostcpudata/linux-test4")  # 2 nodes of 8 CPUs
+    used = {"fixture_NUMA_0": {"VCPU": 30}, "fixture_NUMA_1": {"VCPU": 30}}
+    floating = by_kind(stranded_shapes(numa, flat, used))["floating"]
+    # Each node has 2 of its 32 VCPU left; flat, 4 of 64 are.
+    assert floating.numa["VCPU"] == 2 and floating.flat["VCPU"] == 4
+    assert floating.stranded()["VCPU"] == (3, 4)
