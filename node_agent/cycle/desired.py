@@ -52,6 +52,11 @@ class Desired:
     # What NUMA children strand (policy/stranded.py: report), on a host with
     # NUMA nodes; None otherwise.
     stranded: Optional[Mapping] = None
+    # With numa_in_placement on: the same tree without NUMA children (the
+    # operator's files applied, not maintenance), which a cycle whose NUMA
+    # reshape is refused writes instead, so the refusal holds back no other
+    # change. None otherwise.
+    without_numa: Optional[ProviderTree] = None
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -109,7 +114,22 @@ def desired_from(
         tuple(notes),
         tuple(refused_files),
         numa_stranded(settings, host, partition),
+        _without_numa(settings, host, partition, configs, known_uuids or {}),
     )
+
+
+def _without_numa(
+    settings: Settings,
+    host: HostSnapshot,
+    partition: CpuPartition,
+    configs: Sequence[ProviderConfig],
+    known_uuids: Mapping[str, str],
+) -> Optional[ProviderTree]:
+    if not settings.numa_in_placement or not host.nodes or settings.node_resource_class:
+        return None
+    flat = build_tree(replace(settings, numa_in_placement=False), host, partition)
+    # No trait is removed from it: the next cycle with NUMA is the reference.
+    return apply_provider_configs(flat.with_uuids(known_uuids), configs, {})
 
 
 def numa_stranded(

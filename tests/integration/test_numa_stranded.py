@@ -226,3 +226,27 @@ def test_dry_run_counts_the_usage_placement_holds_on_the_nodes(
     floating = next(s for s in report["shapes"] if s["kind"] == "floating")
     assert floating["numa"]["VCPU"] == 2 and floating["flat"]["VCPU"] == 4
     assert floating["stranded"]["VCPU"] == [3, 4]
+
+
+def test_a_refused_numa_reshape_holds_back_no_other_change_of_the_cycle(
+    tmp_path, placement_server, host_name
+):
+    p = prefix()
+    guests = [guest(1, p, pins=(2, 3), nodes="0"), guest(2, p, pins=(4, 12))]  # 2 spans nodes
+    host = NestedHost(tmp_path, placement_server.url, host_name, guests)
+    host.cycle(dedicated=None, shared=None)  # legacy: every CPU VCPU
+    root = host.root
+    for g in guests:
+        allocate(host.scheduler, g["uuid"], {root: {"VCPU": 2, "MEMORY_MB": 1024}})
+
+    # One config change: a dedicated set (the pinned guests' VCPU becomes
+    # PCPU) and NUMA children, which instance-00000002 refuses.
+    outcome, report, _ = host.cycle(numa_in_placement=True)
+
+    assert isinstance(outcome, ReshapeRefused)
+    assert f"instance-00000002 ({guests[1]['uuid']}) spans NUMA nodes 0-1" in str(outcome)
+    assert "written as with [compute] numa_in_placement off" in str(outcome)
+    assert report.ok, report.errors
+    assert host.allocations() == {g["uuid"]: {root: {"PCPU": 2, "MEMORY_MB": 1024}} for g in guests}
+    assert list(host.tree()) == [host_name]
+    assert host.inventories(root)["PCPU"] == 8
