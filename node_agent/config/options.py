@@ -348,7 +348,9 @@ COMPUTE_OPTS = [
         "a node: turning it on moves each guest with no NUMA placement (no "
         "pins, no numatune) whole to the node with the most room for it, or "
         "splits it over the nodes when none can hold it; one the nodes "
-        "together cannot hold refuses the reshape, named. GPU and SR-IOV PF children "
+        "together cannot hold refuses NUMA children, naming it, and the "
+        "cycle's other changes are written as with this option off. GPU "
+        "and SR-IOV PF children "
         "move under the child of the node their device is attached to "
         "(sysfs numa_node), so a same_subtree request can ask for CPUs and "
         "a device of one node.",
