@@ -430,7 +430,35 @@ class Reconciler:
         )
         if not reshape.refusals:
             changes = changes + _retired_deletes(inputs, changes)
+        flat = getattr(desired, "without_numa", None)
+        if reshape.refusals and flat is not None and self._flat_now(desired):
+            return self._plan_without_numa(desired, flat, reshape.as_dict())
         return tree, changes, (reshape.as_dict() if reshape.needed or reshape.refusals else None)
+
+    def _plan_without_numa(
+        self, desired: Desired, flat: ProviderTree, refused: dict
+    ) -> tuple[ProviderTree, list[Change], Optional[dict]]:
+        """The dry run of :meth:`_without_numa`: the host's plan without NUMA
+        children when that plan is not refused too; its reshape lines follow
+        the NUMA refusal."""
+        tree, _notes = maint.apply(flat, desired.maintenance)
+        plan = self.plan(replace(desired, tree=tree, without_numa=None))
+        if plan[2] is not None and plan[2].get("refused"):
+            return self.plan(replace(desired, without_numa=None))
+        note = (
+            "NUMA children would not be reported; the rest of the tree would be "
+            "written as with [compute] numa_in_placement off:"
+        )
+        after = plan[2] or {"lines": ["nothing to move without NUMA children"]}
+        return (
+            plan[0],
+            plan[1],
+            {
+                **after,
+                "refused": refused["refused"],
+                "lines": [f"REFUSED: {r}" for r in refused["refused"]] + [note] + after["lines"],
+            },
+        )
 
 
 def _retired_deletes(inputs: HostReshape, planned: list[Change]) -> list[Change]:

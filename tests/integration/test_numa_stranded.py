@@ -11,19 +11,25 @@ attached to each node. No guests (libvirt's test driver, no domains).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
+from pathlib import Path
 from uuid import uuid4
 
 import pytest
 
-from node_agent.cycle.reconcile import ReshapeRefused
+from node_agent.cycle.desired import compute_desired
+from node_agent.cycle.reconcile import Reconciler, ReshapeRefused
 from node_agent.placement.client import PlacementClient
+from node_agent.placement.sync import TreeSyncer
+from node_agent.state import StateStore
 from tests.hostdata import HOSTDATA, sysfs_root_for
 from tests.integration.reshape_driver import agent_cycle, allocate, make_settings
 from tests.integration.test_nested_reshape import NestedHost, guest, host_xml, prefix
 from tests.unit.test_pci import add_device, add_mdev_type
 
 pytestmark = pytest.mark.integration
+LOG = logging.getLogger(__name__)
 
 MDEV_TYPE = "nvidia-222"
 GPUS = {"0000:81:00.0": "0", "0000:c1:00.0": "1"}  # address -> sysfs numa_node
@@ -241,6 +247,17 @@ def test_a_refused_numa_reshape_holds_back_no_other_change_of_the_cycle(
 
     # One config change: a dedicated set (the pinned guests' VCPU becomes
     # PCPU) and NUMA children, which instance-00000002 refuses.
+    # The dry run says so, and shows the plan without NUMA children.
+    store = StateStore(Path(host.state_dir))
+    host.agent.stats.reset()
+    _tree, _changes, plan = Reconciler(host.agent, TreeSyncer(host.agent, store)).plan(
+        compute_desired(host.settings(numa_in_placement=True), state=store.load_or_empty(LOG))
+    )
+    assert host.agent.stats.writes == 0
+    assert "spans NUMA nodes 0-1" in plan["refused"][0]
+    assert any("as with [compute] numa_in_placement off" in line for line in plan["lines"])
+    assert plan["totals"] == {"consumers": 2, "moved": {"VCPU -> PCPU": 4}}
+
     outcome, report, _ = host.cycle(numa_in_placement=True)
 
     assert isinstance(outcome, ReshapeRefused)
