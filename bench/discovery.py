@@ -9,7 +9,7 @@ from bench import common, synthetic_host
 from node_agent.cycle.desired import desired_from
 from node_agent.host.discover import discover
 from node_agent.host.sysfs import SysFS
-from node_agent.host.sysfs_pci import read_pci
+from node_agent.host.sysfs_pci import read_pci, read_pci_functions
 from node_agent.host.sysfs_topology import read_topology
 from node_agent.model.provider_state import ProviderState
 from node_agent.model.provider_tree import ProviderTree
@@ -22,6 +22,7 @@ FIXTURES = (
     "virhostcpudata/linux-subcores1",
 )
 REPEATS = 25
+PCI_ROW = "same synthetic, `[pci] report_in_placement` (2 PFs' 256 VFs as 2 PCI children)"
 
 
 def with_uuids(tree: ProviderTree) -> ProviderTree:
@@ -73,23 +74,26 @@ def _fixture_settings(tree: str, work: Path):
 def synthetic_settings(
     root: Path, shape: synthetic_host.Shape, work: Path, host: str = "synthetic", **overrides
 ):
-    return common.settings(
-        host,
-        str(root),
-        str(work),
-        str(work / "state"),
+    values = dict(
         numa_in_placement=True,
         enabled_mdev_types=synthetic_host.enabled_mdev_types(shape),
         pci_device_specs=common.device_specs(synthetic_host.device_specs(shape)),
-        **overrides,
     )
+    values.update(overrides)
+    return common.settings(host, str(root), str(work), str(work / "state"), **values)
 
 
 def _breakdown(root: Path) -> dict:
     sysfs = SysFS(str(root))
     topo_t, _ = common.timed(lambda: read_topology(sysfs), REPEATS)
     pci_t, _ = common.timed(lambda: read_pci(sysfs), REPEATS)
-    return {"topology": common.summary(topo_t), "pci": common.summary(pci_t)}
+    functions_t, functions = common.timed(lambda: read_pci_functions(sysfs), REPEATS)
+    return {
+        "topology": common.summary(topo_t),
+        "pci": common.summary(pci_t),
+        "pci_functions": common.summary(functions_t),
+        "functions": len(functions),
+    }
 
 
 def run(work: Path) -> dict:
@@ -110,6 +114,18 @@ def run(work: Path) -> dict:
         full_root = root
     full = dict(scaling[-1], host="synthetic (2×96×SMT2, 8 NUMA, 16 GPU, 4×128 VF)")
     hosts.append(full)
+    # The same host with [pci] report_in_placement: every PCI function is
+    # read, and the VFs of two PFs become two PCI children.
+    shape = synthetic_host.scaled(4)
+    pci_settings = synthetic_settings(
+        full_root,
+        shape,
+        work / "synthetic-4x-pci",
+        pci_in_placement=True,
+        pci_device_specs=common.device_specs(synthetic_host.pci_in_placement_specs(shape)),
+    )
+    pci = measure_host(PCI_ROW, pci_settings, shape.cpus)
+    hosts.append(pci)
     return {
         "hosts": hosts,
         "scaling": scaling,

@@ -12,7 +12,7 @@ from collections import Counter
 from importlib import metadata
 from pathlib import Path
 
-from bench.common import fmt_ratio, fmt_stat
+from bench.common import fmt_ms, fmt_ratio, fmt_stat
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -182,6 +182,27 @@ def _discovery(d: dict) -> list[str]:
         f"every device directory is visited) {fmt_stat(b['pci'])} ms.",
         "",
     ]
+    pci = next((h for h in d["hosts"] if "report_in_placement" in h["host"]), None)
+    if pci and "pci_functions" in b:
+        without = d["scaling"][-1]
+        lines += [
+            "With `[pci] report_in_placement` (nova's PCI devices in Placement) the "
+            f"same host reads every PCI function ({b['functions']}: vendor, device, "
+            f"`physfn`, `sriov_totalvfs`, `numa_node`) in {fmt_stat(b['pci_functions'])} ms "
+            f"(measured); its {pci['providers']} providers are the "
+            f"{without['providers']} above with two PFs' SR-IOV children replaced by "
+            "two PCI children counting their 256 VFs. Cycle "
+            f"{fmt_ms(pci['cycle']['median'])} ms against "
+            f"{fmt_ms(without['cycle']['median'])} ms without "
+            f"({pci['cycle']['median'] / without['cycle']['median']:.2f}×, medians, "
+            f"computed): discover {fmt_ms(pci['discover']['median'])} against "
+            f"{fmt_ms(without['discover']['median'])}, build "
+            f"{fmt_ms(pci['build']['median'])} against "
+            f"{fmt_ms(without['build']['median'])}, steady plan "
+            f"{fmt_ms(pci['plan_steady']['median'])} against "
+            f"{fmt_ms(without['plan_steady']['median'])} ms (measured).",
+            "",
+        ]
     return lines
 
 

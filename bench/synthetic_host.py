@@ -167,5 +167,21 @@ def device_specs(shape: Shape) -> tuple[str, ...]:
     )
 
 
+def pci_in_placement_specs(shape: Shape) -> tuple[str, ...]:
+    """``[pci] device_spec`` with ``report_in_placement``: the first half of
+    the PFs stay on physnet ``bench`` (SR-IOV children), the VFs of the
+    other half become PCI children, one per PF (nova's model)."""
+    half = shape.pfs // 2
+    physnet = tuple(
+        f'{{"address": "{pf_address(i)}", "physical_network": "bench"}}' for i in range(half)
+    )
+    vendor, vf = NIC_VENDOR[2:], VF_DEVICE[2:]
+    return physnet + tuple(
+        f'{{"vendor_id": "{vendor}", "product_id": "{vf}", '
+        f'"address": "0000:{0x60 + i:02x}:*.*", "traits": "bench_vf"}}'
+        for i in range(half, shape.pfs)
+    )
+
+
 def enabled_mdev_types(shape: Shape) -> tuple[str, ...]:
     return tuple(t for t, _ in MDEV_TYPES[: shape.mdev_types][:1])

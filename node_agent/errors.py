@@ -111,6 +111,14 @@ class ProviderOwned(ConfigError):
     ``[agent] take_over_provider`` is the fix."""
 
 
+class UnknownProvider(NodeAgentError):
+    """A command named a provider this host's tree does not have as a child
+    (``maintenance on --provider NAME``); the message lists the children.
+    Exit 2, as a value argparse refuses."""
+
+    exit_code = 2
+
+
 class ExitCode(NamedTuple):
     """One class of the hierarchy as the CLI's exit-code reference shows it."""
 

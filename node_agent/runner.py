@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Protocol
 from node_agent.cycle.desired import (
     Desired,
     file_traits_to_remember,
+    forget_applied_device_offs,
     forget_applied_off,
     numa_stranded,
     with_owner_mark,
@@ -278,6 +279,7 @@ class DirectRunner:
             audit, changed = self._audit(desired)  # this cycle read the whole tree
         if outcome.ok and self.keeps_state:
             forget_applied_off(syncer.store, desired.maintenance)
+            forget_applied_device_offs(syncer.store, desired.device_maintenance)
         report = outcome.report
         return CycleReport(
             desired,
@@ -408,6 +410,7 @@ class ViaApplierRunner:
             desired = with_placement_maintenance(desired, [maint.TRAIT])
         if report.ok:
             forget_applied_off(self.store, desired.maintenance)
+            forget_applied_device_offs(self.store, desired.device_maintenance)
         return CycleReport(
             desired,
             desired.tree.with_uuids(report.uuids),

@@ -51,9 +51,11 @@ PROVIDERS = "providers"  # the syncer (or the upstream sender): name -> uuid
 OWNED_CHILDREN = "owned_children"  # the syncer: children it created, uuids
 APPLIED = "provider_config_applied"  # a cycle: provider -> operator traits applied
 MAINTENANCE = "maintenance"  # the maintenance command / control RPC: the request
+DEVICE_MAINTENANCE = "device_maintenance"  # maintenance --provider: name -> request
 AUDIT = "audit"  # the allocation audit: its history
 APPLIER = "applier"  # node-agent-applier: its per-host record
 PROVIDER_CACHE = "provider_cache"  # the service and --once: the syncer's cache
+AGGREGATES = "aggregates"  # the syncer: {"root_uuid", "ours"}, the aggregates it added
 
 
 def _reason(exc: OSError) -> str:
@@ -170,12 +172,34 @@ _SHAPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
             and _maybe_text(v.get("since"))
         ),
     ),
+    DEVICE_MAINTENANCE: (
+        "an object of provider name -> {on, reason, since}",
+        lambda v: (
+            isinstance(v, dict)
+            and all(
+                isinstance(r, dict)
+                and isinstance(r.get("on", True), bool)
+                and _maybe_text(r.get("reason"))
+                and _maybe_text(r.get("since"))
+                for r in v.values()
+            )
+        ),
+    ),
     AUDIT: ("an object", lambda v: isinstance(v, dict)),
     APPLIER: (
         "an object with an integer seq",
         lambda v: isinstance(v, dict) and type(v.get("seq", 0)) is int,
     ),
     PROVIDER_CACHE: ("an object", lambda v: v is None or isinstance(v, dict)),
+    AGGREGATES: (
+        "an object with root_uuid and a list of aggregate uuids, ours",
+        lambda v: (
+            isinstance(v, dict)
+            and _is_uuid(v.get("root_uuid"))
+            and isinstance(v.get("ours"), list)
+            and all(_is_uuid(u) for u in v["ours"])
+        ),
+    ),
 }
 
 

@@ -54,3 +54,20 @@ def settings(**overrides) -> Settings:
     values.update(overrides)
     values.setdefault("machine_id_path", str(machine_id_file_of_host(values["host"])))
     return Settings(**values)
+
+
+def bare_host(pci_devices=()) -> HostSnapshot:
+    """A host with no CPUs or NUMA nodes, only the given PCI devices."""
+    from node_agent.model.cpuset import CpuSet
+
+    return HostSnapshot(
+        hostname="compute1",
+        present=CpuSet(),
+        online=CpuSet(),
+        isolated=CpuSet(),
+        cpus=(),
+        nodes=(),
+        memory_mb=1024,
+        disk_gb=10,
+        pci_devices=tuple(pci_devices),
+    )

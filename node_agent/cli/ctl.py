@@ -31,7 +31,8 @@ def call(client, command: str, args: argparse.Namespace) -> dict:
         return client.call({}, "get_status")
     if command == "sync-now":
         return client.call({}, "sync_now")
-    return client.call({}, "set_maintenance", on=args.state == "on", reason=args.reason)
+    extra = {"provider": args.provider} if getattr(args, "provider", None) else {}
+    return client.call({}, "set_maintenance", on=args.state == "on", reason=args.reason, **extra)
 
 
 def run(args: argparse.Namespace) -> int:

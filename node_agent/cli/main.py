@@ -41,10 +41,18 @@ from node_agent.cycle.desired import compute_desired
 from node_agent.errors import ConfigError, DiscoveryError, HostBusy, NodeAgentError
 from node_agent.model.settings import CycleMode
 from node_agent.placement.errors import NotFound
+from node_agent.policy import device_maintenance as devmaint
 from node_agent.policy import maintenance as maint
 from node_agent.policy.partition import node_split
 from node_agent.startup import validate
-from node_agent.state import MAINTENANCE, PROVIDERS, ROOT_UUID, StateCorrupt, StateStore
+from node_agent.state import (
+    DEVICE_MAINTENANCE,
+    MAINTENANCE,
+    PROVIDERS,
+    ROOT_UUID,
+    StateCorrupt,
+    StateStore,
+)
 
 # Imported inside the functions that use them, and only there:
 # node_agent.placement.client and node_agent.cycle.companion (keystoneauth1,
@@ -388,8 +396,11 @@ def _maintenance(args) -> int:
     the wish in its state file and applies it in a cycle at once); else they
     record it in the state file and the next cycle (the service's, or
     ``--once``) applies it to Placement, so the agent stays the one writer of
-    its tree. ``status`` compares the state file with Placement."""
+    its tree. ``status`` compares the state file with Placement.
+    ``--provider NAME``: one child provider only
+    (:mod:`node_agent.policy.device_maintenance`)."""
 
+    provider = getattr(args, "provider", None) or None
     try:
         valid = validate(config_args(oslo_args(args)), read_host=False, need_upstream=False)
         conf, settings = valid.conf, valid.settings
@@ -402,26 +413,47 @@ def _maintenance(args) -> int:
                 "the compute service instead (`openstack compute service set --disable "
                 f"{settings.host} nova-compute`), which sets COMPUTE_STATUS_DISABLED."
             )
-        answer = _maintenance_via_service(conf, settings, args.switch == "on", args.reason)
+        answer = _maintenance_via_service(
+            conf, settings, args.switch == "on", args.reason, provider
+        )
         if answer is not None and "error" in answer:
             print(f"node-agent: error: {answer['error']}", file=sys.stderr)
             return int(answer.get("exit_code", 1))
         if answer is not None:
-            print(service_maintenance_line(args.switch, settings.host, answer))
+            print(service_maintenance_line(args.switch, provider or settings.host, answer))
             return 0
         store = _state_store(settings)
         now = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-        store.put(MAINTENANCE, maint.record(args.switch == "on", args.reason, now))
+        record = maint.record(args.switch == "on", args.reason, now)
+        if provider is None:
+            store.put(MAINTENANCE, record)
+        else:
+            # The children this host publishes, as the next cycle builds them.
+            desired = compute_desired(settings, state=store.load_or_empty(LOG))
+            devmaint.check_name(desired.tree, provider)
+
+            def put(state: dict) -> None:
+                state[DEVICE_MAINTENANCE] = {
+                    **(state.get(DEVICE_MAINTENANCE) or {}),
+                    provider: record,
+                }
+
+            store.update(put)
     except (NodeAgentError, OSError) as exc:
         print(f"node-agent: error: {exc}", file=sys.stderr)
         return getattr(exc, "exit_code", 1)
-    what = (
-        f"every inventory gets reserved = total and the root {maint.TRAIT}"
-        if args.switch == "on"
-        else f"the configured reservations come back and {maint.TRAIT} is removed"
-    )
+    if provider is not None:
+        what = (
+            f"its inventories get reserved = total and it gets {maint.TRAIT}"
+            if args.switch == "on"
+            else f"its configured reservations come back and {maint.TRAIT} is removed from it"
+        )
+    elif args.switch == "on":
+        what = f"every inventory gets reserved = total and the root {maint.TRAIT}"
+    else:
+        what = f"the configured reservations come back and {maint.TRAIT} is removed"
     print(
-        f"maintenance {args.switch} for {settings.host}: {what} at the next cycle "
+        f"maintenance {args.switch} for {provider or settings.host}: {what} at the next cycle "
         "(run `node-agent --once` to apply it now)"
     )
     return 0
@@ -452,7 +484,9 @@ def _service_status(conf, settings) -> tuple[Optional[dict], Optional[str]]:
     return answer, None
 
 
-def _maintenance_via_service(conf, settings, on: bool, reason: str) -> Optional[dict]:
+def _maintenance_via_service(
+    conf, settings, on: bool, reason: str, provider: Optional[str] = None
+) -> Optional[dict]:
     """Ask the running service to set maintenance and apply it: the service
     writes its own state file, as its own user. None when no service
     answers (no transport, no broker, or no agent of this host on it): the
@@ -468,8 +502,9 @@ def _maintenance_via_service(conf, settings, on: bool, reason: str) -> Optional[
                 why,
             )
         return None
+    extra = {"provider": provider} if provider else {}
     return messaging.client(conf, settings.host, timeout=SERVICE_CYCLE_TIMEOUT).call(
-        {}, "set_maintenance", on=on, reason=reason or None
+        {}, "set_maintenance", on=on, reason=reason or None, **extra
     )
 
 
@@ -486,7 +521,17 @@ def _maintenance_status(conf, settings, output: str) -> int:
     report = maint.status(
         settings.host, str(store.path), state.get(MAINTENANCE), error, seen, service
     )
-    print(render.as_json(report) + "\n" if output == "json" else maint.status_text(report), end="")
+    report["devices"] = devmaint.placement_status(
+        state.get(DEVICE_MAINTENANCE), report["placement"]["children"] if seen else None
+    )
+    if output == "json":
+        print(render.as_json(report))
+    else:
+        print(
+            maint.status_text(report)
+            + "".join(f"{line}\n" for line in devmaint.status_lines(report["devices"])),
+            end="",
+        )
     return 0
 
 
@@ -526,7 +571,8 @@ def _root_in_placement(conf, settings, state) -> dict:
             if rp["uuid"] == uuid:
                 continue
             try:
-                marked = AGENT_CHILD_TRAIT in client.traits(rp["uuid"])["traits"]
+                child_traits = client.traits(rp["uuid"])["traits"]
+                marked = AGENT_CHILD_TRAIT in child_traits
                 held = client.inventories(rp["uuid"])["inventories"]
             except NotFound:
                 continue  # deleted since the listing
@@ -536,6 +582,7 @@ def _root_in_placement(conf, settings, state) -> dict:
                     "uuid": rp["uuid"],
                     "agent": marked or rp["uuid"] in reported,
                     "inventories": held,
+                    "traits": sorted(child_traits),
                 }
             )
         return {

@@ -242,6 +242,14 @@ def build_parser(width: Optional[int] = None) -> argparse.ArgumentParser:
         "--reason", default="", help="why (on/off), kept with the record and shown by status"
     )
     maintenance.add_argument(
+        "--provider",
+        metavar="NAME",
+        help="on/off: one child provider only (a GPU, a PF, a NUMA node, by its "
+        "provider name): its inventories reserved = total, its siblings and the "
+        "root stay open. A name that is not a child of this host exits 2, "
+        "listing the children",
+    )
+    maintenance.add_argument(
         "--output",
         choices=["text", "json"],
         default=argparse.SUPPRESS,
@@ -294,6 +302,9 @@ def build_parser(width: Optional[int] = None) -> argparse.ArgumentParser:
         "state", choices=["on", "off"], help="on: reserve every inventory; off: release them"
     )
     ctl_maintenance.add_argument("--reason", help="why, shown in status")
+    ctl_maintenance.add_argument(
+        "--provider", metavar="NAME", help="one child provider only (see `maintenance --provider`)"
+    )
 
     decommission = subcommand(
         "decommission",

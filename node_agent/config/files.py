@@ -123,37 +123,12 @@ def unknown_options(conf: cfg.ConfigOpts) -> list[str]:
     return _classify_keys(conf)[0]
 
 
-# nova.conf settings that change the tree nova reports and that the agent
-# does not build (docs/design/nova-differences.yaml says why): a nova.conf
-# setting one gets a WARNING, never silence.
-UNBUILT_NOVA_SETTINGS = {
-    "[libvirt] num_intel_tdx_guests": "nova reports an <host>_intel_tdx child "
-    "with MEM_ENCRYPTION_CONTEXT; the agent reports none",
-}
-
-
-def unbuilt_nova_settings(ignored: Sequence[str]) -> list[str]:
-    """Warnings for the ignored names (:func:`nova_only_keys`) that nova
-    turns into providers, inventory or traits the agent does not report."""
-    found = []
-    for name in ignored:
-        if name in UNBUILT_NOVA_SETTINGS:
-            found.append(
-                f"nova.conf sets {name}: {UNBUILT_NOVA_SETTINGS[name]}. Placement "
-                "will not show it while node-agent reports this host."
-            )
-    return found
-
-
 def log_ignored(conf: cfg.ConfigOpts) -> None:
-    """The one DEBUG line naming what the files hold that the agent ignores,
-    and a WARNING for each that nova would report and the agent does not.
-    Called once the configured log exists, so the lines reach it."""
+    """The one DEBUG line naming what the files hold that the agent ignores.
+    Called once the configured log exists, so the line reaches it."""
     ignored = nova_only_keys(conf)
     if ignored:
         LOG.debug("nova options the agent does not use, ignored: %s", ", ".join(ignored))
-    for warning in unbuilt_nova_settings(ignored):
-        LOG.warning("%s", warning)
 
 
 def nova_only_keys(conf: cfg.ConfigOpts) -> list[str]:

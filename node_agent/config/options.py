@@ -179,6 +179,18 @@ LIBVIRT_OPTS = [
         "maxESGuests). Unset: libvirt's numbers. 0: no memory "
         "encryption is reported.",
     ),
+    cfg.IntOpt(
+        "num_intel_tdx_guests",
+        min=0,
+        help="nova's option: the most guests with Intel TDX this host may "
+        "run, for the <host>_intel_tdx child's MEM_ENCRYPTION_CONTEXT "
+        "total. TDX is reported only with cpu_mode = host-passthrough, "
+        "domain_capabilities on and libvirt saying <tdx supported='yes'>. "
+        "The kernel's misc cgroup (misc.capacity, line tdx) gives the "
+        "count; this option is needed where that file cannot be read (a "
+        "container), and lowers it when set. Unlike nova, a value above "
+        "the cgroup's is not published (nova publishes it).",
+    ),
 ]
 
 LIBVIRT_OPTS += [
@@ -436,6 +448,19 @@ PCI_OPTS = [
         help="Report the VFs enabled now (sriov_numvfs), which guests can "
         "use. False reports the most the PF supports (sriov_totalvfs), "
         "which overstates the host until that many VFs are enabled.",
+    ),
+    cfg.BoolOpt(
+        "report_in_placement",
+        default=False,
+        help="nova's option: each PCI device matched by a device_spec "
+        "without physical_network becomes a child <host>_<ADDRESS> (the "
+        "VFs of one PF counted on the PF's child) with CUSTOM_PCI_<VENDOR>_"
+        "<PRODUCT> or the spec's resource_class, trait "
+        "COMPUTE_MANAGED_PCI_DEVICE plus the spec's traits, "
+        "HW_PCI_LIVE_MIGRATABLE (live_migratable) and HW_PCI_ONE_TIME_USE "
+        "(one_time_use: reserved = total once allocated). A child whose "
+        "device is gone while allocated keeps its usage as total. devname "
+        "specs are refused, as nova refuses them.",
     ),
 ]
 
@@ -695,6 +720,23 @@ APPLIER_OPTS = [
 
 PLACEMENT_GROUP = "placement"
 
+# The agent's own [placement] options, next to keystoneauth's.
+PLACEMENT_AGENT_OPTS = [
+    cfg.ListOpt(
+        "aggregates",
+        default=[],
+        help="Aggregate UUIDs this host's root provider joins in Placement "
+        "(for example the uuid `openstack aggregate show NAME -c uuid` "
+        "prints). Additive: the agent adds them to whatever aggregates the "
+        "root already has and removes only ones it added itself (recorded "
+        "in the state file) when they leave this list; an aggregate set by "
+        "an operator or nova-api is never removed. After a lost state file "
+        "an aggregate already on the root counts as the operator's and is "
+        "kept. Refused with [agent] mode = companion (nova-api mirrors "
+        "nova's host aggregates there) and upstream = messaging.",
+    ),
+]
+
 
 def register_opts(conf: cfg.ConfigOpts, placement: bool = True) -> None:
     """Register every option on ``conf``. ``placement=False`` leaves out the
@@ -723,6 +765,7 @@ def register_placement_opts(conf: cfg.ConfigOpts) -> None:
     from keystoneauth1 import loading as ks_loading
 
     conf.register_opts(_session_opts(), group=PLACEMENT_GROUP)
+    conf.register_opts(PLACEMENT_AGENT_OPTS, group=PLACEMENT_GROUP)
     ks_loading.register_auth_conf_options(conf, PLACEMENT_GROUP)
     ks_loading.register_adapter_conf_options(conf, PLACEMENT_GROUP)
 
@@ -781,6 +824,7 @@ def placement_base_opts() -> list:
 
     return (
         _session_opts()
+        + PLACEMENT_AGENT_OPTS
         + ks_loading.get_auth_common_conf_options()
         + ks_loading.get_adapter_conf_options()
     )

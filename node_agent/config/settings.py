@@ -14,6 +14,7 @@ import logging
 import math
 import os
 import re
+import uuid
 from typing import Optional
 
 import os_resource_classes as orc
@@ -25,7 +26,13 @@ from node_agent.model.cpuset import CpuSet, CpuSetSyntaxError, parse_cpu_spec
 from node_agent.model.device_spec import parse_device_specs
 from node_agent.model.hugepages import parse_reserved_huge_pages
 from node_agent.model.settings import CycleMode, MdevTypeSettings, Settings
+from node_agent.policy.provider_config import (
+    NEUTRON_CLASS_PREFIXES,
+    NEUTRON_TRAIT_PREFIXES,
+    NEUTRON_WHY,
+)
 from node_agent.state import FILE_NAME as STATE_FILE_NAME
+from node_agent.tree.pci_placement import spec_problems
 
 LOG = logging.getLogger(__name__)
 
@@ -168,10 +175,36 @@ def _nested_provider_values(get: "_Reader", problems: list) -> dict:
         enabled_mdev_types=tuple(
             t.strip() for t in (get("devices", "enabled_mdev_types") or ()) if t.strip()
         ),
-        pci_device_specs=parse_device_specs(get("pci", "device_spec") or (), problems),
+        pci_device_specs=_pci_specs(get, problems),
         report_sriov_numvfs=bool(get("pci", "report_sriov_numvfs")),
+        pci_in_placement=bool(get("pci", "report_in_placement")),
         node_resource_class=_node_resource_class(get("node", "resource_class"), problems),
     )
+
+
+def _pci_specs(get: "_Reader", problems: list):
+    """The device specs, with nova's refusals under report_in_placement
+    (PlacementPciException, PciConfigInvalidSpec)."""
+    specs = parse_device_specs(get("pci", "device_spec") or (), problems)
+    in_placement = bool(get("pci", "report_in_placement"))
+    for spec in specs:
+        if in_placement and spec.devname:
+            problems.append(
+                f"[pci] device_spec with devname '{spec.devname}': with [pci] "
+                "report_in_placement the devices are named by PCI address; give "
+                "the address instead (nova refuses devname here too)."
+            )
+        if in_placement:
+            problems += spec_problems(
+                spec, NEUTRON_CLASS_PREFIXES, NEUTRON_TRAIT_PREFIXES, NEUTRON_WHY
+            )
+        if spec.one_time_use and not in_placement:
+            problems.append(
+                "[pci] device_spec with one_time_use = true needs [pci] "
+                "report_in_placement = true (only Placement can reserve a used "
+                "device); nova refuses it too."
+            )
+    return specs
 
 
 def load_settings(conf) -> Settings:
@@ -231,6 +264,7 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
         supported_tpm_secret_security=tuple(get("libvirt", "supported_tpm_secret_security") or ()),
         domain_capabilities=bool(get("libvirt", "domain_capabilities")),
         num_memory_encrypted_guests=get("libvirt", "num_memory_encrypted_guests"),
+        num_intel_tdx_guests=get("libvirt", "num_intel_tdx_guests"),
         file_backed_memory=get("libvirt", "file_backed_memory", 0) or 0,
         pmem_namespaces=_pmem_namespaces(get("libvirt", "pmem_namespaces") or (), problems),
         reserve_disk_for_image_cache=bool(
@@ -258,6 +292,7 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
         values["reserved_host_memory_mb"],
     )
     values.update(_nested_provider_values(get, problems))
+    values["placement_aggregates"] = _aggregates(conf, get, values["cycle_mode"], problems)
     values["mdev_types"] = _mdev_types(conf, get, values["enabled_mdev_types"], problems)
     host = conf_mod.default_host(conf)
     if not host or not host.strip():
@@ -268,6 +303,39 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
     _read_every_option(get, conf)
     problems.extend(transport_url_problems(conf))
     return Settings(host=(host or "").strip(), **values), list(dict.fromkeys(problems))
+
+
+def _aggregates(conf, get: "_Reader", mode: CycleMode, problems: list) -> tuple[str, ...]:
+    """``[placement] aggregates``: aggregate uuids, canonical and sorted.
+    Registered only when a file has ``[placement]``."""
+    if conf_mod.PLACEMENT_GROUP not in conf:
+        return ()
+    written = [a.strip() for a in get(conf_mod.PLACEMENT_GROUP, "aggregates") or () if a.strip()]
+    found: set[str] = set()
+    for value in written:
+        try:
+            found.add(str(uuid.UUID(value)))
+        except ValueError:
+            problems.append(
+                f"[placement] aggregates: '{value}' is not an aggregate UUID. Placement "
+                "names aggregates by UUID: give the uuid `openstack aggregate show NAME "
+                "-c uuid` prints (nova's), or any UUID the hosts to group share."
+            )
+    if found and mode is not CycleMode.DIRECT:
+        why = (
+            "[agent] mode = companion never writes the root; nova-api mirrors nova's "
+            "host aggregates into Placement there (`openstack aggregate add host`)"
+            if mode is CycleMode.COMPANION
+            else "[agent] upstream = messaging: node-agent-applier writes the tree and "
+            "does not carry aggregates"
+        )
+        problems.append(
+            f"[placement] aggregates = {', '.join(sorted(found))}: {why}. Remove the "
+            "option, or set the aggregates on the root in Placement "
+            "(`openstack resource provider aggregate set`)."
+        )
+        return ()
+    return tuple(sorted(found))
 
 
 _PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")

@@ -42,7 +42,8 @@ from node_agent.placement.reshape_host import host_reshape_inputs
 from node_agent.placement.reshape_reads import plan_reshape
 from node_agent.policy import drift as drift_policy
 from node_agent.policy.audit import IN_FLIGHT_GRACE
-from node_agent.policy.guest_fit import guests_refused
+from node_agent.policy.guest_fit import blocks_nova, guests_refused
+from node_agent.tree.cpu_traits import NOT_DECIDED_BY_NOVA
 
 LOG = logging.getLogger(__name__)
 
@@ -214,11 +215,13 @@ class Companion:
                     desired, settings.host, settings.numa_in_placement, save=save
                 ).as_dict()
                 self._next_restart = self._preview(desired, by_name)
+            owner = drift_policy.owner_of((self._held or {})[self._root_uuid].traits)
+            ignored = NOT_DECIDED_BY_NOVA if owner == "nova-compute" else frozenset()
             report = replace(
                 report,
                 root_uuid=self._root_uuid,
-                owner=drift_policy.owner_of((self._held or {})[self._root_uuid].traits),
-                differences=drift_policy.drift(tree, by_name, settings),
+                owner=owner,
+                differences=drift_policy.drift(tree, by_name, settings, ignored),
                 audit=self._audit,
                 next_restart=self._next_restart,
             )
@@ -229,15 +232,19 @@ class Companion:
 
     def _preview(self, desired, by_name: dict) -> dict:
         """What nova-compute does at its next restart with these CPU sets:
-        the reshape it sends, and the guests that stop it (nova-compute then
-        refuses to start). Reads only, through the read-only client."""
+        the reshape it sends, or the guests that stop it: a floating guest
+        with no shared CPU (nova-compute refuses to start), a guest of nova's
+        pinned outside cpu_dedicated_set (it starts, but its resource updates
+        fail, so it never reshapes). Reads only, through the read-only client."""
 
         blocking: list[str] = []
         reshape = None
         refused = guests_refused(desired)
         if refused is not None:
             blocking += refused.reasons
-        else:
+        siblings = {cpu.id: cpu.siblings for cpu in desired.host.cpus}
+        blocking += blocks_nova(desired.host.guests, desired.partition.dedicated, siblings)
+        if not blocking:
             known = {name: s.uuid for name, s in by_name.items()}
             try:
                 inputs = host_reshape_inputs(self.client, desired, known, listed=self.cached_tree())

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence
 
 from node_agent.config.provider_files import load_provider_configs, load_provider_files
 from node_agent.errors import ConfigError
@@ -17,6 +17,7 @@ from node_agent.host.discover import discover
 from node_agent.model.provider_tree import ProviderTree
 from node_agent.model.settings import Settings
 from node_agent.model.snapshot import HostSnapshot
+from node_agent.policy import device_maintenance as devmaint
 from node_agent.policy import guest_fit, stranded
 from node_agent.policy import maintenance as maint
 from node_agent.policy.partition import CpuPartition, partition_cpus
@@ -27,9 +28,10 @@ from node_agent.policy.provider_config import (
     file_added_traits,
     unmatched,
 )
-from node_agent.state import APPLIED, MAINTENANCE, PROVIDERS
+from node_agent.state import APPLIED, DEVICE_MAINTENANCE, MAINTENANCE, PROVIDERS
 from node_agent.tree.build import build_tree, mem_encryption
 from node_agent.tree.pci import unmatched_device_options
+from node_agent.tree.pci_placement import unmatched_specs
 
 LOG = logging.getLogger(__name__)
 
@@ -49,13 +51,15 @@ class Desired:
     # Problems of operator provider files refused this cycle (the others
     # and the rest of the tree are still reported).
     refused_files: tuple[str, ...] = ()
+    # The state file's per-device records (maintenance --provider).
+    device_maintenance: Optional[Mapping] = None
     # What NUMA children strand (policy/stranded.py: report), on a host with
     # NUMA nodes; None otherwise.
     stranded: Optional[Mapping] = None
     # With numa_in_placement on: the same tree without NUMA children (the
-    # operator's files applied, not maintenance), which a cycle whose NUMA
-    # reshape is refused writes instead, so the refusal holds back no other
-    # change. None otherwise.
+    # operator's files and aggregates applied, not maintenance), which a
+    # cycle whose NUMA reshape is refused writes instead, so the refusal
+    # holds back no other change. None otherwise.
     without_numa: Optional[ProviderTree] = None
 
     @property
@@ -71,6 +75,7 @@ def desired_from(
     maintenance: Optional[Mapping] = None,
     known_uuids: Optional[Mapping[str, str]] = None,
     refused_files: Sequence[str] = (),
+    device_maintenance: Optional[Mapping] = None,
 ) -> Desired:
     """Pure: the tree this host should have under these settings.
 
@@ -83,11 +88,15 @@ def desired_from(
     previous = {name: set(traits) for name, traits in (previously_applied or {}).items()}
     tree = build_tree(settings, host, partition).with_uuids(known_uuids or {})
     tree = apply_provider_configs(tree, configs, {} if refused_files else previous)
+    if settings.placement_aggregates:
+        root = replace(tree.root, aggregates=frozenset(settings.placement_aggregates))
+        tree = ProviderTree((root,) + tree.providers[1:])
     notes = [
         f"provider file entry {c.source} names a provider that is not on this host: {c.identity}"
         for c in unmatched(tree, configs)
     ]
     notes += unmatched_device_options(settings, host)
+    notes += unmatched_specs(settings, host)
     notes += guest_fit.warnings(
         host.guests, partition.dedicated, getattr(partition, "shared", None)
     )
@@ -95,6 +104,8 @@ def desired_from(
     notes += offered.warnings if offered else ()
     tree, maintenance_notes = maint.apply(tree, maintenance)
     notes += maintenance_notes
+    tree, device_notes = devmaint.apply(tree, device_maintenance)
+    notes += device_notes
     now = applied_traits(configs, tree)
     if refused_files:
         notes += [
@@ -113,6 +124,7 @@ def desired_from(
         maintenance,
         tuple(notes),
         tuple(refused_files),
+        device_maintenance,
         numa_stranded(settings, host, partition),
         _without_numa(settings, host, partition, configs, known_uuids or {}),
     )
@@ -129,7 +141,11 @@ def _without_numa(
         return None
     flat = build_tree(replace(settings, numa_in_placement=False), host, partition)
     # No trait is removed from it: the next cycle with NUMA is the reference.
-    return apply_provider_configs(flat.with_uuids(known_uuids), configs, {})
+    flat = apply_provider_configs(flat.with_uuids(known_uuids), configs, {})
+    if settings.placement_aggregates:
+        root = replace(flat.root, aggregates=frozenset(settings.placement_aggregates))
+        flat = ProviderTree((root,) + flat.providers[1:])
+    return flat
 
 
 def numa_stranded(
@@ -189,6 +205,36 @@ def with_placement_maintenance(desired: Desired, root_traits) -> Desired:
     return replace(desired, tree=tree, maintenance=record, notes=desired.notes + tuple(notes))
 
 
+def with_placement_device_maintenance(desired, traits_by_name: Mapping) -> Any:
+    """Pure: ``desired`` with the children that carry the disabled trait in
+    Placement and have no record kept closed
+    (:func:`node_agent.policy.device_maintenance.held_by_placement`)."""
+    tree, notes = devmaint.held_by_placement(desired.tree, traits_by_name)
+    if not notes:
+        return desired
+    return replace(desired, tree=tree, notes=tuple(desired.notes) + tuple(notes))
+
+
+def forget_applied_device_offs(store, records: Optional[Mapping]) -> None:
+    """After a cycle that applied ``records`` cleanly: the ``off`` records
+    are done, so drop them (each unless changed since)."""
+    done = {n: r for n, r in (records or {}).items() if maint.requested(r) is False}
+    if not done:
+        return
+
+    def drop_if_unchanged(state: dict) -> None:
+        kept = dict(state.get(DEVICE_MAINTENANCE) or {})
+        for name, record in done.items():
+            if kept.get(name) == record:
+                del kept[name]
+        if kept:
+            state[DEVICE_MAINTENANCE] = kept
+        else:
+            state.pop(DEVICE_MAINTENANCE, None)
+
+    store.update(drop_if_unchanged)
+
+
 def forget_applied_off(store, record: Optional[Mapping]) -> None:
     """After a cycle that applied ``record`` cleanly: an ``off`` record is
     done, so drop it (unless the file has changed since), and from then on
@@ -227,6 +273,7 @@ def compute_desired(
         state.get(MAINTENANCE),
         state.get(PROVIDERS),
         refused,
+        state.get(DEVICE_MAINTENANCE),
     )
 
 

@@ -33,7 +33,11 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Callable, Generic, Iterable, Mapping, Optional, Protocol, TypeVar
 
-from node_agent.cycle.desired import Desired, with_placement_maintenance
+from node_agent.cycle.desired import (
+    Desired,
+    with_placement_device_maintenance,
+    with_placement_maintenance,
+)
 from node_agent.errors import HostBusy, ReshapeError
 from node_agent.model.provider_tree import PlacedTree, ProviderTree, with_held_ratios
 from node_agent.model.snapshot import Guest
@@ -44,6 +48,7 @@ from node_agent.placement.reshape_reads import plan_reshape, read_inventories, u
 from node_agent.placement.reshape_rules import guest_names
 from node_agent.placement.reshaper import ReshapeOutcome, ensure_reshaped
 from node_agent.placement.sync import SyncReport, TreeSyncer
+from node_agent.policy import device_maintenance as devmaint
 from node_agent.policy import maintenance as maint
 from node_agent.policy.capacity import Published, as_published, check, limits_of
 from node_agent.policy.child_owner import NUMA, ListedChild, child_kind
@@ -266,6 +271,14 @@ class Reconciler:
             for s in cached.values()
         )
 
+    def _flat(self, desired: Desired, flat: ProviderTree) -> Desired:
+        """``desired`` with ``flat`` (its tree without NUMA children) under
+        the same host and per-device maintenance."""
+        tree, _notes = maint.apply(flat, desired.maintenance)
+        tree, _notes = devmaint.apply(tree, getattr(desired, "device_maintenance", None))
+        tree, _notes = devmaint.held_by_placement(tree, self.syncer.traits_by_name(tree))
+        return replace(desired, tree=tree, without_numa=None)
+
     def _without_numa(self, desired: Desired, before_post, refused: tuple) -> tuple:
         """After a refused reshape that turns NUMA children on: the reshape
         of the same host without them (:attr:`Desired.without_numa`). When
@@ -277,8 +290,7 @@ class Reconciler:
         flat = getattr(desired, "without_numa", None)
         if flat is None or not self._flat_now(desired):
             return refused
-        tree, _notes = maint.apply(flat, desired.maintenance)
-        outcome, refusal, held = self._reshape(replace(desired, tree=tree), before_post)
+        outcome, refusal, held = self._reshape(self._flat(desired, flat), before_post)
         if refusal is not None:
             return refused
         reason = (
@@ -291,10 +303,12 @@ class Reconciler:
         """``desired`` kept in maintenance when Placement's root says so and
         the state file does not say otherwise (a lost or corrupt state file
         cannot end maintenance). Reads what the sync reads next, from the
-        syncer's cache between full verifications."""
-        if desired.maintenance:
-            return desired  # the state file decides; no read needed
-        return with_placement_maintenance(desired, self.syncer.root_traits(desired.tree))
+        syncer's cache between full verifications. Children carrying the
+        disabled trait with no record stay closed the same way
+        (:mod:`node_agent.policy.device_maintenance`)."""
+        if not desired.maintenance:  # else the state file decides
+            desired = with_placement_maintenance(desired, self.syncer.root_traits(desired.tree))
+        return with_placement_device_maintenance(desired, self.syncer.traits_by_name(desired.tree))
 
     def _capacity_guard(self, desired: Desired, tree: ProviderTree):
         """A check of the ``POST /reshaper`` body, called just before it is
@@ -441,8 +455,7 @@ class Reconciler:
         """The dry run of :meth:`_without_numa`: the host's plan without NUMA
         children when that plan is not refused too; its reshape lines follow
         the NUMA refusal."""
-        tree, _notes = maint.apply(flat, desired.maintenance)
-        plan = self.plan(replace(desired, tree=tree, without_numa=None))
+        plan = self.plan(self._flat(desired, flat))
         if plan[2] is not None and plan[2].get("refused"):
             return self.plan(replace(desired, without_numa=None))
         note = (

@@ -22,7 +22,12 @@ from node_agent.host.capabilities import parse_capabilities, parse_cpu_model_xml
 from node_agent.host.domain import parse_domain
 from node_agent.host.hypervisor_info import hypervisor_info
 from node_agent.host.sysfs import SysFS
-from node_agent.host.sysfs_pci import read_pci, read_pmem_namespace_names, with_mdev_parents
+from node_agent.host.sysfs_pci import (
+    read_pci,
+    read_pci_functions,
+    read_pmem_namespace_names,
+    with_mdev_parents,
+)
 from node_agent.host.sysfs_topology import SysfsTopology, read_topology
 from node_agent.host.warn_once import log_once
 from node_agent.model.settings import Settings
@@ -89,19 +94,32 @@ def image_cache_bytes(instances_path: str, subdirectory: str) -> int:
         return 0
 
 
-def memory_mb(topology: SysfsTopology, real_host: bool) -> tuple[int, list[str]]:
+def memory_mb(
+    topology: SysfsTopology, real_host: bool, libvirt_mb: Optional[int] = None
+) -> tuple[int, list[str]]:
     """Host memory in MiB.
 
-    On the real host the kernel's MemTotal (/proc/meminfo, via psutil) is the
-    total; the per-node sums only split it. On a fixture root, psutil knows
-    nothing of the fixture, so the node sums are used, and psutil only when
-    the tree has no node meminfo.
+    On the real host with libvirt, libvirt's virNodeGetInfo figure
+    (``libvirt_mb``), as nova reports it: otherwise the agent and
+    nova-compute publish two totals for one host. Without libvirt, the
+    kernel's MemTotal (/proc/meminfo, via psutil); the per-node sums only
+    split it. On a fixture root, psutil knows nothing of the fixture, so
+    the node sums are used, and psutil only when the tree has no node
+    meminfo.
     """
     nodes_mb = topology.memory_kb // 1024 if topology.memory_kb else None
     if nodes_mb is not None and not real_host:
         return nodes_mb, []
 
     total_mb = psutil.virtual_memory().total // (1024 * 1024)
+    if libvirt_mb is not None:
+        if abs(libvirt_mb - total_mb) > total_mb // 10:
+            return libvirt_mb, [
+                f"libvirt reports {libvirt_mb} MiB of memory (virNodeGetInfo: the "
+                f"NUMA nodes' MemTotal) but the kernel's MemTotal is {total_mb} MiB; "
+                "reporting libvirt's figure, as nova-compute does."
+            ]
+        return libvirt_mb, []
     if nodes_mb is not None and abs(nodes_mb - total_mb) > total_mb // 10:
         return total_mb, [
             f"NUMA node meminfo sums to {nodes_mb} MiB but the kernel's "
@@ -341,6 +359,8 @@ def discover(settings: Settings, hypervisor=None) -> HostSnapshot:
     gpus, sriov_pfs = _read_devices(settings)
     warnings = list(topology.warnings)
     facts = LibvirtFacts()
+    real_host = os.path.realpath(settings.sysfs_root) == "/sys"
+    libvirt_mb = None
     if settings.libvirt_uri:
         own = hypervisor is None
         if own:
@@ -350,6 +370,8 @@ def discover(settings: Settings, hypervisor=None) -> HostSnapshot:
             hypervisor = Hypervisor(settings.libvirt_uri, settings.domain_capabilities)
         try:
             facts = read_libvirt(hypervisor, settings)
+            if real_host and not hypervisor.is_test_driver:
+                libvirt_mb = hypervisor.memory_mb_total()
         except DiscoveryError:
             hypervisor.close()
             raise
@@ -362,14 +384,13 @@ def discover(settings: Settings, hypervisor=None) -> HostSnapshot:
             "[libvirt] connection_uri is empty: no hypervisor, so no guests "
             "and no CPU model; topology comes from sysfs alone."
         )
-    real_host = os.path.realpath(settings.sysfs_root) == "/sys"
     cpu_model = facts.cpu_model
     if not cpu_model.arch and real_host:
         cpu_model = HostCpuModel(
             platform.machine(), cpu_model.model, cpu_model.vendor, cpu_model.features
         )
     size_gb, disk_warnings = disk_gb(settings.instances_path, settings.images_type)
-    total_mb, memory_warnings = memory_mb(topology, real_host)
+    total_mb, memory_warnings = memory_mb(topology, real_host, libvirt_mb)
     disk_warnings += memory_warnings
     log_once(warnings + disk_warnings)
     return HostSnapshot(
@@ -390,6 +411,11 @@ def discover(settings: Settings, hypervisor=None) -> HostSnapshot:
         hypervisor=facts.hypervisor_info,
         guest_cpu_models=facts.guest_cpu_models,
         file_backed_memory_mb=settings.file_backed_memory,
+        pci_devices=(
+            read_pci_functions(SysFS(settings.sysfs_root))
+            if settings.pci_in_placement and settings.pci_device_specs
+            else ()
+        ),
         pmem_namespaces=(
             read_pmem_namespace_names(SysFS(settings.sysfs_root))
             if settings.pmem_namespaces

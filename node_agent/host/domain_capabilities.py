@@ -4,7 +4,7 @@ Pure: text in, a :class:`~node_agent.model.snapshot.DomainCaps` out. Only
 what nova's static traits read: the architecture and machine type, the
 disk buses, video models, TPM models and versions, and AMD SEV: whether it
 is supported, how many SEV and SEV-ES guests, the launch-security types,
-and whether the firmware loader offers UEFI secure boot.
+whether Intel TDX is supported, and whether the firmware loader offers UEFI secure boot.
 """
 
 from __future__ import annotations
@@ -34,14 +34,15 @@ def parse_domain_capabilities(xml: str) -> DomainCaps:
         machine=text_of(root, "machine"),
         disk_buses=frozenset(_values(disk, "bus") or ()),
         video_models=frozenset(_values(video, "modelType") or ()),
-        tpm_supported=tpm is not None and tpm.get("supported") == "yes",
+        tpm_supported=_supported(tpm),
         tpm_models=_values(tpm, "model") or (),
         tpm_backend_models=_values(tpm, "backendModel") or (),
         tpm_versions=versions,
-        sev_supported=sev is not None and sev.get("supported") == "yes",
+        sev_supported=_supported(sev),
         sev_max_guests=_count(sev, "maxGuests"),
         sev_max_es_guests=_count(sev, "maxESGuests"),
         launch_security=_launch_security(root.find("features/launchSecurity")),
+        tdx_supported=_supported(root.find("features/tdx")),
         secure_boot="yes" in (_values(root.find("os/loader"), "secure") or ()),
     )
 
@@ -55,8 +56,12 @@ def _count(sev: Optional[ET.Element], tag: str) -> Optional[int]:
     return value
 
 
+def _supported(element: Optional[ET.Element]) -> bool:
+    return element is not None and element.get("supported") == "yes"
+
+
 def _launch_security(element: Optional[ET.Element]) -> frozenset[str]:
-    if element is None or element.get("supported") != "yes":
+    if not _supported(element):
         return frozenset()
     return frozenset(_values(element, "sectype") or ())
 

@@ -163,6 +163,19 @@ class Hypervisor:
                 ) from exc
             return 0  # libvirt refuses the CPU itself: incompatible, as nova reads it
 
+    @property
+    def is_test_driver(self) -> bool:
+        """libvirt's test driver (``test:///...``): it describes an imagined
+        host, not the one the agent runs on."""
+        return self.uri.split(":", 1)[0].split("+", 1)[0] == "test"
+
+    def memory_mb_total(self) -> int:
+        """The host's memory in MiB as libvirt's virNodeGetInfo gives it:
+        what nova's ``Host.get_memory_mb_total`` reports as MEMORY_MB. On
+        Linux libvirt sums the NUMA nodes' MemTotal, which can be less than
+        the kernel's /proc/meminfo MemTotal (memory outside every node)."""
+        return self._call("read the node info", lambda conn: int(conn.getInfo()[1]))
+
     def versions(self) -> tuple[int, int]:
         """(libvirt version, hypervisor version), each major*1e6+minor*1e3+micro."""
         return self._call("read versions", lambda conn: (conn.getLibVersion(), conn.getVersion()))

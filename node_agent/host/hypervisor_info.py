@@ -1,6 +1,7 @@
 """The hypervisor facts nova's static traits depend on: libvirt's and QEMU's
 versions, the domain capabilities (when ``[libvirt] domain_capabilities``
-opens the read-write connection they need) and kvm_amd's SEV parameters.
+opens the read-write connection they need), kvm_amd's SEV parameters and
+the misc cgroup's Intel TDX capacity.
 Read by :func:`node_agent.host.discover.discover`; the traits themselves are
 :mod:`node_agent.tree.hypervisor_traits`'s."""
 
@@ -75,7 +76,8 @@ def hypervisor_info(hypervisor, caps, settings: Settings) -> HypervisorInfo:
         _version(qemu_version),
         domain_caps,
         kvm_amd_parameters(SysFS(settings.sysfs_root)),
-        hypervisor.hv_type(),
+        hv_type=hypervisor.hv_type(),
+        tdx_capacity=tdx_capacity(SysFS(settings.sysfs_root)),
     )
 
 
@@ -92,6 +94,25 @@ def kvm_amd_parameters(sysfs: SysFS) -> frozenset[str]:
         if text is not None and text.strip().lower() in _TRUE:
             found.add(name)
     return frozenset(found)
+
+
+def tdx_capacity(sysfs: SysFS) -> Optional[int]:
+    """The ``tdx`` line of the kernel misc cgroup's ``misc.capacity``, as
+    nova's ``Host._get_cgroup_tdx_capacity`` reads it; None without the
+    file, the line or a number on it (nova then takes [libvirt]
+    num_intel_tdx_guests alone)."""
+    text = sysfs.read("fs/cgroup/misc.capacity")
+    if text is None:
+        return None
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0] == "tdx":
+            try:
+                value = int(parts[1])
+            except ValueError:
+                break
+            return value if value >= 0 else None
+    return None
 
 
 _DOMAIN_CAPS: dict[tuple, Optional[str]] = {}

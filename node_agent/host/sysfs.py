@@ -72,6 +72,17 @@ class SysFS:
                 return None
             raise DiscoveryError(f"cannot list {full}: {exc.strerror or exc}") from exc
 
+    def link_name(self, relpath: str) -> str | None:
+        """The last part of a symlink's target (``physfn`` -> the PF's
+        address), or None when there is no such link."""
+        full = self.path(relpath)
+        try:
+            return os.path.basename(os.readlink(full))
+        except OSError as exc:
+            if exc.errno in _ABSENT:
+                return None
+            raise DiscoveryError(f"cannot read link {full}: {exc.strerror or exc}") from exc
+
     def exists(self, relpath: str) -> bool:
         """True when ``relpath`` exists (following symlinks, as sysfs readers
         do), False when it does not; like read, any other failure (a link

@@ -21,7 +21,17 @@ from typing import Optional
 
 from node_agent.errors import DiscoveryError
 from node_agent.host.sysfs import SysFS
-from node_agent.model.snapshot import Guest, GuestMdev, MdevTypeInfo, PciGpu, SriovPf
+from node_agent.model.snapshot import (
+    PCI_PF,
+    PCI_STANDARD,
+    PCI_VF,
+    Guest,
+    GuestMdev,
+    MdevTypeInfo,
+    PciDevice,
+    PciGpu,
+    SriovPf,
+)
 
 DEVICES = "bus/pci/devices"
 
@@ -116,6 +126,39 @@ def read_pci(sysfs: SysFS) -> tuple[tuple[PciGpu, ...], tuple[SriovPf, ...]]:
         if pf:
             pfs.append(pf)
     return tuple(gpus), tuple(pfs)
+
+
+def read_pci_function(sysfs: SysFS, address: str) -> Optional[PciDevice]:
+    """One function as nova's libvirt driver types it: type-PF when it
+    has ``sriov_totalvfs`` > 0 (libvirt's ``virt_functions``), type-VF when
+    it has a ``physfn`` link, else type-PCI. None without vendor or device
+    (not a PCI function)."""
+    base = f"{DEVICES}/{address}"
+    vendor = parse_pci_id(sysfs.read(f"{base}/vendor"))
+    product = parse_pci_id(sysfs.read(f"{base}/device"))
+    if not vendor or not product:
+        return None
+    parent = sysfs.link_name(f"{base}/physfn")
+    if parent:
+        dev_type = PCI_VF
+    elif _read_int(sysfs, f"{base}/sriov_totalvfs"):
+        dev_type = PCI_PF
+    else:
+        dev_type = PCI_STANDARD
+    return PciDevice(
+        address=address,
+        vendor_id=vendor,
+        product_id=product,
+        dev_type=dev_type,
+        parent_addr=parent,
+        numa_node=_numa_node(sysfs, base),
+    )
+
+
+def read_pci_functions(sysfs: SysFS) -> tuple[PciDevice, ...]:
+    """Every PCI function, by address (for ``[pci] report_in_placement``)."""
+    found = (read_pci_function(sysfs, a) for a in sysfs.listdir(DEVICES) or ())
+    return tuple(d for d in found if d is not None)
 
 
 def mdev_parents(gpus: tuple[PciGpu, ...]) -> dict[str, str]:

@@ -7,9 +7,12 @@ Pure. Each option value is one JSON object in nova's ``device_spec`` style::
     {"address": "*:81:00.*", "vendor_id": "8086", "physical_network": "physnet1"}
 
 ``address`` may use shell wildcards (``*``, ``?``) per field, as nova's
-string form does. Only specs with a ``physical_network`` create SR-IOV
-children; others (GPU or NVMe passthrough in a nova config) are accepted
-and ignored so a nova config can be reused as is.
+string form does. Specs with a ``physical_network`` create SR-IOV
+children; with ``[pci] report_in_placement`` the others make the devices
+they match children of their own (:mod:`node_agent.tree.pci_placement`),
+described by nova's tags ``resource_class``, ``traits``, ``one_time_use``
+and ``live_migratable``. Without it they are accepted and ignored, so a
+nova config can be reused as is.
 """
 
 from __future__ import annotations
@@ -31,8 +34,17 @@ _KNOWN_KEYS = frozenset(
         "physical_network",
         "trusted",
         "remote_managed",
+        "managed",
+        "resource_class",
+        "traits",
+        "one_time_use",
+        "live_migratable",
     }
 )
+# Tags nova reads as booleans (oslo's strict bool_from_string spellings).
+_BOOL_TAGS = ("managed", "one_time_use", "live_migratable")
+_TRUE = frozenset({"1", "t", "true", "on", "y", "yes"})
+_FALSE = frozenset({"0", "f", "false", "off", "n", "no"})
 _HEX4 = re.compile(r"^[0-9a-fA-F]{4}$")
 EXAMPLE = '{"address": "0000:81:00.0", "physical_network": "physnet1"}'
 OPTION = "[pci] device_spec"
@@ -45,6 +57,16 @@ class PciDeviceSpec:
     devname: Optional[str] = None
     vendor_id: Optional[str] = None
     product_id: Optional[str] = None
+    resource_class: Optional[str] = None
+    traits: Optional[str] = None  # nova's comma-separated list, as written
+    one_time_use: bool = False
+    live_migratable: bool = False
+
+    @property
+    def single_address(self) -> bool:
+        """The address names one function (no wildcard): nova then also
+        matches the VFs of that address when it is a PF."""
+        return self.address is not None and not any(c in self.address for c in "*?[")
 
     def matches(
         self,
@@ -53,14 +75,14 @@ class PciDeviceSpec:
         vendor_id: Optional[str] = None,
         product_id: Optional[str] = None,
     ) -> bool:
-        if self.address is not None and not fnmatch.fnmatchcase(address, self.address):
-            return False
-        if self.devname is not None and self.devname not in tuple(netdevs):
-            return False
+        # The id comparisons first: they are cheap and rule out most of a
+        # host's hundreds of functions before any glob is matched.
         for wanted, have in ((self.vendor_id, vendor_id), (self.product_id, product_id)):
             if wanted is not None and (have or "").lower() != wanted.lower():
                 return False
-        return True
+        if self.address is not None and not fnmatch.fnmatchcase(address, self.address):
+            return False
+        return self.devname is None or self.devname in tuple(netdevs)
 
 
 def physnet_trait(physnet: str) -> str:
@@ -68,10 +90,26 @@ def physnet_trait(physnet: str) -> str:
     return os_traits.normalize_name("PHYSNET_" + physnet)
 
 
+_ADDRESS_WIDTHS = (4, 2, 2, 1)  # domain, bus, slot, function (hex digits)
+
+
 def _normalise_address(address: str) -> str:
-    """Lower case, and a 4-digit domain when only bus:slot.function is given."""
+    """nova's glob form (``PciAddressGlobSpec``) as one glob: a missing or
+    empty field (``81:00.0``, ``0000:81:00.``) is any, a hex field is
+    zero-padded lower case (``81:0.1`` -> ``*:81:00.1``)."""
     address = address.strip().lower()
-    return address if address.count(":") >= 2 else "0000:" + address
+    dbs, _sep, func = address.partition(".")
+    fields = dbs.split(":") if dbs else []
+    if len(fields) > 3:
+        raise ValueError(f"address '{address}' has more than domain:bus:slot.function")
+    fields = ["*"] * (3 - len(fields)) + fields + [func]
+    out = []
+    for text, width in zip(fields, _ADDRESS_WIDTHS):
+        text = text.strip() or "*"
+        if all(c in "0123456789abcdef" for c in text):
+            text = text.zfill(width)
+        out.append(text)
+    return f"{out[0]}:{out[1]}:{out[2]}.{out[3]}"
 
 
 def parse_spec(text: str) -> PciDeviceSpec:
@@ -85,7 +123,11 @@ def parse_spec(text: str) -> PciDeviceSpec:
     unknown = sorted(set(data) - _KNOWN_KEYS)
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join(unknown)}")
+    flags = {}
     for key, value in data.items():
+        if key in _BOOL_TAGS:
+            flags[key] = _bool_tag(key, value)
+            continue
         if key in ("trusted", "remote_managed"):
             continue
         if not isinstance(value, str) or not value.strip():
@@ -107,7 +149,22 @@ def parse_spec(text: str) -> PciDeviceSpec:
         devname=data.get("devname"),
         vendor_id=data.get("vendor_id"),
         product_id=data.get("product_id"),
+        resource_class=data.get("resource_class"),
+        traits=data.get("traits"),
+        one_time_use=flags.get("one_time_use", False),
+        live_migratable=flags.get("live_migratable", False),
     )
+
+
+def _bool_tag(key: str, value) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ValueError(f"'{key}' must be true or false, not {value!r}")
 
 
 def parse_device_specs(values: Iterable[str], problems: list[str]) -> tuple[PciDeviceSpec, ...]:

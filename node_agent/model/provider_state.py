@@ -30,6 +30,9 @@ class ProviderState:
     parent_uuid: Optional[str]
     inventories: Mapping[str, dict] = field(default_factory=dict)
     traits: frozenset = frozenset()
+    # None: not read (the agent reads a provider's aggregates only when it
+    # has aggregates to keep on it).
+    aggregates: Optional[frozenset] = None
 
 
 def inventory_equal(a: Mapping, b: Mapping) -> bool:

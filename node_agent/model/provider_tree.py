@@ -80,6 +80,9 @@ class Provider:
     # trait -> True (the agent wants it) / False (the agent wants it gone).
     # Traits absent from this map belong to someone else and are left alone.
     traits: Mapping[str, bool] = field(default_factory=dict)
+    # Aggregate uuids the agent wants this provider in ([placement]
+    # aggregates, on the root); others' aggregates are left alone.
+    aggregates: frozenset[str] = frozenset()
 
     @property
     def wanted_traits(self) -> frozenset[str]:

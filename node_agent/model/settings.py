@@ -81,6 +81,8 @@ class Settings:
     mdev_types: tuple[MdevTypeSettings, ...] = ()
     pci_device_specs: tuple[PciDeviceSpec, ...] = ()
     report_sriov_numvfs: bool = True
+    # [pci] report_in_placement (nova's): matched devices become children.
+    pci_in_placement: bool = False
     node_resource_class: Optional[str] = None
     # [agent] mode and upstream, as one typed choice.
     cycle_mode: CycleMode = CycleMode.DIRECT
@@ -90,6 +92,8 @@ class Settings:
     # take over a root another writer manages.
     machine_id_path: str = "/etc/machine-id"
     take_over_provider: bool = False
+    # [placement] aggregates: uuids the root joins (canonical, sorted).
+    placement_aggregates: tuple[str, ...] = ()
     upstream_key_file: str = ""
     # [libvirt] cpu_power_management: dedicated CPUs may be offline.
     cpu_power_management: bool = False
@@ -104,6 +108,9 @@ class Settings:
     domain_capabilities: bool = False
     # [libvirt] num_memory_encrypted_guests: caps each memory-encryption total.
     num_memory_encrypted_guests: Optional[int] = None
+    # [libvirt] num_intel_tdx_guests (nova's): the TDX guests when the misc
+    # cgroup does not say; the lower of the two when it does.
+    num_intel_tdx_guests: Optional[int] = None
     # [libvirt] pmem_namespaces (nova's): (label, namespace names), in order.
     pmem_namespaces: tuple[tuple[str, tuple[str, ...]], ...] = ()
     # [libvirt] file_backed_memory (nova's): MEMORY_MB total in MiB, 0 = RAM.

@@ -76,6 +76,8 @@ class DomainCaps:
     sev_max_es_guests: Optional[int] = None
     # <launchSecurity supported='yes'> sectypes (sev, sev-snp, tdx, s390-pv).
     launch_security: frozenset[str] = frozenset()
+    # <features><tdx supported='yes'/>: Intel TDX, as nova reads it.
+    tdx_supported: bool = False
     # <os><loader><enum name='secure'> offers 'yes': UEFI secure boot.
     secure_boot: bool = False
 
@@ -96,6 +98,10 @@ class HypervisorInfo:
     # ``sev_snp`` (/sys/module/kvm_amd/parameters): the kernel's half of
     # memory encryption, as nova's ``Host._kernel_supports_amd_sev`` reads it.
     kvm_amd: frozenset[str] = frozenset()
+    # The kernel misc cgroup's ``tdx`` capacity (/sys/fs/cgroup/misc.capacity):
+    # the TDX guests the host has keys for; None when the file or its line
+    # is missing or unreadable (nova then needs [libvirt] num_intel_tdx_guests).
+    tdx_capacity: Optional[int] = None
     # virConnectGetType: "QEMU" for qemu:///system (nova checks it for the
     # address-space traits); None when not read.
     hv_type: Optional[str] = None
@@ -172,6 +178,24 @@ class SriovPf:
     netdevs: tuple[str, ...] = ()
 
 
+# nova's PCI device types (nova.objects.fields.PciDeviceType).
+PCI_STANDARD, PCI_PF, PCI_VF = "type-PCI", "type-PF", "type-VF"
+
+
+@dataclass(frozen=True)
+class PciDevice:
+    """A PCI function, typed as nova types it: a PF has ``sriov_totalvfs``
+    (libvirt's ``virt_functions`` capability), a VF a ``physfn`` (its PF's
+    address is ``parent_addr``), any other is standard."""
+
+    address: str
+    vendor_id: str
+    product_id: str
+    dev_type: str = PCI_STANDARD
+    parent_addr: Optional[str] = None
+    numa_node: Optional[int] = None
+
+
 @dataclass(frozen=True)
 class HostSnapshot:
     """Everything one discovery cycle learnt about the host."""
@@ -206,6 +230,8 @@ class HostSnapshot:
     # Names of the host's persistent-memory namespaces (sysfs alt_name),
     # read only with [libvirt] pmem_namespaces.
     pmem_namespaces: frozenset[str] = frozenset()
+    # Every PCI function, read only with [pci] report_in_placement.
+    pci_devices: tuple[PciDevice, ...] = ()
 
     def node_of(self, cpu_id: int) -> Optional[int]:
         for node in self.nodes:

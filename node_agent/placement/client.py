@@ -195,6 +195,10 @@ class PlacementReads:
         """``{resource_provider_generation, traits}`` of one provider."""
         return self._read(routes.traits(uuid), _GENERATION, "traits")
 
+    def aggregates(self, uuid: str) -> dict:
+        """``{resource_provider_generation, aggregates}`` of one provider (1.19)."""
+        return self._read(routes.aggregates(uuid), _GENERATION, "aggregates")
+
     def usages(self, uuid: str) -> dict:
         """``{resource_provider_generation, usages}`` of one provider."""
         return self._read(routes.usages(uuid), _GENERATION, "usages")
@@ -347,6 +351,9 @@ class PlacementClient(PlacementReads):
 
     def put_traits(self, uuid: str, body: dict) -> dict:
         return self._request("PUT", routes.traits(uuid), body)
+
+    def put_aggregates(self, uuid: str, body: dict) -> dict:
+        return self._request("PUT", routes.aggregates(uuid), body)
 
     def delete_provider(self, uuid: str) -> None:
         self._request("DELETE", routes.provider(uuid), None)

@@ -4,10 +4,11 @@
 Placement holds (:class:`~node_agent.model.provider_state.ProviderState`
 per provider) and returns the ordered
 requests (:class:`Change`) that close the gap: custom resource classes and
-traits first, missing providers top-down, inventories, traits, then deletion
-of children the agent created and no longer wants, bottom-up. It never
-touches aggregates, never removes a trait the agent has no opinion on, never
-deletes a provider it did not create. The inventory diffs the shell
+traits first, missing providers top-down, inventories, traits, aggregates,
+then deletion of children the agent created and no longer wants, bottom-up.
+It never removes a trait the agent has no opinion on, nor an aggregate it
+did not add (:mod:`node_agent.policy.aggregates`), never deletes a provider
+it did not create. The inventory diffs the shell
 (:mod:`node_agent.placement.sync`) and the applier share live here too; the
 comparisons are :mod:`node_agent.model.provider_state`'s, shared with drift.
 """
@@ -26,6 +27,7 @@ from node_agent.model.provider_state import (
 )
 from node_agent.model.provider_tree import PlacedTree, Provider, ProviderTree, placement_inventories
 from node_agent.placement import routes
+from node_agent.policy import aggregates as aggs
 
 CUSTOM = "CUSTOM_"
 
@@ -175,6 +177,31 @@ def _traits_change(provider: Provider, state: ProviderState, generation: int) ->
     )
 
 
+def aggregates_change(
+    provider: Provider,
+    state: ProviderState,
+    generation: int,
+    ours: Optional[frozenset] = None,
+) -> Optional[Change]:
+    """The aggregates PUT of ``provider``: what Placement holds with the
+    agent's wanted aggregates added and the ones it added (``ours``) and no
+    longer wants removed. None when nothing changes, or when the agent has
+    no aggregates to keep on this provider."""
+    if not provider.aggregates and not ours:
+        return None
+    current = state.aggregates or frozenset()
+    new = aggs.merged(current, provider.aggregates, ours)
+    if new == current:
+        return None
+    return Change(
+        "aggregates",
+        state.uuid,
+        f"aggregates {aggs.describe(current, new)} on {provider.name}",
+        {"resource_provider_generation": generation, "aggregates": sorted(new)},
+        provider.name,
+    )
+
+
 def _depth(uuid: str, actual: Mapping[str, ProviderState]) -> int:
     depth, seen = 0, set()
     while uuid in actual and uuid not in seen:
@@ -226,6 +253,7 @@ def plan_changes(
     *,
     known_resource_classes: Iterable[str] = (),
     known_traits: Iterable[str] = (),
+    root_aggregates_ours: Optional[frozenset] = None,
 ) -> list[Change]:
     """The ordered requests that make Placement hold ``desired``.
 
@@ -235,7 +263,9 @@ def plan_changes(
     Inventory and trait bodies carry the generation ``actual`` shows (0 for a
     provider this plan creates, plus one per earlier write in the plan); the
     shell re-reads and retries when Placement answers 409 concurrent_update.
-    Only providers in ``owned_children`` are ever deleted.
+    Only providers in ``owned_children`` are ever deleted; of the root's
+    aggregates only those in ``root_aggregates_ours`` (the ones the agent
+    added; None: not known) are ever removed.
     """
     placed = PlacedTree.of(desired)  # raises ValueError naming providers without one
     changes = _ensure_custom_changes(placed, actual, known_resource_classes, known_traits)
@@ -258,6 +288,13 @@ def plan_changes(
             if change:
                 changes.append(change)
                 generations[uuid] += 1
+    for provider in placed.providers:
+        uuid = placed.uuid(provider)
+        ours = root_aggregates_ours if provider.parent is None else None
+        change = aggregates_change(provider, states[uuid], generations[uuid], ours)
+        if change:
+            changes.append(change)
+            generations[uuid] += 1
     return changes + _delete_changes(placed, actual, owned_children)
 
 

@@ -27,6 +27,10 @@ def traits(uuid: str) -> str:
     return f"{PROVIDERS}/{uuid}/traits"
 
 
+def aggregates(uuid: str) -> str:
+    return f"{PROVIDERS}/{uuid}/aggregates"
+
+
 def usages(uuid: str) -> str:
     return f"{PROVIDERS}/{uuid}/usages"
 
@@ -69,6 +73,7 @@ _CHANGES = {
     "update": ("PUT", provider),
     "inventories": ("PUT", inventories),
     "traits": ("PUT", traits),
+    "aggregates": ("PUT", aggregates),
     "delete": ("DELETE", provider),
 }
 CHANGE_KINDS = frozenset(_CHANGES)

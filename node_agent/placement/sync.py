@@ -40,9 +40,12 @@ from node_agent.placement.sync_context import Replan, SyncContext, SyncReport
 from node_agent.placement.tree_cache import TreeCache
 from node_agent.placement.tree_writer import TreeWriter
 from node_agent.placement.usage_guard import UsageGuard
+from node_agent.policy import aggregates as aggs
 from node_agent.policy import capacity as cap
 from node_agent.policy import root_owner
-from node_agent.state import OWNED_CHILDREN, PROVIDERS, ROOT_UUID, Store
+from node_agent.state import AGGREGATES, OWNED_CHILDREN, PROVIDERS, ROOT_UUID, Store
+from node_agent.tree import pci_placement
+from node_agent.tree.child_names import child_suffix
 
 LOG = logging.getLogger(__name__)
 
@@ -102,8 +105,16 @@ class TreeSyncer:
         self._guard = UsageGuard(client)
         self._gate = CapacityGate(client, self._guard)
         self._writer = TreeWriter(
-            client, self._cache, self._guard, self._adopted, self._deleted, self._claim
+            client,
+            self._cache,
+            self._guard,
+            self._adopted,
+            self._deleted,
+            self._claim,
+            aggregates_ours=self._aggregates_ours,
+            aggregates_written=self._aggregates_written,
         )
+        self._warned_aggregates: set[str] = set()
         self._last_capacity: Optional[dict] = None
         self._last_cuts: list = []
         self._last_errors: list[str] = []
@@ -202,28 +213,78 @@ class TreeSyncer:
             return []  # the trait is not defined yet: no provider carries it
         return [rp for rp in marked if not rp.get("parent_provider_uuid")]
 
-    def _actual(self, root_uuid: Optional[str], host: str) -> dict[str, ProviderState]:
+    def _actual(
+        self, root_uuid: Optional[str], host: str, aggregates: bool = False
+    ) -> dict[str, ProviderState]:
+        """What Placement holds of the tree; ``aggregates``: the root's
+        aggregates too (read once, then kept in the cache like the rest)."""
         cached = self._cache.providers
         if cached is not None and not self._verify_due():
-            return dict(cached)
-        actual = self._full_read(root_uuid) if root_uuid else {}
-        now = self.clock()
-        self._cache.read_whole(
-            actual, now, self._cache.next_due(now, host, self.full_verify_interval, self.spread)
-        )
+            actual = dict(cached)
+        else:
+            actual = self._full_read(root_uuid) if root_uuid else {}
+            now = self.clock()
+            self._cache.read_whole(
+                actual, now, self._cache.next_due(now, host, self.full_verify_interval, self.spread)
+            )
+        if aggregates and root_uuid in actual and actual[root_uuid].aggregates is None:
+            actual[root_uuid] = self._read_aggregates(actual[root_uuid])
         return actual
+
+    def _read_aggregates(self, state: ProviderState) -> ProviderState:
+        got = self.client.aggregates(state.uuid)
+        held = self._cache.held
+        if state.uuid in held:
+            self._cache.mark_if_moved(state.uuid, got["resource_provider_generation"])
+        state = replace(state, aggregates=frozenset(got["aggregates"]))
+        if state.uuid in held:
+            held[state.uuid] = replace(held[state.uuid], aggregates=state.aggregates)
+        return state
+
+    def _aggregates_ours(self, root_uuid: Optional[str]) -> Optional[frozenset]:
+        """The root's aggregates the agent added (the state file's record);
+        None when it has no record for this root."""
+        record = self._state.get(AGGREGATES)
+        if not record or not root_uuid or record.get("root_uuid") != root_uuid:
+            return None
+        return frozenset(record.get("ours") or ())
+
+    def _aggregates_written(self, root_uuid: str, before: frozenset, after: frozenset) -> None:
+        """Record at once which of the root's aggregates are the agent's: a
+        crash after this write cannot make the next run remove an
+        operator's aggregate (:func:`node_agent.policy.aggregates.owned_after`)."""
+        ours = aggs.owned_after(self._aggregates_ours(root_uuid), before, after)
+        record = {"root_uuid": root_uuid, "ours": sorted(ours)}
+        if self._state.get(AGGREGATES) != record:
+            self._state = self.store.put(AGGREGATES, record)
+
+    def _warn_unknown_aggregates(self, ctx: SyncContext) -> None:
+        root = ctx.actual.get(ctx.tree.root_uuid)
+        if root is None or root.aggregates is None:
+            return
+        names = aggs.unknown_owner(
+            self._aggregates_ours(root.uuid), root.aggregates, ctx.tree.root.aggregates
+        )
+        new = [n for n in names if n not in self._warned_aggregates]
+        if new:
+            self._warned_aggregates.update(new)
+            LOG.warning("%s", aggs.unknown_owner_warning(ctx.tree.root.name, new))
 
     def _prepare(self, desired: ProviderTree) -> SyncContext:
         from_state = bool(self._state.get(ROOT_UUID))
         root_uuid = self._root_uuid(desired)
-        actual = self._actual(root_uuid, desired.root.name)
+        keeps_aggregates = bool(desired.root.aggregates or self._aggregates_ours(root_uuid))
+        actual = self._actual(root_uuid, desired.root.name, keeps_aggregates)
+        desired = self._pci_at_usage(desired, actual, root_uuid)
         by_name = {s.name: s.uuid for s in actual.values()}
         saved = self._state.get(PROVIDERS, {})
         held_root = actual.get(root_uuid) if root_uuid else None
         renamed = _renamed(held_root.name if held_root else None, desired.root.name)
+        by_suffix = _children_by_suffix(actual.values(), root_uuid, set(desired.names()))
         uuids = {
             p.name: by_name.get(p.name)
             or by_name.get(renamed(p.name))
+            or by_suffix.get(p.name[len(desired.root.name) + 1 :] if p.parent else "")
             or saved.get(p.name)
             or str(uuidlib.uuid4())
             for p in desired.providers
@@ -236,6 +297,19 @@ class TreeSyncer:
             desired = self._claim.claimed(desired, root, from_state)
             unclaimed = self._claim.needs_mark(root)
         return SyncContext(desired.placed(uuids), actual, unclaimed=unclaimed)
+
+    def _pci_at_usage(self, desired: ProviderTree, actual, root_uuid) -> ProviderTree:
+        """The PCI children as their usage requires
+        (:func:`node_agent.tree.pci_placement.at_usage`): usages are read only
+        for children that vanish, shrink or are one-time-use and unreserved."""
+        if not root_uuid:
+            return desired
+        held = [s for s in actual.values() if pci_placement.is_pci_child(s, root_uuid)]
+        if not held:
+            return desired
+        need = [s for s in held if pci_placement.needs_usage(desired, s)]
+        usages = {s.name: self._guard.usages(s.uuid) for s in need}
+        return pci_placement.at_usage(desired, held, usages)
 
     def held_uuids(self, desired: ProviderTree) -> dict[str, str]:
         """Name -> uuid of the desired providers Placement holds, found as
@@ -263,12 +337,14 @@ class TreeSyncer:
         return set(self._state.get(OWNED_CHILDREN, [])) | found
 
     def _plan(self, ctx: SyncContext) -> list[Change]:
+        self._warn_unknown_aggregates(ctx)
         return plan_changes(
             ctx.tree,
             ctx.actual,
             self._owned(ctx),
             known_resource_classes=self._writer.known_classes,
             known_traits=self._writer.known_traits,
+            root_aggregates_ours=self._aggregates_ours(ctx.tree.root_uuid),
         )
 
     def plan(self, desired: ProviderTree) -> list[Change]:
@@ -508,6 +584,23 @@ class TreeSyncer:
             **self._state,
             OWNED_CHILDREN: [u for u in self._state.get(OWNED_CHILDREN, []) if u != uuid],
         }
+
+
+def _children_by_suffix(
+    held: Iterable[ProviderState], root_uuid: Optional[str], wanted: set[str]
+) -> dict[str, str]:
+    """suffix -> uuid of the root's children named as the agent names them
+    but after another host name (``old_NUMA_0``), none of them a name the
+    tree wants: a root the operator renamed while the state file was lost
+    keeps its children's uuids, and their allocations, as a rename the
+    agent makes does (:func:`_renamed`)."""
+    found = {}
+    for provider in held:
+        if root_uuid and provider.parent_uuid == root_uuid and provider.name not in wanted:
+            suffix = child_suffix(provider.name)
+            if suffix is not None:
+                found[suffix] = provider.uuid
+    return found
 
 
 def _renamed(held: Optional[str], wanted: str):

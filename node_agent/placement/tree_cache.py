@@ -159,6 +159,7 @@ class TreeCache:
                     "parent_uuid": s.parent_uuid,
                     "inventories": {rc: dict(inv) for rc, inv in s.inventories.items()},
                     "traits": sorted(s.traits),
+                    "aggregates": None if s.aggregates is None else sorted(s.aggregates),
                 }
                 for s in self.providers.values()
             ],
@@ -188,6 +189,7 @@ class TreeCache:
                     p["parent_uuid"],
                     {rc: dict(inv) for rc, inv in p["inventories"].items()},
                     frozenset(p["traits"]),
+                    None if p.get("aggregates") is None else frozenset(p["aggregates"]),
                 )
                 for p in data["providers"]
             }

@@ -45,6 +45,7 @@ from node_agent.placement.root_claim import RootClaim
 from node_agent.placement.sync_context import Replan, SyncContext, SyncReport, body_of
 from node_agent.placement.tree_cache import TreeCache
 from node_agent.placement.usage_guard import UsageGuard, cuts
+from node_agent.policy import aggregates as aggs
 
 # Under the syncer's name, as before the split: operators filter on it.
 LOG = logging.getLogger("node_agent.placement.sync")
@@ -67,8 +68,12 @@ class TreeWriter:
         adopted: Callable[[str, str, bool], None],
         deleted: Callable[[str], None],
         claim: Optional[RootClaim] = None,
+        aggregates_ours: Callable[[str], Optional[frozenset]] = lambda _root: None,
+        aggregates_written: Callable[[str, frozenset, frozenset], None] = lambda *_: None,
     ):
         self.client = client
+        self._aggregates_ours = aggregates_ours
+        self._aggregates_written = aggregates_written
         self._claim = claim
         self._cache = cache
         self._guard = guard
@@ -92,6 +97,7 @@ class TreeWriter:
             "update": self._update,
             "inventories": self._put_inventories,
             "traits": self._put_traits,
+            "aggregates": self._put_aggregates,
             "delete": self._delete,
         }
         root = ctx.tree.root_uuid
@@ -379,4 +385,49 @@ class TreeWriter:
             generation=result["resource_provider_generation"],
             traits=frozenset(result["traits"]),
         )
+        return True, []
+
+    # -- aggregates
+
+    def _put_aggregates(
+        self, ctx: SyncContext, change: Change, attempt: int
+    ) -> tuple[bool, list[str]]:
+        """PUT the root's aggregates: what Placement holds, with the agent's
+        added and only its own removed (:func:`node_agent.policy.aggregates.merged`),
+        at the provider's generation. 409 concurrent_update (an operator or
+        nova-api set aggregates meanwhile): GET them again, merge again and
+        retry (bounded). Which ones are the agent's is recorded right after
+        the write."""
+        uuid = change.target
+        provider = ctx.tree.by_name(change.provider) if change.provider else None
+        if provider is None:
+            raise ValueError(f"{change.summary}: its provider is not in the desired tree")
+        ours = self._aggregates_ours(uuid)
+        for try_ in self._retrying():
+            with try_:
+                state = self._held[uuid]
+                if try_.retry_state.attempt_number > 1 or (
+                    state.aggregates is None and uuid not in ctx.created
+                ):
+                    got = self.client.aggregates(uuid)
+                    self._cache.mark_if_moved(uuid, got["resource_provider_generation"])
+                    state = replace(
+                        state,
+                        aggregates=frozenset(got["aggregates"]),
+                        generation=got["resource_provider_generation"],
+                    )
+                    self._held[uuid] = state
+                before = state.aggregates or frozenset()
+                new = aggs.merged(before, provider.aggregates, ours)
+                if new == before:
+                    return False, []
+                result = self.client.put_aggregates(
+                    uuid,
+                    {"resource_provider_generation": state.generation, "aggregates": sorted(new)},
+                )
+        after = frozenset(result["aggregates"])
+        self._held[uuid] = replace(
+            state, generation=result["resource_provider_generation"], aggregates=after
+        )
+        self._aggregates_written(uuid, before, after)
         return True, []

@@ -284,17 +284,15 @@ def audit(
                 why = "a migration's allocation (consumer_type MIGRATION)"
             elif consumer in migrating:
                 why = (
-                    "the migration record of guest "
-                    + ", ".join(g.name for g in migrating[consumer])
-                    + " (its owner and size; the guest's own allocation moved): "
-                    "a resize or migration in progress"
+                    f"the migration record of guest {_names(migrating[consumer])} (its owner "
+                    "and size; the guest's own allocation moved): a resize or migration "
+                    "in progress"
                 )
             elif consumer in resizing:
                 why = (
-                    "maybe the old flavor of guest "
-                    + ", ".join(g.name for g in resizing[consumer])
-                    + " (its owner; the guest holds its new flavor here): a resize "
-                    "on this host not yet confirmed"
+                    f"maybe the old flavor of guest {_names(resizing[consumer])} (its owner; "
+                    "the guest holds its new flavor here): a resize on this host not yet "
+                    "confirmed"
                 )
             else:
                 why = (
@@ -408,3 +406,7 @@ def summary_line(result: AuditResult) -> str:
         f"allocation audit: {head} ({flight} in flight, {pending} pending; "
         f"{result.consumers} consumers on {result.providers} providers)"
     )
+
+
+def _names(guests: Iterable[Guest]) -> str:
+    return ", ".join(g.name for g in guests)

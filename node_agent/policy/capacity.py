@@ -46,7 +46,10 @@ The rules, over the root and ALL its children:
    children, never both (the same CPUs or memory offered twice).
 
 Classes the agent knows nothing about (the operator's ``CUSTOM_`` classes
-from provider files, a bare-metal node class) are not checked.
+from provider files, a bare-metal node class) are not checked, nor are PCI
+devices' classes (:mod:`node_agent.tree.pci_placement`: the devices counted,
+or the usage of a child whose device left; a device spec may not name a
+class checked here).
 """
 
 from __future__ import annotations
@@ -195,12 +198,21 @@ def _encrypted_guests(host: HostSnapshot) -> Optional[int]:
     caps = host.hypervisor.domain_caps if host.hypervisor else None
     if caps is None:
         return None
+    assert host.hypervisor is not None
+    # The kernel's TDX keys; with TDX and no count from the kernel, the
+    # operator's num_intel_tdx_guests is the only count there is, so the
+    # limit is not known.
+    tdx = 0
+    if any(cap.arch == "x86_64" and cap.tdx_supported for cap in caps):
+        if host.hypervisor.tdx_capacity is None:
+            return None
+        tdx = host.hypervisor.tdx_capacity
     sev = [cap for cap in caps if cap.arch == "x86_64" and cap.sev_supported]
     if not sev:
-        return 0
+        return tdx
     if sev[0].sev_max_guests is None and sev[0].sev_max_es_guests is None:
         return None  # libvirt before 8.0 does not say
-    return (sev[0].sev_max_guests or 0) + (sev[0].sev_max_es_guests or 0)
+    return (sev[0].sev_max_guests or 0) + (sev[0].sev_max_es_guests or 0) + tdx
 
 
 def limits_of(desired) -> Optional[HostLimits]:

@@ -18,6 +18,7 @@ or a child provider it would not report, is someone else's and is no drift.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -40,6 +41,10 @@ NOT_COMPARED = frozenset({"COMPUTE_STATUS_DISABLED", AGENT_CHILD_TRAIT})
 _SEV = (
     "libvirt's SEV guest counts (domain capabilities), the kvm_amd kernel "
     "parameters and [libvirt] num_memory_encrypted_guests"
+)
+_TDX = (
+    "libvirt's TDX support (domain capabilities), [libvirt] cpu_mode, the "
+    "kernel's misc cgroup and [libvirt] num_intel_tdx_guests"
 )
 
 # OWNER_* traits (os-traits) -> who writes the provider.
@@ -76,6 +81,13 @@ class Difference:
             f"{self.provider}: {self.subject}: Placement {self.placement}, "
             f"this host {self.host} -- {self.explained_by}"
         )
+
+
+_PCI_IN_PLACEMENT = (
+    "[pci] report_in_placement and the device_spec matching the device "
+    "(resource_class, traits, live_migratable, one_time_use)"
+)
+_PCI_ADDRESS = re.compile(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]")
 
 
 def owner_of(traits) -> Optional[str]:
@@ -153,12 +165,16 @@ def explain_inventory(rc: str, field: str, settings: Settings) -> str:
         return "the host's huge pages and [DEFAULT] reserved_huge_pages"
     if rc.startswith("SRIOV_") or rc.startswith("PCI_"):
         return "[pci] device_spec"
+    if rc.startswith("CUSTOM_PCI_"):
+        return _PCI_IN_PLACEMENT
     if rc.startswith("CUSTOM_"):
         return "an operator provider file ([compute] provider_config_location)"
     return "the host as node-agent discovers it (no nova option)"
 
 
 def explain_trait(trait: str) -> str:
+    if trait == "COMPUTE_MANAGED_PCI_DEVICE" or trait.startswith("HW_PCI_"):
+        return _PCI_IN_PLACEMENT
     if trait == "COMPUTE_NODE":
         return "every compute node's root carries it"
     if trait == "HW_CPU_HYPERTHREADING":
@@ -210,8 +226,12 @@ def explain_provider(name: str, root: str) -> str:
         return "node-agent's [compute] numa_in_placement (nova-compute reports no NUMA providers)"
     if name.startswith(f"{root}_amd_sev"):
         return _SEV
+    if name == f"{root}_intel_tdx":
+        return _TDX
     if name.startswith(f"{root}_pci_"):
         return "[devices] enabled_mdev_types or [pci] device_spec"
+    if _PCI_ADDRESS.fullmatch(name[len(root) + 1 :]) and name.startswith(f"{root}_"):
+        return "[pci] device_spec (a physnet PF's VFs, or a device with report_in_placement)"
     return "an operator provider file ([compute] provider_config_location)"
 
 
@@ -259,10 +279,12 @@ def inventory_differences(
     return out
 
 
-def trait_differences(provider: Provider, held: ProviderState) -> list[Difference]:
+def trait_differences(
+    provider: Provider, held: ProviderState, owner_ignores: frozenset[str] = frozenset()
+) -> list[Difference]:
     out = []
     for trait, wanted in sorted(provider.traits.items()):
-        if trait in NOT_COMPARED:
+        if trait in NOT_COMPARED or trait in owner_ignores:
             continue
         if wanted != (trait in held.traits):
             out.append(
@@ -278,12 +300,18 @@ def trait_differences(provider: Provider, held: ProviderState) -> list[Differenc
 
 
 def drift(
-    desired: ProviderTree, held: Mapping[str, ProviderState], settings: Settings
+    desired: ProviderTree,
+    held: Mapping[str, ProviderState],
+    settings: Settings,
+    owner_ignores: frozenset[str] = frozenset(),
 ) -> tuple[Difference, ...]:
     """Every difference, provider by provider in the tree's order.
     ``held``: provider name -> what Placement holds for it (the root's
     tree, found by the root's name). A provider of ``desired`` Placement
-    does not have is one difference; its contents are not listed."""
+    does not have is one difference; its contents are not listed.
+    ``owner_ignores``: traits the provider's writer never sets from the
+    host (the CPU feature traits nova's table lacks, on nova's root): not
+    compared."""
     out: list[Difference] = []
     for provider in desired.providers:
         state = held.get(provider.name)
@@ -299,7 +327,7 @@ def drift(
             )
             continue
         out += inventory_differences(provider, state, settings)
-        out += trait_differences(provider, state)
+        out += trait_differences(provider, state, owner_ignores)
     return tuple(out)
 
 

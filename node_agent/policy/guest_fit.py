@@ -8,8 +8,11 @@ are the verdicts (``LibvirtDriver._validate_pinning_configuration``):
   and nova-compute refuses to start. The agent refuses to change the CPU
   classes (:func:`misfits`); the rest of the tree is still written;
 * a guest with dedicated vCPUs on CPUs outside ``cpu_dedicated_set``: nova
-  warns and counts it as PCPU all the same (stale pins after a live
-  migration), so the agent warns (:func:`warnings`) and reshapes it too.
+  only warns at start (stale pins after a live migration), so the agent
+  warns (:func:`warnings`). But nova's resource tracker pins every guest of
+  its own again at each update, and a CPU outside the set stops it
+  (:func:`pinning_unknown`): nova-compute then neither reports the host nor
+  reshapes, which companion mode's preview says.
 
 Hosts without ``cpu_dedicated_set`` (the legacy layout, transition mode)
 report every usable CPU as VCPU and are not judged here.
@@ -17,12 +20,12 @@ report every usable CPU as VCPU and are not judged here.
 
 from __future__ import annotations
 
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
 
 from node_agent.errors import GuestsDoNotFit
 from node_agent.model.cpuset import CpuSet
 from node_agent.model.snapshot import Guest
-from node_agent.policy.guest_cpu import by_nova, classify
+from node_agent.policy.guest_cpu import by_nova, classify, extra_specs
 
 
 def pinned_misfit(
@@ -39,13 +42,72 @@ def pinned_misfit(
     if not outside:
         return None
     in_shared = outside & shared if shared else CpuSet()
+    verdict = (
+        "nova-compute starts, but its resource updates fail while it is pinned there"
+        if by_nova(guest)
+        else "Not started by nova (no nova metadata), so nova-compute does not count it"
+    )
     where = f"; CPUs {in_shared} are in cpu_shared_set = '{shared}'" if in_shared else ""
     return (
         f"{cpu.policy} guest {guest.name} ({guest.uuid}) has dedicated vCPUs on CPUs "
         f"{cpu.dedicated_cpus}; CPUs {outside} are outside cpu_dedicated_set = "
-        f"'{dedicated}'{where}. nova starts and counts it as PCPU all the same; "
-        "add them to cpu_dedicated_set or migrate the guest."
+        f"'{dedicated}'{where}. {verdict}; add them to cpu_dedicated_set or migrate "
+        "the guest."
     )
+
+
+def pinning_unknown(
+    guest: Guest, dedicated: CpuSet, siblings: Optional[Mapping[int, CpuSet]] = None
+) -> Optional[str]:
+    """Why nova-compute cannot count ``guest`` under ``dedicated``, or None.
+
+    At every resource update (the first one at start, before any reshape)
+    nova's resource tracker pins each of its instances' dedicated vCPUs, and
+    an isolated emulator thread, on its NUMA cell's dedicated CPUs again
+    (``hardware.numa_usage_from_instance_numa`` -> ``NUMACell.pin_cpus``;
+    with ``hw:cpu_thread_policy=isolate`` their SMT siblings too). A CPU
+    outside ``cpu_dedicated_set`` raises ``CPUPinningUnknown``, which
+    ``ComputeManager._update_available_resource_for_node`` only logs: the
+    service runs, but it reports nothing and never reshapes until the guest
+    is gone or its CPUs are dedicated again. Guests nova did not start are
+    not its instances and do not count. ``siblings``: host CPU -> its SMT
+    siblings (itself included), for the isolate thread policy."""
+    if not dedicated or not by_nova(guest):
+        return None
+    cpu = classify(guest)
+    if not cpu.pins:
+        return None
+    needed = cpu.dedicated_cpus
+    isolate = extra_specs(guest).get("hw:cpu_thread_policy") == "isolate"
+    if isolate and siblings:
+        needed = CpuSet(set(needed).union(*(siblings.get(c, CpuSet([c])) for c in needed)))
+    outside = needed - dedicated
+    if not outside:
+        return None
+    pinned = f"pinned to host CPUs {cpu.dedicated_cpus}"
+    if needed != cpu.dedicated_cpus:
+        pinned += f" (with their SMT siblings, thread policy isolate: {needed})"
+    return (
+        f"{cpu.policy} guest {guest.name} ({guest.uuid}) is {pinned}; CPUs {outside} "
+        f"are outside cpu_dedicated_set = '{dedicated}'. nova-compute starts but every "
+        "resource update fails (CPUPinningUnknown: nova pins its guests' dedicated "
+        "vCPUs on dedicated CPUs only), so it reports nothing and does not reshape. "
+        f"Add CPUs {outside} to cpu_dedicated_set, or migrate or delete the guest "
+        "before restarting nova-compute."
+    )
+
+
+def blocks_nova(
+    guests: Iterable[Guest], dedicated: CpuSet, siblings: Optional[Mapping[int, CpuSet]] = None
+) -> list[str]:
+    """nova's own guests that stop nova-compute's resource updates under
+    ``dedicated`` (:func:`pinning_unknown`), one line each, in name order."""
+    found = []
+    for guest in sorted(guests, key=lambda g: (g.name, g.uuid)):
+        reason = pinning_unknown(guest, dedicated, siblings)
+        if reason:
+            found.append(reason)
+    return found
 
 
 def floating_misfit(guest: Guest, dedicated: CpuSet, shared: CpuSet) -> Optional[str]:

@@ -168,6 +168,7 @@ def status(
                 "name": c["name"],
                 "uuid": c["uuid"],
                 "agent": bool(c["agent"]),
+                "traits": sorted(c.get("traits") or ()),
                 **dict(zip(("fully_reserved", "open"), _closed_and_open(c["inventories"]))),
             }
             for c in placement.get("children") or ()

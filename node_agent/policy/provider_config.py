@@ -64,12 +64,12 @@ _AGENT_PREFIXES = (PAGE_CLASS_PREFIX,)
 # same bandwidth twice and lie about which agent can bind the port.
 NEUTRON_CLASS_PREFIXES = ("NET_BW_", "NET_PACKET_RATE_")
 NEUTRON_TRAIT_PREFIXES = ("CUSTOM_VNIC_TYPE_",)
-_NEUTRON_WHY = (
+NEUTRON_WHY = (
     "belongs to neutron: its agents publish bandwidth, packet rates and vnic "
     "types on their own providers (resource_provider_bandwidths, "
-    "resource_provider_packet_processing_*). Configure it in neutron's agent, "
-    "not in a node-agent provider file"
+    "resource_provider_packet_processing_*). Configure it in neutron's agent"
 )
+_NEUTRON_WHY = NEUTRON_WHY + ", not in a node-agent provider file"
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ are: ``node_agent_object.name`` / ``.version`` / ``.namespace`` /
 for a removed or changed one.
 
 RPC: topic ``node-agent``, server = the host name; methods ``sync_now``,
-``get_status``, ``set_maintenance(on, reason)``; answers are JSON-able
+``get_status``, ``set_maintenance(on, reason, provider)``; answers are JSON-able
 dicts. ``node-agent ctl`` (:mod:`node_agent.cli.ctl`) is its client.
 
 Without ``[DEFAULT] transport_url`` (nor ``[oslo_messaging_notifications]
@@ -307,8 +307,8 @@ class Endpoint:
     def get_status(self, ctxt):
         return self.control.status()
 
-    def set_maintenance(self, ctxt, on, reason=None):
-        return self.control.set_maintenance(bool(on), reason)
+    def set_maintenance(self, ctxt, on, reason=None, provider=None):
+        return self.control.set_maintenance(bool(on), reason, provider)
 
 
 def from_conf(conf, host: str) -> Optional[Messenger]:

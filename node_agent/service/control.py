@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from node_agent.errors import NodeAgentError
+from node_agent.policy import device_maintenance as devmaint
 from node_agent.policy import maintenance as maint
-from node_agent.state import MAINTENANCE, StateStore
+from node_agent.state import DEVICE_MAINTENANCE, MAINTENANCE, StateStore
 
 if TYPE_CHECKING:
     from node_agent.cycle.desired import Desired
@@ -60,6 +61,27 @@ class Maintenance:
             "source": "state file",
         }
 
+    def devices(self, last: Optional[Desired] = None) -> dict:
+        """Provider name -> its device maintenance (the last cycle's tree
+        and the state file's records): :func:`devmaint.status`."""
+        records = self._store.load_or_empty(LOG).get(DEVICE_MAINTENANCE)
+        return devmaint.status(last.tree if last is not None else None, records)
+
+    def set_device(self, provider: str, on: bool, reason: Optional[str] = None) -> dict:
+        record = maint.record(on, reason, utc_now())
+
+        def put(state: dict) -> None:
+            state[DEVICE_MAINTENANCE] = {**(state.get(DEVICE_MAINTENANCE) or {}), provider: record}
+
+        self._store.update(put)
+        LOG.info(
+            "maintenance %s for %s%s",
+            "on" if on else "off",
+            provider,
+            f": {reason}" if reason else "",
+        )
+        return {"provider": provider, **record}
+
     def set(self, on: bool, reason: Optional[str] = None) -> dict:
         # The syncer owns the other keys of the file.
         self._store.put(MAINTENANCE, maint.record(on, reason, utc_now()))
@@ -85,7 +107,9 @@ class Control:
     def status(self) -> dict:
         return self.agent.status(self.service)
 
-    def set_maintenance(self, on: bool, reason: Optional[str] = None) -> dict:
+    def set_maintenance(
+        self, on: bool, reason: Optional[str] = None, provider: Optional[str] = None
+    ) -> dict:
         """The maintenance status after the switch, or, when the state file
         cannot be written (read-only, full, permission), a refusal:
         ``{"error": message, "exit_code": code}``, which the caller prints
@@ -93,9 +117,24 @@ class Control:
         reserves (or releases) it now: ``applied_in_cycle`` is that cycle's
         number, or None when it had not ended within SYNC_WAIT (a loaded
         host, a slow Placement); the flag is recorded either way and the
-        cycle still applies it."""
+        cycle still applies it.
+
+        ``provider``: one child of the tree only
+        (:mod:`node_agent.policy.device_maintenance`); a name that is not
+        one of the last cycle's children is refused, naming them."""
         try:
-            result = Maintenance(self.service.config.settings.state_path).set(on, reason)
+            switch = Maintenance(self.service.config.settings.state_path)
+            if provider is not None:
+                desired = self.agent.last_desired
+                if desired is None:
+                    raise NodeAgentError(
+                        f"maintenance --provider {provider}: the service has not built "
+                        "this host's tree yet; try again after its first cycle"
+                    )
+                devmaint.check_name(desired.tree, provider)
+                result = switch.set_device(provider, on, reason)
+            else:
+                result = switch.set(on, reason)
         except NodeAgentError as exc:
             LOG.error("maintenance %s refused: %s", "on" if on else "off", exc)
             return refusal(exc)

@@ -305,6 +305,9 @@ class Agent:
                 "audit": self.last_audit,
                 "companion": self.last_companion,
                 "maintenance": Maintenance(service.config.settings.state_path).get(desired),
+                "device_maintenance": Maintenance(service.config.settings.state_path).devices(
+                    desired
+                ),
                 "tree": tree_summary(desired),
                 "warnings": list(desired.warnings) if desired else [],
             }

@@ -43,6 +43,7 @@ from node_agent.version import installed_version
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
+from node_agent.policy.device_maintenance import in_maintenance
 from node_agent.policy.maintenance import is_on
 
 LOG = logging.getLogger(__name__)
@@ -185,6 +186,15 @@ class AgentCollector:
         yield _gauge(
             "maintenance", "1 while the reported tree is in maintenance.", 1 if maintenance else 0
         )
+        devices = _gauge(
+            "device_maintenance",
+            "1 for each child provider in maintenance on its own (maintenance "
+            "--provider); absent when none is.",
+            labels=("provider",),
+        )
+        for name in in_maintenance(desired.tree) if desired else ():
+            devices.add_metric([name], 1)
+        yield devices
         yield self._inventories()
         yield self._requests()
         yield self._audit()

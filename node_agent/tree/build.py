@@ -6,7 +6,9 @@ are left out, as Placement has no use for an empty inventory.
 The tree: the root (CPUs, memory, disk, or one unit in whole-node mode),
 then NUMA children (:mod:`node_agent.tree.numa`), GPU and SR-IOV children
 (:mod:`node_agent.tree.pci`; under the NUMA child of their device's node
-when there are NUMA children), memory-encryption children
+when there are NUMA children), PCI devices in Placement
+(:mod:`node_agent.tree.pci_placement`, under the root as nova puts them),
+memory-encryption children
 (:mod:`node_agent.tree.mem_encryption`), and finally the operator's provider files
 (:mod:`node_agent.policy.provider_config`) layered on top.
 """
@@ -31,6 +33,7 @@ from node_agent.tree.cpu_traits import guest_cpu_traits
 from node_agent.tree.hypervisor_traits import TraitSettings, hypervisor_traits
 from node_agent.tree.mem_encryption import (
     MemEncryption,
+    TdxSettings,
     host_mem_encryption,
     mem_encryption_children,
 )
@@ -41,6 +44,7 @@ from node_agent.tree.pci import (
     sriov_children,
     sriov_provider_name,
 )
+from node_agent.tree.pci_placement import pci_tree
 
 
 def arch_trait(arch: str | None) -> str | None:
@@ -183,9 +187,13 @@ def trait_settings(settings: Settings) -> TraitSettings:
 
 
 def mem_encryption(settings: Settings, host: HostSnapshot) -> Optional[MemEncryption]:
-    """The AMD SEV guests the host offers (:mod:`node_agent.tree.mem_encryption`)."""
+    """The AMD SEV and Intel TDX guests the host offers
+    (:mod:`node_agent.tree.mem_encryption`)."""
     return host_mem_encryption(
-        host.hypervisor, host.cpu_model.arch, settings.num_memory_encrypted_guests
+        host.hypervisor,
+        host.cpu_model.arch,
+        settings.num_memory_encrypted_guests,
+        TdxSettings(settings.cpu_mode, settings.num_intel_tdx_guests),
     )
 
 
@@ -244,7 +252,9 @@ def _resource_tree(settings: Settings, host: HostSnapshot, partition: CpuPartiti
         split = split_by_numa(settings, host, partition, inventories)
         inventories, children = split.root_inventories, split.children
     root = Provider(name=settings.host, inventories=inventories, traits=root_traits(host, settings))
-    devices = gpu_children(settings, host) + sriov_children(settings, host)
+    pci, claimed = pci_tree(settings, host)
+    devices = gpu_children(settings, host) + sriov_children(settings, host, claimed)
     children += under_their_nodes(settings.host, host, devices, {c.name for c in children})
+    children += pci
     children += mem_encryption_children(settings.host, mem_encryption(settings, host))
     return ProviderTree((root,) + children)

@@ -101,6 +101,70 @@ X86_VENDOR_TRAITS: Mapping[str, str] = MappingProxyType(
     }
 )
 
+# The CPU feature traits nova 34 decides (its libvirt driver's
+# CPU_TRAITS_MAPPING in nova/virt/libvirt/utils.py; tests/conformance
+# checks this set against nova's own table). The agent's table is wider
+# (docs/design/nova-differences.yaml: cpu-trait-agent-only), and nova keys
+# SSE3 by "sse3", a name libvirt never writes ("pni"), so nova leaves SSE3
+# off every host (cpu-trait-sse3-pni).
+NOVA_FEATURE_TRAITS = frozenset(
+    {
+        ot.HW_CPU_X86_3DNOW,
+        ot.HW_CPU_X86_ABM,
+        ot.HW_CPU_X86_AESNI,
+        ot.HW_CPU_X86_AMXBF16,
+        ot.HW_CPU_X86_AMXINT8,
+        ot.HW_CPU_X86_AMXTILE,
+        ot.HW_CPU_X86_AVX,
+        ot.HW_CPU_X86_AVX2,
+        ot.HW_CPU_X86_AVX512BW,
+        ot.HW_CPU_X86_AVX512CD,
+        ot.HW_CPU_X86_AVX512DQ,
+        ot.HW_CPU_X86_AVX512ER,
+        ot.HW_CPU_X86_AVX512F,
+        ot.HW_CPU_X86_AVX512PF,
+        ot.HW_CPU_X86_AVX512VL,
+        ot.HW_CPU_X86_AVX512VNNI,
+        ot.HW_CPU_X86_AVX512VBMI,
+        ot.HW_CPU_X86_AVX512IFMA,
+        ot.HW_CPU_X86_AVX512VBMI2,
+        ot.HW_CPU_X86_AVX512BITALG,
+        ot.HW_CPU_X86_AVX512VAES,
+        ot.HW_CPU_X86_AVX512GFNI,
+        ot.HW_CPU_X86_AVX512VPCLMULQDQ,
+        ot.HW_CPU_X86_AVX512VPOPCNTDQ,
+        ot.HW_CPU_X86_BMI,
+        ot.HW_CPU_X86_BMI2,
+        ot.HW_CPU_X86_CLMUL,
+        ot.HW_CPU_X86_F16C,
+        ot.HW_CPU_X86_FMA3,
+        ot.HW_CPU_X86_FMA4,
+        ot.HW_CPU_X86_MMX,
+        ot.HW_CPU_X86_MPX,
+        ot.HW_CPU_X86_SHA,
+        ot.HW_CPU_X86_SSE,
+        ot.HW_CPU_X86_SSE2,
+        ot.HW_CPU_X86_SSE3,
+        ot.HW_CPU_X86_SSE41,
+        ot.HW_CPU_X86_SSE42,
+        ot.HW_CPU_X86_SSE4A,
+        ot.HW_CPU_X86_SSSE3,
+        ot.HW_CPU_X86_SVM,
+        ot.HW_CPU_X86_AMD_SVM,
+        ot.HW_CPU_X86_TBM,
+        ot.HW_CPU_X86_VMX,
+        ot.HW_CPU_X86_INTEL_VMX,
+        ot.HW_CPU_X86_XOP,
+    }
+)
+
+# Traits of the agent's tables nova-compute does not set from what libvirt
+# says: on a root nova-compute writes, they are not nova's to publish, so
+# companion mode does not count them as drift.
+NOT_DECIDED_BY_NOVA = (
+    frozenset(X86_FEATURE_TRAITS.values()) | frozenset(X86_VENDOR_TRAITS.values())
+) - NOVA_FEATURE_TRAITS | {ot.HW_CPU_X86_SSE3}
+
 X86_ARCHES = frozenset({"x86_64", "i686", "i586", "i486", "i386", "amd64"})
 
 

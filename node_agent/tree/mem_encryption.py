@@ -1,10 +1,10 @@
-"""Memory-encryption child providers (AMD SEV, SEV-ES, SEV-SNP), as nova 34
-reports them. Pure.
+"""Memory-encryption child providers (AMD SEV, SEV-ES, SEV-SNP, Intel TDX),
+as nova 34 reports them. Pure.
 
 nova 34's libvirt driver (``_update_provider_tree_for_memory_encryption``,
 ``Host.get_mem_encryption_inventories``) puts one child per encryption model
 under the root, named ``<root>_<model>`` (``<root>_amd_sev``,
-``<root>_amd_sev_es``, ``<root>_amd_sev_snp``), with ``MEM_ENCRYPTION_CONTEXT``
+``<root>_amd_sev_es``, ``<root>_amd_sev_snp``, ``<root>_intel_tdx``), with ``MEM_ENCRYPTION_CONTEXT``
 inventory (total = the guests the firmware has keys for, one per guest:
 min_unit = max_unit = step_size = 1, ratio 1.0) and the model's trait. nova
 adds ``OWNER_NOVA``; the agent marks them as its own instead
@@ -23,9 +23,16 @@ When a model counts as supported, in nova's order (``Host.supports_amd_sev*``):
 * SEV-SNP: SEV, ``sev_snp`` on, and the first x86_64 machine type with a
   ``<launchSecurity>`` listing ``sev-snp``. Total: ``maxESGuests``.
 
+* Intel TDX (``Host.supports_intel_tdx``): an x86_64 host, ``[libvirt]
+  cpu_mode = host-passthrough`` as configured, and any x86_64 machine type
+  whose domain capabilities say ``<tdx supported='yes'>``. Total: the misc
+  cgroup's ``tdx`` capacity; ``[libvirt] num_intel_tdx_guests`` where the
+  cgroup does not say, the lower of the two where both do (nova takes the
+  option even above the cgroup's count: `mem-encryption-tdx-above-cgroup`
+  in docs/design/nova-differences.md).
+
 ``[libvirt] num_memory_encrypted_guests`` (older nova's upper bound, which
-nova 34 no longer reads) caps each total; it never raises one.
-Intel TDX is not reported (docs/design/nova-differences.md, `mem-encryption-tdx`).
+nova 34 no longer reads) caps each AMD total; it never raises one.
 """
 
 from __future__ import annotations
@@ -49,11 +56,13 @@ MIN_QEMU_SEV_ES: Version = (8, 0, 0)
 AMD_SEV = "amd_sev"
 AMD_SEV_ES = "amd_sev_es"
 AMD_SEV_SNP = "amd_sev_snp"
+INTEL_TDX = "intel_tdx"
 # nova's MemEncryptionModel order, with the trait each child carries.
 MODEL_TRAITS = {
     AMD_SEV: os_traits.HW_CPU_X86_AMD_SEV,
     AMD_SEV_ES: os_traits.HW_CPU_X86_AMD_SEV_ES,
     AMD_SEV_SNP: os_traits.HW_CPU_X86_AMD_SEV_SNP,
+    INTEL_TDX: os_traits.HW_CPU_X86_INTEL_TDX,
 }
 
 
@@ -76,13 +85,58 @@ def _snp_machine(caps: tuple[DomainCaps, ...]) -> bool:
     return any("sev-snp" in cap.launch_security for cap in caps if cap.arch == "x86_64")
 
 
+@dataclass(frozen=True)
+class TdxSettings:
+    """``[libvirt] cpu_mode`` as configured and ``num_intel_tdx_guests``."""
+
+    cpu_mode: Optional[str] = None
+    guests: Optional[int] = None
+
+
 def host_mem_encryption(
-    info: Optional[HypervisorInfo], host_arch: Optional[str], limit: Optional[int] = None
+    info: Optional[HypervisorInfo],
+    host_arch: Optional[str],
+    limit: Optional[int] = None,
+    tdx: Optional[TdxSettings] = None,
 ) -> Optional[MemEncryption]:
     """The memory-encryption guests the host offers, per model; None when
     domain capabilities were not read (the children are then not decided)."""
     if info is None or info.domain_caps is None:
         return None
+    amd = _amd(info, host_arch, limit)
+    intel = _intel_tdx(info, host_arch, tdx or TdxSettings())
+    return MemEncryption({**amd.totals, **intel.totals}, amd.warnings + intel.warnings)
+
+
+def _intel_tdx(info: HypervisorInfo, host_arch: Optional[str], tdx: TdxSettings) -> MemEncryption:
+    assert info.domain_caps is not None
+    supported = any(cap.arch == "x86_64" and cap.tdx_supported for cap in info.domain_caps)
+    if host_arch != "x86_64" or tdx.cpu_mode != "host-passthrough" or not supported:
+        return MemEncryption({})
+    kernel = info.tdx_capacity
+    if kernel is None and tdx.guests is None:
+        return MemEncryption(
+            {},
+            (
+                "libvirt says the host supports Intel TDX but the kernel's misc "
+                "cgroup (fs/cgroup/misc.capacity, line tdx) does not say for how "
+                "many guests: not reporting intel_tdx. Set [libvirt] "
+                "num_intel_tdx_guests (nova needs it too).",
+            ),
+        )
+    total = min(n for n in (kernel, tdx.guests) if n is not None)
+    warnings: tuple[str, ...] = ()
+    if kernel is not None and tdx.guests is not None and tdx.guests > kernel:
+        warnings = (
+            f"[libvirt] num_intel_tdx_guests = {tdx.guests} is above the {kernel} TDX "
+            f"guests the kernel's misc cgroup allows: reporting {kernel} (nova "
+            f"would report {tdx.guests}).",
+        )
+    return MemEncryption({INTEL_TDX: total} if total > 0 else {}, warnings)
+
+
+def _amd(info: HypervisorInfo, host_arch: Optional[str], limit: Optional[int]) -> MemEncryption:
+    assert info.domain_caps is not None
     if host_arch != "x86_64" or "sev" not in info.kvm_amd:
         return MemEncryption({})
     sev = _first_sev(info.domain_caps)

@@ -28,7 +28,7 @@ NUMA children the tree puts each device's child under its node's child
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Mapping, Optional
 
 import os_resource_classes as orc
 
@@ -137,13 +137,22 @@ def matching_spec(pf: SriovPf, specs: tuple[PciDeviceSpec, ...]) -> Optional[Pci
     return None
 
 
-def sriov_children(settings: Settings, host: HostSnapshot) -> tuple[Provider, ...]:
+def sriov_children(
+    settings: Settings, host: HostSnapshot, claimed: Optional[Mapping[str, Optional[int]]] = None
+) -> tuple[Provider, ...]:
+    """``claimed``: PF address -> VFs already counted on a PCI child, None
+    when the PF itself is one (:func:`node_agent.tree.pci_placement.claimed_vfs`);
+    those VFs are not counted again."""
     children = []
+    claimed = claimed or {}
     for pf in sorted(host.sriov_pfs, key=lambda p: p.address):
         spec = matching_spec(pf, settings.pci_device_specs)
         if spec is None or not spec.physical_network:
             continue
         total = pf.num_vfs if settings.report_sriov_numvfs else pf.total_vfs
+        if pf.address in claimed:
+            taken = claimed[pf.address]
+            total = 0 if taken is None else max(0, total - taken)
         children.append(
             Provider(
                 name=sriov_provider_name(settings.host, pf.address),

@@ -58,3 +58,43 @@ def test_images_type_rbd_is_named_in_the_warnings_with_what_is_reported(tmp_path
     [warning] = [w for w in result.json()["warnings"] if "images_type" in w]
     assert warning.startswith("[libvirt] images_type = rbd: nova reports the Ceph pool's")
     assert f"filesystem holding instances_path '{tmp_path / 'instances'}'" in warning
+
+
+def _pci_nova_conf(tmp_path, *specs: str) -> str:
+    path = tmp_path / "nova-pci.conf"
+    path.write_text(
+        "[pci]\nreport_in_placement = true\n" + "".join(f"device_spec = {s}\n" for s in specs)
+    )
+    return str(path)
+
+
+def test_pci_in_placement_reports_children_from_novas_conf(tmp_path):
+    from tests.unit.test_pci import add_device
+
+    config = write_config(tmp_path, TEST6)
+    add_device(tmp_path / "sysroot", "0000:af:00.0", vendor="0x10de", device="0x1eb8")
+    nova_conf = _pci_nova_conf(tmp_path, '{"vendor_id": "10de", "traits": "gpu"}')
+    result = run_agent(
+        "--config-file",
+        nova_conf,
+        "--config-file",
+        str(config),
+        "--once",
+        "--dry-run",
+        "--output",
+        "json",
+    )
+    assert result.code == 0, result.stderr
+    [child] = [p for p in result.json()["providers"] if p["parent"]]
+    assert child["name"] == "fixture-host_0000:AF:00.0"
+    assert list(child["inventories"]) == ["CUSTOM_PCI_10DE_1EB8"]
+    assert "CUSTOM_GPU" in child["traits"] and "COMPUTE_MANAGED_PCI_DEVICE" in child["traits"]
+
+
+def test_pci_in_placement_with_a_devname_spec_exits_78_naming_it(tmp_path):
+    config = write_config(tmp_path, TEST6)
+    nova_conf = _pci_nova_conf(tmp_path, '{"devname": "eth0"}')
+    result = run_agent("--config-file", nova_conf, "--config-file", str(config), "--once")
+    assert result.code == 78
+    assert "[pci] device_spec with devname 'eth0'" in result.stderr
+    assert "give the address instead" in result.stderr

@@ -33,6 +33,7 @@ def _group_of(conf: cfg.ConfigOpts, name: str) -> str | None:
         "cpu_models",
         "cpu_model_extra_flags",
         "num_memory_encrypted_guests",
+        "num_intel_tdx_guests",
         "images_type",
         "file_backed_memory",
     ):

@@ -370,7 +370,8 @@ def _mem_encryption_host(case):
 
 def mem_encryption_children(cases):
     """Per case ``{options, host_arch, domain_caps, libvirt_version,
-    qemu_version, kvm_amd: [parameters that are on]}``: the children nova's
+    qemu_version, kvm_amd: [parameters that are on], misc_capacity: the
+    kernel misc cgroup's misc.capacity or None}``: the children nova's
     ``_update_provider_tree_for_memory_encryption`` adds under root ``cn1``,
     as ``{name: {inventories, traits}}``. nova 34 has no
     ``num_memory_encrypted_guests``: a nova.conf setting it is read as if
@@ -386,6 +387,9 @@ def mem_encryption_children(cases):
         for name in case["kvm_amd"]:
             with open(os.path.join(params, name), "w") as f:
                 f.write("Y\n")
+        if case.get("misc_capacity") is not None:
+            with open(os.path.join(params, "misc.capacity"), "w") as f:
+                f.write(case["misc_capacity"])
         _configure({k: v for k, v in case["options"].items() if k != "num_memory_encrypted_guests"})
         drv = _caps_driver(case)
         drv._host = _mem_encryption_host(case)
@@ -404,8 +408,7 @@ def mem_encryption_children(cases):
     saved = (libvirt_host.SEV_KERNEL_PARAM_FILE, libvirt_host.MISC_CONTROL_GROUP_CAPACITY_FILE)
     with tempfile.TemporaryDirectory() as params:
         libvirt_host.SEV_KERNEL_PARAM_FILE = os.path.join(params, "%s")
-        # No misc cgroup: TDX comes from num_intel_tdx_guests alone.
-        libvirt_host.MISC_CONTROL_GROUP_CAPACITY_FILE = os.path.join(params, "absent")
+        libvirt_host.MISC_CONTROL_GROUP_CAPACITY_FILE = os.path.join(params, "misc.capacity")
         try:
             return _each(cases, lambda case: one(case, params))
         finally:
@@ -907,6 +910,99 @@ def _libvirt_answer(fakelibvirt, conn, method, args):
     return {"value": value}
 
 
+def pci_placement(cases):
+    """Per case ``{device_spec: [json], devices: [{address, vendor_id,
+    product_id, dev_type, parent_addr?, instance_uuid?}], held: [{name, rc,
+    total, reserved?, traits}], allocations: {consumer: {provider name:
+    {rc: n}}}}``: nova's ``update_provider_tree_for_pci`` with
+    ``report_in_placement`` on a tree whose root is ``compute1`` and holds
+    the ``held`` children, over a PCI tracker holding the devices (as nova's
+    tracker does: those a spec matches, and allocated ones it keeps), with
+    nova's own ``Whitelist``. ``is_physical_function`` answers from the
+    devices, as sysfs would; ``report_in_placement`` (default true) as given.
+    Answers ``{children: [{name, inventories, traits}], healed}`` (healed:
+    nova changed the allocations, adding the PCI ones its tracker has and
+    Placement lacks) or nova's refusal."""
+    from types import SimpleNamespace as Namespace
+    from unittest import mock
+
+    from nova import objects
+    from nova.compute import pci_placement_translator as ppt
+    from nova.pci import whitelist
+
+    objects.register_all()
+
+    def one(case):
+        pfs = {d["address"] for d in case["devices"] if d["dev_type"] == "type-PF"}
+
+        def is_pf(domain, bus, slot, function):
+            return f"{domain}:{bus}:{slot}.{function}" in pfs
+
+        CONF.set_override("report_in_placement", case.get("report_in_placement", True), group="pci")
+        CONF.set_override("device_spec", case["device_spec"], group="pci")
+        try:
+            with mock.patch("nova.pci.utils.is_physical_function", is_pf):
+                dev_filter = whitelist.Whitelist(CONF.pci.device_spec)
+                devs = []
+                for d in case["devices"]:
+                    dev = objects.PciDevice(
+                        address=d["address"],
+                        vendor_id=d["vendor_id"],
+                        product_id=d["product_id"],
+                        dev_type=d["dev_type"],
+                        parent_addr=d.get("parent_addr"),
+                        instance_uuid=d.get("instance_uuid"),
+                        status="allocated" if d.get("instance_uuid") else "available",
+                        extra_info={},
+                    )
+                    if d.get("instance_uuid") or dev_filter.get_devspec(dev):
+                        devs.append(dev)
+                tracker = Namespace(
+                    pci_devs=devs,
+                    dev_filter=dev_filter,
+                    stats=Namespace(populate_pools_metadata_from_assigned_devices=lambda: None),
+                )
+                tree = nova_provider_tree.ProviderTree()
+                tree.new_root("compute1", "00000000-0000-0000-0000-000000000001")
+                uuids = {"compute1": "00000000-0000-0000-0000-000000000001"}
+                for n, held in enumerate(case.get("held", ())):
+                    uuids[held["name"]] = f"00000000-0000-0000-0001-{n:012d}"
+                    tree.new_child(held["name"], "compute1", uuid=uuids[held["name"]])
+                    record = {"total": held["total"], "max_unit": held["total"]}
+                    record["reserved"] = held.get("reserved", 0)
+                    tree.update_inventory(held["name"], {held["rc"]: record})
+                    tree.update_traits(held["name"], held["traits"])
+                allocations = {
+                    consumer: {
+                        "allocations": {
+                            uuids[name]: {"resources": resources}
+                            for name, resources in by_rp.items()
+                        }
+                    }
+                    for consumer, by_rp in case.get("allocations", {}).items()
+                }
+                healed = ppt.update_provider_tree_for_pci(
+                    tree, "compute1", tracker, allocations, []
+                )
+            children = []
+            for uuid in tree.get_provider_uuids():
+                data = tree.data(uuid)
+                if data.parent_uuid:
+                    children.append(
+                        {
+                            "name": data.name,
+                            "inventories": data.inventory,
+                            "traits": sorted(data.traits),
+                        }
+                    )
+            return {"children": children, "healed": bool(healed)}
+        finally:
+            CONF.clear_override("report_in_placement", group="pci")
+            CONF.clear_override("device_spec", group="pci")
+
+    return _each(cases, one)
+
+
 def version():
     import importlib.metadata
 
@@ -933,6 +1029,7 @@ OPS = {
         local_disk,
         whole_driver,
         libvirt_call,
+        pci_placement,
         version,
     )
 }

@@ -23,7 +23,7 @@ from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.model.snapshot import HostCpuModel
 from node_agent.policy.partition import partition_cpus
 from node_agent.policy.provider_config import apply_provider_configs
-from node_agent.tree.cpu_traits import X86_FEATURE_TRAITS, feature_traits
+from node_agent.tree.cpu_traits import NOVA_FEATURE_TRAITS, X86_FEATURE_TRAITS, feature_traits
 from tests.conformance import agent_side
 from tests.conformance.differences import UNCLASSIFIED, Observed, check
 from tests.hostdata import HOSTDATA, SYSFS_TREES, tree_name
@@ -594,6 +594,13 @@ def test_cpu_feature_traits_match_nova_on_every_cputestdata_model(nova):
                     f"{name}: {trait} nova {theirs.get(trait)}, agent {ours.get(trait)}",
                 )
     check(observed)
+
+
+def test_the_cpu_traits_companion_mode_holds_nova_to_are_novas_table(nova):
+    # nova decides every trait of its table, absent ones False: its answer
+    # for no feature at all is its table's traits.
+    (answer,) = nova.call("cpu_traits", feature_sets=[[]])
+    assert set(answer["value"]) == NOVA_FEATURE_TRAITS
 
 
 # ------------------------------------------------------------ nova.conf names

@@ -22,16 +22,24 @@ from node_agent.host.capabilities import parse_cpu_model_xml
 from node_agent.host.discover import cpu_model_xml, guest_cpu_models
 from node_agent.host.domain_capabilities import parse_domain_capabilities
 from node_agent.host.hypervisor import Hypervisor
+from node_agent.host.hypervisor_info import tdx_capacity
+from node_agent.host.sysfs import SysFS
 from node_agent.model.snapshot import HostCpuModel, HypervisorInfo
 from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 from node_agent.tree.build import capability_settings, trait_settings
 from node_agent.tree.capability_traits import capability_traits
 from node_agent.tree.cpu_traits import guest_cpu_traits
 from node_agent.tree.hypervisor_traits import hypervisor_traits
-from node_agent.tree.mem_encryption import host_mem_encryption, mem_encryption_children
+from node_agent.tree.mem_encryption import (
+    TdxSettings,
+    host_mem_encryption,
+    mem_encryption_children,
+)
 from tests.conformance import agent_side
 from tests.conformance.differences import UNCLASSIFIED, Observed, check
 from tests.hostdata import HOSTDATA
+
+MEC = "MEM_ENCRYPTION_CONTEXT"
 
 DOMCAPS = HOSTDATA / "domaincapsdata"
 CPUS = HOSTDATA / "cputestdata"
@@ -92,14 +100,22 @@ def _static_cases() -> list[tuple[str, dict]]:
     return cases
 
 
-def _agent_static(case: dict) -> dict[str, bool]:
-    settings = agent_side.settings(case["options"])
+def _hypervisor_info(case: dict, **kwargs) -> HypervisorInfo:
+    """The case's libvirt and QEMU versions and every domain capabilities
+    document it gives, as the agent's discovery returns them."""
     caps = tuple(
         parse_domain_capabilities(xml)
         for machines in case["domain_caps"].values()
         for xml in machines.values()
     )
-    info = HypervisorInfo(tuple(case["libvirt_version"]), tuple(case["qemu_version"]), caps)
+    return HypervisorInfo(
+        tuple(case["libvirt_version"]), tuple(case["qemu_version"]), caps, **kwargs
+    )
+
+
+def _agent_static(case: dict) -> dict[str, bool]:
+    settings = agent_side.settings(case["options"])
+    info = _hypervisor_info(case)
     return hypervisor_traits(info, trait_settings(settings), case["host_arch"])
 
 
@@ -261,15 +277,20 @@ def test_cpu_traits_follow_cpu_mode_as_nova_on_every_cputestdata_host(nova, libv
 
 # nova reads these kvm_amd parameters from /sys/module/kvm_amd/parameters.
 KERNELS = ((), ("sev",), ("sev", "sev_es"), ("sev", "sev_es", "sev_snp"))
-# The options both sides get; num_intel_tdx_guests is nova's only (the agent
-# ignores it in a nova.conf), num_memory_encrypted_guests older nova's.
+# The options both sides get (num_memory_encrypted_guests is older nova's),
+# with the kernel misc cgroup's misc.capacity (None: no such file).
 MEM_OPTIONS = (
-    {},
-    {"num_memory_encrypted_guests": 16},
-    {"num_memory_encrypted_guests": 0},
-    {"cpu_mode": "host-passthrough", "num_intel_tdx_guests": 8},
+    ({}, None),
+    ({"num_memory_encrypted_guests": 16}, None),
+    ({"num_memory_encrypted_guests": 0}, None),
+    ({"cpu_mode": "host-passthrough", "num_intel_tdx_guests": 8}, None),
+    ({"cpu_mode": "host-passthrough"}, None),
+    ({"cpu_mode": "host-passthrough"}, "sev 0\ntdx 32\n"),
+    ({"cpu_mode": "host-passthrough", "num_intel_tdx_guests": 8}, "tdx 32\n"),
+    ({"cpu_mode": "host-passthrough", "num_intel_tdx_guests": 64}, "tdx 32\n"),
+    ({"cpu_mode": "host-passthrough"}, "tdx x\n"),
+    ({"cpu_mode": "host-model", "num_intel_tdx_guests": 8}, "tdx 32\n"),
 )
-AGENT_ONLY_OPTIONS = {"num_intel_tdx_guests"}
 
 
 def _mem_cases() -> list[tuple[str, dict]]:
@@ -288,11 +309,11 @@ def _mem_cases() -> list[tuple[str, dict]]:
     for name, xml in sources:
         caps = parse_domain_capabilities(xml)
         for kvm_amd in KERNELS:
-            for options in MEM_OPTIONS:
+            for options, misc in MEM_OPTIONS:
                 for qemu in ((7, 2, 0), (10, 0, 0)):
                     cases.append(
                         (
-                            f"{name} kvm_amd={kvm_amd} {options} qemu {qemu}",
+                            f"{name} kvm_amd={kvm_amd} {options} misc {misc!r} qemu {qemu}",
                             {
                                 "options": options,
                                 "host_arch": caps.arch,
@@ -300,27 +321,28 @@ def _mem_cases() -> list[tuple[str, dict]]:
                                 "libvirt_version": LIBVIRT_VERSION,
                                 "qemu_version": qemu,
                                 "kvm_amd": list(kvm_amd),
+                                "misc_capacity": misc,
                             },
                         )
                     )
     return cases
 
 
-def _agent_mem(case: dict) -> dict:
-    options = {k: v for k, v in case["options"].items() if k not in AGENT_ONLY_OPTIONS}
-    settings = agent_side.settings(options)
-    caps = tuple(
-        parse_domain_capabilities(xml)
-        for machines in case["domain_caps"].values()
-        for xml in machines.values()
+def _agent_mem(case: dict, tmp_path) -> dict:
+    settings = agent_side.settings(case["options"])
+    sysfs = tmp_path / "sys"
+    if case["misc_capacity"] is not None:
+        (sysfs / "fs" / "cgroup").mkdir(parents=True, exist_ok=True)
+        (sysfs / "fs" / "cgroup" / "misc.capacity").write_text(case["misc_capacity"])
+    info = _hypervisor_info(
+        case, kvm_amd=frozenset(case["kvm_amd"]), tdx_capacity=tdx_capacity(SysFS(str(sysfs)))
     )
-    info = HypervisorInfo(
-        tuple(case["libvirt_version"]),
-        tuple(case["qemu_version"]),
-        caps,
-        frozenset(case["kvm_amd"]),
+    offered = host_mem_encryption(
+        info,
+        case["host_arch"],
+        settings.num_memory_encrypted_guests,
+        TdxSettings(settings.cpu_mode, settings.num_intel_tdx_guests),
     )
-    offered = host_mem_encryption(info, case["host_arch"], settings.num_memory_encrypted_guests)
     return {
         child.name: {
             "inventories": {rc: inv.as_placement() for rc, inv in child.inventories.items()},
@@ -334,21 +356,28 @@ def _mem_difference(case: dict, name: str, theirs, ours) -> str:
     if theirs and ours and theirs["inventories"] == ours["inventories"]:
         if set(ours["traits"]) ^ set(theirs["traits"]) == {AGENT_CHILD_TRAIT, "OWNER_NOVA"}:
             return "mem-encryption-owner-mark"
-    if name.endswith("_intel_tdx") and ours is None:
-        return "mem-encryption-tdx"
+    if (
+        name.endswith("_intel_tdx")
+        and theirs
+        and ours
+        and case["options"].get("num_intel_tdx_guests", 0) > ours["inventories"][MEC]["total"]
+    ):
+        return "mem-encryption-tdx-above-cgroup"
     if case["options"].get("num_memory_encrypted_guests") is not None:
         return "mem-encryption-guest-limit"
     return UNCLASSIFIED + " child"
 
 
-def test_mem_encryption_children_match_nova_on_libvirts_domain_capabilities(nova):
+def test_mem_encryption_children_match_nova_on_libvirts_domain_capabilities(nova, tmp_path):
     cases = _mem_cases()
     answers = nova.call("mem_encryption_children", cases=[case for _n, case in cases])
     observed = Observed("mem_encryption", cases=len(cases))
     reported = 0
-    for (name, case), answer in zip(cases, answers):
-        ours = _agent_mem(case)
+    tdx = 0
+    for number, ((name, case), answer) in enumerate(zip(cases, answers)):
+        ours = _agent_mem(case, tmp_path / f"case{number}")
         reported += bool(ours)
+        tdx += any(child.endswith("_intel_tdx") for child in ours)
         if "refused" in answer:
             if "TypeError" in answer["refused"]:
                 # nova formats a missing maxGuests with %d and fails every
@@ -366,6 +395,7 @@ def test_mem_encryption_children_match_nova_on_libvirts_domain_capabilities(nova
                     f"{name}: {child} nova {theirs.get(child)}, agent {ours.get(child)}",
                 )
     assert reported > 0, "no case reported a memory-encryption child: the test proves nothing"
+    assert tdx > 0, "no case reported an Intel TDX child: the test proves nothing for it"
     check(observed)
 
 
@@ -424,17 +454,7 @@ def _capability_cases() -> list[tuple[str, dict]]:
 
 def _agent_capabilities(case: dict) -> dict[str, bool]:
     settings = agent_side.settings(case["options"])
-    caps = tuple(
-        parse_domain_capabilities(xml)
-        for machines in case["domain_caps"].values()
-        for xml in machines.values()
-    )
-    info = HypervisorInfo(
-        tuple(case["libvirt_version"]),
-        tuple(case["qemu_version"]),
-        caps,
-        hv_type="QEMU" if case["uri"].startswith("qemu:") else "Test",
-    )
+    info = _hypervisor_info(case, hv_type="QEMU" if case["uri"].startswith("qemu:") else "Test")
     return capability_traits(info, capability_settings(settings), case["host_arch"])
 
 

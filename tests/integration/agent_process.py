@@ -124,6 +124,17 @@ class AgentProcess:
             state.mkdir(mode=0o700, exist_ok=True)
             os.chown(state, NOBODY_UID, NOBODY_GID)
 
+    @classmethod
+    def with_metrics(
+        cls, tmp_path: Path, placement_url: str, host: str, port: int, textfile: Path | None = None
+    ) -> "AgentProcess":
+        """A service reporting every second with its metrics on ``port``
+        (and in ``textfile`` when given)."""
+        options = f"report_interval = 1\nmetrics_port = {port}\n"
+        if textfile is not None:
+            options += f"metrics_textfile = {textfile}\n"
+        return cls(tmp_path, placement_url, host, agent_options=options)
+
     def config_text(self, reserved_memory_mb: int = 512) -> str:
         return (
             isolated_config(self.dir, self.host) + f"[DEFAULT]\nhost = {self.host}\n"
@@ -186,6 +197,9 @@ class AgentProcess:
         return found[len("STATUS=") :]
 
     def new_status(self, predicate, timeout: float = 20) -> str:
-        """Like :meth:`status_after`, ignoring datagrams already read."""
+        """Like :meth:`status_after`, ignoring datagrams already sent: those
+        read, and those still queued (on a loaded machine, several cycles'
+        statuses from before the caller's change wait there)."""
+        self.notify.drain()
         self.notify.received.clear()
         return self.status_after(predicate, timeout)

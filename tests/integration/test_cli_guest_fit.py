@@ -34,8 +34,10 @@ def host(tmp_path, placement_server, host_name):
 
 
 def test_pinned_guest_on_shared_cpus_is_a_warning_by_name_and_is_reshaped(host):
-    """nova warns about dedicated vCPUs outside cpu_dedicated_set and counts
-    them as PCPU: so does the agent, dry run and real run."""
+    """nova-compute only warns at start about dedicated vCPUs outside
+    cpu_dedicated_set; the agent, writing the root itself, warns too and
+    moves them to PCPU, dry run and real run. (nova-compute's own resource
+    updates then fail on such a guest: companion mode's preview, not this.)"""
     before = host.allocations()
     # CPUs 10-11 of instance-00000001 and 12 of instance-00000002 go to the shared set.
     stale = write_config(host, "cpu_dedicated_set = 2-9\ncpu_shared_set = 0-1,10-15\n")

@@ -211,7 +211,7 @@ def test_companion_never_creates_a_provider_the_name_does_not_find(nova_host, pl
     )
 
 
-def test_dry_run_previews_novas_reshape_at_next_restart_stale_pins_included(
+def test_dry_run_previews_novas_reshape_at_next_restart_and_stale_pins_block_it(
     nova_host, placement_server
 ):
     nova_host.nova_starts()
@@ -232,13 +232,19 @@ def test_dry_run_previews_novas_reshape_at_next_restart_stale_pins_included(
     drift = {d["subject"]: d for d in plan.json()["companion"]["drift"]}
     assert drift["PCPU"]["explained_by"] == "[compute] cpu_dedicated_set = '2-7,10-15'"
 
-    # A pinned guest outside the new dedicated set: nova warns and still
-    # reshapes it (its _validate_pinning_configuration), so the preview does.
+    # A pinned guest of nova's outside the new dedicated set: nova-compute
+    # only warns at start (_validate_pinning_configuration), but its resource
+    # tracker then pins the guest on the dedicated CPUs again and fails
+    # (CPUPinningUnknown) at every update, so it never reshapes (seen with
+    # nova-compute itself, test_nova_cloud.py): the preview says it is blocked.
     stale = run_agent(*nova_host.config(STRANDING), "--once", "--dry-run", "--output", "json")
     assert stale.code == 0, stale.stderr
     restart = stale.json()["companion"]["next_restart"]
-    assert restart["blocking"] == []
-    assert guests["instance-00000001"] in {c["consumer"] for c in restart["reshape"]["consumers"]}
+    assert restart["reshape"] is None
+    blocked = [b for b in restart["blocking"] if "instance-00000001" in b]
+    assert len(blocked) == 1 and "CPUPinningUnknown" in blocked[0], restart
+    assert "CPUs 2-3,10-11 are outside cpu_dedicated_set = '4-7,12-15'" in blocked[0]
+    assert restart["lines"][0].startswith("BLOCKED: ")
     assert any(
         "instance-00000001" in w and "outside cpu_dedicated_set" in w
         for w in stale.json()["warnings"]

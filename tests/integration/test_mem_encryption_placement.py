@@ -1,10 +1,12 @@
-"""AMD SEV children reach the real Placement as nova 34 lays them out.
+"""AMD SEV and Intel TDX children reach the real Placement as nova 34 lays
+them out.
 
 The session's real libvirtd answers everything (capabilities, versions,
 guests) except the domain capabilities: its QEMU runs on a host without AMD
 SEV, so the gateway's one domain-capabilities call is answered with
 libvirt's own capture of an SEV host (``qemu_10.0.0-q35.x86_64+amdsev.xml``).
-The kernel's half (``kvm_amd`` parameters) is a sysfs tree in ``tmp_path``.
+The kernel's half (``kvm_amd`` parameters, the misc cgroup's TDX keys) is a
+sysfs tree in ``tmp_path``; TDX likewise with libvirt's capture of a TDX host.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from tests.integration.reshape_driver import allocate, make_settings
 pytestmark = pytest.mark.integration
 LOG = logging.getLogger(__name__)
 AMD_SEV_XML = (HOSTDATA / "domaincapsdata" / "qemu_10.0.0-q35.x86_64+amdsev.xml").read_text()
+TDX_XML = (HOSTDATA / "domaincapsdata" / "qemu_10.1.0-q35.x86_64+inteltdx.xml").read_text()
 
 
 class SevHost(Hypervisor):
@@ -48,9 +51,16 @@ def _settings(libvirtd, tmp_path: Path, host: str, kvm_amd=("sev", "sev_es"), **
     return dataclasses.replace(base, virt_type="qemu", **kw)
 
 
-def _cycle(client, settings):
+class TdxHost(Hypervisor):
+    """The real libvirtd, with an Intel TDX host's domain capabilities for x86_64."""
+
+    def domain_capabilities_xml(self, emulator, arch, machine, virt_type):
+        return TDX_XML if arch == "x86_64" else None
+
+
+def _cycle(client, settings, host=SevHost):
     store = StateStore(Path(settings.state_path))
-    with SevHost(settings.libvirt_uri) as hypervisor:
+    with host(settings.libvirt_uri) as hypervisor:
         desired = compute_desired(settings, hypervisor, store.load_or_empty(LOG))
     return Reconciler(client, TreeSyncer(client, store)).apply(desired).report
 
@@ -105,6 +115,42 @@ def test_sev_and_sev_snp_children_appear_with_libvirts_guest_counts(
         tree[n]["inventories"]["MEM_ENCRYPTION_CONTEXT"]["total"]
         for n in (f"{host_name}_amd_sev", f"{host_name}_amd_sev_snp")
     } == {16}
+
+
+def test_tdx_child_appears_with_the_kernels_keys_and_the_option_lowers_them(
+    libvirtd, client, host_name, tmp_path, monkeypatch
+):
+    from node_agent.host import hypervisor_info
+
+    # The process caches domain capabilities per URI; this host answers other ones.
+    monkeypatch.setattr(hypervisor_info, "_DOMAIN_CAPS", {})
+    settings = _settings(
+        libvirtd,
+        tmp_path,
+        host_name,
+        (),
+        domain_capabilities=True,
+        cpu_mode="host-passthrough",
+    )
+    cgroup = Path(settings.sysfs_root) / "fs" / "cgroup"
+    cgroup.mkdir(parents=True)
+    (cgroup / "misc.capacity").write_text("sev 0\nsev_es 0\ntdx 31\n")
+    assert _cycle(client, settings, TdxHost).ok
+    tree = _tree(client, host_name)
+    assert set(tree) == {host_name, f"{host_name}_intel_tdx"}
+    child = tree[f"{host_name}_intel_tdx"]
+    assert child["parent"] == tree[host_name]["uuid"]
+    inv = child["inventories"]["MEM_ENCRYPTION_CONTEXT"]
+    assert (inv["total"], inv["max_unit"], inv["allocation_ratio"]) == (31, 1, 1.0)
+    assert ot.HW_CPU_X86_INTEL_TDX in child["traits"]
+
+    assert _cycle(client, dataclasses.replace(settings, num_intel_tdx_guests=8), TdxHost).ok
+    inv = _tree(client, host_name)[f"{host_name}_intel_tdx"]["inventories"]
+    assert inv["MEM_ENCRYPTION_CONTEXT"]["total"] == 8
+
+    # Without host-passthrough nova reports no TDX, and neither does the agent.
+    assert _cycle(client, dataclasses.replace(settings, cpu_mode=None), TdxHost).ok
+    assert set(_tree(client, host_name)) == {host_name}
 
 
 def test_read_only_reports_no_sev_child_and_says_mem_encryption_context_once(

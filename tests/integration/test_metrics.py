@@ -27,24 +27,17 @@ def samples(text):
 def test_metrics_endpoint_shows_inventory_requests_and_last_success(
     tmp_path, placement_server, host_name
 ):
-    port = free_port()
     textfile = tmp_path / "node_agent.prom"
-    agent = AgentProcess(
-        tmp_path,
-        placement_server.url,
-        host_name,
-        agent_options=(
-            f"report_interval = 1\nmetrics_port = {port}\nmetrics_textfile = {textfile}\n"
-        ),
-    ).start()
-    try:
-        agent.status_after(lambda s: s.startswith("ok:"))
-        agent.status_after(lambda s: "no change" in s)
-        text = scrape(port)
-        scraped = samples(text)
-    finally:
-        agent.stop()
-        agent.notify.close()
+    scraped = samples(
+        scrape_running(
+            tmp_path,
+            placement_server.url,
+            host_name,
+            textfile,
+            lambda s: s.startswith("ok:"),
+            lambda s: "no change" in s,
+        )
+    )
 
     vcpu = ("node_agent_inventory", (("provider", host_name), ("resource_class", "VCPU")))
     assert scraped[vcpu] == 16
@@ -63,6 +56,20 @@ def scrape(port: int) -> str:
         return answer.read().decode()
 
 
+def scrape_running(tmp_path, url: str, host: str, textfile, *ready) -> str:
+    """The endpoint of a service writing ``textfile`` too, scraped once its
+    status has passed each of ``ready`` in turn; the service is then stopped."""
+    port = free_port()
+    agent = AgentProcess.with_metrics(tmp_path, url, host, port, textfile).start()
+    try:
+        for check in ready:
+            agent.status_after(check)
+        return scrape(port)
+    finally:
+        agent.stop()
+        agent.notify.close()
+
+
 def test_metrics_are_promtool_clean_with_build_and_process_metrics(
     tmp_path, placement_server, host_name
 ):
@@ -70,22 +77,10 @@ def test_metrics_are_promtool_clean_with_build_and_process_metrics(
     node_agent_inventory_total, and there was no build or process metric.
     The endpoint's and the textfile's output pass promtool's checks
     (tests/promlint.py, and promtool itself when it is installed)."""
-    port = free_port()
     textfile = tmp_path / "node_agent.prom"
-    agent = AgentProcess(
-        tmp_path,
-        placement_server.url,
-        host_name,
-        agent_options=(
-            f"report_interval = 1\nmetrics_port = {port}\nmetrics_textfile = {textfile}\n"
-        ),
-    ).start()
-    try:
-        agent.status_after(lambda s: s.startswith("ok:"))
-        text = scrape(port)
-    finally:
-        agent.stop()
-        agent.notify.close()
+    text = scrape_running(
+        tmp_path, placement_server.url, host_name, textfile, lambda s: s.startswith("ok:")
+    )
     written = textfile.read_text()
     for output in (text, written):
         assert promlint.problems(output) == []
@@ -113,12 +108,7 @@ def test_a_refused_configuration_raises_problem_with_its_reason_and_logs_one_err
     same ERROR every cycle. Now: one ERROR, the problem with its reason, the
     last success held; the fix clears it with one INFO line."""
     port = free_port()
-    agent = AgentProcess(
-        tmp_path,
-        placement_server.url,
-        host_name,
-        agent_options=f"report_interval = 1\nmetrics_port = {port}\n",
-    )
+    agent = AgentProcess.with_metrics(tmp_path, placement_server.url, host_name, port)
     # Floating guests 03, 05, 06 of host.xml need a cpu_shared_set.
     good = agent.config_text().replace(
         "[libvirt]\nconnection_uri =\n", f"[libvirt]\nconnection_uri = test://{HOST_XML}\n"

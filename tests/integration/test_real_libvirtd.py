@@ -173,6 +173,18 @@ def test_real_host_numa_cells_agree_with_sysfs_without_a_warning(libvirtd, tmp_p
     assert not [w for w in host.warnings if "NUMA cells" in w], host.warnings
 
 
+def test_real_host_memory_is_libvirts_node_info_as_nova_reports_it(libvirtd, tmp_path):
+    """nova's MEMORY_MB total is libvirt's virNodeGetInfo (the NUMA nodes'
+    MemTotal on Linux), which on some machines (this suite's sandbox) is
+    less than the kernel's /proc/meminfo MemTotal; the agent follows nova."""
+    with Hypervisor(libvirtd.ro_uri) as hypervisor:
+        libvirt_mb = hypervisor.memory_mb_total()
+    host = read_host(libvirtd, tmp_path)
+    assert host.memory_mb == libvirt_mb
+    desired = compute_desired(settings_for(libvirtd, tmp_path))
+    assert desired.tree.providers[0].inventories["MEMORY_MB"].total == libvirt_mb
+
+
 # ---------------------------------------------------------------- reshape
 
 

@@ -384,3 +384,41 @@ def test_two_machines_with_one_host_name_racing_leave_one_owner(
     assert outcomes == {winner: True, loser: "refused"}
     total = placement.get(f"/resource_providers/{root['uuid']}/inventories")["inventories"]
     assert total["VCPU"]["total"] == (8 if winner == "first" else 16)
+
+
+def test_children_follow_a_root_the_operator_renamed_after_the_state_file_was_lost(
+    tmp_path, placement_server, placement, host_name
+):
+    """Issue 28's rename advice, on a host with children: after the
+    operator renames the root as the refusal says, the children named
+    after the old name are renamed too, keeping their uuids (and so their
+    allocations); no second set is created."""
+    from tests.hostdata import HOSTDATA
+
+    numa = "[compute]\nnuma_in_placement = true\n"
+    base = tmp_path / ID_A[:4]
+    base.mkdir()
+    ident = machine_id(base / "machine-id", ID_A)
+    config = write_config(
+        base,
+        HOSTDATA / "vircaps2xmldata/linux-basic/system",
+        host_name,
+        extra=(
+            f"[agent]\nmachine_id_path = {ident}\n{numa}[placement]\nauth_type = admin_token\n"
+            f"token = admin\nendpoint_override = {placement_server.url}\n"
+        ),
+    )
+    assert (first := run_agent("--config-file", str(config), "--once")).code == 0, first.stderr
+    old = root_of(placement, host_name)
+    before = {rp["name"]: rp["uuid"] for rp in placement.providers_in_tree(old["uuid"])}
+    assert len(before) > 1, "no child: the children's rename is not tested"
+    new_name = f"{host_name}-renamed"
+    config.write_text(config.read_text().replace(f"host = {host_name}\n", f"host = {new_name}\n"))
+    (base / "state" / FILE_NAME).unlink()
+    placement.put(f"/resource_providers/{old['uuid']}", {"name": new_name})
+
+    result = run_agent("--config-file", str(config), "--once")
+
+    assert result.code == 0, result.stderr
+    after = {rp["name"]: rp["uuid"] for rp in placement.providers_in_tree(old["uuid"])}
+    assert after == {name.replace(host_name, new_name, 1): u for name, u in before.items()}

@@ -439,6 +439,20 @@ CASES = [
         ("[compute] pcpu_transition_mode", "maybe"),
     ),
     Case("host-name-empty", "[DEFAULT]\nhost =\n", ("[DEFAULT] host is empty",)),
+    Case(
+        "aggregate-not-a-uuid",
+        "[placement]\naggregates = 2b4c8a3e-5f1d-4e0a-9c6b-7d8e9f0a1b2c,rack-12\n",
+        ("[placement] aggregates: 'rack-12' is not an aggregate UUID",),
+    ),
+    Case(
+        "aggregate-with-messaging",
+        "[agent]\nupstream = messaging\n[placement]\n"
+        "aggregates = 2b4c8a3e-5f1d-4e0a-9c6b-7d8e9f0a1b2c\n",
+        (
+            "[placement] aggregates = 2b4c8a3e-5f1d-4e0a-9c6b-7d8e9f0a1b2c",
+            "upstream = messaging",
+        ),
+    ),
     # --- the file itself
     Case(
         "unknown-option",

@@ -330,12 +330,7 @@ def test_metrics_port_in_use_stops_the_service_with_one_clear_line(
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     port = busy.getsockname()[1]
-    agent = AgentProcess(
-        tmp_path,
-        placement_server.url,
-        host_name,
-        agent_options=f"report_interval = 1\nmetrics_port = {port}\n",
-    )
+    agent = AgentProcess.with_metrics(tmp_path, placement_server.url, host_name, port)
     try:
         agent.start()
         code = agent.proc.wait(30)
@@ -719,12 +714,7 @@ def test_steady_cycles_are_silent_and_metrics_have_proper_types(
     from tests.integration.rabbit import free_port
 
     port = free_port()
-    agent = AgentProcess(
-        tmp_path,
-        placement_server.url,
-        host_name,
-        agent_options=f"report_interval = 1\nmetrics_port = {port}\n",
-    )
+    agent = AgentProcess.with_metrics(tmp_path, placement_server.url, host_name, port)
     try:
         agent.start()
         agent.status_after(lambda s: s.startswith("ok:"))

@@ -22,18 +22,25 @@ from tests.reliability.unit_sandbox import in_sandbox, skip_unless_namespaces
 TEXTFILE_DIR = "/var/lib/prometheus/node-exporter"
 
 
-def test_state_log_dir_and_textfile_of_the_docs_are_written_under_the_unit(
-    placement_server, host_name
-):
+def sandboxed_config(placement_url: str, host: str, extra: str):
+    """A directory nobody can traverse and a config in it for TEST6 against
+    ``placement_url`` with ``extra``; skips where the sandbox cannot run."""
     skip_unless_root_with_setpriv()
     skip_unless_namespaces()
     base = world_readable_dir()
     config = write_config(
-        base,
-        stage_tree(TEST6, base),
-        host=host_name,
-        extra=placement_section(placement_server.url)
-        + f"[DEFAULT]\nlog_dir = /var/log/node-agent\n"
+        base, stage_tree(TEST6, base), host=host, extra=placement_section(placement_url) + extra
+    )
+    return base, config
+
+
+def test_state_log_dir_and_textfile_of_the_docs_are_written_under_the_unit(
+    placement_server, host_name
+):
+    base, config = sandboxed_config(
+        placement_server.url,
+        host_name,
+        f"[DEFAULT]\nlog_dir = /var/log/node-agent\n"
         f"[agent]\nmetrics_textfile = {TEXTFILE_DIR}/node-agent.prom\n",
     )
     # The unit's default state directory, not the fixture's.
@@ -69,14 +76,8 @@ def test_a_log_dir_the_unit_keeps_read_only_names_the_fix_and_the_restart(
     """The service, as systemd starts it (INVOCATION_ID set), with a log
     directory outside what the unit grants: exit 78, the cause and the fix,
     and how to start it again (systemd will not, RestartPreventExitStatus=78)."""
-    skip_unless_root_with_setpriv()
-    skip_unless_namespaces()
-    base = world_readable_dir()
-    config = write_config(
-        base,
-        stage_tree(TEST6, base),
-        host=host_name,
-        extra=placement_section(placement_server.url) + "[DEFAULT]\nlog_dir = /var/log\n",
+    base, config = sandboxed_config(
+        placement_server.url, host_name, "[DEFAULT]\nlog_dir = /var/log\n"
     )
     open_to_everyone(base)
     command, env = as_nobody("-m", "node_agent.cli.main", "--config-file", str(config))

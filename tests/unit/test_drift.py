@@ -12,6 +12,7 @@ from node_agent.model.settings import Settings
 from node_agent.placement.client import PlacementClient
 from node_agent.placement.readonly import ReadOnlyPlacement, WriteRefused
 from node_agent.policy import drift as D
+from node_agent.tree.cpu_traits import NOT_DECIDED_BY_NOVA
 
 ROOT = "11111111-1111-4111-8111-111111111111"
 
@@ -130,6 +131,30 @@ def test_only_traits_the_agent_decides_about_count():
     assert diff.explained_by == "the host CPU as libvirt describes it (no option)"
 
 
+def test_cpu_traits_nova_does_not_decide_are_no_drift_on_its_root_only():
+    # The agent's table maps more features than nova's and reads libvirt's
+    # "pni" as SSE3; nova-compute, the writer here, never sets those traits.
+    traits = {
+        "COMPUTE_NODE": True,
+        "HW_CPU_X86_AVX2": True,
+        "HW_CPU_X86_SSE3": True,
+        "HW_CPU_X86_STIBP": True,
+        "HW_CPU_X86_INTEL_MD_CLEAR": True,
+    }
+    tree = desired(traits=traits)
+    assert D.drift(tree, held(MATCHING), SETTINGS, NOT_DECIDED_BY_NOVA) == ()
+    assert [d.subject for d in D.drift(tree, held(MATCHING), SETTINGS)] == [
+        "trait HW_CPU_X86_INTEL_MD_CLEAR",
+        "trait HW_CPU_X86_SSE3",
+        "trait HW_CPU_X86_STIBP",
+    ]
+    # A trait nova does decide still counts.
+    missing_avx2 = held(MATCHING, traits=("COMPUTE_NODE", "OWNER_NOVA"))
+    assert [d.subject for d in D.drift(tree, missing_avx2, SETTINGS, NOT_DECIDED_BY_NOVA)] == [
+        "trait HW_CPU_X86_AVX2"
+    ]
+
+
 def test_a_child_nova_does_not_report_is_one_difference_naming_the_option():
     numa = Provider("compute-7_NUMA_0", parent="compute-7", inventories={"PCPU": Inventory(3)})
     (diff,) = D.drift(desired(children=[numa]), held(MATCHING), SETTINGS)
@@ -183,10 +208,17 @@ def test_owner_is_read_from_the_owner_trait(traits, owner):
         ("COMPUTE_SECURITY_TPM_2_0", "[libvirt] swtpm_enabled"),
         ("HW_CPU_X86_AVX512F", "the host CPU as libvirt describes it"),
         ("CUSTOM_GOLD", "provider_config_location"),
+        ("COMPUTE_MANAGED_PCI_DEVICE", "[pci] report_in_placement"),
+        ("HW_PCI_ONE_TIME_USE", "one_time_use"),
     ],
 )
 def test_each_kind_of_trait_names_what_decides_it(trait, named):
     assert named in D.explain_trait(trait)
+
+
+def test_pci_device_child_and_class_name_report_in_placement():
+    assert "report_in_placement" in D.explain_provider("hv_0000:AF:00.0", "hv")
+    assert "report_in_placement" in D.explain_inventory("CUSTOM_PCI_10DE_1EB8", "total", None)
 
 
 def test_vcpu_total_without_any_cpu_set_is_explained_by_the_online_cpus():

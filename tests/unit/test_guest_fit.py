@@ -1,12 +1,14 @@
 """Guests the CPU sets leave without CPUs are refused by name (pure)."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from node_agent.host.domain import parse_domain
 from node_agent.model.cpuset import CpuSet, parse_cpu_spec
 from node_agent.model.snapshot import Guest
-from node_agent.policy.guest_fit import guests_refused, misfits, warnings
+from node_agent.policy.guest_fit import blocks_nova, guests_refused, misfits, warnings
 
 PINNED = Guest(
     "p-uuid",
@@ -86,8 +88,8 @@ def test_guests_that_do_not_fit_are_named_with_their_cpus_and_the_option(
             [
                 "dedicated guest pinned-vm (p-uuid) has dedicated vCPUs on CPUs 2,10; CPUs 10 are "
                 "outside cpu_dedicated_set = '2-9'; CPUs 10 are in cpu_shared_set = '0-1,10-15'. "
-                "nova starts and counts it as PCPU all the same; add them to cpu_dedicated_set or "
-                "migrate the guest."
+                "Not started by nova (no nova metadata), so nova-compute does not count it; add "
+                "them to cpu_dedicated_set or migrate the guest."
             ],
         ),
         # CPU 10 in neither set.
@@ -96,8 +98,9 @@ def test_guests_that_do_not_fit_are_named_with_their_cpus_and_the_option(
             "0-1",
             [
                 "dedicated guest pinned-vm (p-uuid) has dedicated vCPUs on CPUs 2,10; CPUs 10 are "
-                "outside cpu_dedicated_set = '2-9'. nova starts and counts it as PCPU all the "
-                "same; add them to cpu_dedicated_set or migrate the guest."
+                "outside cpu_dedicated_set = '2-9'. Not started by nova (no nova metadata), so "
+                "nova-compute does not count it; add them to cpu_dedicated_set or migrate the "
+                "guest."
             ],
         ),
         ("2-13", "0-1", []),
@@ -150,3 +153,70 @@ def test_a_pinned_guest_started_outside_nova_on_a_shared_cpu_is_named_with_its_c
         "shared guest virsh-vm (o-uuid), not started by nova (no nova metadata), "
         "runs on host CPUs 3; nova counts 2 of its vCPUs as floating (pinning shape)"
     )
+
+
+# -- nova-compute's resource updates stop on a guest of its own pinned outside
+# cpu_dedicated_set (domains nova 34's libvirt driver wrote: tests/data/nova_guests)
+
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "nova_guests"
+
+
+def nova_guest(name):
+    return parse_domain((CORPUS / "xml" / f"{name}.xml").read_text(), True)
+
+
+def test_a_nova_guest_pinned_outside_the_dedicated_set_stops_novas_updates_named():
+    guest = nova_guest("one-node--dedicated")  # pinned to 2,4-6 under 2-7
+    assert blocks_nova((guest,), spec("2-7")) == []
+    (reason,) = blocks_nova((guest,), spec("2-5"))
+    assert reason == (
+        f"dedicated guest {guest.name} ({guest.uuid}) is pinned to host CPUs 2,4-6; "
+        "CPUs 6 are outside cpu_dedicated_set = '2-5'. nova-compute starts but every "
+        "resource update fails (CPUPinningUnknown: nova pins its guests' dedicated "
+        "vCPUs on dedicated CPUs only), so it reports nothing and does not reshape. "
+        "Add CPUs 6 to cpu_dedicated_set, or migrate or delete the guest before "
+        "restarting nova-compute."
+    )
+
+
+def test_an_isolated_emulator_thread_outside_the_dedicated_set_stops_them_too():
+    # nova pins the emulator thread like a vCPU: 2 vCPUs on 2,6, the emulator on 5.
+    guest = nova_guest("one-node--dedicated-emulator-isolate")
+    assert "CPUs 5 are outside" in blocks_nova((guest,), spec("2-4,6-7"))[0]
+
+
+def test_the_dedicated_part_of_a_mixed_guest_counts_its_floating_part_not():
+    guest = nova_guest("one-node--mixed-mask-exclude")  # vCPUs 2,3 on 2,6; 0,1 float
+    assert blocks_nova((guest,), spec("2,6")) == []
+    assert "CPUs 6 are outside" in blocks_nova((guest,), spec("2-5"))[0]
+
+
+def test_floating_guests_and_guests_nova_did_not_start_never_stop_nova():
+    floating = [nova_guest(n) for n in ("one-node--shared-numa1", "one-node--no-policy")]
+    assert blocks_nova(floating, spec("7")) == []
+    assert blocks_nova((PINNED,), spec("3-9")) == []  # virsh's guest: not nova's
+
+
+def test_without_a_dedicated_set_nothing_is_judged():
+    assert blocks_nova((nova_guest("one-node--dedicated"),), CpuSet()) == []
+
+
+def test_thread_policy_isolate_needs_the_pinned_cpus_siblings_dedicated_too():
+    guest = Guest(
+        "i-uuid",
+        "isolate-vm",
+        1,
+        True,
+        1024,
+        vcpupin=((0, parse_cpu_spec("2")),),
+        metadata=(
+            ("extra_spec:hw:cpu_policy", "dedicated"),
+            ("extra_spec:hw:cpu_thread_policy", "isolate"),
+            ("nova:extra_specs", ""),
+        ),
+    )
+    siblings = {2: parse_cpu_spec("2,8"), 8: parse_cpu_spec("2,8")}
+    assert blocks_nova((guest,), spec("2-5,8"), siblings) == []
+    (reason,) = blocks_nova((guest,), spec("2-5"), siblings)
+    assert "pinned to host CPUs 2 (with their SMT siblings, thread policy isolate: 2,8)" in reason
+    assert "CPUs 8 are outside" in reason

@@ -1,5 +1,6 @@
-"""AMD SEV / SEV-ES / SEV-SNP child providers (nova 34's MEM_ENCRYPTION_CONTEXT
-layout) and their capacity rule, on libvirt's captured domain capabilities."""
+"""AMD SEV / SEV-ES / SEV-SNP and Intel TDX child providers (nova 34's
+MEM_ENCRYPTION_CONTEXT layout) and their capacity rule, on libvirt's captured
+domain capabilities."""
 
 import dataclasses
 
@@ -8,15 +9,23 @@ import pytest
 
 from node_agent.errors import ParseError
 from node_agent.host.domain_capabilities import parse_domain_capabilities
+from node_agent.host.hypervisor_info import tdx_capacity
+from node_agent.host.sysfs import SysFS
 from node_agent.model.snapshot import HypervisorInfo
 from node_agent.policy import capacity as cap
 from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
-from node_agent.tree.mem_encryption import host_mem_encryption, mem_encryption_children
+from node_agent.tree.mem_encryption import (
+    TdxSettings,
+    host_mem_encryption,
+    mem_encryption_children,
+)
 from tests.hostdata import HOSTDATA
 
 DOMCAPS = HOSTDATA / "domaincapsdata"
 AMD = (DOMCAPS / "qemu_10.0.0-q35.x86_64+amdsev.xml").read_text()
 PLAIN = (DOMCAPS / "qemu_8.2.0-q35.x86_64.xml").read_text()
+TDX = (DOMCAPS / "qemu_10.1.0-q35.x86_64+inteltdx.xml").read_text()
+PASSTHROUGH = "host-passthrough"
 
 
 def info(*xmls, kvm_amd=("sev", "sev_es"), qemu=(10, 0, 0)):
@@ -160,6 +169,11 @@ def test_host_limits_count_sev_and_sev_es_keys_and_unknown_without_domain_caps()
     assert cap.host_limits(host, partition).mem_encryption == 509
     unread = dataclasses.replace(host, hypervisor=HypervisorInfo((10, 0, 0), (10, 0, 0)))
     assert cap.host_limits(unread, partition).mem_encryption is None
+    # Intel TDX: the kernel's keys count; without the kernel's count it is not known.
+    tdx = dataclasses.replace(host, hypervisor=tdx_host(32))
+    assert cap.host_limits(tdx, partition).mem_encryption == 32
+    tdx = dataclasses.replace(host, hypervisor=tdx_host(None))
+    assert cap.host_limits(tdx, partition).mem_encryption is None
 
 
 # ------------------------------------------------------------ reshape rule
@@ -245,3 +259,56 @@ def test_companion_drift_on_a_sev_child_names_what_decides_it():
         explain_trait(ot.HW_CPU_X86_AMD_SEV),
     ):
         assert "num_memory_encrypted_guests" in said and "kvm_amd" in said
+
+
+def tdx_host(capacity, xml=TDX):
+    return dataclasses.replace(info(xml, kvm_amd=()), tdx_capacity=capacity)
+
+
+def test_tdx_child_counts_the_kernels_keys_with_cpu_mode_host_passthrough():
+    offered = host_mem_encryption(tdx_host(32), "x86_64", None, TdxSettings(PASSTHROUGH))
+    [child] = mem_encryption_children("cn1", offered)
+    assert child.name == "cn1_intel_tdx"
+    assert child.inventories["MEM_ENCRYPTION_CONTEXT"].total == 32
+    assert child.inventories["MEM_ENCRYPTION_CONTEXT"].max_unit == 1
+    assert child.wanted_traits == {ot.HW_CPU_X86_INTEL_TDX, AGENT_CHILD_TRAIT}
+
+
+@pytest.mark.parametrize(
+    "mode, xml, arch",
+    [
+        ("host-model", TDX, "x86_64"),
+        (None, TDX, "x86_64"),
+        (PASSTHROUGH, PLAIN, "x86_64"),
+        (PASSTHROUGH, TDX, "aarch64"),
+    ],
+)
+def test_no_tdx_child_without_passthrough_libvirts_support_or_an_x86_host(mode, xml, arch):
+    assert host_mem_encryption(tdx_host(32, xml), arch, None, TdxSettings(mode, 8)).totals == {}
+
+
+def test_num_intel_tdx_guests_counts_where_the_kernel_does_not_and_never_raises_it():
+    def total(kernel, option):
+        offered = host_mem_encryption(
+            tdx_host(kernel), "x86_64", None, TdxSettings(PASSTHROUGH, option)
+        )
+        return offered.totals.get("intel_tdx"), offered.warnings
+
+    assert total(None, 8) == (8, ())
+    assert total(32, 8) == (8, ())
+    count, warnings = total(32, 64)
+    assert count == 32 and "num_intel_tdx_guests = 64" in warnings[0]
+    count, warnings = total(None, None)
+    assert count is None and "num_intel_tdx_guests" in warnings[0]
+    assert total(0, None) == (None, ())
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("sev 0\ntdx 32\n", 32), ("sev 509\n", None), ("tdx x\n", None), (None, None)],
+)
+def test_the_tdx_count_is_the_misc_cgroups_tdx_line(tmp_path, text, expected):
+    if text is not None:
+        (tmp_path / "fs" / "cgroup").mkdir(parents=True)
+        (tmp_path / "fs" / "cgroup" / "misc.capacity").write_text(text)
+    assert tdx_capacity(SysFS(str(tmp_path))) == expected

@@ -125,8 +125,16 @@ def test_resource_class_over_255_characters_is_refused_at_config_time(tmp_path):
     ]
 
 
-def test_short_pci_address_gets_domain_zero():
-    assert parse_spec('{"address": "3B:00.0", "physical_network": "p"}').address == "0000:3b:00.0"
+def test_short_pci_address_matches_any_domain_as_nova():
+    # nova's PciAddressGlobSpec: a field left off is any, not 0000.
+    spec = parse_spec('{"address": "3B:00.0", "physical_network": "p"}')
+    assert spec.address == "*:3b:00.0"
+    assert spec.matches("0000:3b:00.0") and spec.matches("0001:3b:00.0")
+
+
+def test_address_with_function_left_off_matches_every_function_as_nova():
+    spec = parse_spec('{"address": "0000:81:00."}')
+    assert spec.matches("0000:81:00.3") and not spec.matches("0000:81:01.0")
 
 
 @pytest.mark.parametrize(
@@ -150,3 +158,69 @@ def test_bad_device_specs_say_what_is_wrong(text, problem):
 def test_physnet_trait_is_normalised():
     assert physnet_trait("physnet1") == "CUSTOM_PHYSNET_PHYSNET1"
     assert physnet_trait("data-net.2") == "CUSTOM_PHYSNET_DATA_NET_2"
+
+
+def test_report_in_placement_refuses_devname_specs_as_nova(tmp_path):
+    # nova's test_devname_based_dev_spec_rejected
+    with pytest.raises(ConfigError) as err:
+        load(
+            tmp_path,
+            '[pci]\nreport_in_placement = true\ndevice_spec = {"devname": "eth0"}\n',
+        )
+    assert "devname 'eth0'" in str(err.value) and "report_in_placement" in str(err.value)
+
+
+def test_one_time_use_without_report_in_placement_is_refused_as_nova(tmp_path):
+    with pytest.raises(ConfigError, match="one_time_use = true needs"):
+        load(tmp_path, '[pci]\ndevice_spec = {"address": "0000:81:00.0", "one_time_use": "true"}\n')
+
+
+def test_report_in_placement_reads_nova_tags(tmp_path):
+    got = load(
+        tmp_path,
+        "[pci]\nreport_in_placement = true\n"
+        'device_spec = {"address": "0000:81:00.0", "resource_class": "crypto", '
+        '"traits": "a,b", "one_time_use": "yes", "live_migratable": true}\n',
+    )
+    [spec] = got.pci_device_specs
+    assert got.pci_in_placement
+    assert (spec.resource_class, spec.traits, spec.one_time_use, spec.live_migratable) == (
+        "crypto",
+        "a,b",
+        True,
+        True,
+    )
+
+
+def test_one_time_use_that_is_not_a_boolean_is_refused(tmp_path):
+    with pytest.raises(ConfigError, match="'one_time_use' must be true or false"):
+        load(
+            tmp_path,
+            "[pci]\nreport_in_placement = true\n"
+            'device_spec = {"address": "0000:81:00.0", "one_time_use": "maybe"}\n',
+        )
+
+
+@pytest.mark.parametrize(
+    "rc", ["VCPU", "memory_mb", "VGPU", "SRIOV_NET_VF", "CUSTOM_MEMORY_PAGE_2048"]
+)
+def test_pci_resource_class_the_agent_reports_from_the_host_is_refused(tmp_path, rc):
+    with pytest.raises(ConfigError, match="reports from the host itself"):
+        load(
+            tmp_path,
+            "[pci]\nreport_in_placement = true\n"
+            f'device_spec = {{"address": "0000:81:00.0", "resource_class": "{rc}"}}\n',
+        )
+
+
+def test_pci_spec_with_neutrons_class_or_trait_is_refused_naming_neutron(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load(
+            tmp_path,
+            "[pci]\nreport_in_placement = true\n"
+            'device_spec = {"address": "0000:81:00.0", "resource_class": '
+            '"NET_BW_EGR_KILOBIT_PER_SEC", "traits": "CUSTOM_VNIC_TYPE_DIRECT"}\n',
+        )
+    problems = err.value.problems
+    assert any("NET_BW_EGR_KILOBIT_PER_SEC belongs to neutron" in p for p in problems)
+    assert any("CUSTOM_VNIC_TYPE_DIRECT belongs to neutron" in p for p in problems)

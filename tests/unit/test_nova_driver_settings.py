@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from node_agent.config.files import unbuilt_nova_settings
 from node_agent.config.settings import _file_backed_memory_problems
 from node_agent.tree.build import arch_trait, disk_reserved_gb
 from tests.snapshots import settings
@@ -33,14 +32,6 @@ def test_file_backed_memory_needs_nova_s_settings():
     assert len(problems) == 2
     assert "ram_allocation_ratio" in problems[0]
     assert "reserved_host_memory_mb" in problems[1]
-
-
-def test_unbuilt_nova_settings_warn_by_name():
-    found = unbuilt_nova_settings(
-        ["[libvirt] num_intel_tdx_guests", "[mdev_nvidia-11]", "[libvirt] images_type"]
-    )
-    assert len(found) == 1  # [mdev_*] sections and pmem_namespaces are read now
-    assert "intel_tdx" in found[0]
 
 
 def test_file_backed_memory_is_the_memory_limit_of_the_capacity_check(tmp_path):

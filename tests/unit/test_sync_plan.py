@@ -319,3 +319,39 @@ def test_provider_without_uuid_is_refused():
     desired = ProviderTree((Provider("host1"),))
     with pytest.raises(ValueError, match="host1"):
         plan_changes(desired, {}, set())
+
+
+# --- [placement] aggregates: added, and only ours removed
+
+
+AGG_A, AGG_B, AGG_OP = (f"{n}0000000-0000-4000-8000-000000000000" for n in "abc")
+
+
+@pytest.mark.parametrize(
+    "current, wanted, ours, expected",
+    [
+        ({AGG_OP}, {AGG_A}, set(), {AGG_OP, AGG_A}),  # added beside the operator's
+        ({AGG_OP, AGG_A}, set(), {AGG_A}, {AGG_OP}),  # ours dropped, theirs kept
+        ({AGG_OP, AGG_A}, set(), None, {AGG_OP, AGG_A}),  # no record: nothing removed
+        ({AGG_OP}, set(), {AGG_OP, AGG_A}, set()),  # recorded as ours: ours to remove
+        ({AGG_A}, {AGG_A}, set(), {AGG_A}),  # nothing to do
+    ],
+)
+def test_aggregates_are_added_and_only_ours_removed(current, wanted, ours, expected):
+    from node_agent.policy.aggregates import merged
+
+    assert merged(frozenset(current), frozenset(wanted), ours) == frozenset(expected)
+
+
+@pytest.mark.parametrize(
+    "ours, before, after, expected",
+    [
+        (None, {AGG_OP}, {AGG_OP, AGG_A}, {AGG_A}),  # there before, no record: not ours
+        ({AGG_A}, {AGG_A}, {AGG_A, AGG_B}, {AGG_A, AGG_B}),
+        ({AGG_A, AGG_B}, {AGG_A, AGG_B}, {AGG_B}, {AGG_B}),
+    ],
+)
+def test_ours_after_a_write_are_what_we_had_and_what_we_added(ours, before, after, expected):
+    from node_agent.policy.aggregates import owned_after
+
+    assert owned_after(ours, frozenset(before), frozenset(after)) == frozenset(expected)

@@ -1,0 +1,184 @@
+"""PCI devices reach the real Placement in nova 34's model
+(``[pci] report_in_placement``), and a device in use that disappears keeps
+its inventory at the usage: never less than allocated, never more.
+
+The host is a sysfs tree in ``tmp_path`` (linux-test4's CPUs plus PCI
+functions laid out as the kernel does, VFs linked to their PF by
+``physfn``); the cycles are the agent's own (discovery, tree, syncer,
+reconciler) against the session's Placement.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import shutil
+import uuid
+from pathlib import Path
+
+import os_traits as ot
+import pytest
+
+from node_agent.cycle.desired import compute_desired
+from node_agent.cycle.reconcile import Reconciler
+from node_agent.model.device_spec import parse_spec
+from node_agent.placement.client import PlacementClient
+from node_agent.placement.sync import TreeSyncer
+from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
+from node_agent.state import StateStore
+from tests.hostdata import HOSTDATA, sysfs_root_for
+from tests.integration.reshape_driver import allocate, make_settings
+from tests.unit.test_pci import add_device, write
+
+pytestmark = pytest.mark.integration
+LOG = logging.getLogger(__name__)
+
+GPU, PF, OTU = "0000:81:00.0", "0000:3b:00.0", "0000:82:00.0"
+VFS = ("0000:3b:02.0", "0000:3b:02.1")
+GPU_RC, VF_RC, OTU_RC = "CUSTOM_PCI_10DE_1EB8", "CUSTOM_VF", "CUSTOM_PCI_1234_5678"
+SPECS = (
+    {"vendor_id": "10de", "traits": "gpu,HW_GPU_API_VULKAN", "live_migratable": "true"},
+    {"product_id": "154c", "resource_class": "vf"},
+    {"address": OTU, "one_time_use": True},
+    {"product_id": "158b", "physical_network": "physnet1"},
+)
+
+
+def _host(tmp_path: Path) -> Path:
+    root = sysfs_root_for(HOSTDATA / "virhostcpudata" / "linux-test4", tmp_path)
+    add_device(root, GPU, vendor="0x10de", device="0x1eb8")
+    add_device(root, OTU, vendor="0x1234", device="0x5678")
+    pf = add_device(root, PF, vendor="0x8086", device="0x158b")
+    write(pf / "sriov_totalvfs", "8")
+    write(pf / "sriov_numvfs", "2")
+    for vf_address in VFS:
+        vf = add_device(root, vf_address, vendor="0x8086", device="0x154c")
+        (vf / "physfn").symlink_to(pf)
+    return root
+
+
+def _remove(root: Path, address: str) -> None:
+    """The device leaves the host (hot-unplug, a VF count lowered)."""
+    link = root / "bus" / "pci" / "devices" / address
+    shutil.rmtree(link.resolve())
+    link.unlink()
+
+
+def _settings(root: Path, tmp_path: Path, host: str):
+    base = make_settings(host, str(root), "", str(tmp_path / "state"), str(tmp_path))
+    return dataclasses.replace(
+        base,
+        pci_in_placement=True,
+        pci_device_specs=tuple(parse_spec(json.dumps(s)) for s in SPECS),
+    )
+
+
+def _cycle(client, settings):
+    store = StateStore(Path(settings.state_path))
+    desired = compute_desired(settings, None, store.load_or_empty(LOG))
+    return Reconciler(client, TreeSyncer(client, store)).apply(desired).report
+
+
+def _tree(client, host: str) -> dict[str, dict]:
+    root = client.get(f"/resource_providers?name={host}")["resource_providers"][0]
+    out = {}
+    for rp in client.get(f"/resource_providers?in_tree={root['uuid']}")["resource_providers"]:
+        base = f"/resource_providers/{rp['uuid']}"
+        out[rp["name"]] = {
+            "uuid": rp["uuid"],
+            "parent": rp["parent_provider_uuid"],
+            "inventories": client.get(f"{base}/inventories")["inventories"],
+            "traits": set(client.get(f"{base}/traits")["traits"]),
+        }
+    return out
+
+
+@pytest.fixture
+def client(placement_server):
+    return PlacementClient.for_endpoint(placement_server.url)
+
+
+def test_pci_children_classes_and_traits_appear_as_nova_lays_them_out(client, host_name, tmp_path):
+    settings = _settings(_host(tmp_path), tmp_path, host_name)
+    assert _cycle(client, settings).ok
+    tree = _tree(client, host_name)
+    gpu, vfs, otu = (f"{host_name}_{a.upper()}" for a in (GPU, PF, OTU))
+    # The physnet PF keeps its SR-IOV child (driver-physnet-sriov-children),
+    # without the VFs the PCI child counts: no VF is offered twice.
+    sriov = f"{host_name}_{PF}"
+    assert set(tree) == {host_name, gpu, vfs, otu, sriov}
+    assert "SRIOV_NET_VF" not in tree[sriov]["inventories"]
+    for name, rc, total in ((gpu, GPU_RC, 1), (vfs, VF_RC, 2), (otu, OTU_RC, 1)):
+        assert tree[name]["parent"] == tree[host_name]["uuid"]
+        inv = tree[name]["inventories"][rc]
+        assert (inv["total"], inv["max_unit"], inv["reserved"]) == (total, total, 0)
+        assert {ot.COMPUTE_MANAGED_PCI_DEVICE, AGENT_CHILD_TRAIT} <= tree[name]["traits"]
+    assert {"CUSTOM_GPU", ot.HW_GPU_API_VULKAN, ot.HW_PCI_LIVE_MIGRATABLE} <= tree[gpu]["traits"]
+    assert ot.HW_PCI_ONE_TIME_USE in tree[otu]["traits"]
+    assert ot.OWNER_NOVA not in tree[gpu]["traits"]
+
+
+def test_devices_in_use_that_disappear_keep_their_inventory_at_usage(client, host_name, tmp_path):
+    root = _host(tmp_path)
+    settings = _settings(root, tmp_path, host_name)
+    assert _cycle(client, settings).ok
+    tree = _tree(client, host_name)
+    gpu, vfs = f"{host_name}_{GPU.upper()}", f"{host_name}_{PF.upper()}"
+    guest_gpu, guest_vf = str(uuid.uuid4()), str(uuid.uuid4())
+    allocate(client, guest_gpu, {tree[gpu]["uuid"]: {GPU_RC: 1}})
+    allocate(client, guest_vf, {tree[vfs]["uuid"]: {VF_RC: 1}})
+
+    # The GPU and both VFs leave the host while guests hold one of each.
+    _remove(root, GPU)
+    for vf_address in VFS:
+        _remove(root, vf_address)
+    report = _cycle(client, settings)
+    assert report.ok, report.errors
+    tree = _tree(client, host_name)
+    assert gpu in tree and vfs in tree
+    held_gpu = tree[gpu]["inventories"][GPU_RC]
+    held_vf = tree[vfs]["inventories"][VF_RC]
+    # At the usage: not the 2 VFs published before (overstating), not 0.
+    assert (held_gpu["total"], held_gpu["max_unit"]) == (1, 1)
+    assert (held_vf["total"], held_vf["max_unit"]) == (1, 1)
+    assert ot.HW_PCI_LIVE_MIGRATABLE in tree[gpu]["traits"]
+
+    # Once the guest lets the GPU go, its child goes too.
+    client.delete(f"/allocations/{guest_gpu}")
+    assert _cycle(client, settings).ok
+    assert gpu not in _tree(client, host_name)
+
+
+def test_one_time_use_device_is_reserved_once_allocated_and_stays_reserved(
+    client, host_name, tmp_path
+):
+    settings = _settings(_host(tmp_path), tmp_path, host_name)
+    assert _cycle(client, settings).ok
+    otu = f"{host_name}_{OTU.upper()}"
+    guest = str(uuid.uuid4())
+    allocate(client, guest, {_tree(client, host_name)[otu]["uuid"]: {OTU_RC: 1}})
+    assert _cycle(client, settings).ok
+    assert _tree(client, host_name)[otu]["inventories"][OTU_RC]["reserved"] == 1
+
+    # Freed: it stays reserved (only an operator unreserves a one-time-use device).
+    client.delete(f"/allocations/{guest}")
+    assert _cycle(client, settings).ok
+    assert _tree(client, host_name)[otu]["inventories"][OTU_RC]["reserved"] == 1
+
+
+def test_traits_a_spec_no_longer_gives_leave_the_child_as_nova_replaces_them(
+    client, host_name, tmp_path
+):
+    settings = _settings(_host(tmp_path), tmp_path, host_name)
+    assert _cycle(client, settings).ok
+    gpu = f"{host_name}_{GPU.upper()}"
+    assert "CUSTOM_GPU" in _tree(client, host_name)[gpu]["traits"]
+    respec = ({"vendor_id": "10de", "traits": "accel"},) + SPECS[1:]
+    changed = dataclasses.replace(
+        settings, pci_device_specs=tuple(parse_spec(json.dumps(s)) for s in respec)
+    )
+    assert _cycle(client, changed).ok
+    traits = _tree(client, host_name)[gpu]["traits"]
+    assert "CUSTOM_ACCEL" in traits
+    assert not {"CUSTOM_GPU", ot.HW_GPU_API_VULKAN, ot.HW_PCI_LIVE_MIGRATABLE} & traits
