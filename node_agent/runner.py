@@ -44,6 +44,7 @@ from node_agent.cycle.desired import (
     file_traits_to_remember,
     forget_applied_device_offs,
     forget_applied_off,
+    numa_stranded,
     with_owner_mark,
     with_placement_maintenance,
 )
@@ -310,10 +311,33 @@ class DirectRunner:
             return None, False
         return result.as_dict(), self.auditor.changed()
 
+    def _stranded_with_usage(self, desired: Desired, tree: ProviderTree) -> Desired:
+        """The stranded-flavor report counting what Placement holds on the
+        NUMA tree now (``--dry-run`` only: one usages read per provider)."""
+        settings = self.settings
+        if settings is None or not settings.numa_in_placement or desired.stranded is None:
+            return desired
+        from node_agent.placement.errors import PlacementError
+
+        usage = {}
+        held = self.syncer.cached() or {}  # what Placement has of the tree
+        try:
+            for provider in tree.providers:
+                if provider.uuid in held:
+                    usage[provider.name] = self.client.usages(provider.uuid)["usages"]
+        except PlacementError as exc:
+            LOG.debug("usages not read, the report counts none: %s", exc)
+            return desired
+        if not any(usage.values()):
+            return desired
+        report = numa_stranded(settings, desired.host, desired.partition, usage)
+        return replace(desired, stranded=report)
+
     def plan(self, desired: Desired) -> CycleReport:
         self._ready()
         desired = self.reconciler.maintained(self._noted(desired))
         tree, changes, reshape = self.reconciler.plan(desired)
+        desired = self._stranded_with_usage(desired, tree)
         audit = None
         if self.settings is not None and self.syncer.cached_tree():
             # else nothing is allocated on this host yet

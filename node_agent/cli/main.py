@@ -152,7 +152,12 @@ def _check_config(valid, output: str) -> int:
     if output == "json":
         print(
             json.dumps(
-                {"nodes": split, "warnings": list(desired.warnings), "guests": guests},
+                {
+                    "nodes": split,
+                    "warnings": list(desired.warnings),
+                    "guests": guests,
+                    "numa_stranded": desired.stranded,
+                },
                 indent=2,
                 sort_keys=True,
             )
@@ -169,6 +174,8 @@ def _check_config(valid, output: str) -> int:
         print(f"Guest checks skipped: {skipped}.")
     else:
         print(f"Guests: the {guests['count']} on this host have CPUs under these sets.")
+    for line in render.stranded_lines(desired.stranded)[1:]:
+        print(line)
     for warning in desired.warnings:
         print(f"warning: {warning}")
     return 0
@@ -274,6 +281,7 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
         else render.with_companion(shown, companion)
     )
     shown = render.with_guests(shown, desired.host.guests)
+    shown = render.with_stranded(shown, desired.stranded)
     print(render.as_json(shown) if output == "json" else render.as_text(shown), end="")
     if desired.refused_files:
         refused = ConfigError(list(desired.refused_files))

@@ -30,7 +30,7 @@ companion``) ``changes`` is always empty (nothing is ever written) and
 from __future__ import annotations
 
 import json
-from typing import Iterable, Optional, Sequence
+from typing import Iterable, Mapping, Optional, Sequence
 
 from node_agent.model.provider_tree import ProviderTree
 from node_agent.model.snapshot import Guest
@@ -132,6 +132,20 @@ def with_audit(report: dict, audit: Optional[dict]) -> dict:
     return report if audit is None else {**report, "audit": audit}
 
 
+def with_stranded(report: dict, stranded: Optional[Mapping]) -> dict:
+    """``report`` with what NUMA children strand (:mod:`node_agent.policy.stranded`);
+    null on a host without NUMA nodes."""
+    return {**report, "numa_stranded": stranded}
+
+
+def stranded_lines(stranded: Optional[Mapping]) -> list[str]:
+    if not stranded:
+        return []
+    return ["", "Flavors NUMA children strand (Placement never splits a class):"] + [
+        f"  {line}" for line in stranded["lines"]
+    ]
+
+
 def with_companion(report: dict, companion) -> dict:
     """``report`` with the companion check (a ``CompanionReport``) and its audit."""
     return with_audit({**report, "companion": companion.as_dict()}, companion.audit)
@@ -225,6 +239,7 @@ def as_text(report: dict) -> str:
     if report["reshape"]:
         lines += ["", "Reshape:"] + [f"  {line}" for line in report["reshape"].get("lines", [])]
     lines += _capacity_lines(report.get("capacity"))
+    lines += stranded_lines(report.get("numa_stranded"))
     lines += _below_usage_lines(report.get("below_usage"))
     if report.get("audit"):
         lines += [""] + audit_lines(report["audit"])

@@ -348,7 +348,24 @@ COMPUTE_OPTS = [
         "the root keeps DISK_GB. Host reservations are charged to the "
         "lowest node first. Turning it on or off while guests run moves "
         "their allocations in one reshape; turning it off then deletes "
-        "the children.",
+        "the children. Opt-in, per host, as in nova's approved "
+        "NUMA-in-Placement spec: Placement takes each resource class of a "
+        "request group from one provider and cannot split it over nodes "
+        "(no 'can_split'), so on this host a flavor larger than its largest "
+        "node finds no candidate that the flat host would have given (on 8 "
+        "nodes of 6 CPUs, VCPU:7 and up), and hw:numa_nodes=N flavors need N "
+        "nodes that each hold 1/N of them. --dry-run and --check-config "
+        "list those stranded flavor shapes for this host. The spec keeps "
+        "NUMA-agnostic flavors off such hosts and puts one already there on "
+        "a node: turning it on moves each guest with no NUMA placement (no "
+        "pins, no numatune) whole to the node with the most room for it, or "
+        "splits it over the nodes when none can hold it; one the nodes "
+        "together cannot hold refuses NUMA children, naming it, and the "
+        "cycle's other changes are written as with this option off. GPU "
+        "and SR-IOV PF children "
+        "move under the child of the node their device is attached to "
+        "(sysfs numa_node), so a same_subtree request can ask for CPUs and "
+        "a device of one node.",
     ),
     cfg.MultiStrOpt(
         "reserved_huge_pages",

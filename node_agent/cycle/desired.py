@@ -12,12 +12,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional, Sequence
 
 from node_agent.config.provider_files import load_provider_configs, load_provider_files
+from node_agent.errors import ConfigError
 from node_agent.host.discover import discover
 from node_agent.model.provider_tree import ProviderTree
 from node_agent.model.settings import Settings
 from node_agent.model.snapshot import HostSnapshot
 from node_agent.policy import device_maintenance as devmaint
-from node_agent.policy import guest_fit
+from node_agent.policy import guest_fit, stranded
 from node_agent.policy import maintenance as maint
 from node_agent.policy.partition import CpuPartition, partition_cpus
 from node_agent.policy.provider_config import (
@@ -52,6 +53,14 @@ class Desired:
     refused_files: tuple[str, ...] = ()
     # The state file's per-device records (maintenance --provider).
     device_maintenance: Optional[Mapping] = None
+    # What NUMA children strand (policy/stranded.py: report), on a host with
+    # NUMA nodes; None otherwise.
+    stranded: Optional[Mapping] = None
+    # With numa_in_placement on: the same tree without NUMA children (the
+    # operator's files and aggregates applied, not maintenance), which a
+    # cycle whose NUMA reshape is refused writes instead, so the refusal
+    # holds back no other change. None otherwise.
+    without_numa: Optional[ProviderTree] = None
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -116,6 +125,51 @@ def desired_from(
         tuple(notes),
         tuple(refused_files),
         device_maintenance,
+        numa_stranded(settings, host, partition),
+        _without_numa(settings, host, partition, configs, known_uuids or {}),
+    )
+
+
+def _without_numa(
+    settings: Settings,
+    host: HostSnapshot,
+    partition: CpuPartition,
+    configs: Sequence[ProviderConfig],
+    known_uuids: Mapping[str, str],
+) -> Optional[ProviderTree]:
+    if not settings.numa_in_placement or not host.nodes or settings.node_resource_class:
+        return None
+    flat = build_tree(replace(settings, numa_in_placement=False), host, partition)
+    # No trait is removed from it: the next cycle with NUMA is the reference.
+    flat = apply_provider_configs(flat.with_uuids(known_uuids), configs, {})
+    if settings.placement_aggregates:
+        root = replace(flat.root, aggregates=frozenset(settings.placement_aggregates))
+        flat = ProviderTree((root,) + flat.providers[1:])
+    return flat
+
+
+def numa_stranded(
+    settings: Settings,
+    host: HostSnapshot,
+    partition: CpuPartition,
+    usage: Optional[stranded.Usage] = None,
+) -> Optional[dict]:
+    """Pure: what NUMA children strand on this host (:mod:`node_agent.policy.stranded`),
+    the host's trees built both ways; when ``numa_in_placement`` is off,
+    what turning it on would strand. ``usage``: what Placement holds on the
+    NUMA tree's providers, by name (only with the option on: off, nobody
+    knows which node a guest would use). None on a host without NUMA nodes, in
+    whole-node mode, or when the NUMA tree cannot be built (its error is the
+    tree's own when the option is on)."""
+    if settings.node_resource_class or not host.nodes:
+        return None
+    try:
+        numa = build_tree(replace(settings, numa_in_placement=True), host, partition)
+        flat = build_tree(replace(settings, numa_in_placement=False), host, partition)
+    except ConfigError:
+        return None
+    return stranded.report(
+        stranded.stranded_shapes(numa, flat, usage), settings.numa_in_placement, bool(usage)
     )
 
 

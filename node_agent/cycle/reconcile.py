@@ -48,8 +48,10 @@ from node_agent.placement.reshape_reads import plan_reshape, read_inventories, u
 from node_agent.placement.reshape_rules import guest_names
 from node_agent.placement.reshaper import ReshapeOutcome, ensure_reshaped
 from node_agent.placement.sync import SyncReport, TreeSyncer
+from node_agent.policy import device_maintenance as devmaint
+from node_agent.policy import maintenance as maint
 from node_agent.policy.capacity import Published, as_published, check, limits_of
-from node_agent.policy.child_owner import ListedChild
+from node_agent.policy.child_owner import NUMA, ListedChild, child_kind
 from node_agent.policy.guest_cpu import classify
 from node_agent.policy.guest_fit import guests_refused
 from node_agent.state import PROVIDERS
@@ -256,6 +258,47 @@ class Reconciler:
         self.syncer.claim_children(inputs.retired)
         return outcome, None, desired.tree
 
+    def _flat_now(self, desired: Desired) -> bool:
+        """Placement's tree (the syncer's cache) has no NUMA child offering
+        CPUs or memory: turning NUMA on is what was refused. A host already
+        nested keeps its layout; its refusal holds the moved classes."""
+        cached = self.syncer.cached()
+        if cached is None:
+            return False
+        return not any(
+            child_kind(desired.tree.root.name, s.name) == NUMA
+            and set(s.inventories or {}) & {"VCPU", "PCPU", "MEMORY_MB"}
+            for s in cached.values()
+        )
+
+    def _flat(self, desired: Desired, flat: ProviderTree) -> Desired:
+        """``desired`` with ``flat`` (its tree without NUMA children) under
+        the same host and per-device maintenance."""
+        tree, _notes = maint.apply(flat, desired.maintenance)
+        tree, _notes = devmaint.apply(tree, getattr(desired, "device_maintenance", None))
+        tree, _notes = devmaint.held_by_placement(tree, self.syncer.traits_by_name(tree))
+        return replace(desired, tree=tree, without_numa=None)
+
+    def _without_numa(self, desired: Desired, before_post, refused: tuple) -> tuple:
+        """After a refused reshape that turns NUMA children on: the reshape
+        of the same host without them (:attr:`Desired.without_numa`). When
+        that one goes through, the cycle writes the flat tree -- the other
+        changes of the cycle (pinned guests to PCPU, VGPU to GPU children...)
+        are not held back by what only NUMA children refuse -- and still
+        reports the NUMA refusal, so the next cycle tries again. Else the
+        first refusal stands."""
+        flat = getattr(desired, "without_numa", None)
+        if flat is None or not self._flat_now(desired):
+            return refused
+        outcome, refusal, held = self._reshape(self._flat(desired, flat), before_post)
+        if refusal is not None:
+            return refused
+        reason = (
+            f"{refused[1].reason}\nNUMA children were not reported; the rest of the "
+            "tree was written as with [compute] numa_in_placement off"
+        )
+        return outcome, ReshapeRefused(reason), held
+
     def maintained(self, desired: Desired) -> Desired:
         """``desired`` kept in maintenance when Placement's root says so and
         the state file does not say otherwise (a lost or corrupt state file
@@ -327,6 +370,10 @@ class Reconciler:
         if shape != self._applied_shape:
             with self.client.deadline("the reshape"):
                 outcome, refusal, tree = self._reshape(desired, before_post)
+                if refusal is not None and not refusal.busy:
+                    outcome, refusal, tree = self._without_numa(
+                        desired, before_post, (outcome, refusal, tree)
+                    )
         with self.client.deadline("the tree sync"):
             report = self.syncer.sync(tree, limits_of(desired), guest_names(desired.host.guests))
         result = CycleOutcome(report, outcome, refusal)
@@ -397,7 +444,34 @@ class Reconciler:
         )
         if not reshape.refusals:
             changes = changes + _retired_deletes(inputs, changes)
+        flat = getattr(desired, "without_numa", None)
+        if reshape.refusals and flat is not None and self._flat_now(desired):
+            return self._plan_without_numa(desired, flat, reshape.as_dict())
         return tree, changes, (reshape.as_dict() if reshape.needed or reshape.refusals else None)
+
+    def _plan_without_numa(
+        self, desired: Desired, flat: ProviderTree, refused: dict
+    ) -> tuple[ProviderTree, list[Change], Optional[dict]]:
+        """The dry run of :meth:`_without_numa`: the host's plan without NUMA
+        children when that plan is not refused too; its reshape lines follow
+        the NUMA refusal."""
+        plan = self.plan(self._flat(desired, flat))
+        if plan[2] is not None and plan[2].get("refused"):
+            return self.plan(replace(desired, without_numa=None))
+        note = (
+            "NUMA children would not be reported; the rest of the tree would be "
+            "written as with [compute] numa_in_placement off:"
+        )
+        after = plan[2] or {"lines": ["nothing to move without NUMA children"]}
+        return (
+            plan[0],
+            plan[1],
+            {
+                **after,
+                "refused": refused["refused"],
+                "lines": [f"REFUSED: {r}" for r in refused["refused"]] + [note] + after["lines"],
+            },
+        )
 
 
 def _retired_deletes(inputs: HostReshape, planned: list[Change]) -> list[Change]:

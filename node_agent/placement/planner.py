@@ -218,14 +218,19 @@ def _delete_changes(
 ) -> list[Change]:
     keep = {p.uuid for p in desired.providers}
     doomed = {u for u in owned_children if u in actual and u not in keep and actual[u].parent_uuid}
+    # A kept provider's parent once the plan's updates (sent before any
+    # delete) have moved it: a GPU child leaving a NUMA child goes first.
+    placed = PlacedTree.of(desired)
+    parent_after = {s.uuid: s.parent_uuid for s in actual.values()}
+    parent_after.update({placed.uuid(p): placed.parent_uuid(p) for p in placed.providers})
     # Placement refuses to delete a parent; a doomed provider with a child we
     # keep (a foreign one, say) stays, and so do its ancestors.
     changed = True
     while changed:
         blocked = {
-            s.parent_uuid
+            parent_after[s.uuid]
             for s in actual.values()
-            if s.parent_uuid in doomed and s.uuid not in doomed
+            if parent_after[s.uuid] in doomed and s.uuid not in doomed
         }
         changed = bool(blocked)
         doomed -= blocked

@@ -8,7 +8,8 @@ Rules compose with :class:`chain`. Five are provided:
 * :class:`vgpu_to_gpu_children` -- VGPU on the root moves to the child
   provider of the GPU that is the parent of the guest's mdev;
 * :class:`pcpu_to_numa_children` -- CPU and memory on the root move to the
-  NUMA node child the guest lives on (its pinned CPUs and numatune nodes);
+  NUMA node child the guest lives on (its pinned CPUs and numatune nodes;
+  a guest with neither goes where :mod:`node_agent.policy.numa_fit` puts it);
 * :class:`children_to_root` -- the way back: everything on the agent's
   NUMA or GPU children that are going away moves to the root.
 * :class:`mem_encryption_to_child` -- MEM_ENCRYPTION_CONTEXT on the root
@@ -29,7 +30,7 @@ from node_agent.model.cpuset import CpuSet
 from node_agent.model.provider_tree import Provider, ProviderTree
 from node_agent.model.snapshot import Guest, HostSnapshot
 from node_agent.placement.reshape_engine import Consumer, Place, Rule, consumer_label
-from node_agent.policy import migrations
+from node_agent.policy import migrations, numa_fit
 from node_agent.policy.guest_cpu import classify
 from node_agent.tree.mem_encryption import AMD_SEV, child_name
 from node_agent.tree.numa import numa_provider_name
@@ -309,9 +310,13 @@ class pcpu_to_numa_children(RuleBase):
     classes its child holds) keeps a class on the root where the child has
     none of it (its memory could not be read, for example).
 
-    A guest of this host that spans nodes, or has neither pins nor numatune
-    to tell its node, is refused: no guessing. A consumer with no guest here
-    stays where it is (the engine warns about it)."""
+    A guest with neither pins nor numatune goes where ``floating`` (guest
+    uuid -> :data:`node_agent.policy.numa_fit.Placement`, computed by
+    :func:`node_agent.policy.numa_fit.place_floating`) puts it: one node,
+    or split over several when no node can hold it; one the nodes together
+    cannot hold (None), or one ``floating`` does not name, is refused, named.
+    A guest that spans nodes is refused: no guessing. A consumer with no
+    guest here stays where it is (the engine warns about it)."""
 
     MOVED = ("PCPU", "VCPU", "MEMORY_MB")
 
@@ -323,9 +328,11 @@ class pcpu_to_numa_children(RuleBase):
         node_of: Callable[[int], Optional[int]],
         classes: Iterable[str] = MOVED,
         node_classes: Optional[Mapping[int, Iterable[str]]] = None,
+        floating: Optional[Mapping[str, Optional[numa_fit.Placement]]] = None,
     ):
         self.guests = {g.uuid: g for g in guests}
         self.root_uuid = root_uuid
+        self.floating = dict(floating or {})
         self.node_providers = dict(node_providers)
         self.node_of = node_of
         self.classes = frozenset(classes)
@@ -371,15 +378,42 @@ class pcpu_to_numa_children(RuleBase):
         guest = self.guests.get(consumer)
         if guest is None or not self._moves_class(provider, rc):
             return [(provider, rc, amount)]
+        placed = self._floating(guest)
+        if placed is not None:
+            return self._split(placed, provider, rc, amount)
         node, _why = self.node(guest)
         if node is None or not self._moves_class(provider, rc, node):
             return [(provider, rc, amount)]
         return [(self.node_providers[node], rc, amount)]
 
+    def _floating(self, guest: Guest) -> Optional[numa_fit.Placement]:
+        if guest.pinned_cpus or guest.numa_nodes:
+            return None
+        return self.floating.get(guest.uuid)
+
+    def _split(
+        self, placed: numa_fit.Placement, provider: str, rc: str, amount: int
+    ) -> list[Place]:
+        pieces = [(n, piece[rc]) for n, piece in placed if piece.get(rc)] or [(placed[0][0], 0)]
+        if not all(self._moves_class(provider, rc, n) for n, _ in pieces):
+            return [(provider, rc, amount)]
+        shares = numa_fit.spread_amount(amount, [piece for _, piece in pieces])
+        return [
+            (self.node_providers[n], rc, share) for (n, _), share in zip(pieces, shares) if share
+        ]
+
     def unplaced(self, consumer: str, provider: str, rc: str, amount: int) -> list[str]:
         guest = self.guests.get(consumer)
-        if guest is None or not self._moves_class(provider, rc):
+        if guest is None or not self._moves_class(provider, rc) or self._floating(guest):
             return []
+        if not guest.pinned_cpus and not guest.numa_nodes and guest.uuid in self.floating:
+            return [
+                f"{_who(guest)} has no NUMA placement (no CPU pins, no numatune) and the "
+                f"NUMA nodes together lack room for its {guest.vcpus} vCPUs and "
+                f"{guest.memory_kb // 1024} MiB; its allocations cannot move to a NUMA node "
+                "child. Migrate it to another host first, or keep [compute] "
+                "numa_in_placement off on this host"
+            ]
         _node, why = self.node(guest)
         return [f"{why}; its allocations cannot move to a NUMA node child"] if why else []
 
@@ -527,13 +561,33 @@ def host_rule(
     if sev is not None and sev.uuid:
         rules.append(mem_encryption_to_child(root, sev.uuid))
     if numa:
-        rules.append(
-            pcpu_to_numa_children(
-                host.guests,
-                root,
-                {n: _uuid(p) for n, p in numa.items()},
-                host.node_of,
-                node_classes={n: frozenset(p.inventories) for n, p in numa.items()},
-            )
+        rule = pcpu_to_numa_children(
+            host.guests,
+            root,
+            {n: _uuid(p) for n, p in numa.items()},
+            host.node_of,
+            node_classes={n: frozenset(p.inventories) for n, p in numa.items()},
         )
+        rule.floating = floating_placements(rule, numa, host.guests)
+        rules.append(rule)
     return chain(*rules)
+
+
+def floating_placements(
+    rule: pcpu_to_numa_children, numa: Mapping[int, Provider], guests: Iterable[Guest]
+) -> dict[str, Optional[numa_fit.Placement]]:
+    """Where the guests with no NUMA placement go (:mod:`node_agent.policy.numa_fit`),
+    after the guests whose node their pins or numatune tell."""
+    known: dict[int, list[dict[str, int]]] = defaultdict(list)
+    floating = {}
+    for guest in guests:
+        cpu = classify(guest)
+        demand = {"VCPU": cpu.vcpu, "PCPU": cpu.pcpu, "MEMORY_MB": guest.memory_kb // 1024}
+        if not guest.pinned_cpus and not guest.numa_nodes:
+            floating[guest.uuid] = {rc: n for rc, n in demand.items() if n}
+            continue
+        node, _why = rule.node(guest)
+        if node is not None:
+            known[node].append(demand)
+    nodes = {n: p.inventories for n, p in numa.items()}
+    return numa_fit.place_floating(nodes, known, floating)

@@ -7,7 +7,8 @@ back to the root when they go away: NUMA node children
 It must recognise them even when its state file is lost, and never take
 someone else's child for one of them.
 
-A child is the agent's when it sits directly under the agent's root, bears
+A child is the agent's when it sits under the agent's root (a GPU child may
+sit under one of the agent's NUMA children instead), bears
 one of those exact names, and either
 
 * carries :data:`AGENT_CHILD_TRAIT`, which the agent puts on every NUMA and
@@ -63,6 +64,16 @@ class ListedChild:
     inventories: Optional[Mapping[str, dict]] = None
 
 
+def _parents(host: str, root_uuid: str, listed: list[ListedChild]) -> dict[str, set[str]]:
+    """kind -> where a child of that kind may sit: NUMA children under the
+    root, GPU children under the root or a NUMA child (named so, under the
+    root) of the node their device is attached to."""
+    nodes = {
+        c.uuid for c in listed if c.parent_uuid == root_uuid and child_kind(host, c.name) == NUMA
+    }
+    return {NUMA: {root_uuid}, GPU: {root_uuid} | nodes}
+
+
 def agent_children(
     host: str, root_uuid: str, listed: Iterable[ListedChild], owned: Iterable[str] = ()
 ) -> dict[str, str]:
@@ -70,10 +81,12 @@ def agent_children(
     are the agent's (see the module docstring). ``owned``: the uuids the
     state file says the agent created or adopted."""
     owned = set(owned)
+    listed = list(listed)
+    parents = _parents(host, root_uuid, listed)
     found = {}
     for child in listed:
         kind = child_kind(host, child.name)
-        if kind is None or child.parent_uuid != root_uuid:
+        if kind is None or child.parent_uuid not in parents.get(kind, ()):
             continue
         if AGENT_CHILD_TRAIT in child.traits or child.uuid in owned:
             found[child.uuid] = kind
@@ -87,10 +100,12 @@ def candidates(
     desired tree does not keep (by name): those a shell must look at closer
     (traits, inventories) to decide."""
     keep = set(keep)
+    listed = list(listed)
+    parents = _parents(host, root_uuid, listed)
     return [
         c
         for c in listed
-        if c.parent_uuid == root_uuid
+        if c.parent_uuid in parents.get(child_kind(host, c.name) or "", ())
         and c.name not in keep
         and child_kind(host, c.name) is not None
     ]

@@ -5,8 +5,10 @@ are left out, as Placement has no use for an empty inventory.
 
 The tree: the root (CPUs, memory, disk, or one unit in whole-node mode),
 then NUMA children (:mod:`node_agent.tree.numa`), GPU and SR-IOV children
-(:mod:`node_agent.tree.pci`), PCI devices in Placement
-(:mod:`node_agent.tree.pci_placement`), memory-encryption children
+(:mod:`node_agent.tree.pci`; under the NUMA child of their device's node
+when there are NUMA children), PCI devices in Placement
+(:mod:`node_agent.tree.pci_placement`, under the root as nova puts them),
+memory-encryption children
 (:mod:`node_agent.tree.mem_encryption`), and finally the operator's provider files
 (:mod:`node_agent.policy.provider_config`) layered on top.
 """
@@ -14,6 +16,7 @@ then NUMA children (:mod:`node_agent.tree.numa`), GPU and SR-IOV children
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Mapping, Optional, Sequence, Set
 
 import os_resource_classes as orc
@@ -34,8 +37,13 @@ from node_agent.tree.mem_encryption import (
     host_mem_encryption,
     mem_encryption_children,
 )
-from node_agent.tree.numa import split_by_numa
-from node_agent.tree.pci import gpu_children, sriov_children
+from node_agent.tree.numa import numa_provider_name, split_by_numa
+from node_agent.tree.pci import (
+    gpu_children,
+    gpu_provider_name,
+    sriov_children,
+    sriov_provider_name,
+)
 from node_agent.tree.pci_placement import pci_tree
 
 
@@ -218,6 +226,24 @@ def build_tree(
     return apply_provider_configs(tree, operator, previously_applied or {})
 
 
+def under_their_nodes(
+    name: str, host: HostSnapshot, devices: tuple[Provider, ...], nodes: Set[str]
+) -> tuple[Provider, ...]:
+    """GPU and SR-IOV PF children moved under the NUMA child of the node
+    their device is attached to (sysfs ``numa_node``), when that node has a
+    child (``nodes``: the NUMA children's names), so one ``same_subtree``
+    request can take CPUs and a device of the same node. A device with no
+    affinity, or on a node without a child, stays under the root."""
+    node_of = {gpu_provider_name(name, g.address): g.numa_node for g in host.gpus}
+    node_of.update({sriov_provider_name(name, p.address): p.numa_node for p in host.sriov_pfs})
+    moved = []
+    for device in devices:
+        node = node_of.get(device.name)
+        parent = numa_provider_name(name, node) if node is not None else None
+        moved.append(replace(device, parent=parent) if parent in nodes else device)
+    return tuple(moved)
+
+
 def _resource_tree(settings: Settings, host: HostSnapshot, partition: CpuPartition) -> ProviderTree:
     check_reserved(settings, host)
     inventories = root_inventories(settings, host, partition)
@@ -227,6 +253,8 @@ def _resource_tree(settings: Settings, host: HostSnapshot, partition: CpuPartiti
         inventories, children = split.root_inventories, split.children
     root = Provider(name=settings.host, inventories=inventories, traits=root_traits(host, settings))
     pci, claimed = pci_tree(settings, host)
-    children += gpu_children(settings, host) + sriov_children(settings, host, claimed) + pci
+    devices = gpu_children(settings, host) + sriov_children(settings, host, claimed)
+    children += under_their_nodes(settings.host, host, devices, {c.name for c in children})
+    children += pci
     children += mem_encryption_children(settings.host, mem_encryption(settings, host))
     return ProviderTree((root,) + children)

@@ -21,8 +21,9 @@ SR-IOV: one child per PF matched by a ``[pci] device_spec`` with a
 ``sriov_totalvfs`` (or ``sriov_numvfs`` with ``report_sriov_numvfs``) and
 trait ``CUSTOM_PHYSNET_<NAME>``. The first matching spec wins.
 
-NUMA affinity stays in the snapshot (``numa_node``); os-traits has no
-trait for it, so none is invented.
+NUMA affinity: os-traits has no trait for it, so none is invented; with
+NUMA children the tree puts each device's child under its node's child
+(:func:`node_agent.tree.build.under_their_nodes`).
 """
 
 from __future__ import annotations

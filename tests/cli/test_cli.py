@@ -45,6 +45,7 @@ def test_dry_run_json_has_the_stable_keys(tmp_path):
         "changes",
         "errors",
         "guests",
+        "numa_stranded",
         "providers",
         "reshape",
         "warnings",
@@ -252,3 +253,32 @@ def test_provider_file_publishing_neutron_bandwidth_exits_78_naming_neutron(tmp_
         "providers[0].traits.additional[0]: CUSTOM_VNIC_TYPE_DIRECT belongs to neutron",
     )
     assert "must be CUSTOM_" not in result.stderr
+
+
+def test_check_config_and_dry_run_name_the_flavors_numa_children_strand(tmp_path):
+    # linux-test3: 48 CPUs in 8 nodes of 6. Flat, VCPU:48 has a candidate;
+    # with a child per node, VCPU:7 has none (Placement never splits VCPU).
+    config = write_config(
+        tmp_path,
+        TEST3,
+        extra="numa_in_placement = true\n"
+        "[placement]\nauth_type = none\n"
+        "endpoint_override = http://127.0.0.1:9\n",
+    )
+    stranded = (
+        "floating: flavors with VCPU 7..48 or MEMORY_MB 65537..523766 find a candidate "
+        "flat but none with NUMA children; the largest that still does: VCPU:6, MEMORY_MB:65536"
+    )
+    checked = agent(config, "--check-config")
+    assert checked.code == 0, checked.stderr
+    assert "[compute] numa_in_placement is on, for the host empty" in checked.stdout
+    assert stranded in checked.stdout
+    assert "hw:numa_nodes=2: flavors with VCPU 14..48" in checked.stdout
+    as_json = agent(config, "--check-config", "--output", "json").json()
+    shapes = {s["kind"]: s for s in as_json["numa_stranded"]["shapes"]}
+    assert shapes["floating"]["stranded"]["VCPU"] == [7, 48]
+    # Without [placement] the dry run plans against nothing and prints the tree.
+    offline = write_config(tmp_path / "offline", TEST3, extra="numa_in_placement = true\n")
+    dry = agent(offline, "--once", "--dry-run")
+    assert dry.code == 0, dry.stderr
+    assert "Flavors NUMA children strand" in dry.stdout and stranded in dry.stdout

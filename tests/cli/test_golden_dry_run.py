@@ -72,6 +72,8 @@ def mask_machine_values(report: dict, tmp_path: Path, memory_from_psutil: bool) 
     if memory_from_psutil and memory:
         assert memory["total"] == psutil.virtual_memory().total // 1024**2
         memory["total"] = memory["max_unit"] = MASK
+    if memory_from_psutil and report.get("numa_stranded"):
+        report["numa_stranded"] = MASK  # its MEMORY_MB figures are this machine's
     root_dir = str(tmp_path / "sysroot")
     report["warnings"] = [w.replace(root_dir, "<sysfs_root>") for w in report["warnings"]]
     return report

@@ -274,6 +274,21 @@ def test_devices_and_numa_children_together(sysroot, tmp_path):
     ]
 
 
+def test_with_numa_children_each_device_sits_under_its_nodes_child(sysroot, tmp_path):
+    # sysfs numa_node: the GPU at 81:00.0 is on node 1, the PF on node 0,
+    # the GPU at 82:00.0 reports no affinity (-1).
+    spec = parse_spec('{"address": "0000:3b:00.0", "physical_network": "physnet1"}')
+    host = host_with(sysroot, tmp_path)
+    both = ("nvidia-222", "nvidia-223")
+    types = dict(enabled_mdev_types=both, mdev_types=(MdevTypeSettings("nvidia-223", (GPU2,)),))
+    tree = tree_for(host, pci_device_specs=(spec,), numa_in_placement=True, **types)
+    assert tree.by_name("fixture_pci_0000_81_00_0").parent == "fixture_NUMA_1"
+    assert tree.by_name("fixture_0000:3b:00.0").parent == "fixture_NUMA_0"
+    assert tree.by_name("fixture_pci_0000_82_00_0").parent == "fixture"
+    flat = tree_for(host, pci_device_specs=(spec,), **types)
+    assert {p.parent for p in flat.providers[1:]} == {"fixture"}
+
+
 def test_discovery_reads_devices_only_when_options_ask(sysroot, tmp_path):
     from node_agent.host.discover import discover
     from tests.hostdata import HOSTDATA

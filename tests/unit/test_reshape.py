@@ -22,6 +22,7 @@ from node_agent.placement.reshape_engine import (
 )
 from node_agent.placement.reshape_rules import (
     chain,
+    floating_placements,
     guest_names,
     host_rule,
     pcpu_to_numa_children,
@@ -397,6 +398,39 @@ def test_floating_guest_without_numatune_is_refused_even_when_nothing_else_moves
         "nodes, so its NUMA node is unknown; its allocations cannot move to a NUMA node "
         "child",
     )
+
+
+def test_floating_guest_goes_to_the_node_numa_fit_gives_it():
+    # host.xml's instance-00000003: 2 vCPUs, no pins, no numatune.
+    numa_rule = pcpu_to_numa_children(GUESTS, ROOT, {0: NODE0, 1: NODE1}, node_of)
+    tree = numa_tree()
+    numa_rule.floating = floating_placements(
+        numa_rule, {0: tree.providers[1], 1: tree.providers[2]}, GUESTS
+    )
+    node = numa_rule.floating[UNPINNED][0][0]
+    holder = consumer(UNPINNED, VCPU=2, MEMORY_MB=1024)
+
+    plan = compute_reshape(numa_view(holder), {UNPINNED: holder}, tree, numa_rule)
+
+    assert plan.refusals == ()
+    assert plan.body["allocations"][UNPINNED]["allocations"] == {
+        (NODE0, NODE1)[node]: {"resources": {"VCPU": 2, "MEMORY_MB": 1024}}
+    }
+
+
+def test_floating_guest_the_nodes_cannot_hold_is_refused_naming_it_and_the_option():
+    floating = next(g for g in GUESTS if g.uuid == UNPINNED)
+    numa_rule = pcpu_to_numa_children(
+        GUESTS, ROOT, {0: NODE0, 1: NODE1}, node_of, floating={UNPINNED: None}
+    )
+    holder = consumer(UNPINNED, VCPU=2, MEMORY_MB=1024)
+
+    plan = compute_reshape(numa_view(holder), {UNPINNED: holder}, numa_tree(), numa_rule)
+
+    assert plan.body is None or plan.refusals
+    assert len(plan.refusals) == 1
+    assert f"guest {floating.name} ({UNPINNED}) has no NUMA placement" in plan.refusals[0]
+    assert "keep [compute] numa_in_placement off" in plan.refusals[0]
 
 
 def test_consumer_with_no_guest_on_this_host_is_not_refused_but_warned():

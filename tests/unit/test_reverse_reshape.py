@@ -34,6 +34,20 @@ def test_a_child_is_the_agents_by_exact_name_under_its_root_and_mark_or_state(
     assert agent_children("h", ROOT, [child], owned).get("c") == mine
 
 
+@pytest.mark.parametrize(
+    "parent,mine",
+    [(NODE0, "gpu"), ("foreign-parent", None)],
+)
+def test_a_gpu_child_under_the_agents_numa_child_is_the_agents(parent, mine):
+    # With NUMA children a GPU child sits under its device's node.
+    node = ListedChild(NODE0, "h_NUMA_0", ROOT, frozenset({AGENT_CHILD_TRAIT}), {})
+    gpu = ListedChild("g", "h_pci_0000_81_00_0", parent, frozenset({AGENT_CHILD_TRAIT}), {})
+    assert agent_children("h", ROOT, [node, gpu]).get("g") == mine
+    assert [c.uuid for c in candidates("h", ROOT, [node, gpu], ["h"])] == (
+        [NODE0, "g"] if mine else [NODE0]
+    )
+
+
 def test_candidates_are_named_like_the_agents_children_and_dropped_by_the_tree():
     listed = [
         ListedChild("0", "h_NUMA_0", ROOT),

@@ -275,6 +275,25 @@ def test_owned_children_are_deleted_deepest_first():
     ]
 
 
+def test_a_kept_child_moved_to_the_root_first_lets_its_old_parent_go():
+    # numa_in_placement turned off: the GPU child leaves host1_NUMA1 for the
+    # root (PUT), then host1_NUMA1 is deleted, in the same plan.
+    numa1 = Provider("host1_NUMA1", parent="host1", uuid=NUMA1)
+    gpu = Provider("host1_gpu", parent="host1", uuid=GPU, inventories={"VGPU": Inventory(4)})
+    desired = tree(extra=(gpu,))
+    actual = {
+        **in_sync(desired),
+        NUMA1: state_of(numa1, parent_uuid=ROOT),
+        GPU: state_of(gpu, parent_uuid=NUMA1),
+    }
+    changes = plan_changes(desired, actual, {NUMA0, NUMA1, GPU})
+    assert [(c.method, c.path) for c in changes] == [
+        ("PUT", f"/resource_providers/{GPU}"),
+        ("DELETE", f"/resource_providers/{NUMA1}"),
+    ]
+    assert changes[0].body["parent_provider_uuid"] == ROOT
+
+
 def test_root_is_never_deleted_even_if_listed_as_owned():
     desired = tree()
     other_root = ProviderState(FOREIGN, "old-host", 0, None)
