@@ -44,20 +44,17 @@ def test_novas_log_dir_is_not_the_agents_and_the_debug_line_reaches_the_agents_l
 
 def test_images_type_rbd_is_named_in_the_warnings_with_what_is_reported(tmp_path):
     config = write_config(tmp_path, TEST6)
-    result = run_agent(
-        "--config-file",
-        _nova_conf(tmp_path, tmp_path / "nova-log"),
-        "--config-file",
-        str(config),
-        "--once",
-        "--dry-run",
-        "--output",
-        "json",
-    )
+    result = dry_run_json(_nova_conf(tmp_path, tmp_path / "nova-log"), str(config))
     assert result.code == 0, result.stderr
     [warning] = [w for w in result.json()["warnings"] if "images_type" in w]
     assert warning.startswith("[libvirt] images_type = rbd: nova reports the Ceph pool's")
     assert f"filesystem holding instances_path '{tmp_path / 'instances'}'" in warning
+
+
+def dry_run_json(*config_files: str):
+    """``--once --dry-run --output json`` with these config files, in order."""
+    files = [arg for path in config_files for arg in ("--config-file", path)]
+    return run_agent(*files, "--once", "--dry-run", "--output", "json")
 
 
 def _pci_nova_conf(tmp_path, *specs: str) -> str:
@@ -74,16 +71,7 @@ def test_pci_in_placement_reports_children_from_novas_conf(tmp_path):
     config = write_config(tmp_path, TEST6)
     add_device(tmp_path / "sysroot", "0000:af:00.0", vendor="0x10de", device="0x1eb8")
     nova_conf = _pci_nova_conf(tmp_path, '{"vendor_id": "10de", "traits": "gpu"}')
-    result = run_agent(
-        "--config-file",
-        nova_conf,
-        "--config-file",
-        str(config),
-        "--once",
-        "--dry-run",
-        "--output",
-        "json",
-    )
+    result = dry_run_json(nova_conf, str(config))
     assert result.code == 0, result.stderr
     [child] = [p for p in result.json()["providers"] if p["parent"]]
     assert child["name"] == "fixture-host_0000:AF:00.0"

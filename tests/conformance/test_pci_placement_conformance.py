@@ -28,7 +28,14 @@ from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 from node_agent.tree import pci_placement
 from tests.conformance.differences import UNCLASSIFIED, Observed, check
 from tests.snapshots import bare_host
-from tests.unit.test_pci_placement import PCI_PROD, PF_PROD, VEND, VF_PROD, fake_host_devices
+from tests.unit.test_pci_placement import (
+    INIT_WITH_PCI_DEVS_SPECS,
+    PCI_PROD,
+    PF_PROD,
+    VEND,
+    VF_PROD,
+    fake_host_devices,
+)
 
 PCI_RC, PF_RC, VF_RC = (f"CUSTOM_PCI_{VEND}_{p}" for p in (PCI_PROD, PF_PROD, VF_PROD))
 MANAGED = "COMPUTE_MANAGED_PCI_DEVICE"
@@ -109,26 +116,7 @@ def cases() -> list[dict]:
         _case(
             "test_new_compute_init_with_pci_devs",
             fake_host_devices(2, 2, 4),
-            [
-                {
-                    "vendor_id": VEND,
-                    "product_id": PCI_PROD,
-                    "traits": "HW_GPU_API_VULKAN,CUSTOM_GPU,purple",
-                },
-                {
-                    "vendor_id": VEND,
-                    "product_id": PF_PROD,
-                    "address": "0000:81:02.0",
-                    "traits": "HW_NIC_SRIOV,CUSTOM_PF,pf-white",
-                    "one_time_use": "true",
-                },
-                {
-                    "vendor_id": VEND,
-                    "product_id": VF_PROD,
-                    "address": "0000:81:03.*",
-                    "traits": "HW_NIC_SRIOV_TRUSTED,CUSTOM_VF,vf-red",
-                },
-            ],
+            INIT_WITH_PCI_DEVS_SPECS,
         )
     )
     out.append(

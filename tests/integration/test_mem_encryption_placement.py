@@ -26,6 +26,7 @@ from node_agent.placement.client import PlacementClient
 from node_agent.placement.sync import TreeSyncer
 from node_agent.state import StateStore
 from tests.hostdata import HOSTDATA, sysfs_root_for
+from tests.integration.placement_tree import tree_by_name
 from tests.integration.reshape_driver import allocate, make_settings
 
 pytestmark = pytest.mark.integration
@@ -65,20 +66,6 @@ def _cycle(client, settings, host=SevHost):
     return Reconciler(client, TreeSyncer(client, store)).apply(desired).report
 
 
-def _tree(client, host: str) -> dict[str, dict]:
-    root = client.get(f"/resource_providers?name={host}")["resource_providers"][0]
-    out = {}
-    for rp in client.get(f"/resource_providers?in_tree={root['uuid']}")["resource_providers"]:
-        base = f"/resource_providers/{rp['uuid']}"
-        out[rp["name"]] = {
-            "uuid": rp["uuid"],
-            "parent": rp["parent_provider_uuid"],
-            "inventories": client.get(f"{base}/inventories")["inventories"],
-            "traits": set(client.get(f"{base}/traits")["traits"]),
-        }
-    return out
-
-
 @pytest.fixture
 def client(placement_server):
     return PlacementClient.for_endpoint(placement_server.url)
@@ -93,7 +80,7 @@ def test_sev_and_sev_snp_children_appear_with_libvirts_guest_counts(
         libvirtd, tmp_path, host_name, ("sev", "sev_es", "sev_snp"), domain_capabilities=True
     )
     assert _cycle(client, settings).ok
-    tree = _tree(client, host_name)
+    tree = tree_by_name(client, host_name)
     root = tree[host_name]
     assert set(tree) == {host_name, f"{host_name}_amd_sev", f"{host_name}_amd_sev_snp"}
     for name, model_trait, total in (
@@ -110,7 +97,7 @@ def test_sev_and_sev_snp_children_appear_with_libvirts_guest_counts(
     # An operator's older nova.conf limit lowers both totals on the next cycle.
     limited = dataclasses.replace(settings, num_memory_encrypted_guests=16)
     assert _cycle(client, limited).ok
-    tree = _tree(client, host_name)
+    tree = tree_by_name(client, host_name)
     assert {
         tree[n]["inventories"]["MEM_ENCRYPTION_CONTEXT"]["total"]
         for n in (f"{host_name}_amd_sev", f"{host_name}_amd_sev_snp")
@@ -136,7 +123,7 @@ def test_tdx_child_appears_with_the_kernels_keys_and_the_option_lowers_them(
     cgroup.mkdir(parents=True)
     (cgroup / "misc.capacity").write_text("sev 0\nsev_es 0\ntdx 31\n")
     assert _cycle(client, settings, TdxHost).ok
-    tree = _tree(client, host_name)
+    tree = tree_by_name(client, host_name)
     assert set(tree) == {host_name, f"{host_name}_intel_tdx"}
     child = tree[f"{host_name}_intel_tdx"]
     assert child["parent"] == tree[host_name]["uuid"]
@@ -145,12 +132,12 @@ def test_tdx_child_appears_with_the_kernels_keys_and_the_option_lowers_them(
     assert ot.HW_CPU_X86_INTEL_TDX in child["traits"]
 
     assert _cycle(client, dataclasses.replace(settings, num_intel_tdx_guests=8), TdxHost).ok
-    inv = _tree(client, host_name)[f"{host_name}_intel_tdx"]["inventories"]
+    inv = tree_by_name(client, host_name)[f"{host_name}_intel_tdx"]["inventories"]
     assert inv["MEM_ENCRYPTION_CONTEXT"]["total"] == 8
 
     # Without host-passthrough nova reports no TDX, and neither does the agent.
     assert _cycle(client, dataclasses.replace(settings, cpu_mode=None), TdxHost).ok
-    assert set(_tree(client, host_name)) == {host_name}
+    assert set(tree_by_name(client, host_name)) == {host_name}
 
 
 def test_read_only_reports_no_sev_child_and_says_mem_encryption_context_once(
@@ -160,7 +147,7 @@ def test_read_only_reports_no_sev_child_and_says_mem_encryption_context_once(
 
     settings = _settings(libvirtd, tmp_path, host_name)  # domain_capabilities off
     assert _cycle(client, settings).ok
-    assert set(_tree(client, host_name)) == {host_name}
+    assert set(tree_by_name(client, host_name)) == {host_name}
     said = [line for line in warn_once._LOGGED if "domain_capabilities is off" in line]
     assert said and "MEM_ENCRYPTION_CONTEXT" in said[0]
 
@@ -192,7 +179,7 @@ def test_mem_encryption_context_in_use_on_the_root_is_reshaped_to_the_sev_child(
         desired = compute_desired(settings, hypervisor, store.load_or_empty(LOG))
     outcome = Reconciler(client, TreeSyncer(client, store)).apply(desired)
     assert outcome.report.ok, outcome.report.errors
-    tree = _tree(client, host_name)
+    tree = tree_by_name(client, host_name)
     sev = tree[f"{host_name}_amd_sev"]
     assert "MEM_ENCRYPTION_CONTEXT" not in tree[host_name]["inventories"]
     assert sev["inventories"]["MEM_ENCRYPTION_CONTEXT"]["total"] == 59
@@ -215,11 +202,11 @@ def test_sev_children_stay_as_placement_holds_them_when_domain_caps_are_not_read
         libvirtd, tmp_path, host_name, ("sev", "sev_es", "sev_snp"), domain_capabilities=True
     )
     assert _cycle(client, settings).ok
-    before = _tree(client, host_name)
+    before = tree_by_name(client, host_name)
     assert len(before) == 3
 
     off = dataclasses.replace(settings, domain_capabilities=False)
     report = _cycle(client, off)
     assert report.ok, report.errors
     assert not [c for c in report.applied if c.kind == "delete"]
-    assert _tree(client, host_name) == before
+    assert tree_by_name(client, host_name) == before

@@ -28,6 +28,7 @@ from node_agent.placement.sync import TreeSyncer
 from node_agent.policy.child_owner import AGENT_CHILD_TRAIT
 from node_agent.state import StateStore
 from tests.hostdata import HOSTDATA, sysfs_root_for
+from tests.integration.placement_tree import tree_by_name
 from tests.integration.reshape_driver import allocate, make_settings
 from tests.unit.test_pci import add_device, write
 
@@ -80,20 +81,6 @@ def _cycle(client, settings):
     return Reconciler(client, TreeSyncer(client, store)).apply(desired).report
 
 
-def _tree(client, host: str) -> dict[str, dict]:
-    root = client.get(f"/resource_providers?name={host}")["resource_providers"][0]
-    out = {}
-    for rp in client.get(f"/resource_providers?in_tree={root['uuid']}")["resource_providers"]:
-        base = f"/resource_providers/{rp['uuid']}"
-        out[rp["name"]] = {
-            "uuid": rp["uuid"],
-            "parent": rp["parent_provider_uuid"],
-            "inventories": client.get(f"{base}/inventories")["inventories"],
-            "traits": set(client.get(f"{base}/traits")["traits"]),
-        }
-    return out
-
-
 @pytest.fixture
 def client(placement_server):
     return PlacementClient.for_endpoint(placement_server.url)
@@ -102,7 +89,7 @@ def client(placement_server):
 def test_pci_children_classes_and_traits_appear_as_nova_lays_them_out(client, host_name, tmp_path):
     settings = _settings(_host(tmp_path), tmp_path, host_name)
     assert _cycle(client, settings).ok
-    tree = _tree(client, host_name)
+    tree = tree_by_name(client, host_name)
     gpu, vfs, otu = (f"{host_name}_{a.upper()}" for a in (GPU, PF, OTU))
     # The physnet PF keeps its SR-IOV child (driver-physnet-sriov-children),
     # without the VFs the PCI child counts: no VF is offered twice.
@@ -123,7 +110,7 @@ def test_devices_in_use_that_disappear_keep_their_inventory_at_usage(client, hos
     root = _host(tmp_path)
     settings = _settings(root, tmp_path, host_name)
     assert _cycle(client, settings).ok
-    tree = _tree(client, host_name)
+    tree = tree_by_name(client, host_name)
     gpu, vfs = f"{host_name}_{GPU.upper()}", f"{host_name}_{PF.upper()}"
     guest_gpu, guest_vf = str(uuid.uuid4()), str(uuid.uuid4())
     allocate(client, guest_gpu, {tree[gpu]["uuid"]: {GPU_RC: 1}})
@@ -135,7 +122,7 @@ def test_devices_in_use_that_disappear_keep_their_inventory_at_usage(client, hos
         _remove(root, vf_address)
     report = _cycle(client, settings)
     assert report.ok, report.errors
-    tree = _tree(client, host_name)
+    tree = tree_by_name(client, host_name)
     assert gpu in tree and vfs in tree
     held_gpu = tree[gpu]["inventories"][GPU_RC]
     held_vf = tree[vfs]["inventories"][VF_RC]
@@ -147,7 +134,7 @@ def test_devices_in_use_that_disappear_keep_their_inventory_at_usage(client, hos
     # Once the guest lets the GPU go, its child goes too.
     client.delete(f"/allocations/{guest_gpu}")
     assert _cycle(client, settings).ok
-    assert gpu not in _tree(client, host_name)
+    assert gpu not in tree_by_name(client, host_name)
 
 
 def test_one_time_use_device_is_reserved_once_allocated_and_stays_reserved(
@@ -157,14 +144,14 @@ def test_one_time_use_device_is_reserved_once_allocated_and_stays_reserved(
     assert _cycle(client, settings).ok
     otu = f"{host_name}_{OTU.upper()}"
     guest = str(uuid.uuid4())
-    allocate(client, guest, {_tree(client, host_name)[otu]["uuid"]: {OTU_RC: 1}})
+    allocate(client, guest, {tree_by_name(client, host_name)[otu]["uuid"]: {OTU_RC: 1}})
     assert _cycle(client, settings).ok
-    assert _tree(client, host_name)[otu]["inventories"][OTU_RC]["reserved"] == 1
+    assert tree_by_name(client, host_name)[otu]["inventories"][OTU_RC]["reserved"] == 1
 
     # Freed: it stays reserved (only an operator unreserves a one-time-use device).
     client.delete(f"/allocations/{guest}")
     assert _cycle(client, settings).ok
-    assert _tree(client, host_name)[otu]["inventories"][OTU_RC]["reserved"] == 1
+    assert tree_by_name(client, host_name)[otu]["inventories"][OTU_RC]["reserved"] == 1
 
 
 def test_traits_a_spec_no_longer_gives_leave_the_child_as_nova_replaces_them(
@@ -173,12 +160,12 @@ def test_traits_a_spec_no_longer_gives_leave_the_child_as_nova_replaces_them(
     settings = _settings(_host(tmp_path), tmp_path, host_name)
     assert _cycle(client, settings).ok
     gpu = f"{host_name}_{GPU.upper()}"
-    assert "CUSTOM_GPU" in _tree(client, host_name)[gpu]["traits"]
+    assert "CUSTOM_GPU" in tree_by_name(client, host_name)[gpu]["traits"]
     respec = ({"vendor_id": "10de", "traits": "accel"},) + SPECS[1:]
     changed = dataclasses.replace(
         settings, pci_device_specs=tuple(parse_spec(json.dumps(s)) for s in respec)
     )
     assert _cycle(client, changed).ok
-    traits = _tree(client, host_name)[gpu]["traits"]
+    traits = tree_by_name(client, host_name)[gpu]["traits"]
     assert "CUSTOM_ACCEL" in traits
     assert not {"CUSTOM_GPU", ot.HW_GPU_API_VULKAN, ot.HW_PCI_LIVE_MIGRATABLE} & traits

@@ -35,6 +35,26 @@ from tests.unit.test_pci import add_device, write
 VEND, PCI_PROD, PF_PROD, VF_PROD = "8086", "1533", "1528", "1515"
 
 
+# nova's test_new_compute_init_with_pci_devs: a GPU, a PF for one-time use,
+# and VFs of another PF, each with traits.
+INIT_WITH_PCI_DEVS_SPECS = [
+    {"vendor_id": VEND, "product_id": PCI_PROD, "traits": "HW_GPU_API_VULKAN,CUSTOM_GPU,purple"},
+    {
+        "vendor_id": VEND,
+        "product_id": PF_PROD,
+        "address": "0000:81:02.0",
+        "traits": "HW_NIC_SRIOV,CUSTOM_PF,pf-white",
+        "one_time_use": "true",
+    },
+    {
+        "vendor_id": VEND,
+        "product_id": VF_PROD,
+        "address": "0000:81:03.*",
+        "traits": "HW_NIC_SRIOV_TRUSTED,CUSTOM_VF,vf-red",
+    },
+]
+
+
 def fake_host_devices(num_pci=0, num_pfs=0, num_vfs=0) -> tuple[PciDevice, ...]:
     """The devices nova's ``HostPCIDevicesInfo`` emulates: type-PCI in slots
     0.., then PFs, each with num_vfs/num_pfs VFs as functions 1.. of its slot."""
@@ -117,26 +137,7 @@ def test_resource_class_is_normalised_as_nova_does(vendor, product, requested, e
 
 def test_new_compute_with_pci_devices_reports_pci_pfs_and_vfs_on_their_pf():
     # test_new_compute_init_with_pci_devs
-    specs = [
-        {
-            "vendor_id": VEND,
-            "product_id": PCI_PROD,
-            "traits": "HW_GPU_API_VULKAN,CUSTOM_GPU,purple",
-        },
-        {
-            "vendor_id": VEND,
-            "product_id": PF_PROD,
-            "address": "0000:81:02.0",
-            "traits": "HW_NIC_SRIOV,CUSTOM_PF,pf-white",
-            "one_time_use": "true",
-        },
-        {
-            "vendor_id": VEND,
-            "product_id": VF_PROD,
-            "address": "0000:81:03.*",
-            "traits": "HW_NIC_SRIOV_TRUSTED,CUSTOM_VF,vf-red",
-        },
-    ]
+    specs = INIT_WITH_PCI_DEVS_SPECS
     got = children(fake_host_devices(num_pci=2, num_pfs=2, num_vfs=4), specs)
     pci_rc, pf_rc, vf_rc = (f"CUSTOM_PCI_{VEND}_{p}" for p in (PCI_PROD, PF_PROD, VF_PROD))
     gpu = ["CUSTOM_GPU", "CUSTOM_PURPLE", "HW_GPU_API_VULKAN"]
