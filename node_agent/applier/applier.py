@@ -76,6 +76,7 @@ import argparse
 import hashlib
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -115,6 +116,9 @@ from node_agent.state import APPLIER, PROVIDERS, ROOT_UUID, Store
 from node_agent.version import VersionAction
 
 LOG = logging.getLogger(__name__)
+
+# Seconds between two WARNING lines for refusals from one sender for one cause.
+REFUSAL_LOG_INTERVAL = 60.0
 
 RECORD_KEY = APPLIER
 # Keys of the record that hold only between completed applies.
@@ -204,6 +208,10 @@ class Applier:
         # (signing.REASONS: unsigned, forged, expired_key) and "replayed"
         # (a copy of a message already applied).
         self.refused: Counter[str] = Counter()
+        # (sender, cause) -> (when its WARNING was logged, refusals since):
+        # a flood of hostile messages is one WARNING per sender and cause
+        # per REFUSAL_LOG_INTERVAL, the rest DEBUG (the counts are metrics).
+        self._refusal_logged: dict[tuple[str, str], tuple[float, int]] = {}
         # Every message by the status of its reply (applied, unchanged,
         # stale, refused, busy, error, ...).
         self.outcomes: Counter[str] = Counter()
@@ -232,12 +240,29 @@ class Applier:
         return reply
 
     def _refuse(self, reason: str, sender: str, text: str) -> dict:
+        now = self.clock()
         with self._counting:
             self.refused[reason] += 1
             total = sum(self.refused.values())
-        LOG.warning(
-            "refused a message from %s (%s; %d refused so far): %s", sender, reason, total, text
-        )
+            logged, since = self._refusal_logged.get((sender, reason), (-math.inf, 0))
+            loud = now - logged >= REFUSAL_LOG_INTERVAL
+            self._refusal_logged[(sender, reason)] = (now, 0) if loud else (logged, since + 1)
+        if loud:
+            more = (
+                f"; {since} more from {sender} for this cause since the last such line"
+                if since
+                else ""
+            )
+            LOG.warning(
+                "refused a message from %s (%s; %d refused so far%s): %s",
+                sender,
+                reason,
+                total,
+                more,
+                text,
+            )
+        else:
+            LOG.debug("refused a message from %s (%s): %s", sender, reason, text)
         return {"status": wire.REFUSED, "error": f"message refused: {text}"}
 
     def _reply(self, raw) -> dict:

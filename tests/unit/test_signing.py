@@ -251,3 +251,33 @@ def test_short_master_and_a_file_that_is_not_a_key_are_refused(tmp_path):
         keys.read_host_key(str(bad))
     with pytest.raises(ConfigError, match="no such file"):
         keys.read_host_key(str(tmp_path / "missing"))
+
+
+def test_a_flood_of_forged_messages_is_one_warning_a_minute_per_sender_and_cause(
+    tmp_path, body, caplog
+):
+    """Issue 28: every refused message was a log line at WARNING, so a
+    sender flooding the applier with forged messages flooded its log. Now:
+    the first refusal per sender and cause is a WARNING, the rest DEBUG
+    until a minute has passed, and the next WARNING says how many it skipped."""
+    import logging
+
+    from node_agent.applier.applier import REFUSAL_LOG_INTERVAL, Applier
+
+    now = [NOW]
+    applier = Applier(_no_placement, tmp_path, keyring=ring(), clock=lambda: now[0])
+    forged = signing.host_key(MASTER, "intruder")
+    caplog.set_level(logging.DEBUG, logger="node_agent.applier.applier")
+    for seq in range(1, 101):
+        applier.handle(wire.full_message("victim", seq, body, forged))
+        now[0] += 0.1
+    now[0] += REFUSAL_LOG_INTERVAL
+    applier.handle(wire.full_message("victim", 101, body, forged))
+    applier.handle(wire.full_message("other", 1, body, forged))
+
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert applier.refused == {signing.FORGED: 102}
+    assert len(warnings) == 3, warnings
+    assert "(forged; 1 refused so far)" in warnings[0]
+    assert "(forged; 101 refused so far; 99 more from victim" in warnings[1]
+    assert "refused a message from other (forged; 102 refused so far)" in warnings[2]
