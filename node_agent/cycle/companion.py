@@ -42,7 +42,7 @@ from node_agent.placement.reshape_host import host_reshape_inputs
 from node_agent.placement.reshape_reads import plan_reshape
 from node_agent.policy import drift as drift_policy
 from node_agent.policy.audit import IN_FLIGHT_GRACE
-from node_agent.policy.guest_fit import blocks_nova, guests_refused
+from node_agent.policy.guest_fit import blocks_nova, guests_refused, nova_pinnable
 from node_agent.tree.cpu_traits import NOT_DECIDED_BY_NOVA
 
 LOG = logging.getLogger(__name__)
@@ -214,7 +214,7 @@ class Companion:
                 self._audit = self.auditor.run(
                     desired, settings.host, settings.numa_in_placement, save=save
                 ).as_dict()
-                self._next_restart = self._preview(desired, by_name)
+                self._next_restart = self._preview(desired, by_name, settings)
             owner = drift_policy.owner_of((self._held or {})[self._root_uuid].traits)
             ignored = NOT_DECIDED_BY_NOVA if owner == "nova-compute" else frozenset()
             report = replace(
@@ -230,7 +230,7 @@ class Companion:
         LOG.info("%s (%d requests)", report.summary(), report.requests)
         return report
 
-    def _preview(self, desired, by_name: dict) -> dict:
+    def _preview(self, desired, by_name: dict, settings) -> dict:
         """What nova-compute does at its next restart with these CPU sets:
         the reshape it sends, or the guests that stop it: a floating guest
         with no shared CPU (nova-compute refuses to start), a guest of nova's
@@ -243,7 +243,12 @@ class Companion:
         if refused is not None:
             blocking += refused.reasons
         siblings = {cpu.id: cpu.siblings for cpu in desired.host.cpus}
-        blocking += blocks_nova(desired.host.guests, desired.partition.dedicated, siblings)
+        pinnable = nova_pinnable(
+            desired.partition.dedicated, settings.cpu_shared_set, settings.vcpu_pin_set
+        )
+        if pinnable is not None:
+            cpus, where = pinnable
+            blocking += blocks_nova(desired.host.guests, cpus, siblings, where)
         if not blocking:
             known = {name: s.uuid for name, s in by_name.items()}
             try:

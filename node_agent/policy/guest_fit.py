@@ -56,8 +56,34 @@ def pinned_misfit(
     )
 
 
+def nova_pinnable(
+    dedicated: Optional[CpuSet],
+    shared: Optional[CpuSet],
+    vcpu_pin_set: Optional[CpuSet],
+) -> Optional[tuple[CpuSet, str]]:
+    """The host CPUs nova-compute pins its guests' dedicated vCPUs on, with
+    the words naming where they come from, the option to add CPUs to first;
+    None when that is every online CPU (nothing to judge). As nova's ``_get_host_numa_topology``:
+    ``cpu_dedicated_set``; without it, ``vcpu_pin_set`` (legacy: its CPUs
+    serve pinned and floating guests alike); ``cpu_shared_set`` alone
+    leaves none."""
+    if dedicated:
+        return dedicated, f"cpu_dedicated_set = '{dedicated}'"
+    if vcpu_pin_set:
+        return vcpu_pin_set, f"vcpu_pin_set = '{vcpu_pin_set}' (no cpu_dedicated_set)"
+    if shared:
+        return CpuSet(), (
+            f"cpu_dedicated_set (unset: with cpu_shared_set = '{shared}' alone nova "
+            "has no CPU to pin on)"
+        )
+    return None
+
+
 def pinning_unknown(
-    guest: Guest, dedicated: CpuSet, siblings: Optional[Mapping[int, CpuSet]] = None
+    guest: Guest,
+    dedicated: CpuSet,
+    siblings: Optional[Mapping[int, CpuSet]] = None,
+    where: Optional[str] = None,
 ) -> Optional[str]:
     """Why nova-compute cannot count ``guest`` under ``dedicated``, or None.
 
@@ -71,8 +97,10 @@ def pinning_unknown(
     service runs, but it reports nothing and never reshapes until the guest
     is gone or its CPUs are dedicated again. Guests nova did not start are
     not its instances and do not count. ``siblings``: host CPU -> its SMT
-    siblings (itself included), for the isolate thread policy."""
-    if not dedicated or not by_nova(guest):
+    siblings (itself included), for the isolate thread policy. ``where``
+    names ``dedicated`` (:func:`nova_pinnable`); None: it is
+    ``cpu_dedicated_set``, and empty means nothing is judged."""
+    if (where is None and not dedicated) or not by_nova(guest):
         return None
     cpu = classify(guest)
     if not cpu.pins:
@@ -87,24 +115,28 @@ def pinning_unknown(
     pinned = f"pinned to host CPUs {cpu.dedicated_cpus}"
     if needed != cpu.dedicated_cpus:
         pinned += f" (with their SMT siblings, thread policy isolate: {needed})"
+    where = where or f"cpu_dedicated_set = '{dedicated}'"
     return (
         f"{cpu.policy} guest {guest.name} ({guest.uuid}) is {pinned}; CPUs {outside} "
-        f"are outside cpu_dedicated_set = '{dedicated}'. nova-compute starts but every "
+        f"are outside {where}. nova-compute starts but every "
         "resource update fails (CPUPinningUnknown: nova pins its guests' dedicated "
-        "vCPUs on dedicated CPUs only), so it reports nothing and does not reshape. "
-        f"Add CPUs {outside} to cpu_dedicated_set, or migrate or delete the guest "
+        "vCPUs on these CPUs only), so it reports nothing and does not reshape. "
+        f"Add CPUs {outside} to {where.split(' ', 1)[0]}, or migrate or delete the guest "
         "before restarting nova-compute."
     )
 
 
 def blocks_nova(
-    guests: Iterable[Guest], dedicated: CpuSet, siblings: Optional[Mapping[int, CpuSet]] = None
+    guests: Iterable[Guest],
+    dedicated: CpuSet,
+    siblings: Optional[Mapping[int, CpuSet]] = None,
+    where: Optional[str] = None,
 ) -> list[str]:
     """nova's own guests that stop nova-compute's resource updates under
     ``dedicated`` (:func:`pinning_unknown`), one line each, in name order."""
     found = []
     for guest in sorted(guests, key=lambda g: (g.name, g.uuid)):
-        reason = pinning_unknown(guest, dedicated, siblings)
+        reason = pinning_unknown(guest, dedicated, siblings, where)
         if reason:
             found.append(reason)
     return found

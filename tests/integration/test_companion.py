@@ -32,6 +32,8 @@ LEGACY = ""  # no CPU sets: every CPU is VCPU, as on a host before the change
 DEDICATED = "cpu_dedicated_set = 2-7,10-15\ncpu_shared_set = 0-1,8-9\n"
 # Pinned guest instance-00000001 runs on CPUs 2-3,10-11: shared below.
 STRANDING = "cpu_dedicated_set = 4-7,12-15\ncpu_shared_set = 0-3,8-11\n"
+# The same CPUs in the legacy option (a [DEFAULT] one), without cpu_dedicated_set.
+LEGACY_STRANDING = "[DEFAULT]\nvcpu_pin_set = 4-7,12-15\n[compute]\n"
 
 
 class NovaHost:
@@ -249,6 +251,16 @@ def test_dry_run_previews_novas_reshape_at_next_restart_and_stale_pins_block_it(
         "instance-00000001" in w and "outside cpu_dedicated_set" in w
         for w in stale.json()["warnings"]
     )
+
+    # The legacy vcpu_pin_set: nova pins on its CPUs when cpu_dedicated_set is unset.
+    legacy = run_agent(
+        *nova_host.config(LEGACY_STRANDING), "--once", "--dry-run", "--output", "json"
+    )
+    assert legacy.code == 0, legacy.stderr
+    restart = legacy.json()["companion"]["next_restart"]
+    blocked = [b for b in restart["blocking"] if "instance-00000001" in b]
+    assert len(blocked) == 1, restart
+    assert "CPUs 2-3,10-11 are outside vcpu_pin_set = '4-7,12-15'" in blocked[0]
 
     assert only_reads(log.requests()), log.requests()
     assert nova_host.placement_record() == before

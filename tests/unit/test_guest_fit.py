@@ -8,7 +8,13 @@ import pytest
 from node_agent.host.domain import parse_domain
 from node_agent.model.cpuset import CpuSet, parse_cpu_spec
 from node_agent.model.snapshot import Guest
-from node_agent.policy.guest_fit import blocks_nova, guests_refused, misfits, warnings
+from node_agent.policy.guest_fit import (
+    blocks_nova,
+    guests_refused,
+    misfits,
+    nova_pinnable,
+    warnings,
+)
 
 PINNED = Guest(
     "p-uuid",
@@ -173,7 +179,7 @@ def test_a_nova_guest_pinned_outside_the_dedicated_set_stops_novas_updates_named
         f"dedicated guest {guest.name} ({guest.uuid}) is pinned to host CPUs 2,4-6; "
         "CPUs 6 are outside cpu_dedicated_set = '2-5'. nova-compute starts but every "
         "resource update fails (CPUPinningUnknown: nova pins its guests' dedicated "
-        "vCPUs on dedicated CPUs only), so it reports nothing and does not reshape. "
+        "vCPUs on these CPUs only), so it reports nothing and does not reshape. "
         "Add CPUs 6 to cpu_dedicated_set, or migrate or delete the guest before "
         "restarting nova-compute."
     )
@@ -197,8 +203,32 @@ def test_floating_guests_and_guests_nova_did_not_start_never_stop_nova():
     assert blocks_nova((PINNED,), spec("3-9")) == []  # virsh's guest: not nova's
 
 
-def test_without_a_dedicated_set_nothing_is_judged():
+def test_without_any_cpu_set_nothing_is_judged():
     assert blocks_nova((nova_guest("one-node--dedicated"),), CpuSet()) == []
+    assert nova_pinnable(CpuSet(), None, None) is None  # nova pins on every online CPU
+
+
+def test_legacy_vcpu_pin_set_is_where_nova_pins_without_a_dedicated_set():
+    """nova's _get_host_numa_topology: no cpu_dedicated_set, so vcpu_pin_set's
+    CPUs serve pinned guests too; a nova guest pinned outside it stops
+    nova-compute's updates the same way."""
+    guest = nova_guest("one-node--dedicated")  # pinned to 2,4-6
+    cpus, where = nova_pinnable(CpuSet(), spec("0-7"), spec("2-5"))  # vcpu_pin_set wins
+    assert (cpus, where) == (spec("2-5"), "vcpu_pin_set = '2-5' (no cpu_dedicated_set)")
+    (reason,) = blocks_nova((guest,), cpus, where=where)
+    assert "CPUs 6 are outside vcpu_pin_set = '2-5' (no cpu_dedicated_set)" in reason
+    assert "Add CPUs 6 to vcpu_pin_set," in reason
+    assert blocks_nova((guest,), *nova_pinnable(CpuSet(), None, spec("0-7"))[:1]) == []
+
+
+def test_cpu_shared_set_alone_leaves_nova_no_cpu_to_pin_a_guest_on():
+    guest = nova_guest("one-node--dedicated")
+    cpus, where = nova_pinnable(CpuSet(), spec("0-7"), None)
+    (reason,) = blocks_nova((guest,), cpus, where=where)
+    assert "CPUs 2,4-6 are outside cpu_dedicated_set (unset: with cpu_shared_set" in reason
+    assert "Add CPUs 2,4-6 to cpu_dedicated_set," in reason
+    floating = nova_guest("one-node--no-policy")
+    assert blocks_nova((floating,), cpus, where=where) == []
 
 
 def test_thread_policy_isolate_needs_the_pinned_cpus_siblings_dedicated_too():
