@@ -41,6 +41,7 @@ from node_agent.cycle.desired import (
 from node_agent.errors import HostBusy, ReshapeError
 from node_agent.model.provider_tree import PlacedTree, ProviderTree, with_held_ratios
 from node_agent.model.snapshot import Guest
+from node_agent.placement.errors import GenerationConflict
 from node_agent.placement.planner import Change
 from node_agent.placement.reshape_engine import Reshape, hold_inventories
 from node_agent.placement.reshape_host import HostReshape, host_reshape_inputs
@@ -228,6 +229,11 @@ class Reconciler:
         inputs = self._inputs(desired)
         if inputs is None:
             return ReshapeOutcome(False, Reshape(None)), None, desired.tree
+        try:
+            self.syncer.mark_before_reshape(desired.tree)
+        except GenerationConflict as exc:
+            refused = ReshapeRefused(f"reshape not sent this cycle: {exc}", busy=True)
+            return None, refused, self._held_tree(inputs)
         guard = self._capacity_guard(desired, inputs.tree)
         kw = {"before_post": _chain(guard, before_post)} if guard or before_post else {}
         try:

@@ -323,6 +323,17 @@ class TreeSyncer:
         (read as :meth:`plan` does; the sync that follows costs no more)."""
         return {s.name: s.traits for s in self._prepare(desired).actual.values()}
 
+    def mark_before_reshape(self, desired: ProviderTree) -> None:
+        """This machine's mark on a root Placement holds without it (one
+        being adopted or taken over), before a reshape moves anything on it,
+        as the sync marks it before its first write: a machine adopting the
+        same root at the same moment is refused (ProviderOwned) before
+        either moves an allocation. The sync that follows writes it no more."""
+        ctx = self._prepare(desired)
+        if not ctx.unclaimed or ctx.tree.root_uuid not in ctx.actual:
+            return
+        self._writer.mark_root(ctx, [c for c in self._plan(ctx) if c.kind == "trait"])
+
     def check_owner(self, desired: ProviderTree) -> None:
         """Raise ProviderOwned when this host's root is not this agent's to
         write. Reads as :meth:`plan` does, so the sync that follows costs no

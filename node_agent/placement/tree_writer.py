@@ -145,6 +145,19 @@ class TreeWriter:
                 ctx.failed.add(change.provider)
             report.errors += errors
 
+    def mark_root(self, ctx: SyncContext, defines: list[Change]) -> None:
+        """The mark-first write alone, its trait defined first (``defines``,
+        the plan's trait changes): for a reshape about to write to a root
+        this machine adopts (:meth:`TreeSyncer.mark_before_reshape`)."""
+        for change in defines:
+            self._define(ctx, change, 0)
+        try:
+            self._mark_root(ctx)
+        except Replan:
+            raise GenerationConflict(
+                "the root's generation kept moving while its owner mark was written"
+            ) from None
+
     def _mark_root(self, ctx: SyncContext) -> None:
         """Set this machine's mark on the root, compare-and-set on its
         generation, and read it back; ProviderOwned when another machine's

@@ -76,3 +76,40 @@ def test_pinned_guest_outside_the_new_dedicated_set_is_a_warning_and_reshaped_as
     assert "outside cpu_dedicated_set" in shown and "CPUs 10-11" in shown
     assert host.allocations() == expected_after_reshape(before, [host.pinned, host.pinned_2])
     assert cpu_view(host.inventories()) == {"VCPU": 8, "PCPU": 8}
+
+
+def test_a_root_adopted_with_a_reshape_due_is_marked_before_the_reshape_moves_anything(
+    placement_server, host_name, tmp_path
+):
+    """Issue 28: adopting a root no machine marked (an older agent's, the
+    state file lost) in a cycle that also reshapes sent the POST /reshaper
+    first and the owner mark after it: a second machine adopting the same
+    root at that moment could have its allocations moved by this one. The
+    mark is now written (compare-and-set, read back) before the reshape."""
+    import shutil
+
+    from tests.integration.test_applier import RequestLog
+
+    host = Host(tmp_path, placement_server.url, host_name)
+    assert once(write_config(host)).code == 0
+    boot_legacy_guests(host)
+    root = host.root
+    traits = host.scheduler.get(f"/resource_providers/{root}/traits")
+    unmarked = [t for t in traits["traits"] if not t.startswith("CUSTOM_OWNER_NODE_AGENT_")]
+    host.scheduler.put(
+        f"/resource_providers/{root}/traits",
+        {
+            "resource_provider_generation": traits["resource_provider_generation"],
+            "traits": unmarked,
+        },
+    )
+    shutil.rmtree(host.state_dir)
+    log = RequestLog(placement_server)
+
+    done = once(write_config(host, "cpu_dedicated_set = 2-7,10-15\ncpu_shared_set = 0-1,8-9\n"))
+
+    assert done.code == 0, done.stderr
+    requests = log.requests()
+    mark = requests.index(f"PUT /resource_providers/{root}/traits 200")
+    assert mark < requests.index("POST /reshaper 204"), requests
+    assert cpu_view(host.inventories()) == {"VCPU": 4, "PCPU": 12}
