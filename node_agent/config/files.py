@@ -67,6 +67,7 @@ def _known_keys(conf: cfg.ConfigOpts) -> dict[str, Optional[set[str]]]:
     mdev_names = {name for opt in conf_mod.MDEV_TYPE_OPTS for name in _opt_names(opt, "")}
     for mdev_type in _enabled_mdev_types(conf):
         known[f"mdev_{mdev_type}"] = mdev_names
+        known[f"vgpu_{mdev_type}"] = {"device_addresses"}  # its older name
     if conf_mod.PLACEMENT_GROUP in conf:
         known[conf_mod.PLACEMENT_GROUP] = _placement_keys(conf)
     return known

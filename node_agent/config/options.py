@@ -12,6 +12,7 @@ in this order.
 
 from __future__ import annotations
 
+import copy
 import socket
 from typing import Optional
 
@@ -426,9 +427,14 @@ MDEV_TYPE_OPTS = [
 
 
 def register_mdev_type_opts(conf: cfg.ConfigOpts, types) -> None:
-    """``[mdev_<type>]`` for each enabled type, as nova-compute registers them."""
+    """``[mdev_<type>]`` for each enabled type, as nova-compute registers
+    them: ``device_addresses`` is also read from the type's older section
+    name, ``[vgpu_<type>]``, as nova reads it."""
     for name in types:
-        conf.register_opts(MDEV_TYPE_OPTS, group=f"mdev_{name}")
+        addresses, *rest = MDEV_TYPE_OPTS
+        older = copy.copy(addresses)
+        older.deprecated_opts = [cfg.DeprecatedOpt("device_addresses", group=f"vgpu_{name}")]
+        conf.register_opts([older, *rest], group=f"mdev_{name}")
 
 
 PCI_OPTS = [

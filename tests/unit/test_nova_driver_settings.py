@@ -88,6 +88,21 @@ def test_mdev_sections_of_enabled_types_are_read(tmp_path):
     )
 
 
+def test_an_older_vgpu_section_gives_device_addresses_as_in_nova(tmp_path):
+    """nova registers device_addresses with deprecated_group vgpu_<type>:
+    a nova.conf from before the rename still assigns its GPUs."""
+    values = _load(
+        tmp_path,
+        "[devices]\nenabled_mdev_types = nvidia-11,nvidia-12\n"
+        "[vgpu_nvidia-11]\ndevice_addresses = 0000:84:00.0\n"
+        "[mdev_nvidia-12]\ndevice_addresses = 0000:85:00.0\n",
+    )
+    assert [(t.name, t.device_addresses) for t in values.mdev_types] == [
+        ("nvidia-11", ("0000:84:00.0",)),
+        ("nvidia-12", ("0000:85:00.0",)),
+    ]
+
+
 def test_a_gpu_given_two_types_is_refused(tmp_path):
     import pytest
 
