@@ -55,7 +55,14 @@ while IFS= read -r name; do
   keep+=("$name=${!name}")
 done < <(compgen -e | grep -E '^(PIP_[A-Z_]+|SSL_CERT_(FILE|DIR)|REQUESTS_CA_BUNDLE|(https?|no)_proxy|(HTTPS?|NO)_PROXY)$' || true)
 # -rs: the log lists each skipped test with its reason (the tests that need root).
-env=(env -i "HOME=$work/home" "USER=$user" "LOGNAME=$user" "LANG=C.UTF-8" "PYTEST_ADDOPTS=-rs"
+# The --ignore'd modules are run by the root pass and by a plain `make test`:
+# they compare data with nova's functions or kill, hang and restart processes
+# the test itself started, the same for any user, and take about 3.5 minutes
+# of a pass (measured at 291de2e): CI stays well under 40 minutes.
+same_for_any_user="--ignore=tests/conformance --ignore=tests/integration/test_applier_dead_hosts.py \
+--ignore=tests/integration/test_reshape_crash.py --ignore=tests/integration/test_capacity_property.py"
+env=(env -i "HOME=$work/home" "USER=$user" "LOGNAME=$user" "LANG=C.UTF-8"
+     "PYTEST_ADDOPTS=-rs $same_for_any_user"
      "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin" "${keep[@]}")
 if command -v runuser >/dev/null; then
   as_user=(runuser -u "$user" --)
