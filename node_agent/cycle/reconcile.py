@@ -39,22 +39,36 @@ from node_agent.cycle.desired import (
     with_placement_maintenance,
 )
 from node_agent.errors import HostBusy, ReshapeError
-from node_agent.model.provider_tree import PlacedTree, ProviderTree, with_held_ratios
+from node_agent.model.provider_tree import (
+    Inventory,
+    PlacedTree,
+    Provider,
+    ProviderTree,
+    with_held_ratios,
+)
 from node_agent.model.snapshot import Guest
+from node_agent.placement.errors import NotFound
 from node_agent.placement.planner import Change
-from node_agent.placement.reshape_engine import Reshape, hold_inventories
+from node_agent.placement.reshape_engine import Reshape, Rule, hold_inventories
 from node_agent.placement.reshape_host import HostReshape, host_reshape_inputs
 from node_agent.placement.reshape_reads import plan_reshape, read_inventories, uuid_of_root
-from node_agent.placement.reshape_rules import guest_names
+from node_agent.placement.reshape_rules import (
+    chain,
+    disk_to_root,
+    disk_to_sharing_provider,
+    guest_names,
+)
 from node_agent.placement.reshaper import ReshapeOutcome, ensure_reshaped
+from node_agent.placement.shared_storage import ensure_sharing_provider
 from node_agent.placement.sync import SyncReport, TreeSyncer
 from node_agent.policy import device_maintenance as devmaint
 from node_agent.policy import maintenance as maint
+from node_agent.policy import shared_storage
 from node_agent.policy.capacity import Published, as_published, check, limits_of
 from node_agent.policy.child_owner import NUMA, ListedChild, child_kind
 from node_agent.policy.guest_cpu import classify
 from node_agent.policy.guest_fit import guests_refused
-from node_agent.state import PROVIDERS
+from node_agent.state import PROVIDERS, SHARED_STORAGE
 from node_agent.tree.mem_encryption import keep_as_held, undecided
 
 LOG = logging.getLogger(__name__)
@@ -222,13 +236,59 @@ class Reconciler:
             self.client, desired, known, self.syncer.owned_children, self.syncer.cached_tree()
         )
 
+    def _with_shared(self, desired: Desired, inputs: HostReshape) -> tuple[HostReshape, frozenset]:
+        """The reshape inputs with the sharing provider of a shared
+        ``instances_path`` (:mod:`node_agent.placement.shared_storage`),
+        made to hold the filesystem first, and the rule that moves the root's
+        DISK_GB to it; with the option gone, the rule that moves this host's
+        DISK_GB back from the one the state file names. Also the uuids of
+        the sharing providers: the capacity guard checks them apart."""
+        root = uuid_of_root(inputs.tree)
+        record = self.syncer.state.get(SHARED_STORAGE)
+        rule: Rule
+        if desired.shared is not None:
+            classes = {rc for p in desired.tree.providers for rc in p.inventories}
+            held = ensure_sharing_provider(
+                self.client, desired.shared, classes, desired.host.disk_gb
+            )
+            share = replace(
+                desired.shared,
+                inventories={rc: Inventory.from_placement(r) for rc, r in held.items()},
+            )
+            rule = disk_to_sharing_provider(root, str(share.uuid))
+            aggregate = sorted(desired.shared.aggregates)[0]
+            self.syncer.remember(SHARED_STORAGE, {"aggregate": aggregate, "uuid": share.uuid})
+        elif record:
+            try:
+                held = self.client.inventories(record["uuid"])["inventories"]
+            except NotFound:
+                self.syncer.remember(SHARED_STORAGE, None)  # gone: nothing to move back
+                return inputs, frozenset()
+            share = Provider(
+                shared_storage.provider_name(record["aggregate"]),
+                uuid=record["uuid"],
+                inventories={rc: Inventory.from_placement(r) for rc, r in held.items()},
+            )
+            local = set(self.client.provider_allocations(root)["allocations"])
+            local |= {g.uuid for g in desired.host.guests}
+            rule = disk_to_root(root, record["uuid"], local)
+        else:
+            return inputs, frozenset()
+        tree = ProviderTree(inputs.tree.providers + (share,))
+        return replace(inputs, tree=tree, rule=chain(inputs.rule, rule)), frozenset({share.uuid})
+
     def _reshape(
         self, desired: Desired, before_post=None
     ) -> tuple[Optional[ReshapeOutcome], Optional[ReshapeRefused], ProviderTree]:
         inputs = self._inputs(desired)
         if inputs is None:
             return ReshapeOutcome(False, Reshape(None)), None, desired.tree
-        guard = self._capacity_guard(desired, inputs.tree)
+        try:
+            inputs, apart = self._with_shared(desired, inputs)
+        except ReshapeError as exc:
+            LOG.debug("shared storage refused: %s", exc)
+            return None, ReshapeRefused(str(exc)), self._held_tree(inputs)
+        guard = self._capacity_guard(desired, inputs.tree, apart)
         kw = {"before_post": _chain(guard, before_post)} if guard or before_post else {}
         try:
             outcome = ensure_reshaped(
@@ -256,6 +316,8 @@ class Reconciler:
             self.syncer.note_inventories(outcome.inventories)
         # Emptied (or empty already): the sync deletes them, state file or not.
         self.syncer.claim_children(inputs.retired)
+        if desired.shared is None and apart:
+            self.syncer.remember(SHARED_STORAGE, None)  # moved back: done
         return outcome, None, desired.tree
 
     def _flat_now(self, desired: Desired) -> bool:
@@ -310,7 +372,7 @@ class Reconciler:
             desired = with_placement_maintenance(desired, self.syncer.root_traits(desired.tree))
         return with_placement_device_maintenance(desired, self.syncer.traits_by_name(desired.tree))
 
-    def _capacity_guard(self, desired: Desired, tree: ProviderTree):
+    def _capacity_guard(self, desired: Desired, tree: ProviderTree, apart: frozenset = frozenset()):
         """A check of the ``POST /reshaper`` body, called just before it is
         sent: the inventories it sets (a reshape keeps a class on the root
         for consumers it does not move, while the children get theirs), with
@@ -324,7 +386,11 @@ class Reconciler:
             return None
 
         def guard(body: dict) -> None:
-            planned = {u: e["inventories"] for u, e in body["inventories"].items()}
+            # A sharing provider is checked apart: it is no provider of the
+            # host's tree (node_agent.placement.shared_storage).
+            planned = {
+                u: e["inventories"] for u, e in body["inventories"].items() if u not in apart
+            }
             untouched = [
                 Published(s.name, s.parent_uuid is None, s.inventories)
                 for u, s in (self.syncer.cached() or {}).items()

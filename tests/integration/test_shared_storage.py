@@ -1,0 +1,138 @@
+"""Shared storage declared, not multiplied, against the real Placement.
+
+Two agent hosts (their own names, state files and libvirt) mount one
+``instances_path``. Without ``[compute] shared_storage_aggregate`` each
+root reports the whole filesystem; with it the filesystem is offered once,
+by one sharing provider both hosts name alike, and the guests' DISK_GB
+moves to it in one ``POST /reshaper`` per host; without it again, each
+host's DISK_GB moves back to its root."""
+
+import uuid
+
+import pytest
+
+from node_agent.placement.client import PlacementClient
+from node_agent.policy.shared_storage import provider_uuid
+from node_agent.state import SHARED_STORAGE, StateStore
+from tests.cli.runner import run_agent
+from tests.integration.reshape_driver import Host
+from tests.integration.test_cli_reshape import write_config
+
+pytestmark = pytest.mark.integration
+
+
+def once(config, *args):
+    return run_agent("--config-file", config, "--once", *args)
+
+
+def configure(host: Host, shared_dir, aggregate=None) -> str:
+    extra = f"shared_storage_aggregate = {aggregate}\n" if aggregate else ""
+    path = write_config(host, extra)
+    with open(path) as f:
+        text = f.read()
+    with open(path, "w") as f:
+        f.write(text.replace(f"instances_path = {host.tmp}\n", f"instances_path = {shared_dir}\n"))
+    return path
+
+
+def disk(client, rp) -> int:
+    inventories = client.get(f"/resource_providers/{rp}/inventories")["inventories"]
+    return inventories["DISK_GB"]["total"] if "DISK_GB" in inventories else 0
+
+
+def disk_of(client, consumer) -> dict:
+    body = client.get(f"/allocations/{consumer}")["allocations"]
+    return {rp: a["resources"]["DISK_GB"] for rp, a in body.items() if "DISK_GB" in a["resources"]}
+
+
+def candidates(client, query) -> list:
+    return client.get(f"/allocation_candidates?{query}", microversion="1.36")["allocation_requests"]
+
+
+@pytest.fixture
+def hosts(placement_server, host_name, tmp_path):
+    made = []
+    for suffix in ("a", "b"):
+        (tmp_path / suffix).mkdir()
+        made.append(Host(tmp_path / suffix, placement_server.url, f"{host_name}-{suffix}"))
+    (tmp_path / "shared").mkdir()
+    return made, tmp_path / "shared"
+
+
+def test_two_hosts_sharing_a_filesystem_offer_it_once_before_and_after_the_reshape_and_back(
+    hosts, placement_server
+):
+    (a, b), shared = hosts
+    aggregate = str(uuid.uuid4())
+    share = provider_uuid(aggregate)
+    placement = PlacementClient.for_endpoint(placement_server.url)
+    for host in (a, b):
+        assert once(configure(host, shared)).code == 0
+    filesystem = disk(placement, a.root)
+    assert filesystem > 0 and disk(placement, b.root) == filesystem  # counted twice
+    a.boot(a.unpinned[0], vcpu=1, memory=512, disk=3)
+    b.boot(b.unpinned[0], vcpu=1, memory=512, disk=4)
+
+    for host in (a, b):
+        done = once(configure(host, shared, aggregate), "--output", "json")
+        assert done.code == 0, done.stderr
+        assert done.json()["reshape"]["request_id"]  # one POST /reshaper moved its guest
+
+    assert disk(placement, a.root) == disk(placement, b.root) == 0
+    assert disk(placement, share) == filesystem  # the filesystem, once
+    assert "MISC_SHARES_VIA_AGGREGATE" in placement.traits(share)["traits"]
+    for rp in (share, a.root, b.root):
+        assert aggregate in placement.aggregates(rp)["aggregates"]
+    assert disk_of(placement, a.unpinned[0]) == {share: 3}
+    assert disk_of(placement, b.unpinned[0]) == {share: 4}
+    only_disk = candidates(placement, f"resources=DISK_GB:1&member_of={aggregate}")
+    assert [list(r["allocations"]) for r in only_disk] == [[share]]
+    with_cpu = candidates(placement, f"resources=VCPU:1,DISK_GB:1&member_of={aggregate}")
+    assert sorted(sorted(r["allocations"]) for r in with_cpu) == sorted(
+        [sorted([a.root, share]), sorted([b.root, share])]
+    )
+    assert all(r["allocations"][share]["resources"] == {"DISK_GB": 1} for r in with_cpu)
+    steady = once(configure(a, shared, aggregate), "--output", "json")
+    assert steady.code == 0 and steady.json()["reshape"] is None
+
+    # And back: host a alone first; b's guest stays on the sharing provider.
+    back = once(configure(a, shared), "--output", "json")
+    assert back.code == 0, back.stderr
+    assert back.json()["reshape"]["request_id"]
+    assert disk_of(placement, a.unpinned[0]) == {a.root: 3}
+    assert disk_of(placement, b.unpinned[0]) == {share: 4}
+    assert disk(placement, a.root) == filesystem
+    assert aggregate not in placement.aggregates(a.root)["aggregates"]
+    assert StateStore(a.state_dir).load().get(SHARED_STORAGE) is None
+    assert once(configure(b, shared)).code == 0
+    assert disk_of(placement, b.unpinned[0]) == {b.root: 4}
+    assert disk(placement, b.root) == filesystem
+
+
+def test_two_hosts_creating_the_sharing_provider_converge_on_one(hosts, placement_server):
+    """The second host finds the provider the first created (same uuid) and
+    writes no second one: one provider by that name, one DISK_GB record."""
+    (a, b), shared = hosts
+    aggregate = str(uuid.uuid4())
+    placement = PlacementClient.for_endpoint(placement_server.url)
+    for host in (a, b):
+        assert once(configure(host, shared)).code == 0
+    filesystem = disk(placement, a.root)
+    for host in (a, b):
+        assert once(configure(host, shared, aggregate)).code == 0
+    named = placement.providers_named(f"shared_storage_{aggregate}")
+    assert [p["uuid"] for p in named] == [provider_uuid(aggregate)]
+    assert (
+        disk(placement, a.root)
+        + disk(placement, b.root)
+        + disk(placement, provider_uuid(aggregate))
+        == filesystem
+    )
+
+
+def test_a_bad_shared_storage_aggregate_exits_78_and_writes_nothing(hosts, placement_server):
+    (a, _b), shared = hosts
+    result = once(configure(a, shared, "nfs-hosts"))
+    assert result.code == 78, result.stderr
+    assert "[compute] shared_storage_aggregate: 'nfs-hosts'" in result.stderr
+    assert PlacementClient.for_endpoint(placement_server.url).providers_named(a.name) == []
