@@ -62,6 +62,7 @@ def _create(client, wanted: Provider) -> None:
         # Another host of the aggregate created it first: the same uuid.
         try:
             client.provider(str(wanted.uuid))
+            LOG.info("shared storage: %s was created by another host first", wanted.name)
         except NotFound:
             raise PlacementError(
                 f"shared storage: a provider named {wanted.name} exists with another "

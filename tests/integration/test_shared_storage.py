@@ -7,12 +7,17 @@ by one sharing provider both hosts name alike, and the guests' DISK_GB
 moves to it in one ``POST /reshaper`` per host; without it again, each
 host's DISK_GB moves back to its root."""
 
+import logging
+import threading
 import uuid
 
 import pytest
 
+from node_agent.errors import ReshapeError
+from node_agent.model.provider_tree import Inventory
 from node_agent.placement.client import PlacementClient
-from node_agent.policy.shared_storage import provider_uuid
+from node_agent.placement.shared_storage import ensure_sharing_provider
+from node_agent.policy.shared_storage import provider_uuid, sharing_provider
 from node_agent.state import SHARED_STORAGE, StateStore
 from tests.cli.runner import run_agent
 from tests.integration.reshape_driver import Host
@@ -136,3 +141,63 @@ def test_a_bad_shared_storage_aggregate_exits_78_and_writes_nothing(hosts, place
     assert result.code == 78, result.stderr
     assert "[compute] shared_storage_aggregate: 'nfs-hosts'" in result.stderr
     assert PlacementClient.for_endpoint(placement_server.url).providers_named(a.name) == []
+
+
+def test_hosts_racing_to_create_the_sharing_provider_leave_one_at_the_smallest_size(
+    placement_server, caplog
+):
+    """Four hosts at once, each with its own client and its own measure of
+    the filesystem: the creates collide on the derived uuid, the writes on
+    the generation, and one provider is left, holding the smallest total."""
+    caplog.set_level(logging.INFO, logger="node_agent.placement.shared_storage")
+    aggregate = str(uuid.uuid4())
+    measures = [251, 250, 252, 251]
+    start, looked = threading.Barrier(len(measures)), threading.Barrier(len(measures))
+    errors = []
+
+    def host(total):
+        client = PlacementClient.for_endpoint(placement_server.url)
+        read = client.provider
+        first = [True]
+
+        def provider(uuid):
+            # Every host reads "not there" before any creates it.
+            try:
+                return read(uuid)
+            finally:
+                if first:
+                    first.pop()
+                    looked.wait()
+
+        client.provider = provider
+        wanted = sharing_provider(aggregate, Inventory(total=total))
+        start.wait()
+        try:
+            ensure_sharing_provider(client, wanted, {"VCPU", "MEMORY_MB"}, total)
+        except Exception as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=host, args=(t,)) for t in measures]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    assert caplog.text.count("created sharing provider") == 1
+    assert caplog.text.count("was created by another host first") == len(measures) - 1
+    placement = PlacementClient.for_endpoint(placement_server.url)
+    named = placement.providers_named(f"shared_storage_{aggregate}")
+    assert [p["uuid"] for p in named] == [provider_uuid(aggregate)]
+    assert disk(placement, provider_uuid(aggregate)) == min(measures)
+    assert placement.aggregates(provider_uuid(aggregate))["aggregates"] == [aggregate]
+
+
+def test_a_sharing_provider_larger_than_the_filesystem_is_never_written(placement_server):
+    aggregate = str(uuid.uuid4())
+    placement = PlacementClient.for_endpoint(placement_server.url)
+    with pytest.raises(ReshapeError, match="exceeds the filesystem's 250 GiB"):
+        ensure_sharing_provider(
+            placement, sharing_provider(aggregate, Inventory(total=251)), {"VCPU"}, 250
+        )
+    assert placement.providers_named(f"shared_storage_{aggregate}") == []
