@@ -236,16 +236,37 @@ class Reconciler:
             self.client, desired, known, self.syncer.owned_children, self.syncer.cached_tree()
         )
 
-    def _with_shared(self, desired: Desired, inputs: HostReshape) -> tuple[HostReshape, frozenset]:
+    def _with_shared(
+        self, desired: Desired, inputs: HostReshape, write: bool = True
+    ) -> tuple[HostReshape, frozenset]:
         """The reshape inputs with the sharing provider of a shared
         ``instances_path`` (:mod:`node_agent.placement.shared_storage`),
         made to hold the filesystem first, and the rule that moves the root's
         DISK_GB to it; with the option gone, the rule that moves this host's
         DISK_GB back from the one the state file names. Also the uuids of
-        the sharing providers: the capacity guard checks them apart."""
+        the sharing providers: the capacity guard checks them apart.
+        ``write`` False (``--dry-run``): reads only; a sharing provider not
+        there yet is planned as one to create, with this host's measure."""
         root = uuid_of_root(inputs.tree)
         record = self.syncer.state.get(SHARED_STORAGE)
         rule: Rule
+        if desired.shared is not None and not write:
+            share, absent = desired.shared, frozenset()
+            try:
+                held = self.client.inventories(str(share.uuid))["inventories"]
+                if shared_storage.DISK_GB in held:
+                    share = replace(
+                        share,
+                        inventories={rc: Inventory.from_placement(r) for rc, r in held.items()},
+                    )
+            except NotFound:
+                absent = frozenset({str(share.uuid)})
+            tree = ProviderTree(inputs.tree.providers + (share,))
+            rule = disk_to_sharing_provider(root, str(share.uuid))
+            planned = replace(
+                inputs, tree=tree, rule=chain(inputs.rule, rule), absent=inputs.absent | absent
+            )
+            return planned, frozenset({str(share.uuid)})
         if desired.shared is not None:
             classes = {rc for p in desired.tree.providers for rc in p.inventories}
             held = ensure_sharing_provider(
@@ -262,7 +283,8 @@ class Reconciler:
             try:
                 held = self.client.inventories(record["uuid"])["inventories"]
             except NotFound:
-                self.syncer.remember(SHARED_STORAGE, None)  # gone: nothing to move back
+                if write:
+                    self.syncer.remember(SHARED_STORAGE, None)  # gone: nothing to move back
                 return inputs, frozenset()
             share = Provider(
                 shared_storage.provider_name(record["aggregate"]),
@@ -500,6 +522,7 @@ class Reconciler:
         inputs = self._inputs(desired)
         if inputs is None:
             return tree, changes, None
+        inputs, _apart = self._with_shared(desired, inputs, write=False)
         reshape = plan_reshape(
             self.client,
             inputs.tree,

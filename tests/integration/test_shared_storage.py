@@ -114,6 +114,24 @@ def test_two_hosts_sharing_a_filesystem_offer_it_once_before_and_after_the_resha
     assert disk(placement, b.root) == filesystem
 
 
+def test_dry_run_shows_the_disk_moving_to_the_sharing_provider_and_writes_nothing(
+    hosts, placement_server
+):
+    (a, _b), shared = hosts
+    aggregate = str(uuid.uuid4())
+    placement = PlacementClient.for_endpoint(placement_server.url)
+    assert once(configure(a, shared)).code == 0
+    a.boot(a.unpinned[0], vcpu=1, memory=512, disk=3)
+
+    plan = once(configure(a, shared, aggregate), "--dry-run", "--output", "json")
+
+    assert plan.code == 0, plan.stderr
+    moves = plan.json()["reshape"]["consumers"]
+    assert [m["consumer"] for m in moves] == [a.unpinned[0]]
+    assert placement.providers_named(f"shared_storage_{aggregate}") == []
+    assert disk_of(placement, a.unpinned[0]) == {a.root: 3}
+
+
 def test_two_hosts_creating_the_sharing_provider_converge_on_one(hosts, placement_server):
     """The second host finds the provider the first created (same uuid) and
     writes no second one: one provider by that name, one DISK_GB record."""
