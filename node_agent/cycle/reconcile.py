@@ -59,7 +59,7 @@ from node_agent.placement.reshape_rules import (
     guest_names,
 )
 from node_agent.placement.reshaper import ReshapeOutcome, ensure_reshaped
-from node_agent.placement.shared_storage import ensure_sharing_provider
+from node_agent.placement.shared_storage import join_sharing_provider, write_disk
 from node_agent.placement.sync import SyncReport, TreeSyncer
 from node_agent.policy import device_maintenance as devmaint
 from node_agent.policy import maintenance as maint
@@ -251,7 +251,7 @@ class Reconciler:
         record = self.syncer.state.get(SHARED_STORAGE)
         rule: Rule
         if desired.shared is not None and not write:
-            share, absent = desired.shared, frozenset()
+            share, absent = desired.shared, frozenset[str]()
             try:
                 held = self.client.inventories(str(share.uuid))["inventories"]
                 if shared_storage.DISK_GB in held:
@@ -269,12 +269,17 @@ class Reconciler:
             return planned, frozenset({str(share.uuid)})
         if desired.shared is not None:
             classes = {rc for p in desired.tree.providers for rc in p.inventories}
-            held = ensure_sharing_provider(
-                self.client, desired.shared, classes, desired.host.disk_gb
-            )
+            held = join_sharing_provider(self.client, desired.shared, classes, desired.host.disk_gb)
+            # The record this host would leave: the reshape body writes it
+            # with the moves (write_disk after, when nothing moves).
+            measured = desired.shared.inventories[shared_storage.DISK_GB].as_placement()
+            merged = shared_storage.record_to_write(measured, held.get(shared_storage.DISK_GB))
             share = replace(
                 desired.shared,
-                inventories={rc: Inventory.from_placement(r) for rc, r in held.items()},
+                inventories={
+                    **{rc: Inventory.from_placement(r) for rc, r in held.items()},
+                    shared_storage.DISK_GB: Inventory.from_placement(merged),
+                },
             )
             rule = disk_to_sharing_provider(root, str(share.uuid))
             aggregate = sorted(desired.shared.aggregates)[0]
@@ -336,6 +341,8 @@ class Reconciler:
             self.syncer.invalidate()  # the sync re-reads the tree and adopts them
         elif outcome.reshaped:
             self.syncer.note_inventories(outcome.inventories)
+        if desired.shared is not None:
+            write_disk(self.client, desired.shared)  # one GET when the body wrote it
         # Emptied (or empty already): the sync deletes them, state file or not.
         self.syncer.claim_children(inputs.retired)
         if desired.shared is None and apart:

@@ -29,11 +29,20 @@ ATTEMPTS = 5
 
 def ensure_sharing_provider(client, wanted: Provider, tree_classes, filesystem_gb: int) -> dict:
     """Create or update the sharing provider ``wanted``
-    (:func:`node_agent.policy.shared_storage.sharing_provider`); returns its
-    inventories as Placement holds them after.
+    (:func:`node_agent.policy.shared_storage.sharing_provider`): the two
+    steps below; returns its inventories as Placement holds them after."""
+    join_sharing_provider(client, wanted, tree_classes, filesystem_gb)
+    return write_disk(client, wanted)
 
-    The DISK_GB total written is the smaller of this host's measure and
-    what Placement holds (:func:`~node_agent.policy.shared_storage.total_to_write`).
+
+def join_sharing_provider(client, wanted: Provider, tree_classes, filesystem_gb: int) -> dict:
+    """Create the sharing provider if no host did yet, with its trait and
+    aggregate, and return the inventories it holds: this host's DISK_GB is
+    not written yet (the reshape that moves the root's allocations writes
+    it in the same request, or :func:`write_disk` after it), so a refused
+    reshape leaves a new sharing provider offering nothing while the root
+    still does.
+
     Raises ReshapeError, before any write, when the capacity invariant
     (:func:`~node_agent.policy.capacity.shared_disk_problems`) does not hold;
     PlacementError when the provider's name belongs to another uuid (a
@@ -46,7 +55,16 @@ def ensure_sharing_provider(client, wanted: Provider, tree_classes, filesystem_g
         raise ReshapeError("shared storage not published: " + "; ".join(problems))
     _create(client, wanted)
     _retry(lambda: _join(client, uuid, wanted.traits, wanted.aggregates))
-    return _retry(lambda: _inventory(client, uuid, disk.as_placement()))
+    return client.inventories(uuid)["inventories"]
+
+
+def write_disk(client, wanted: Provider) -> dict:
+    """Write this host's DISK_GB record on the sharing provider, merged with
+    the one Placement holds (:func:`~node_agent.policy.shared_storage.record_to_write`:
+    the smaller total wins); no write when they agree. Returns the
+    inventories Placement holds after."""
+    disk = wanted.inventories[policy.DISK_GB]
+    return _retry(lambda: _inventory(client, str(wanted.uuid), disk.as_placement()))
 
 
 def _create(client, wanted: Provider) -> None:

@@ -30,8 +30,8 @@ def once(config, *args):
     return run_agent("--config-file", config, "--once", *args)
 
 
-def configure(host: Host, shared_dir, aggregate=None) -> str:
-    extra = f"shared_storage_aggregate = {aggregate}\n" if aggregate else ""
+def configure(host: Host, shared_dir, aggregate=None, extra="") -> str:
+    extra += f"shared_storage_aggregate = {aggregate}\n" if aggregate else ""
     path = write_config(host, extra)
     with open(path) as f:
         text = f.read()
@@ -130,6 +130,31 @@ def test_dry_run_shows_the_disk_moving_to_the_sharing_provider_and_writes_nothin
     assert [m["consumer"] for m in moves] == [a.unpinned[0]]
     assert placement.providers_named(f"shared_storage_{aggregate}") == []
     assert disk_of(placement, a.unpinned[0]) == {a.root: 3}
+
+
+def test_a_refused_move_leaves_a_new_sharing_provider_offering_nothing(hosts, placement_server):
+    """The root's guests hold more DISK_GB than the sharing provider would
+    offer (the root's ratio 2, the new one 1): the reshape is refused, the
+    root keeps its DISK_GB and the guest's allocation, and the sharing
+    provider, created and in the aggregate, offers no DISK_GB: the
+    filesystem is still counted once."""
+    (a, _b), shared = hosts
+    aggregate = str(uuid.uuid4())
+    share = provider_uuid(aggregate)
+    placement = PlacementClient.for_endpoint(placement_server.url)
+    assert once(configure(a, shared, extra="disk_allocation_ratio = 2.0\n")).code == 0
+    filesystem = disk(placement, a.root)
+    a.boot(a.unpinned[0], vcpu=1, memory=512, disk=filesystem)  # max_unit: the total
+    a.boot(a.unpinned[1], vcpu=1, memory=512, disk=1)
+
+    refused = once(configure(a, shared, aggregate), "--output", "json")
+
+    assert refused.code != 0
+    assert "DISK_GB" in refused.stderr + refused.stdout
+    assert disk_of(placement, a.unpinned[0]) == {a.root: filesystem}
+    assert disk_of(placement, a.unpinned[1]) == {a.root: 1}
+    assert disk(placement, a.root) == filesystem
+    assert disk(placement, share) == 0
 
 
 def test_two_hosts_creating_the_sharing_provider_converge_on_one(hosts, placement_server):
