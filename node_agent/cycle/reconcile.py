@@ -59,7 +59,11 @@ from node_agent.placement.reshape_rules import (
     guest_names,
 )
 from node_agent.placement.reshaper import ReshapeOutcome, ensure_reshaped
-from node_agent.placement.shared_storage import join_sharing_provider, write_disk
+from node_agent.placement.shared_storage import (
+    ensure_sharing_provider,
+    join_sharing_provider,
+    write_disk,
+)
 from node_agent.placement.sync import SyncReport, TreeSyncer
 from node_agent.policy import device_maintenance as devmaint
 from node_agent.policy import maintenance as maint
@@ -282,8 +286,7 @@ class Reconciler:
                 },
             )
             rule = disk_to_sharing_provider(root, str(share.uuid))
-            aggregate = sorted(desired.shared.aggregates)[0]
-            self.syncer.remember(SHARED_STORAGE, {"aggregate": aggregate, "uuid": share.uuid})
+            self._remember_shared(desired.shared)
         elif record:
             try:
                 held = self.client.inventories(record["uuid"])["inventories"]
@@ -304,11 +307,39 @@ class Reconciler:
         tree = ProviderTree(inputs.tree.providers + (share,))
         return replace(inputs, tree=tree, rule=chain(inputs.rule, rule)), frozenset({share.uuid})
 
+    def _remember_shared(self, shared: Provider) -> None:
+        """Which sharing provider this host's DISK_GB goes to: the way back
+        (the option removed) moves it from there."""
+        aggregate = sorted(shared.aggregates)[0]
+        self.syncer.remember(SHARED_STORAGE, {"aggregate": aggregate, "uuid": shared.uuid})
+
+    def _refresh_shared(self, shared: Provider) -> bool:
+        """Each cycle the reshape check skips: the sharing provider's DISK_GB
+        as this host measures it now, merged (one GET; a PUT when another
+        writer or a smaller measure moved it). Gone (an operator deleted
+        it): the next cycle checks the reshape again, which recreates it."""
+        try:
+            write_disk(self.client, shared)
+        except NotFound:
+            LOG.warning("shared storage: sharing provider %s is gone", shared.name)
+            return False
+        return True
+
     def _reshape(
         self, desired: Desired, before_post=None
     ) -> tuple[Optional[ReshapeOutcome], Optional[ReshapeRefused], ProviderTree]:
         inputs = self._inputs(desired)
         if inputs is None:
+            if desired.shared is not None:
+                # A new host: nothing to move, the sharing provider to join.
+                try:
+                    classes = {rc for p in desired.tree.providers for rc in p.inventories}
+                    ensure_sharing_provider(
+                        self.client, desired.shared, classes, desired.host.disk_gb
+                    )
+                except ReshapeError as exc:
+                    return None, ReshapeRefused(str(exc)), desired.tree
+                self._remember_shared(desired.shared)
             return ReshapeOutcome(False, Reshape(None)), None, desired.tree
         try:
             inputs, apart = self._with_shared(desired, inputs)
@@ -462,6 +493,7 @@ class Reconciler:
             return CycleOutcome(report, refused=ReshapeRefused(str(refused), guests=True))
         shape = shape_of(desired)
         tree, outcome, refusal = desired.tree, None, None
+        shared_held = True
         if shape != self._applied_shape:
             with self.client.deadline("the reshape"):
                 outcome, refusal, tree = self._reshape(desired, before_post)
@@ -469,11 +501,14 @@ class Reconciler:
                     outcome, refusal, tree = self._without_numa(
                         desired, before_post, (outcome, refusal, tree)
                     )
+        elif desired.shared is not None:
+            with self.client.deadline("the sharing provider"):
+                shared_held = self._refresh_shared(desired.shared)
         with self.client.deadline("the tree sync"):
             report = self.syncer.sync(tree, limits_of(desired), guest_names(desired.host.guests))
         result = CycleOutcome(report, outcome, refusal)
         if result.ok:
-            self._applied_shape = shape
+            self._applied_shape = shape if shared_held else None
         return result
 
     def _cpu_held(self, desired: Desired) -> ProviderTree:

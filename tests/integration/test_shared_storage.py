@@ -10,13 +10,18 @@ host's DISK_GB moves back to its root."""
 import logging
 import threading
 import uuid
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
+from node_agent.cycle.desired import compute_desired
+from node_agent.cycle.reconcile import Reconciler
 from node_agent.errors import ReshapeError
 from node_agent.model.provider_tree import Inventory
 from node_agent.placement.client import PlacementClient
 from node_agent.placement.shared_storage import ensure_sharing_provider
+from node_agent.placement.sync import TreeSyncer
 from node_agent.policy.shared_storage import provider_uuid, sharing_provider
 from node_agent.state import SHARED_STORAGE, StateStore
 from tests.cli.runner import run_agent
@@ -24,6 +29,7 @@ from tests.integration.reshape_driver import Host
 from tests.integration.test_cli_reshape import write_config
 
 pytestmark = pytest.mark.integration
+LOG = logging.getLogger(__name__)
 
 
 def once(config, *args):
@@ -244,3 +250,43 @@ def test_a_sharing_provider_larger_than_the_filesystem_is_never_written(placemen
             placement, sharing_provider(aggregate, Inventory(total=251)), {"VCPU"}, 250
         )
     assert placement.providers_named(f"shared_storage_{aggregate}") == []
+
+
+def test_a_running_agent_brings_an_overstated_or_deleted_sharing_provider_back_each_cycle(
+    hosts, placement_server
+):
+    """One long-lived reconciler (the service): a cycle whose tree did not
+    change still sets the sharing provider back to the filesystem when
+    another writer raised it, and recreates it after an operator deleted it."""
+    (a, _b), shared = hosts
+    aggregate = str(uuid.uuid4())
+    share = provider_uuid(aggregate)
+    placement = PlacementClient.for_endpoint(placement_server.url)
+    settings = replace(a.settings(), instances_path=str(shared), shared_storage_aggregate=aggregate)
+    store = StateStore(Path(a.state_dir))
+    reconciler = Reconciler(a.agent, TreeSyncer(a.agent, store))
+
+    def cycle():
+        outcome = reconciler.apply(compute_desired(settings, state=store.load_or_empty(LOG)))
+        assert outcome.ok, outcome.errors
+
+    cycle()  # a new host: the sharing provider is made in its first cycle
+    filesystem = disk(placement, share)
+    assert filesystem > 0
+    assert store.load()[SHARED_STORAGE] == {"aggregate": aggregate, "uuid": share}
+    held = placement.inventories(share)
+    placement.put(
+        f"/resource_providers/{share}/inventories/DISK_GB",
+        {
+            "resource_provider_generation": held["resource_provider_generation"],
+            "total": filesystem * 3,
+        },
+    )
+    cycle()
+    assert disk(placement, share) == filesystem
+
+    placement.delete(f"/resource_providers/{share}")
+    cycle()  # finds it gone
+    cycle()  # checks the reshape again: recreated
+    assert disk(placement, share) == filesystem
+    assert "MISC_SHARES_VIA_AGGREGATE" in placement.traits(share)["traits"]
