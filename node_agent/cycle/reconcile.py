@@ -215,12 +215,16 @@ class Reconciler:
     def _known_uuids(self) -> Mapping[str, str]:
         return self.syncer.state.get(PROVIDERS, {})
 
-    def _held_tree(self, inputs: HostReshape) -> ProviderTree:
+    def _held_tree(self, inputs: HostReshape, apart: frozenset = frozenset()) -> ProviderTree:
+        """The tree the sync writes after a refused reshape; ``apart``: the
+        sharing providers, no part of the host's tree (the sync must never
+        take one for a child of its own)."""
         rule = inputs.rule
-        held = sorted(set(getattr(rule, "providers", ())) - inputs.absent)
+        held = sorted(set(getattr(rule, "providers", ())) - inputs.absent - apart)
         current = read_inventories(self.client, held)
+        tree = ProviderTree(tuple(p for p in inputs.tree.providers if p.uuid not in apart))
         return hold_inventories(
-            inputs.tree, current, getattr(rule, "classes", ()), getattr(rule, "providers", None)
+            tree, current, getattr(rule, "classes", ()), getattr(rule, "providers", None)
         )
 
     def _inputs(self, desired: Desired) -> Optional[HostReshape]:
@@ -366,7 +370,7 @@ class Reconciler:
             return (
                 None,
                 ReshapeRefused(str(exc), busy=isinstance(exc, HostBusy)),
-                self._held_tree(inputs),
+                self._held_tree(inputs, apart),
             )
         if outcome.created:
             self.syncer.invalidate()  # the sync re-reads the tree and adopts them

@@ -161,6 +161,12 @@ def test_a_refused_move_leaves_a_new_sharing_provider_offering_nothing(hosts, pl
     assert disk_of(placement, a.unpinned[1]) == {a.root: 1}
     assert disk(placement, a.root) == filesystem
     assert disk(placement, share) == 0
+    # The tree sync after the refusal leaves the sharing provider alone.
+    assert share not in str(refused.json()["changes"])
+    assert not [e for e in refused.json()["errors"] if "shared_storage_" in e.split(":")[0]]
+    assert any("DISK_GB on shared_storage_" in e for e in refused.json()["errors"])
+    assert placement.provider(share)["parent_provider_uuid"] is None
+    assert share not in StateStore(Path(a.state_dir)).load()["owned_children"]
 
 
 def test_two_hosts_creating_the_sharing_provider_converge_on_one(hosts, placement_server):
