@@ -280,6 +280,11 @@ def test_a_running_agent_brings_an_overstated_or_deleted_sharing_provider_back_e
     filesystem = disk(placement, share)
     assert filesystem > 0
     assert store.load()[SHARED_STORAGE] == {"aggregate": aggregate, "uuid": share}
+    a.agent.stats.reset()
+    cycle()  # steady: the sharing provider's inventory, nothing else
+    assert [(m, p) for m, p, _ in a.agent.stats.log] == [
+        ("GET", f"/resource_providers/{share}/inventories")
+    ]
     held = placement.inventories(share)
     placement.put(
         f"/resource_providers/{share}/inventories/DISK_GB",
