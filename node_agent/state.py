@@ -56,6 +56,9 @@ AUDIT = "audit"  # the allocation audit: its history
 APPLIER = "applier"  # node-agent-applier: its per-host record
 PROVIDER_CACHE = "provider_cache"  # the service and --once: the syncer's cache
 AGGREGATES = "aggregates"  # the syncer: {"root_uuid", "ours"}, the aggregates it added
+# A cycle: {"aggregate", "uuid"} of the sharing provider this host's DISK_GB
+# moved to; kept until the reverse reshape moved it back (None then).
+SHARED_STORAGE = "shared_storage"
 
 
 def _reason(exc: OSError) -> str:
@@ -198,6 +201,13 @@ _SHAPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
             and _is_uuid(v.get("root_uuid"))
             and isinstance(v.get("ours"), list)
             and all(_is_uuid(u) for u in v["ours"])
+        ),
+    ),
+    SHARED_STORAGE: (
+        "an object with aggregate and uuid",
+        lambda v: (
+            v is None
+            or (isinstance(v, dict) and _is_uuid(v.get("aggregate")) and _is_uuid(v.get("uuid")))
         ),
     ),
 }

@@ -331,6 +331,21 @@ COMPUTE_OPTS = [
         "instances_path, else instances under nova's [DEFAULT] "
         "state_path (nova's default), else /var/lib/nova/instances.",
     ),
+    cfg.StrOpt(
+        "shared_storage_aggregate",
+        help="UUID of the aggregate of the hosts that share instances_path "
+        "(one filesystem mounted by all of them). Set: this host's root "
+        "reports no DISK_GB and joins the aggregate, and one sharing "
+        "provider shared_storage_<uuid> (trait MISC_SHARES_VIA_AGGREGATE, "
+        "member of the aggregate, its uuid derived from the aggregate's so "
+        "every host names the same one) holds the filesystem's DISK_GB; "
+        "when hosts measure different sizes the smaller is kept. Setting it "
+        "moves the DISK_GB allocations of this host's guests to the sharing "
+        "provider in one reshape; unsetting it moves them back to the root. "
+        "Set the same value on every host of the aggregate. Refused with "
+        "[agent] mode = companion (nova writes the root) and upstream = "
+        "messaging (the applier does not write a sharing provider).",
+    ),
     cfg.BoolOpt(
         "pcpu_transition_mode",
         default=False,

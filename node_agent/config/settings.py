@@ -293,6 +293,9 @@ def check_settings(conf) -> tuple[Settings, list[str]]:
     )
     values.update(_nested_provider_values(get, problems))
     values["placement_aggregates"] = _aggregates(conf, get, values["cycle_mode"], problems)
+    values["shared_storage_aggregate"] = _shared_storage(
+        get("compute", "shared_storage_aggregate"), values["cycle_mode"], problems
+    )
     values["mdev_types"] = _mdev_types(conf, get, values["enabled_mdev_types"], problems)
     host = conf_mod.default_host(conf)
     if not host or not host.strip():
@@ -336,6 +339,35 @@ def _aggregates(conf, get: "_Reader", mode: CycleMode, problems: list) -> tuple[
         )
         return ()
     return tuple(sorted(found))
+
+
+def _shared_storage(value, mode: CycleMode, problems: list) -> Optional[str]:
+    """``[compute] shared_storage_aggregate``: the aggregate uuid, canonical."""
+    if value is None or not str(value).strip():
+        return None
+    value = str(value).strip()
+    try:
+        found = str(uuid.UUID(value))
+    except ValueError:
+        problems.append(
+            f"[compute] shared_storage_aggregate: '{value}' is not an aggregate UUID. "
+            "Give the uuid of the aggregate of the hosts that share instances_path "
+            "(`openstack aggregate show NAME -c uuid`), the same on each of them."
+        )
+        return None
+    if mode is not CycleMode.DIRECT:
+        why = (
+            "[agent] mode = companion never writes the root, and nova-compute reports DISK_GB on it"
+            if mode is CycleMode.COMPANION
+            else "[agent] upstream = messaging: node-agent-applier writes the tree and "
+            "does not write a sharing provider nor move allocations to it"
+        )
+        problems.append(
+            f"[compute] shared_storage_aggregate = {found}: {why}. Remove the option, "
+            "or run this host with [agent] mode = writer and upstream = placement."
+        )
+        return None
+    return found
 
 
 _PCI_ADDRESS = re.compile(r"^[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")

@@ -14,11 +14,11 @@ from typing import Any, Mapping, Optional, Sequence
 from node_agent.config.provider_files import load_provider_configs, load_provider_files
 from node_agent.errors import ConfigError
 from node_agent.host.discover import discover
-from node_agent.model.provider_tree import ProviderTree
+from node_agent.model.provider_tree import Provider, ProviderTree
 from node_agent.model.settings import Settings
 from node_agent.model.snapshot import HostSnapshot
 from node_agent.policy import device_maintenance as devmaint
-from node_agent.policy import guest_fit, stranded
+from node_agent.policy import guest_fit, shared_storage, stranded
 from node_agent.policy import maintenance as maint
 from node_agent.policy.partition import CpuPartition, partition_cpus
 from node_agent.policy.provider_config import (
@@ -61,6 +61,9 @@ class Desired:
     # cycle whose NUMA reshape is refused writes instead, so the refusal
     # holds back no other change. None otherwise.
     without_numa: Optional[ProviderTree] = None
+    # [compute] shared_storage_aggregate: the sharing provider holding the
+    # filesystem's DISK_GB (policy/shared_storage.py); None otherwise.
+    shared: Optional[Provider] = None
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -88,9 +91,7 @@ def desired_from(
     previous = {name: set(traits) for name, traits in (previously_applied or {}).items()}
     tree = build_tree(settings, host, partition).with_uuids(known_uuids or {})
     tree = apply_provider_configs(tree, configs, {} if refused_files else previous)
-    if settings.placement_aggregates:
-        root = replace(tree.root, aggregates=frozenset(settings.placement_aggregates))
-        tree = ProviderTree((root,) + tree.providers[1:])
+    tree, shared = root_joined(settings, tree)
     notes = [
         f"provider file entry {c.source} names a provider that is not on this host: {c.identity}"
         for c in unmatched(tree, configs)
@@ -127,6 +128,7 @@ def desired_from(
         device_maintenance,
         numa_stranded(settings, host, partition),
         _without_numa(settings, host, partition, configs, known_uuids or {}),
+        shared,
     )
 
 
@@ -142,10 +144,27 @@ def _without_numa(
     flat = build_tree(replace(settings, numa_in_placement=False), host, partition)
     # No trait is removed from it: the next cycle with NUMA is the reference.
     flat = apply_provider_configs(flat.with_uuids(known_uuids), configs, {})
-    if settings.placement_aggregates:
-        root = replace(flat.root, aggregates=frozenset(settings.placement_aggregates))
-        flat = ProviderTree((root,) + flat.providers[1:])
-    return flat
+    return root_joined(settings, flat)[0]
+
+
+def root_joined(settings: Settings, tree: ProviderTree) -> tuple[ProviderTree, Optional[Provider]]:
+    """The root with the aggregates it joins; with shared storage
+    (:mod:`node_agent.policy.shared_storage`) without its DISK_GB, which
+    the sharing provider returned with it holds."""
+    aggregates = frozenset(settings.placement_aggregates)
+    shared = None
+    inventories = tree.root.inventories
+    if settings.shared_storage_aggregate:
+        aggregate = settings.shared_storage_aggregate
+        aggregates |= {aggregate}
+        disk = inventories.get(shared_storage.DISK_GB)
+        if disk is not None:
+            shared = shared_storage.sharing_provider(aggregate, disk)
+        inventories = {rc: i for rc, i in inventories.items() if rc != shared_storage.DISK_GB}
+    if not aggregates and shared is None:
+        return tree, None
+    root = replace(tree.root, aggregates=aggregates, inventories=inventories)
+    return ProviderTree((root,) + tree.providers[1:]), shared
 
 
 def numa_stranded(

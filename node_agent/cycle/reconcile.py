@@ -39,23 +39,40 @@ from node_agent.cycle.desired import (
     with_placement_maintenance,
 )
 from node_agent.errors import HostBusy, ReshapeError
-from node_agent.model.provider_tree import PlacedTree, ProviderTree, with_held_ratios
+from node_agent.model.provider_tree import (
+    Inventory,
+    PlacedTree,
+    Provider,
+    ProviderTree,
+    with_held_ratios,
+)
 from node_agent.model.snapshot import Guest
-from node_agent.placement.errors import GenerationConflict
+from node_agent.placement.errors import GenerationConflict, NotFound
 from node_agent.placement.planner import Change
-from node_agent.placement.reshape_engine import Reshape, hold_inventories
+from node_agent.placement.reshape_engine import Reshape, Rule, hold_inventories
 from node_agent.placement.reshape_host import HostReshape, host_reshape_inputs
 from node_agent.placement.reshape_reads import plan_reshape, read_inventories, uuid_of_root
-from node_agent.placement.reshape_rules import guest_names
+from node_agent.placement.reshape_rules import (
+    chain,
+    disk_to_root,
+    disk_to_sharing_provider,
+    guest_names,
+)
 from node_agent.placement.reshaper import ReshapeOutcome, ensure_reshaped
+from node_agent.placement.shared_storage import (
+    ensure_sharing_provider,
+    join_sharing_provider,
+    write_disk,
+)
 from node_agent.placement.sync import SyncReport, TreeSyncer
 from node_agent.policy import device_maintenance as devmaint
 from node_agent.policy import maintenance as maint
+from node_agent.policy import shared_storage
 from node_agent.policy.capacity import Published, as_published, check, limits_of
 from node_agent.policy.child_owner import NUMA, ListedChild, child_kind
 from node_agent.policy.guest_cpu import classify
 from node_agent.policy.guest_fit import guests_refused
-from node_agent.state import PROVIDERS
+from node_agent.state import PROVIDERS, SHARED_STORAGE
 from node_agent.tree.mem_encryption import keep_as_held, undecided
 
 LOG = logging.getLogger(__name__)
@@ -198,12 +215,16 @@ class Reconciler:
     def _known_uuids(self) -> Mapping[str, str]:
         return self.syncer.state.get(PROVIDERS, {})
 
-    def _held_tree(self, inputs: HostReshape) -> ProviderTree:
+    def _held_tree(self, inputs: HostReshape, apart: frozenset = frozenset()) -> ProviderTree:
+        """The tree the sync writes after a refused reshape; ``apart``: the
+        sharing providers, no part of the host's tree (the sync must never
+        take one for a child of its own)."""
         rule = inputs.rule
-        held = sorted(set(getattr(rule, "providers", ())) - inputs.absent)
+        held = sorted(set(getattr(rule, "providers", ())) - inputs.absent - apart)
         current = read_inventories(self.client, held)
+        tree = ProviderTree(tuple(p for p in inputs.tree.providers if p.uuid not in apart))
         return hold_inventories(
-            inputs.tree, current, getattr(rule, "classes", ()), getattr(rule, "providers", None)
+            tree, current, getattr(rule, "classes", ()), getattr(rule, "providers", None)
         )
 
     def _inputs(self, desired: Desired) -> Optional[HostReshape]:
@@ -223,18 +244,118 @@ class Reconciler:
             self.client, desired, known, self.syncer.owned_children, self.syncer.cached_tree()
         )
 
+    def _with_shared(
+        self, desired: Desired, inputs: HostReshape, write: bool = True
+    ) -> tuple[HostReshape, frozenset]:
+        """The reshape inputs with the sharing provider of a shared
+        ``instances_path`` (:mod:`node_agent.placement.shared_storage`),
+        made to hold the filesystem first, and the rule that moves the root's
+        DISK_GB to it; with the option gone, the rule that moves this host's
+        DISK_GB back from the one the state file names. Also the uuids of
+        the sharing providers: the capacity guard checks them apart.
+        ``write`` False (``--dry-run``): reads only; a sharing provider not
+        there yet is planned as one to create, with this host's measure."""
+        root = uuid_of_root(inputs.tree)
+        record = self.syncer.state.get(SHARED_STORAGE)
+        rule: Rule
+        if desired.shared is not None and not write:
+            share, absent = desired.shared, frozenset[str]()
+            try:
+                held = self.client.inventories(str(share.uuid))["inventories"]
+                if shared_storage.DISK_GB in held:
+                    share = replace(
+                        share,
+                        inventories={rc: Inventory.from_placement(r) for rc, r in held.items()},
+                    )
+            except NotFound:
+                absent = frozenset({str(share.uuid)})
+            tree = ProviderTree(inputs.tree.providers + (share,))
+            rule = disk_to_sharing_provider(root, str(share.uuid))
+            planned = replace(
+                inputs, tree=tree, rule=chain(inputs.rule, rule), absent=inputs.absent | absent
+            )
+            return planned, frozenset({str(share.uuid)})
+        if desired.shared is not None:
+            classes = {rc for p in desired.tree.providers for rc in p.inventories}
+            held = join_sharing_provider(self.client, desired.shared, classes, desired.host.disk_gb)
+            # The record this host would leave: the reshape body writes it
+            # with the moves (write_disk after, when nothing moves).
+            measured = desired.shared.inventories[shared_storage.DISK_GB].as_placement()
+            merged = shared_storage.record_to_write(measured, held.get(shared_storage.DISK_GB))
+            share = replace(
+                desired.shared,
+                inventories={
+                    **{rc: Inventory.from_placement(r) for rc, r in held.items()},
+                    shared_storage.DISK_GB: Inventory.from_placement(merged),
+                },
+            )
+            rule = disk_to_sharing_provider(root, str(share.uuid))
+            self._remember_shared(desired.shared)
+        elif record:
+            try:
+                held = self.client.inventories(record["uuid"])["inventories"]
+            except NotFound:
+                if write:
+                    self.syncer.remember(SHARED_STORAGE, None)  # gone: nothing to move back
+                return inputs, frozenset()
+            share = Provider(
+                shared_storage.provider_name(record["aggregate"]),
+                uuid=record["uuid"],
+                inventories={rc: Inventory.from_placement(r) for rc, r in held.items()},
+            )
+            local = set(self.client.provider_allocations(root)["allocations"])
+            local |= {g.uuid for g in desired.host.guests}
+            rule = disk_to_root(root, record["uuid"], local)
+        else:
+            return inputs, frozenset()
+        tree = ProviderTree(inputs.tree.providers + (share,))
+        return replace(inputs, tree=tree, rule=chain(inputs.rule, rule)), frozenset({share.uuid})
+
+    def _remember_shared(self, shared: Provider) -> None:
+        """Which sharing provider this host's DISK_GB goes to: the way back
+        (the option removed) moves it from there."""
+        aggregate = sorted(shared.aggregates)[0]
+        self.syncer.remember(SHARED_STORAGE, {"aggregate": aggregate, "uuid": shared.uuid})
+
+    def _refresh_shared(self, shared: Provider) -> bool:
+        """Each cycle the reshape check skips: the sharing provider's DISK_GB
+        as this host measures it now, merged (one GET; a PUT when another
+        writer or a smaller measure moved it). Gone (an operator deleted
+        it): the next cycle checks the reshape again, which recreates it."""
+        try:
+            write_disk(self.client, shared)
+        except NotFound:
+            LOG.warning("shared storage: sharing provider %s is gone", shared.name)
+            return False
+        return True
+
     def _reshape(
         self, desired: Desired, before_post=None
     ) -> tuple[Optional[ReshapeOutcome], Optional[ReshapeRefused], ProviderTree]:
         inputs = self._inputs(desired)
         if inputs is None:
+            if desired.shared is not None:
+                # A new host: nothing to move, the sharing provider to join.
+                try:
+                    classes = {rc for p in desired.tree.providers for rc in p.inventories}
+                    ensure_sharing_provider(
+                        self.client, desired.shared, classes, desired.host.disk_gb
+                    )
+                except ReshapeError as exc:
+                    return None, ReshapeRefused(str(exc)), desired.tree
+                self._remember_shared(desired.shared)
             return ReshapeOutcome(False, Reshape(None)), None, desired.tree
         try:
             self.syncer.mark_before_reshape(desired.tree)
         except GenerationConflict as exc:
             refused = ReshapeRefused(f"reshape not sent this cycle: {exc}", busy=True)
             return None, refused, self._held_tree(inputs)
-        guard = self._capacity_guard(desired, inputs.tree)
+        try:
+            inputs, apart = self._with_shared(desired, inputs)
+        except ReshapeError as exc:
+            LOG.debug("shared storage refused: %s", exc)
+            return None, ReshapeRefused(str(exc)), self._held_tree(inputs)
+        guard = self._capacity_guard(desired, inputs.tree, apart)
         kw = {"before_post": _chain(guard, before_post)} if guard or before_post else {}
         try:
             outcome = ensure_reshaped(
@@ -254,14 +375,18 @@ class Reconciler:
             return (
                 None,
                 ReshapeRefused(str(exc), busy=isinstance(exc, HostBusy)),
-                self._held_tree(inputs),
+                self._held_tree(inputs, apart),
             )
         if outcome.created:
             self.syncer.invalidate()  # the sync re-reads the tree and adopts them
         elif outcome.reshaped:
             self.syncer.note_inventories(outcome.inventories)
+        if desired.shared is not None:
+            write_disk(self.client, desired.shared)  # one GET when the body wrote it
         # Emptied (or empty already): the sync deletes them, state file or not.
         self.syncer.claim_children(inputs.retired)
+        if desired.shared is None and apart:
+            self.syncer.remember(SHARED_STORAGE, None)  # moved back: done
         return outcome, None, desired.tree
 
     def _flat_now(self, desired: Desired) -> bool:
@@ -316,7 +441,7 @@ class Reconciler:
             desired = with_placement_maintenance(desired, self.syncer.root_traits(desired.tree))
         return with_placement_device_maintenance(desired, self.syncer.traits_by_name(desired.tree))
 
-    def _capacity_guard(self, desired: Desired, tree: ProviderTree):
+    def _capacity_guard(self, desired: Desired, tree: ProviderTree, apart: frozenset = frozenset()):
         """A check of the ``POST /reshaper`` body, called just before it is
         sent: the inventories it sets (a reshape keeps a class on the root
         for consumers it does not move, while the children get theirs), with
@@ -330,7 +455,11 @@ class Reconciler:
             return None
 
         def guard(body: dict) -> None:
-            planned = {u: e["inventories"] for u, e in body["inventories"].items()}
+            # A sharing provider is checked apart: it is no provider of the
+            # host's tree (node_agent.placement.shared_storage).
+            planned = {
+                u: e["inventories"] for u, e in body["inventories"].items() if u not in apart
+            }
             untouched = [
                 Published(s.name, s.parent_uuid is None, s.inventories)
                 for u, s in (self.syncer.cached() or {}).items()
@@ -373,6 +502,7 @@ class Reconciler:
             return CycleOutcome(report, refused=ReshapeRefused(str(refused), guests=True))
         shape = shape_of(desired)
         tree, outcome, refusal = desired.tree, None, None
+        shared_held = True
         if shape != self._applied_shape:
             with self.client.deadline("the reshape"):
                 outcome, refusal, tree = self._reshape(desired, before_post)
@@ -380,11 +510,14 @@ class Reconciler:
                     outcome, refusal, tree = self._without_numa(
                         desired, before_post, (outcome, refusal, tree)
                     )
+        elif desired.shared is not None:
+            with self.client.deadline("the sharing provider"):
+                shared_held = self._refresh_shared(desired.shared)
         with self.client.deadline("the tree sync"):
             report = self.syncer.sync(tree, limits_of(desired), guest_names(desired.host.guests))
         result = CycleOutcome(report, outcome, refusal)
         if result.ok:
-            self._applied_shape = shape
+            self._applied_shape = shape if shared_held else None
         return result
 
     def _cpu_held(self, desired: Desired) -> ProviderTree:
@@ -440,6 +573,7 @@ class Reconciler:
         inputs = self._inputs(desired)
         if inputs is None:
             return tree, changes, None
+        inputs, _apart = self._with_shared(desired, inputs, write=False)
         reshape = plan_reshape(
             self.client,
             inputs.tree,

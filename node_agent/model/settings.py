@@ -94,6 +94,9 @@ class Settings:
     take_over_provider: bool = False
     # [placement] aggregates: uuids the root joins (canonical, sorted).
     placement_aggregates: tuple[str, ...] = ()
+    # [compute] shared_storage_aggregate: instances_path is shared by the
+    # hosts of this aggregate (uuid); None: the filesystem is this host's.
+    shared_storage_aggregate: Optional[str] = None
     upstream_key_file: str = ""
     # [libvirt] cpu_power_management: dedicated CPUs may be offline.
     cpu_power_management: bool = False

@@ -2,7 +2,7 @@
 
 A rule maps one allocation of one consumer on one provider to its new
 place (see :mod:`node_agent.placement.reshape_engine`, which applies it).
-Rules compose with :class:`chain`. Five are provided:
+Rules compose with :class:`chain`. Seven are provided:
 
 * :class:`pinned_to_pcpu` -- a pinned guest's VCPU becomes PCPU;
 * :class:`vgpu_to_gpu_children` -- VGPU on the root moves to the child
@@ -14,10 +14,12 @@ Rules compose with :class:`chain`. Five are provided:
   NUMA or GPU children that are going away moves to the root.
 * :class:`mem_encryption_to_child` -- MEM_ENCRYPTION_CONTEXT on the root
   (nova's layout before 2025.2) moves to the ``<host>_amd_sev`` child.
+* :class:`disk_to_sharing_provider` and :class:`disk_to_root` -- DISK_GB
+  between the root and the sharing provider of a shared ``instances_path``.
 
 :func:`host_rule` chains them to fit a host's desired tree.
 
-Why one module over 500 lines: five rules and their chain share one small
+Why one module over 500 lines: seven rules and their chain share one small
 protocol (place, refusals, unplaced, migrations); apart, each would repeat it.
 """
 
@@ -531,6 +533,47 @@ def rule_provider_names(tree: ProviderTree, host: HostSnapshot) -> list[str]:
     sev = _sev_child(tree)
     children += [sev] if sev is not None else []
     return [tree.root.name] + [p.name for p in children]
+
+
+class disk_to_sharing_provider(RuleBase):
+    """DISK_GB on the root moves to the sharing provider of a shared
+    ``instances_path`` (:mod:`node_agent.policy.shared_storage`): every
+    consumer's, the root offers no DISK_GB any more. The way back is
+    :class:`disk_to_root`."""
+
+    classes = frozenset({"DISK_GB"})
+
+    def __init__(self, root_uuid: str, sharing_uuid: str):
+        self.root_uuid = root_uuid
+        self.sharing_uuid = sharing_uuid
+        self.sources = frozenset({root_uuid})
+        self.targets = frozenset({sharing_uuid})
+
+    def __call__(self, consumer: str, provider: str, rc: str, amount: int) -> list[Place]:
+        if provider == self.root_uuid and rc == "DISK_GB":
+            return [(self.sharing_uuid, rc, amount)]
+        return [(provider, rc, amount)]
+
+
+class disk_to_root(RuleBase):
+    """The way back from :class:`disk_to_sharing_provider`: the DISK_GB that
+    this host's consumers (``local``: those with allocations in this host's
+    tree, or a guest on it) hold on the sharing provider moves to the root.
+    The other hosts' consumers stay: the sharing provider stays theirs."""
+
+    classes = frozenset({"DISK_GB"})
+
+    def __init__(self, root_uuid: str, sharing_uuid: str, local: Iterable[str]):
+        self.root_uuid = root_uuid
+        self.sharing_uuid = sharing_uuid
+        self.local = frozenset(local)
+        self.sources = frozenset({sharing_uuid})
+        self.targets = frozenset({root_uuid})
+
+    def __call__(self, consumer: str, provider: str, rc: str, amount: int) -> list[Place]:
+        if provider == self.sharing_uuid and rc == "DISK_GB" and consumer in self.local:
+            return [(self.root_uuid, rc, amount)]
+        return [(provider, rc, amount)]
 
 
 def host_rule(

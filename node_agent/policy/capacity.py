@@ -34,7 +34,10 @@ The rules, over the root and ALL its children:
    publishes less to keep it: a NUMA child's MEMORY_MB keeps the node's
    memory as ``total`` and adds its pools to ``reserved``
    (:mod:`node_agent.tree.numa`), so the operator sees where it went;
-3. DISK_GB <= the size of the instances filesystem;
+3. DISK_GB <= the size of the instances filesystem; with shared storage
+   (``[compute] shared_storage_aggregate``) the filesystem is counted once,
+   on the sharing provider: the tree has no DISK_GB, and the sharing
+   provider's total is at most the filesystem (:func:`shared_disk_problems`);
 4. each ``CUSTOM_MEMORY_PAGE_<KiB>`` <= the pages of that size on the host;
 5. VGPU <= per GPU, the most instances any of its mdev types offers, summed;
 6. SRIOV_NET_VF <= the VFs the PFs can have (``sriov_totalvfs``), summed;
@@ -470,3 +473,23 @@ def enforce(
             if left.ok:
                 break
     return Enforced(held, wanted, left, tuple(sorted(kept)), tuple(sorted(closed)))
+
+
+def shared_disk_problems(
+    tree_classes: Iterable[str], shared_total: int, filesystem_gb: int
+) -> list[str]:
+    """Rule 3 with shared storage: the filesystem counted once. The host's
+    tree (``tree_classes``: every class its providers publish) holds no
+    DISK_GB, and the sharing provider holds at most the filesystem."""
+    problems = []
+    if orc.DISK_GB in set(tree_classes):
+        problems.append(
+            "DISK_GB is published in the host's tree and on the sharing provider: "
+            "the shared filesystem would be offered twice"
+        )
+    if shared_total > filesystem_gb:
+        problems.append(
+            f"the sharing provider's DISK_GB total {shared_total} exceeds the "
+            f"filesystem's {filesystem_gb} GiB"
+        )
+    return problems

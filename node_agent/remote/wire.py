@@ -276,6 +276,9 @@ class RemoteDesired:
     # (:func:`maintenance_of`); None: no record, Placement's root decides.
     maintenance: Optional[Mapping] = None
     notes: tuple[str, ...] = ()
+    # The wire carries no sharing provider: shared storage is refused with
+    # upstream = messaging (config/settings.py).
+    shared: None = None
 
 
 def _need(cond: bool, where: str, what: str) -> None:
