@@ -29,6 +29,7 @@ from node_agent.tree import pci_placement
 from tests.conformance.differences import UNCLASSIFIED, Observed, check
 from tests.snapshots import bare_host
 from tests.unit.test_pci_placement import (
+    CUSTOM_RC_SPECS,
     INIT_WITH_PCI_DEVS_SPECS,
     PCI_PROD,
     PF_PROD,
@@ -123,20 +124,7 @@ def cases() -> list[dict]:
         _case(
             "test_new_compute_init_with_pci_dev_custom_rc",
             fake_host_devices(1, 1, 1),
-            [
-                {
-                    "vendor_id": VEND,
-                    "product_id": PCI_PROD,
-                    "resource_class": "PGPU",
-                    "traits": "HW_GPU_API_VULKAN",
-                },
-                {
-                    "product_id": PF_PROD,
-                    "address": "0000:81:01.0",
-                    "resource_class": "crypto",
-                    "traits": "to-the-moon,hodl",
-                },
-            ],
+            CUSTOM_RC_SPECS,
         )
     )
     out.append(

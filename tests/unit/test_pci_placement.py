@@ -55,6 +55,24 @@ INIT_WITH_PCI_DEVS_SPECS = [
 ]
 
 
+# nova's test_new_compute_init_with_pci_dev_custom_rc: a class and traits
+# to normalise, one of them in lower case.
+CUSTOM_RC_SPECS = [
+    {
+        "vendor_id": VEND,
+        "product_id": PCI_PROD,
+        "resource_class": "PGPU",
+        "traits": "HW_GPU_API_VULKAN",
+    },
+    {
+        "product_id": PF_PROD,
+        "address": "0000:81:01.0",
+        "resource_class": "crypto",
+        "traits": "to-the-moon,hodl",
+    },
+]
+
+
 def fake_host_devices(num_pci=0, num_pfs=0, num_vfs=0) -> tuple[PciDevice, ...]:
     """The devices nova's ``HostPCIDevicesInfo`` emulates: type-PCI in slots
     0.., then PFs, each with num_vfs/num_pfs VFs as functions 1.. of its slot."""
@@ -156,21 +174,7 @@ def test_new_compute_with_pci_devices_reports_pci_pfs_and_vfs_on_their_pf():
 
 def test_spec_resource_class_and_traits_are_normalised_on_the_child():
     # test_new_compute_init_with_pci_dev_custom_rc
-    specs = [
-        {
-            "vendor_id": VEND,
-            "product_id": PCI_PROD,
-            "resource_class": "PGPU",
-            "traits": "HW_GPU_API_VULKAN",
-        },
-        {
-            "product_id": PF_PROD,
-            "address": "0000:81:01.0",
-            "resource_class": "crypto",
-            "traits": "to-the-moon,hodl",
-        },
-    ]
-    got = children(fake_host_devices(num_pci=1, num_pfs=1, num_vfs=1), specs)
+    got = children(fake_host_devices(num_pci=1, num_pfs=1, num_vfs=1), CUSTOM_RC_SPECS)
     assert view(got) == {
         "0000:81:00.0": ({"PGPU": 1}, ["HW_GPU_API_VULKAN"]),
         "0000:81:01.0": ({"CUSTOM_CRYPTO": 1}, ["CUSTOM_HODL", "CUSTOM_TO_THE_MOON"]),
