@@ -112,6 +112,14 @@ def memory_mb(
         return nodes_mb, []
 
     total_mb = psutil.virtual_memory().total // (1024 * 1024)
+    if libvirt_mb is not None and libvirt_mb > total_mb:
+        # Never more than the kernel has: nova would publish it, the agent
+        # does not (a guest placed on memory that is not there fails).
+        return total_mb, [
+            f"libvirt reports {libvirt_mb} MiB of memory (virNodeGetInfo) but the "
+            f"kernel's MemTotal is {total_mb} MiB; reporting the kernel's figure, "
+            "nova-compute would report libvirt's."
+        ]
     if libvirt_mb is not None:
         if abs(libvirt_mb - total_mb) > total_mb // 10:
             return libvirt_mb, [

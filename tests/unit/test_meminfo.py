@@ -79,3 +79,20 @@ def test_repeated_field_is_refused():
 def test_lines_from_two_nodes_are_refused():
     with pytest.raises(ParseError, match="different nodes: 0, 1"):
         parse_node_meminfo("Node 0 MemTotal: 1 kB\nNode 1 MemFree: 2 kB\n")
+
+
+def test_the_real_hosts_memory_is_libvirts_figure_but_never_above_the_kernels():
+    """nova publishes virNodeGetInfo's memory; the agent does too (companion
+    drift stays empty), except above the kernel's MemTotal, which no guest
+    could use."""
+    from types import SimpleNamespace
+
+    import psutil
+
+    from node_agent.host.discover import memory_mb
+
+    kernel = psutil.virtual_memory().total // (1024 * 1024)
+    topology = SimpleNamespace(memory_kb=None)
+    assert memory_mb(topology, True, kernel - 1) == (kernel - 1, [])
+    total, warnings = memory_mb(topology, True, kernel * 2)
+    assert total == kernel and "reporting the kernel's figure" in warnings[0]
