@@ -1003,6 +1003,38 @@ def pci_placement(cases):
     return _each(cases, one)
 
 
+def pci_device_specs(cases):
+    """Per case ``{spec: json, devices: [{address, vendor_id, product_id,
+    parent_addr?}], pfs: [address], netdevs: {ifname: address}}``: nova's
+    ``Whitelist`` of that one ``[pci] device_spec`` value, then its
+    ``PciDeviceSpec.match`` on each device. sysfs is answered from the case:
+    ``is_physical_function`` from ``pfs``, ``get_function_by_ifname`` from
+    ``netdevs`` (a PF's interface says so, as sriov_totalvfs would). Answers
+    one bool per device, or nova's refusal of the spec."""
+    from unittest import mock
+
+    from nova.pci import whitelist
+
+    def one(case):
+        pfs = set(case["pfs"])
+
+        def is_pf(domain, bus, slot, function):
+            return f"{domain}:{bus}:{slot}.{function}" in pfs
+
+        def by_ifname(ifname):
+            address = case["netdevs"].get("%s" % (ifname,))
+            return address, address in pfs
+
+        with (
+            mock.patch("nova.pci.utils.is_physical_function", is_pf),
+            mock.patch("nova.pci.utils.get_function_by_ifname", by_ifname),
+        ):
+            [spec] = whitelist.Whitelist([case["spec"]]).specs
+            return [spec.match({"parent_addr": None, **device}) for device in case["devices"]]
+
+    return _each(cases, one)
+
+
 def version():
     import importlib.metadata
 
@@ -1030,6 +1062,7 @@ OPS = {
         whole_driver,
         libvirt_call,
         pci_placement,
+        pci_device_specs,
         version,
     )
 }
