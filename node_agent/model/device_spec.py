@@ -1,11 +1,13 @@
 """``[pci] device_spec``: which PCI devices are SR-IOV NICs on which physnet.
 
-Pure. Each option value is one JSON object in nova's ``device_spec`` style::
+Pure. Each option value is one JSON object in nova's ``device_spec`` style,
+or a JSON list of them::
 
     {"address": "0000:81:00.0", "physical_network": "physnet1"}
     {"devname": "enp129s0f0", "physical_network": "physnet2"}
     {"address": "*:81:00.*", "vendor_id": "8086", "physical_network": "physnet1"}
     {"address": {"bus": "8[12]", "function": "[0-3]"}, "physical_network": "p"}
+    [{"vendor_id": "10de", "product_id": "1eb8"}, {"product_id": "154c"}]
 
 ``address`` is read as nova 34 reads it (``nova/pci/devspec.py``): a string
 is ``PciAddressGlobSpec`` (each field a hex number or ``*``, a field left
@@ -216,13 +218,37 @@ def _id_field(key: str, value) -> Optional[str]:
 
 
 def parse_spec(text: str) -> PciDeviceSpec:
-    """One option value. Raises ValueError saying what is wrong."""
+    """One option value holding one object. Raises ValueError saying what
+    is wrong."""
+    specs = parse_value(text)
+    if len(specs) != 1:
+        raise ValueError(f"holds {len(specs)} specs, not one")
+    return specs[0]
+
+
+def parse_value(text: str) -> tuple[PciDeviceSpec, ...]:
+    """One option value: an object, or a list of objects (nova's
+    ``Whitelist`` takes both). Raises ValueError saying what is wrong."""
     try:
         data = json.loads(text)
     except ValueError as exc:
         raise ValueError(f"not JSON ({exc})") from None
-    if not isinstance(data, dict):
-        raise ValueError("not a JSON object")
+    if isinstance(data, dict):
+        return (_parse_object(data),)
+    if not isinstance(data, list):
+        raise ValueError("not a JSON object (nor a list of them)")
+    specs = []
+    for n, item in enumerate(data):
+        if not isinstance(item, dict):
+            raise ValueError(f"item {n} of the list is not a JSON object")
+        try:
+            specs.append(_parse_object(item))
+        except ValueError as exc:
+            raise ValueError(f"item {n} of the list: {exc}") from None
+    return tuple(specs)
+
+
+def _parse_object(data: dict) -> PciDeviceSpec:
     unknown = sorted(set(data) - _KNOWN_KEYS)
     if unknown:
         raise ValueError(f"unknown key(s) {', '.join(unknown)}")
@@ -279,10 +305,10 @@ def _bool_tag(key: str, value) -> bool:
 
 
 def parse_device_specs(values: Iterable[str], problems: list[str]) -> tuple[PciDeviceSpec, ...]:
-    specs = []
+    specs: list[PciDeviceSpec] = []
     for text in values or ():
         try:
-            specs.append(parse_spec(text))
+            specs.extend(parse_value(text))
         except ValueError as exc:
             problems.append(
                 f"{OPTION} = '{text}' is invalid: {exc}. Write one JSON "

@@ -1006,11 +1006,13 @@ def pci_placement(cases):
 def pci_device_specs(cases):
     """Per case ``{spec: json, devices: [{address, vendor_id, product_id,
     parent_addr?}], pfs: [address], netdevs: {ifname: address}}``: nova's
-    ``Whitelist`` of that one ``[pci] device_spec`` value, then its
-    ``PciDeviceSpec.match`` on each device. sysfs is answered from the case:
-    ``is_physical_function`` from ``pfs``, ``get_function_by_ifname`` from
-    ``netdevs`` (a PF's interface says so, as sriov_totalvfs would). Answers
-    one bool per device, or nova's refusal of the spec."""
+    ``Whitelist`` of that one ``[pci] device_spec`` value (an object or a
+    list of them), then per device the index of the first spec whose
+    ``PciDeviceSpec.match`` takes it (``Whitelist.device_assignable``), or
+    None. sysfs is answered from the case: ``is_physical_function`` from
+    ``pfs``, ``get_function_by_ifname`` from ``netdevs`` (a PF's interface
+    says so, as sriov_totalvfs would). Answers the indexes, or nova's
+    refusal of the value."""
     from unittest import mock
 
     from nova.pci import whitelist
@@ -1029,8 +1031,14 @@ def pci_device_specs(cases):
             mock.patch("nova.pci.utils.is_physical_function", is_pf),
             mock.patch("nova.pci.utils.get_function_by_ifname", by_ifname),
         ):
-            [spec] = whitelist.Whitelist([case["spec"]]).specs
-            return [spec.match({"parent_addr": None, **device}) for device in case["devices"]]
+            specs = whitelist.Whitelist([case["spec"]]).specs
+            return [
+                next(
+                    (n for n, spec in enumerate(specs) if spec.match({"parent_addr": None, **d})),
+                    None,
+                )
+                for d in case["devices"]
+            ]
 
     return _each(cases, one)
 

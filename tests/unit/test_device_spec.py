@@ -134,3 +134,14 @@ def test_devname_rules_as_nova():
         parse_spec('{"devname": 5}')
     spec = parse_spec('{"devname": "ens1", "address": ""}')
     assert spec.matches(PF.address, ("ens1",)) and not spec.matches(PF.address, ("ens2",))
+
+
+def test_a_value_may_be_a_list_of_specs_as_in_nova():
+    problems: list[str] = []
+    text = '[{"vendor_id": "10de"}, {"address": {"bus": "81"}, "product_id": "1515"}]'
+    specs = parse_device_specs([text, "[]"], problems)
+    assert problems == [] and len(specs) == 2
+    assert [spec_of(d, specs, frozenset()) for d in DEVICES] == [None, specs[1], specs[1], specs[0]]
+    parse_device_specs(['[{"vendor_id": "10de"}, "x"]', '[{"vendor_id": 1}]'], problems)
+    assert "item 1 of the list is not a JSON object" in problems[0]
+    assert "item 0 of the list: vendor_id must be a string" in problems[1]
