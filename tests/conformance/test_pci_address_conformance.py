@@ -192,7 +192,7 @@ def agent_answer(spec_text: str):
     return "value", matched
 
 
-def _refusal_id(spec_text: str, problem: str) -> str:
+def _refusal_id(problem: str) -> str:
     """The agent refuses, nova accepts: which listed difference it is."""
     if "has unknown key(s)" in problem and "address" in problem:
         return "pci-address-regex-unknown-key"
@@ -218,7 +218,7 @@ def test_device_spec_addresses_match_what_nova_matches(nova):
             if kind == "value":
                 observed.add(UNCLASSIFIED + " agent accepts what nova refuses", example)
         elif kind == "refused":
-            observed.add(_refusal_id(spec, ours), example)
+            observed.add(_refusal_id(ours), example)
         elif ours != nova_answer["value"]:
             observed.add(UNCLASSIFIED + " matches other devices", example)
     # The generator must exercise both outcomes, and devices both matched
