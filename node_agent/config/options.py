@@ -459,6 +459,9 @@ PCI_OPTS = [
         help="One JSON object per line, as nova's: "
         '{"address": "0000:81:00.0", "physical_network": "physnet1"} '
         'or {"devname": "enp129s0f0", "physical_network": "physnet1"}. '
+        "address is a glob (each field hex or *, a field left off is any: "
+        '"*:81:00.*", "81:00.") or an object of regular expressions '
+        '({"bus": "8[12]", "function": "[0-3]"}), read as nova 34 reads them. '
         "SR-IOV PFs matched by a spec with a physical_network become "
         "children <host>_<PF address> with SRIOV_NET_VF and trait "
         "CUSTOM_PHYSNET_<NAME>.",

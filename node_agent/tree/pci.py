@@ -28,6 +28,7 @@ NUMA children the tree puts each device's child under its node's child
 
 from __future__ import annotations
 
+import json
 from typing import Mapping, Optional
 
 import os_resource_classes as orc
@@ -165,18 +166,16 @@ def sriov_children(
 
 
 def _spec_text(spec: PciDeviceSpec) -> str:
-    fields = [
-        f'"{k}": "{v}"'
-        for k, v in (
-            ("address", spec.address),
-            ("devname", spec.devname),
-            ("vendor_id", spec.vendor_id),
-            ("product_id", spec.product_id),
-            ("physical_network", spec.physical_network),
-        )
-        if v
-    ]
-    return "{" + ", ".join(fields) + "}"
+    fields = {
+        "address": dict(zip(("domain", "bus", "slot", "function"), spec.address_regex))
+        if spec.address_regex
+        else spec.address,
+        "devname": spec.devname,
+        "vendor_id": spec.vendor_id,
+        "product_id": spec.product_id,
+        "physical_network": spec.physical_network,
+    }
+    return json.dumps({k: v for k, v in fields.items() if v})
 
 
 def unmatched_device_options(settings: Settings, host: HostSnapshot) -> list[str]:

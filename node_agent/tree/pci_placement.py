@@ -142,11 +142,7 @@ def spec_of(
 def _indexed(specs: Iterable[PciDeviceSpec], pfs: frozenset[str]) -> list:
     """(spec, names one PF) for the address-based specs (devname ones are
     refused with report_in_placement, in config/settings.py)."""
-    return [
-        (spec, spec.single_address and spec.address in pfs)
-        for spec in specs
-        if spec.devname is None
-    ]
+    return [(spec, spec.pf_address in pfs) for spec in specs if spec.devname is None]
 
 
 def _first_match(dev: PciDevice, indexed: list) -> Optional[PciDeviceSpec]:
@@ -302,7 +298,7 @@ def unmatched_specs(settings: Settings, host: HostSnapshot) -> list[str]:
         shown = {
             k: v
             for k, v in (
-                ("address", spec.address),
+                ("address", spec.address_text()),
                 ("vendor_id", spec.vendor_id),
                 ("product_id", spec.product_id),
             )

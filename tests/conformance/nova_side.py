@@ -1003,6 +1003,46 @@ def pci_placement(cases):
     return _each(cases, one)
 
 
+def pci_device_specs(cases):
+    """Per case ``{spec: json, devices: [{address, vendor_id, product_id,
+    parent_addr?}], pfs: [address], netdevs: {ifname: address}}``: nova's
+    ``Whitelist`` of that one ``[pci] device_spec`` value (an object or a
+    list of them), then per device the index of the first spec whose
+    ``PciDeviceSpec.match`` takes it (``Whitelist.device_assignable``), or
+    None. sysfs is answered from the case: ``is_physical_function`` from
+    ``pfs``, ``get_function_by_ifname`` from ``netdevs`` (a PF's interface
+    says so, as sriov_totalvfs would). Answers the indexes, or nova's
+    refusal of the value."""
+    from unittest import mock
+
+    from nova.pci import whitelist
+
+    def one(case):
+        pfs = set(case["pfs"])
+
+        def is_pf(domain, bus, slot, function):
+            return f"{domain}:{bus}:{slot}.{function}" in pfs
+
+        def by_ifname(ifname):
+            address = case["netdevs"].get("%s" % (ifname,))
+            return address, address in pfs
+
+        with (
+            mock.patch("nova.pci.utils.is_physical_function", is_pf),
+            mock.patch("nova.pci.utils.get_function_by_ifname", by_ifname),
+        ):
+            specs = whitelist.Whitelist([case["spec"]]).specs
+            return [
+                next(
+                    (n for n, spec in enumerate(specs) if spec.match({"parent_addr": None, **d})),
+                    None,
+                )
+                for d in case["devices"]
+            ]
+
+    return _each(cases, one)
+
+
 def version():
     import importlib.metadata
 
@@ -1030,6 +1070,7 @@ OPS = {
         whole_driver,
         libvirt_call,
         pci_placement,
+        pci_device_specs,
         version,
     )
 }

@@ -64,6 +64,11 @@ SPEC_TABLE = (
         {"product_id": VF_PROD, "traits": "b"},
     ],
     [{"product_id": PF_PROD}, {"product_id": VF_PROD, "resource_class": "vf"}],
+    # nova's regex form of address.
+    [{"address": {"slot": "0[01]", "function": "[1-9]"}, "resource_class": "vf"}],
+    [{"address": {"domain": "0000", "bus": "81", "slot": "01", "function": "0"}}],
+    [{"address": {"function": "0"}, "product_id": PF_PROD, "traits": "pf"}],
+    [{"address": {"slot": "00"}, "physical_network": "p"}, {"address": {"bus": "8."}}],
 )
 
 

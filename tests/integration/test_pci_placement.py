@@ -169,3 +169,48 @@ def test_traits_a_spec_no_longer_gives_leave_the_child_as_nova_replaces_them(
     traits = tree_by_name(client, host_name)[gpu]["traits"]
     assert "CUSTOM_ACCEL" in traits
     assert not {"CUSTOM_GPU", ot.HW_GPU_API_VULKAN, ot.HW_PCI_LIVE_MIGRATABLE} & traits
+
+
+def test_regex_address_spec_publishes_exactly_the_devices_it_matches(client, host_name, tmp_path):
+    # nova's dict (regex) form of address: each field a pattern matched at
+    # the start of the device's field, a field left off matching anything.
+    root = sysfs_root_for(HOSTDATA / "virhostcpudata" / "linux-test4", tmp_path)
+    gpus = ("0000:81:00.0", "0000:82:00.0", "0000:83:00.0", "0001:81:00.0")
+    for address in gpus:
+        add_device(root, address, vendor="0x10de", device="0x1eb8")
+    add_device(root, "0000:81:00.1", vendor="0x10de", device="0x10f8")
+    pf = add_device(root, PF, vendor="0x8086", device="0x158b")
+    write(pf / "sriov_totalvfs", "8")
+    write(pf / "sriov_numvfs", "4")
+    for n in range(4):
+        vf = add_device(root, f"0000:3b:02.{n}", vendor="0x8086", device="0x154c")
+        (vf / "physfn").symlink_to(pf)
+    specs = [
+        {"address": {"domain": "0000", "bus": "8[12]", "function": "0"}, "resource_class": "pgpu"},
+        {"address": {"bus": "3b", "slot": "02", "function": "[0-2]"}, "resource_class": "vf"},
+    ]
+    base = _settings(root, tmp_path, host_name)
+    settings = dataclasses.replace(
+        base, pci_device_specs=tuple(parse_spec(json.dumps(s)) for s in specs)
+    )
+    assert _cycle(client, settings).ok
+    tree = tree_by_name(client, host_name)
+    pgpus = {f"{host_name}_{a.upper()}" for a in gpus[:2]}
+    vfs = f"{host_name}_{PF.upper()}"
+    # Not 0000:81:00.1 (function 1), 0000:83:00.0 (bus), 0001:81:00.0
+    # (domain), nor the PF itself or its fourth VF.
+    assert set(tree) == {host_name, vfs} | pgpus
+    for name in pgpus:
+        assert set(tree[name]["inventories"]) == {"PGPU"}
+        assert tree[name]["inventories"]["PGPU"]["total"] == 1
+    assert tree[vfs]["inventories"]["CUSTOM_VF"]["total"] == 3
+
+    # Narrowed to two functions: the PF's child counts two VFs.
+    specs[1]["address"]["function"] = "[01]"
+    narrowed = dataclasses.replace(
+        base, pci_device_specs=tuple(parse_spec(json.dumps(s)) for s in specs)
+    )
+    assert _cycle(client, narrowed).ok
+    tree = tree_by_name(client, host_name)
+    assert set(tree) == {host_name, vfs} | pgpus
+    assert tree[vfs]["inventories"]["CUSTOM_VF"]["total"] == 2

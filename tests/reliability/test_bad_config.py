@@ -252,6 +252,26 @@ CASES = [
         ("[pci] device_spec", '"devname": "eth0"', "not both"),
     ),
     Case(
+        "pci-spec-partial-wildcard",
+        '[pci]\ndevice_spec = {"address": "*:8*:00.*"}\n',
+        ("[pci] device_spec", "bus '8*' is not a hex number or *", '{"bus": "8[12]"'),
+    ),
+    Case(
+        "pci-spec-slot-above-1f",
+        '[pci]\ndevice_spec = {"address": "0000:81:20.0"}\n',
+        ("[pci] device_spec", "slot '20' is above 1F"),
+    ),
+    Case(
+        "pci-spec-bad-regex",
+        '[pci]\ndevice_spec = {"address": {"bus": "8[1"}, "physical_network": "p1"}\n',
+        ("[pci] device_spec", "bus '8[1' is not a regular expression"),
+    ),
+    Case(
+        "pci-spec-regex-misspelt-key",
+        '[pci]\ndevice_spec = {"address": {"bus": "81", "func": "1"}}\n',
+        ("[pci] device_spec", "unknown key(s) func", "domain, bus, slot and function"),
+    ),
+    Case(
         "huge-pages-no-count",
         "reserved_huge_pages = node:0,size:2M\n",
         ("[compute] reserved_huge_pages = 'node:0,size:2M'", "count missing"),

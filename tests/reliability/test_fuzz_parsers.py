@@ -298,17 +298,25 @@ def test_provider_yaml_parser_raises_only_config_error(text):
                         '"8086"',
                         "{}",
                         '"\\u0000"',
+                        '{"bus": "8[1"}',
+                        '{"func": "1"}',
+                        '{"slot": 5}',
+                        '{"function": "[0-2]"}',
+                        '"*:8*:00.*"',
+                        '"0000:81:20.0"',
                     ]
                 ),
             ),
-        ),
+        ).flatmap(lambda v: st.sampled_from([v, f"[{v}]", f"[{v}, {v}]", f"[{v}, 1]"])),
         max_size=4,
     )
 )
 def test_device_spec_option_reports_problems_never_raises(values):
-    problems: list[str] = []
-    specs = parse_device_specs(values, problems)
-    assert len(specs) + len(problems) == len(values)
+    for value in values:
+        problems: list[str] = []
+        specs = parse_device_specs([value], problems)
+        # A value is refused with one problem, or gives its specs (a list: 0 or more).
+        assert len(problems) <= 1 and not (problems and specs), (value, problems, specs)
 
 
 @FUZZ

@@ -142,8 +142,8 @@ def test_address_with_function_left_off_matches_every_function_as_nova():
     [
         ('["a"]', "not a JSON object"),
         ('{"address": "0000:3b:00.0", "colour": "red"}', "unknown key(s) colour"),
-        ('{"vendor_id": "80861", "physical_network": "p"}', "not 4 hex digits"),
-        ('{"address": "", "physical_network": "p"}', "non-empty string"),
+        ('{"vendor_id": "80861", "physical_network": "p"}', "vendor_id '80861' is above FFFF"),
+        ('{"resource_class": "", "physical_network": "p"}', "non-empty string"),
         (
             '{"address": "0000:3b:00.0", "physical_network": "%s"}' % ("p" * 241),
             "longer than Placement's 255 characters",
