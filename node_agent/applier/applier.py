@@ -222,6 +222,11 @@ class Applier:
         # (wire 2.1's body.limits), so the invariant cannot be checked.
         # Logged once per host.
         self.unchecked: Counter[str] = Counter()
+        # Messages applied from agents older than 2.4, by host, whose body
+        # lacks what a NUMA rule reads (wire.lacking); each lack is logged
+        # once per host (said: what was).
+        self.lacking: Counter[str] = Counter()
+        self._lacks_said: dict[str, set[str]] = {}
         # Hosts that stopped reporting: closed, then reopened (dead_hosts).
         self.dead = DeadHosts(
             self.coordination,
@@ -379,6 +384,8 @@ class Applier:
         desired = wire.desired_from_body(body, message.host)
         if desired.limits is None:
             desired = self._unchecked(message.host, desired)
+        if desired.lacks:
+            self._lacking(message, desired.lacks)
         local = self._local(message.host, record, desired)
         start = local.client.stats.total
         try:
@@ -492,6 +499,26 @@ class Applier:
                 len(self.unchecked),
             )
         return replace(desired, tree=capacity.closed_unchecked(desired.tree))
+
+    def _lacking(self, message: wire.Message, lacks: Sequence[str]) -> None:
+        """A body of an agent older than 2.4: applied as such an applier
+        applied it; each thing it lacks said once per host."""
+        with self._counting:
+            self.lacking[message.host] += 1
+            said = self._lacks_said.setdefault(message.host, set())
+            new = [lack for lack in lacks if lack not in said]
+            said.update(new)
+        if new:
+            LOG.warning(
+                "%s sends wire format %s, without %s; applied all the same "
+                "(upgrade node-agent on it to wire format %s for the direct "
+                "mode's NUMA rules); %d such host(s) so far",
+                message.host,
+                message.version,
+                "; and without ".join(new),
+                wire.WIRE_VERSION,
+                len(self.lacking),
+            )
 
     def _verify_due(self, record: dict) -> bool:
         """The test the syncer makes, on the record's copy of its cache."""

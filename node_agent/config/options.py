@@ -770,8 +770,10 @@ PLACEMENT_AGENT_OPTS = [
         "in the state file) when they leave this list; an aggregate set by "
         "an operator or nova-api is never removed. After a lost state file "
         "an aggregate already on the root counts as the operator's and is "
-        "kept. Refused with [agent] mode = companion (nova-api mirrors "
-        "nova's host aggregates there) and upstream = messaging.",
+        "kept. With upstream = messaging node-agent-applier applies them "
+        "the same way (wire format 2.4), recording its own in the host's "
+        "record. Refused with [agent] mode = companion (nova-api mirrors "
+        "nova's host aggregates there).",
     ),
 ]
 

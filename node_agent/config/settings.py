@@ -324,16 +324,12 @@ def _aggregates(conf, get: "_Reader", mode: CycleMode, problems: list) -> tuple[
                 "names aggregates by UUID: give the uuid `openstack aggregate show NAME "
                 "-c uuid` prints (nova's), or any UUID the hosts to group share."
             )
-    if found and mode is not CycleMode.DIRECT:
-        why = (
-            "[agent] mode = companion never writes the root; nova-api mirrors nova's "
-            "host aggregates into Placement there (`openstack aggregate add host`)"
-            if mode is CycleMode.COMPANION
-            else "[agent] upstream = messaging: node-agent-applier writes the tree and "
-            "does not carry aggregates"
-        )
+    # upstream = messaging carries them to node-agent-applier (wire 2.4).
+    if found and mode is CycleMode.COMPANION:
         problems.append(
-            f"[placement] aggregates = {', '.join(sorted(found))}: {why}. Remove the "
+            f"[placement] aggregates = {', '.join(sorted(found))}: [agent] mode = "
+            "companion never writes the root; nova-api mirrors nova's host aggregates "
+            "into Placement there (`openstack aggregate add host`). Remove the "
             "option, or set the aggregates on the root in Placement "
             "(`openstack resource provider aggregate set`)."
         )

@@ -18,15 +18,40 @@ name, parent, uuid, inventories and the trait -> wanted map) and
 
 * ``dedicated``: the cpulist of ``cpu_dedicated_set`` (VCPU -> PCPU);
 * ``guests``: each guest's consumer ``uuid``, ``name``, ``vcpus``,
-  ``vcpupin`` (``[[vcpu, cpulist], ...]``), ``numa_nodes`` (numatune),
-  ``mdevs`` (``[{uuid, parent}]``, parent the GPU's PCI address or null)
-  and the ``metadata`` that :func:`node_agent.policy.guest_cpu.classify`
-  reads (and the owner, which ties a migration's record to its guest). Nothing else: a guest starting or stopping changes no digest;
+  ``memory_mb`` (since 2.4: libvirt's ``<memory>`` in MiB, rounded down,
+  as the rules count it), ``vcpupin`` (``[[vcpu, cpulist], ...]``),
+  ``numa_nodes`` (numatune), ``mdevs`` (``[{uuid, parent}]``, parent the
+  GPU's PCI address or null) and the ``metadata`` that
+  :func:`node_agent.policy.guest_cpu.classify` reads (and the owner, which
+  ties a migration's record to its guest). Nothing else: a guest starting
+  or stopping changes no digest;
 * ``numa``: the host's NUMA nodes, ``[{id, cpus}]`` (what ``node_of``
   reads: flat -> NUMA children by each guest's pinned CPUs and numatune);
 * ``gpus``: the host's mdev-capable GPUs, ``[{address, provider}]``, the
   provider being the GPU's child name (VGPU root -> GPU children by each
   mdev's parent).
+
+The tree's root carries ``aggregates`` (since 2.4, only when it joins
+any: ``[placement] aggregates``); the applier's syncer adds them and
+removes only those it added, recorded in the host's record
+(:mod:`node_agent.policy.aggregates`: after that record is lost, it only
+adds), as the direct mode's syncer does with the agent's state file.
+
+``body.without_numa`` (since 2.4, optional, with ``numa_in_placement``
+on): ``{inventories}``, the root's inventories of the same host without
+NUMA children. The tree without them (:func:`flat_of`) is what a cycle
+whose NUMA reshape is refused writes instead, as in the direct mode
+(``Reconciler._without_numa``), so that refusal holds back no other change.
+
+Since 2.4 the applier so runs every NUMA rule of the direct mode: guests
+with no NUMA placement go where their CPUs and memory fit
+(:mod:`node_agent.policy.numa_fit`), one that no node can take is refused
+by name with its size, and the flat fallback. A body from an older agent
+(no ``memory_mb``, no ``without_numa`` on a tree with NUMA children) is
+still applied as before: by CPU only, no fallback; the applier says once
+per host what it lacks (:func:`lacking`). The stranded-flavor report
+(:mod:`node_agent.policy.stranded`) is the agent's own, in both modes:
+``--dry-run`` and ``--check-config`` compute it from the host.
 
 ``body.limits`` (since 2.1, optional): the host's
 :class:`~node_agent.policy.capacity.HostLimits` (``cpus``, ``memory_mb``,
@@ -63,7 +88,7 @@ import json
 import math
 import re
 import uuid as uuidlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Optional
 
 from node_agent.model.cpuset import CpuSet, CpuSetSyntaxError, parse_cpulist
@@ -77,7 +102,7 @@ from node_agent.tree.child_names import is_child_name
 from node_agent.tree.numa import numa_provider_name
 from node_agent.tree.pci import gpu_provider_name
 
-WIRE_VERSION = "2.3"  # bump the minor for an added optional key, the major otherwise
+WIRE_VERSION = "2.4"  # bump the minor for an added optional key, the major otherwise
 RPC_VERSION = "1.0"
 METHOD = "apply"
 DEFAULT_TOPIC = "node-agent-applier"
@@ -136,19 +161,25 @@ def inventory_to_wire(inv: Inventory) -> dict:
     return wire
 
 
+def inventories_to_wire(inventories: Mapping[str, Inventory]) -> dict:
+    return {rc: inventory_to_wire(inv) for rc, inv in sorted(inventories.items())}
+
+
+def provider_to_wire(p: Provider) -> dict:
+    wire: dict[str, Any] = {
+        "name": p.name,
+        "parent": p.parent,
+        "uuid": p.uuid,
+        "inventories": inventories_to_wire(p.inventories),
+        "traits": {t: bool(on) for t, on in sorted(p.traits.items())},
+    }
+    if p.aggregates:  # since 2.4, only when set: a tree without any keeps its digest
+        wire["aggregates"] = sorted(p.aggregates)
+    return wire
+
+
 def tree_to_wire(tree: ProviderTree) -> list[dict]:
-    return [
-        {
-            "name": p.name,
-            "parent": p.parent,
-            "uuid": p.uuid,
-            "inventories": {
-                rc: inventory_to_wire(inv) for rc, inv in sorted(p.inventories.items())
-            },
-            "traits": {t: bool(on) for t, on in sorted(p.traits.items())},
-        }
-        for p in tree.providers
-    ]
+    return [provider_to_wire(p) for p in tree.providers]
 
 
 def guest_to_wire(guest: Guest) -> dict:
@@ -156,6 +187,8 @@ def guest_to_wire(guest: Guest) -> dict:
         "uuid": guest.uuid,
         "name": guest.name,
         "vcpus": guest.vcpus,
+        # MiB, as the rules count it: a change below one MiB changes no digest.
+        "memory_mb": guest.memory_kb // 1024,
         "vcpupin": [[vcpu, str(cpus)] for vcpu, cpus in guest.vcpupin],
         "numa_nodes": sorted(guest.numa_nodes),
         "mdevs": [{"uuid": m.uuid, "parent": m.parent} for m in guest.mdevs],
@@ -204,6 +237,9 @@ def body_of(desired) -> dict:
     limits = limits_of(desired)
     if limits is not None:
         body["limits"] = limits_to_wire(limits)
+    flat = getattr(desired, "without_numa", None)
+    if flat is not None:
+        body["without_numa"] = {"inventories": inventories_to_wire(flat.root.inventories)}
     return body
 
 
@@ -238,13 +274,15 @@ class Message:
     digest: str
     body: Optional[dict] = None
     signed: bool = False
+    version: str = WIRE_VERSION
 
 
 @dataclass(frozen=True)
 class RemoteHost:
     """The parts of a ``HostSnapshot`` the reshape rules read. Guests carry
-    only what the rules read (``running`` and ``memory_kb`` are defaults);
-    NUMA nodes only their id and CPUs; GPUs only their address."""
+    only what the rules read (``running`` is a default, and ``memory_kb`` 0
+    from a message older than 2.4); NUMA nodes only their id and CPUs; GPUs
+    only their address."""
 
     guests: tuple[Guest, ...] = ()
     nodes: tuple[NumaNode, ...] = ()
@@ -276,6 +314,12 @@ class RemoteDesired:
     # (:func:`maintenance_of`); None: no record, Placement's root decides.
     maintenance: Optional[Mapping] = None
     notes: tuple[str, ...] = ()
+    # The tree a refused NUMA reshape writes instead (since 2.4; None
+    # before, or with numa_in_placement off): see :func:`flat_of`.
+    without_numa: Optional[ProviderTree] = None
+    # What the rules would read and the body does not carry (a message older
+    # than 2.4): :func:`lacking`.
+    lacks: tuple[str, ...] = ()
     # The wire carries no sharing provider: shared storage is refused with
     # upstream = messaging (config/settings.py).
     shared: None = None
@@ -310,16 +354,25 @@ def inventory_from_wire(data: dict, where: str) -> Inventory:
     )
 
 
+def inventories_from_wire(data: dict, where: str) -> dict[str, Inventory]:
+    return {rc: inventory_from_wire(inv, f"{where} {rc}") for rc, inv in data.items()}
+
+
 def _provider_from_wire(data: dict, n: int) -> Provider:
     where = f"body.tree[{n}] ({data['name']})"
+    aggregates = frozenset(str(uuidlib.UUID(a)) for a in data.get("aggregates", ()))
+    _need(
+        not aggregates or data["parent"] is None,
+        where,
+        "only the root joins aggregates ([placement] aggregates)",
+    )
     return Provider(
         name=data["name"],
         parent=data["parent"],
         uuid=_uuid_or_none(data["uuid"]),
-        inventories={
-            rc: inventory_from_wire(inv, f"{where} {rc}") for rc, inv in data["inventories"].items()
-        },
+        inventories=inventories_from_wire(data["inventories"], where),
         traits=dict(data["traits"]),
+        aggregates=aggregates,
     )
 
 
@@ -382,7 +435,8 @@ def guest_from_wire(data: dict, n: int) -> Guest:
         name=data["name"],
         vcpus=data["vcpus"],
         running=True,
-        memory_kb=0,
+        # Before 2.4 no memory: the NUMA rules then place by CPU only (lacking).
+        memory_kb=data.get("memory_mb", 0) * 1024,
         vcpupin=_vcpupin(data["vcpupin"], where),
         numa_nodes=frozenset(data["numa_nodes"]),
         mdevs=tuple(GuestMdev(str(uuidlib.UUID(m["uuid"])), m["parent"]) for m in data["mdevs"]),
@@ -436,7 +490,7 @@ def _check_children_described(tree: ProviderTree, host: RemoteHost) -> None:
     gpus = {gpu_provider_name(tree.root.name, g.address) for g in host.gpus}
     for provider in tree.providers[1:]:
         match = NUMA_CHILD.search(provider.name)
-        if match and provider.name == numa_provider_name(tree.root.name, int(match[1])):
+        if match and is_numa_child(tree, provider):
             _need(
                 int(match[1]) in nodes,
                 f"body.tree ({provider.name})",
@@ -478,6 +532,54 @@ def maintenance_of(tree: ProviderTree) -> Optional[dict]:
     return maint.record(bool(wanted), None, "")
 
 
+def is_numa_child(tree: ProviderTree, provider: Provider) -> bool:
+    match = NUMA_CHILD.search(provider.name)
+    return match is not None and provider.name == numa_provider_name(tree.root.name, int(match[1]))
+
+
+def flat_of(tree: ProviderTree, root_inventories: Mapping[str, Inventory]) -> ProviderTree:
+    """The host's tree without NUMA children, as the agent builds it
+    (:attr:`node_agent.cycle.desired.Desired.without_numa`) and the
+    reconciler then closes as the host's maintenance says: ``tree`` less its
+    NUMA children, the devices under them (GPU, SR-IOV children) under the
+    root, and the root with ``root_inventories``. Built here rather than
+    sent whole: the children keep what the agent sent for them (their
+    per-device maintenance included), and the body grows by one provider's
+    inventories."""
+    gone = {p.name for p in tree.providers[1:] if is_numa_child(tree, p)}
+    root = replace(tree.root, inventories=dict(root_inventories))
+    kept = tuple(
+        replace(p, parent=root.name) if p.parent in gone else p
+        for p in tree.providers[1:]
+        if p.name not in gone
+    )
+    return ProviderTree((root,) + kept)
+
+
+# What a message older than 2.4 leaves out, and what the applier then does
+# otherwise than the direct mode (logged once per host).
+LACKS_MEMORY = (
+    "each guest's memory: guests with no NUMA placement go to NUMA children by "
+    "their CPUs only, and a migration record is not matched to its guest"
+)
+LACKS_FLAT = (
+    "the tree without NUMA children: a refused NUMA reshape holds back the "
+    "whole reshape (no flat fallback)"
+)
+
+
+def lacking(body: dict, tree: ProviderTree) -> tuple[str, ...]:
+    """What the rules would read that ``body`` does not carry (a body of an
+    agent older than 2.4, which 2.4 made required or added): none from a
+    2.4 agent."""
+    lacks = []
+    if any("memory_mb" not in g for g in body["reshape"]["guests"]):
+        lacks.append(LACKS_MEMORY)
+    if "without_numa" not in body and any(is_numa_child(tree, p) for p in tree.providers[1:]):
+        lacks.append(LACKS_FLAT)
+    return tuple(lacks)
+
+
 def desired_from_body(body: dict, host: str) -> RemoteDesired:
     """Rebuild the tree and the reshape inputs from a body that
     :func:`parse_message` accepted (or the applier's record of one); raises
@@ -492,12 +594,17 @@ def desired_from_body(body: dict, host: str) -> RemoteDesired:
     uuids = [g.uuid for g in remote.guests]
     _need(len(uuids) == len(set(uuids)), "body.reshape.guests", "a guest uuid appears twice")
     _check_children_described(tree, remote)
+    flat = body.get("without_numa")
     return RemoteDesired(
         tree,
         remote,
         RemotePartition(_cpus(reshape["dedicated"], "body.reshape.dedicated")),
         limits=limits_from_wire(body.get("limits")),
         maintenance=maintenance_of(tree),
+        without_numa=None
+        if flat is None
+        else flat_of(tree, inventories_from_wire(flat["inventories"], "body.without_numa")),
+        lacks=lacking(body, tree),
     )
 
 
@@ -568,7 +675,12 @@ def parse_body(message: dict, version: tuple[int, int]) -> Message:
         _need(digest == message["digest"], "digest", "does not match the body")
         _check_schema(message, *version)
     return Message(
-        message["host"], message["seq"], message["digest"], body, signed="signature" in message
+        message["host"],
+        message["seq"],
+        message["digest"],
+        body,
+        signed="signature" in message,
+        version=message["version"],
     )
 
 

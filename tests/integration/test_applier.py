@@ -951,7 +951,7 @@ def test_a_2_0_agent_is_applied_closed_and_the_applier_says_so_once_per_host(bus
         applier.log(),
     )
     assert len(warned) == 1, applier.log()
-    assert agent.cycle().ok  # a 2.3 message from the same host: checked and open again
+    assert agent.cycle().ok  # a current message from the same host: checked and open again
     assert converged(placement, agent)
 
 

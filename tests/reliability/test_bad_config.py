@@ -465,12 +465,12 @@ CASES = [
         ("[placement] aggregates: 'rack-12' is not an aggregate UUID",),
     ),
     Case(
-        "aggregate-with-messaging",
-        "[agent]\nupstream = messaging\n[placement]\n"
+        "aggregate-with-companion",
+        "[agent]\nmode = companion\n[placement]\n"
         "aggregates = 2b4c8a3e-5f1d-4e0a-9c6b-7d8e9f0a1b2c\n",
         (
             "[placement] aggregates = 2b4c8a3e-5f1d-4e0a-9c6b-7d8e9f0a1b2c",
-            "upstream = messaging",
+            "mode = companion never writes the root",
         ),
     ),
     # --- the file itself

@@ -234,6 +234,8 @@ def test_digest_follows_every_input_of_the_nested_rules_and_nothing_else(nested)
             guests=_with_guest(nested, "pinned", mdevs=(GuestMdev(PINNED.mdevs[0].uuid, GPU2),))
         ),
         "cpu policy": dict(guests=_with_guest(nested, "pinned", metadata=())),
+        # Since 2.4: the floating guests' placement and the migration records read it.
+        "memory": dict(guests=_with_guest(nested, "pinned", memory_kb=PINNED.memory_kb + 1024)),
     }
     for what, change in changes.items():
         assert _digest_with(nested, **change) != same, what
@@ -244,7 +246,10 @@ def test_digest_follows_every_input_of_the_nested_rules_and_nothing_else(nested)
                 nested, "pinned", metadata=(("hw:cpu_policy", "dedicated"), ("nova:name", "web-2"))
             )
         ),
-        "memory": dict(guests=_with_guest(nested, "pinned", memory_kb=1)),
+        # Below one MiB: the rules count MiB.
+        "memory by a KiB": dict(
+            guests=_with_guest(nested, "pinned", memory_kb=PINNED.memory_kb + 1023)
+        ),
     }
     for what, change in unread.items():
         assert _digest_with(nested, **change) == same, what
@@ -456,6 +461,13 @@ def _path(where: tuple) -> str:
     return text or "message"
 
 
+def _older(message: dict) -> dict:
+    """``message`` with the body a 2.3 agent sent (no 2.4 keys)."""
+    from tests.unit.test_wire_2_4 import without_2_4
+
+    return _redigest({**message, "body": without_2_4(message["body"])})
+
+
 def _redigest(message: dict) -> dict:
     if "body" in message:
         message["digest"] = wire.digest_of(message["body"])
@@ -647,7 +659,7 @@ def test_agent_bug_is_caught_before_sending_and_nothing_is_sent(tmp_path):
     assert report.status == wire.REFUSED and report.messages == 0
     assert sender.messages_sent == 0 and sender.acked is None
     assert report.errors == [
-        "wire format 2.3: body.reshape.guests[1].name: must be a non-empty string"
+        f"wire format {wire.WIRE_VERSION}: body.reshape.guests[1].name: must be a non-empty string"
     ]
     assert "nothing sent" in report.summary()
 
@@ -671,8 +683,8 @@ def test_saved_messages_can_be_checked_from_the_command_line(tmp_path, nested, c
     assert main([str(tmp_path / "good.json"), str(tmp_path / "bad.json")]) == 1
     assert main([str(tmp_path / "bad.json"), str(tmp_path / "torn.json")]) == 2
     out = capsys.readouterr()
-    assert "good.json: valid wire format 2.3 full message" in out.out
-    assert "beat.json: valid wire format 2.3 heartbeat" in out.out
+    assert f"good.json: valid wire format {wire.WIRE_VERSION} full message" in out.out
+    assert f"beat.json: valid wire format {wire.WIRE_VERSION} heartbeat" in out.out
     assert "bad.json: refused: body.reshape.numa[0].cpus: must be a string" in out.out
     assert "torn.json: cannot read a JSON message" in out.err
 
@@ -685,7 +697,7 @@ def test_limits_travel_in_the_body_and_come_back_as_the_agent_computed_them(nest
     from node_agent.policy.capacity import limits_of
 
     message = _full(nested)
-    assert message["version"] == "2.3"
+    assert message["version"] == wire.WIRE_VERSION
     assert message["body"]["limits"]["cpus"] == 16
     parsed = wire.parse_message(message)
     remote = wire.desired_from_body(parsed.body, parsed.host)
@@ -719,7 +731,7 @@ def test_a_change_of_the_hosts_facts_changes_the_digest(nested):
 def test_a_2_0_message_without_limits_is_still_accepted_and_checks_nothing(nested):
     from node_agent.policy.capacity import limits_of
 
-    message = _full(nested)
+    message = _older(_full(nested))
     del message["body"]["limits"], message["signature"]
     message["version"] = "2.0"
     _redigest(message)
@@ -729,7 +741,7 @@ def test_a_2_0_message_without_limits_is_still_accepted_and_checks_nothing(neste
 
 
 def test_a_2_0_message_carrying_limits_is_refused_they_came_with_2_1(nested):
-    message = _full(nested)
+    message = _older(_full(nested))
     del message["signature"]
     message["version"] = "2.0"
     with pytest.raises(
@@ -807,7 +819,7 @@ def test_sev_keys_travel_in_the_limits_and_the_applier_checks_them(nested):
 
     sev = _sev_desired(nested)
     message = _full(sev)
-    assert message["version"] == "2.3"
+    assert message["version"] == wire.WIRE_VERSION
     assert message["body"]["limits"]["mem_encryption"] == 509
     parsed = wire.parse_message(message)
     limits = cap.limits_of(wire.desired_from_body(parsed.body, parsed.host))
@@ -832,7 +844,7 @@ def test_unknown_sev_keys_travel_as_null_and_are_not_checked(nested):
 
 
 def test_a_2_2_message_without_sev_keys_is_accepted_and_one_with_them_refused(nested):
-    message = _full(_sev_desired(nested))
+    message = _older(_full(_sev_desired(nested)))
     message["version"] = "2.2"
     with pytest.raises(
         wire.Malformed,
