@@ -40,21 +40,21 @@ def sysfs_root_for(system_dir: Path, tmp_path: Path) -> Path:
     """Build a sysfs root in ``tmp_path`` whose ``devices/system`` shows ``system_dir``.
 
     ``devices/system`` is a directory of symlinks, one per entry of the
-    fixture tree, rather than one symlink to the tree: some copies of the
-    fixtures (not the one in this repository, see ``ORIGIN.md``) store
-    libvirt's symlinks (``linux-basic-dies/system/cpu``) as small files
-    holding the link target, and those entries are linked to their real
-    target here.
+    fixture tree, rather than one symlink to the tree: copies of the
+    fixtures (this repository's too, see ``ORIGIN.md``) store libvirt's
+    symlinks (``linux-basic-dies/system/cpu``) as small files holding the
+    link target, and those entries are linked to their real target here.
     """
     root = tmp_path / "sysroot"
     system = root / "devices" / "system"
     system.mkdir(parents=True)
     for entry in sorted(system_dir.iterdir()):
-        (system / entry.name).symlink_to(_follow_placeholder(entry))
+        (system / entry.name).symlink_to(follow_placeholder(entry))
     return root
 
 
-def _follow_placeholder(entry: Path) -> Path:
+def follow_placeholder(entry: Path) -> Path:
+    """The directory a symlink stand-in names, else ``entry`` itself."""
     if entry.is_symlink() or not entry.is_file():
         return entry
     if entry.stat().st_size > _PLACEHOLDER_MAX_BYTES:
