@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from functools import lru_cache
 from pathlib import Path
 
@@ -67,6 +68,56 @@ def follow_placeholder(entry: Path) -> Path:
         return entry
     target = (entry.parent / text).resolve()
     return target if target.is_dir() else entry
+
+
+NODE_MEMORY_KB = 4 * 1024 * 1024
+
+
+def copy_tree(system_dir: Path, dest: Path) -> Path:
+    """A copy of a fixture tree at ``dest`` (its ``devices/system``), stand-ins
+    for symlinks followed, plus what a kernel shows and libvirt's fixtures
+    leave out because libvirt's test mock does not read it: each node's
+    ``cpumap`` (the hex mask of its ``cpulist`` or ``cpuN`` entries), which
+    libnuma reads, so a real libvirtd finds the nodes (the agent reads
+    ``cpulist`` or the ``cpuN`` entries, never ``cpumap``); and a node
+    without ``meminfo`` gets one of ``NODE_MEMORY_KB`` (invented: libvirt's
+    fixtures give no figure, and without the file libvirt cannot count the
+    host's memory at all)."""
+    dest.mkdir(parents=True)
+    for entry in sorted(system_dir.iterdir()):
+        real = follow_placeholder(entry)
+        if real.is_dir():
+            shutil.copytree(real, dest / entry.name)
+        else:
+            shutil.copy(real, dest / entry.name)
+    nodes = sorted((dest / "node").glob("node[0-9]*"))
+    cpus_of = {node: _node_cpus(node) for node in nodes}
+    words = (max((max(c, default=0) for c in cpus_of.values()), default=0) // 32) + 1
+    for node, cpus in cpus_of.items():
+        if not (node / "cpumap").exists():
+            mask = sum(1 << cpu for cpu in cpus)
+            text = ",".join(
+                f"{(mask >> (32 * w)) & 0xFFFFFFFF:08x}" for w in reversed(range(words))
+            )
+            (node / "cpumap").write_text(text + "\n")
+        if not (node / "meminfo").exists():
+            number = node.name[4:]
+            (node / "meminfo").write_text(
+                f"Node {number} MemTotal: {NODE_MEMORY_KB} kB\n"
+                f"Node {number} MemFree: {NODE_MEMORY_KB} kB\n"
+            )
+    return dest
+
+
+def _node_cpus(node: Path) -> set[int]:
+    listed = node / "cpulist"
+    if listed.exists():
+        cpus: set[int] = set()
+        for part in filter(None, listed.read_text().strip().split(",")):
+            first, _, last = part.partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+        return cpus
+    return {int(p.name[3:]) for p in node.iterdir() if p.name[3:].isdigit() and p.name[:3] == "cpu"}
 
 
 @lru_cache(maxsize=1)

@@ -12,8 +12,8 @@ nova.conf, read by the agent's own config loader as an operator's file is.
 
 from __future__ import annotations
 
+import json
 import re
-import shutil
 import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Mapping, Optional
@@ -26,7 +26,9 @@ from node_agent.cycle.desired import desired_from
 from node_agent.errors import ConfigError, NodeAgentError
 from node_agent.host.discover import discover
 from node_agent.host.hypervisor import Hypervisor
-from tests.hostdata import follow_placeholder
+from tests.hostdata import HOSTDATA, copy_tree, follow_placeholder
+
+CAPTURED = Path(__file__).resolve().parents[1] / "data" / "virhostcpu-caps"
 
 ROOT = "fixture"
 
@@ -108,25 +110,41 @@ def corpus_libvirt(system_dir: Path, capabilities: Path, with_qemu: bool = False
         "cpu_map": [count, [cpu in online for cpu in range(count)], len(online)],
         "info": [arch, memory_mb, len(online), 0, 1, 1, len(online), 1],
         "with_qemu": with_qemu,
+        "mocked_cells": True,
+    }
+
+
+def captured_libvirt(name: str) -> dict:
+    """What a real libvirtd answered on the virhostcpudata tree ``name``,
+    captured by ``tests/data/virhostcpu-caps/generate.py`` from the same
+    copy of the tree the agent reads (:func:`corpus_sysfs`)."""
+    answers = json.loads((CAPTURED / "answers.json").read_text())[name]
+    # Its <host> as captured; its <guest> elements give way to nova's fake
+    # ones (``with_qemu``), the only ones whose domain capabilities the fake
+    # connection can answer. They do not depend on the sysfs tree.
+    xml = re.sub(r"\s*<guest>.*?</guest>", "", (CAPTURED / f"{name}.xml").read_text(), flags=re.S)
+    return {
+        "system": str(HOSTDATA / "virhostcpudata" / name),
+        "capabilities": xml,
+        "arch": ET.fromstring(xml).findtext("host/cpu/arch"),
+        "cpu_map": answers["getCPUMap"]["value"],
+        "info": answers["getInfo"]["value"],
+        "baseline": answers["baselineCPU"]["value"],
+        "with_qemu": True,
+        "mocked_cells": False,
     }
 
 
 def corpus_sysfs(root: Path, corpus: Mapping) -> Path:
-    """A sysfs root whose ``devices/system`` is a copy of the corpus tree,
-    with each NUMA node's ``MemTotal`` set to its cell's memory in the
-    capabilities XML: libvirt's test mocked those cells' memory ((cell+1)
-    GiB, hostdata README), and on a real host libvirt takes a cell's memory
-    from that very file, so both sides see one figure. Nothing else of the
-    tree changes."""
-    system = root / "devices" / "system"
-    source = Path(corpus["system"])
-    system.mkdir(parents=True)
-    for entry in sorted(source.iterdir()):
-        real = follow_placeholder(entry)
-        if real.is_dir():
-            shutil.copytree(real, system / entry.name)
-        else:
-            shutil.copy(real, system / entry.name)
+    """A sysfs root whose ``devices/system`` is a copy of the corpus tree
+    (:func:`tests.hostdata.copy_tree`). When libvirt's test mocked the
+    cells' memory ((cell+1) GiB, hostdata README), each NUMA node's
+    ``MemTotal`` is set to its cell's memory in the capabilities XML: on a
+    real host libvirt takes a cell's memory from that very file, so both
+    sides see one figure. Nothing else of the tree changes."""
+    system = copy_tree(Path(corpus["system"]), root / "devices" / "system")
+    if not corpus["mocked_cells"]:
+        return root
     for cell, kb in _cell_memory_kb(corpus["capabilities"]).items():
         meminfo = system / "node" / f"node{cell}" / "meminfo"
         old = meminfo.read_text().splitlines() if meminfo.exists() else []

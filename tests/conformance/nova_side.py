@@ -707,6 +707,8 @@ def _fake_host(fakelibvirt, case):
             guests = "".join(fakelibvirt.fake_libvirt_data.CAPABILITIES_GUEST.values())
             xml = xml.replace("</capabilities>", guests + "</capabilities>")
         conn.getCapabilities = lambda: xml
+        if corpus.get("baseline"):
+            conn.baselineCPU = _captured_baseline(conn.baselineCPU, xml, corpus["baseline"])
         conn.getCPUMap = lambda: tuple(corpus["cpu_map"])
         conn.getInfo = lambda: list(corpus["info"])
     for method in case.get("refuse", ()):
@@ -720,6 +722,20 @@ def _fake_host(fakelibvirt, case):
 
         setattr(conn, method, refuse)
     return info, conn
+
+
+def _captured_baseline(fake, capabilities, expanded):
+    """baselineCPU answering for the host's own CPU model what the real
+    libvirtd answered (``expanded``); any other model as the fake does."""
+    import xml.etree.ElementTree as ET
+
+    host_model = ET.fromstring(capabilities).findtext("host/cpu/model")
+
+    def baseline(cpus, flags=0):
+        models = {ET.fromstring(cpu).findtext("model") for cpu in cpus}
+        return expanded if models == {host_model} else fake(cpus, flags)
+
+    return baseline
 
 
 def _complete_host_template(fakelibvirt, arch):

@@ -2,7 +2,8 @@
 ``whole_driver``).
 
 Each case is a fake host (nova's fakelibvirt ``HostInfo``, PCI and mdev
-fixtures, or a real host of the corpus: ``CORPUS``) and a nova.conf. nova runs ``LibvirtDriver.init_host`` and
+fixtures, or a real host of the corpus: ``CORPUS`` and ``CAPTURED_TREES``)
+and a nova.conf. nova runs ``LibvirtDriver.init_host`` and
 ``update_provider_tree`` on it, plus the traits its resource tracker adds on
 the root; the agent runs discovery and its tree builder on the same sysfs,
 the same libvirt answers and the same nova.conf
@@ -14,13 +15,16 @@ Many cases port what nova's own tests assert
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
+from node_agent.tree.cpu_traits import NOVA_FEATURE_TRAITS
 from tests.conformance.differences import UNCLASSIFIED, Observed, check
-from tests.conformance.driver_host import agent_tree, corpus_libvirt
+from tests.conformance.driver_host import CAPTURED, agent_tree, captured_libvirt, corpus_libvirt
 from tests.hostdata import HOSTDATA
 
 # The resource tracker marks nova's root OWNER_NOVA; the agent never does
@@ -215,6 +219,35 @@ CASES.update(
     }
 )
 
+# The virhostcpudata trees (real hosts' sysfs, libvirt's test suite) with
+# what a real libvirtd answered reading each of them
+# (tests/data/virhostcpu-caps: getCapabilities, getInfo, getCPUMap,
+# captured by its generate.py, `make virhostcpu-caps`). The agent reads the
+# same copy of the tree the daemon read (tests.hostdata.copy_tree).
+CAPTURED_TREES = sorted(json.loads((CAPTURED / "answers.json").read_text()))
+CASES.update(
+    {f"libvirtd-{name}": dict(host=FLAT, conf={}, captured=name) for name in CAPTURED_TREES}
+)
+CASES.update(
+    {
+        # Interleaved NUMA numbering (node0 = 0,4,8...).
+        "libvirtd-linux-test3-split": dict(
+            host=FLAT,
+            conf={"compute": {"cpu_dedicated_set": "0-23", "cpu_shared_set": "24-47"}},
+            captured="linux-test3",
+        ),
+        # CPUs 5 and 7 offline: nova refuses a dedicated set naming them.
+        "libvirtd-linux-test6-offline-dedicated": dict(
+            host=FLAT, conf={"compute": {"cpu_dedicated_set": "4-7"}}, captured="linux-test6"
+        ),
+        "libvirtd-linux-test6-online-split": dict(
+            host=FLAT,
+            conf={"compute": {"cpu_dedicated_set": "4,6", "cpu_shared_set": "0-3"}},
+            captured="linux-test6",
+        ),
+    }
+)
+
 
 def _nova_case(name: str, spec: dict, instances: Path) -> dict:
     case = {
@@ -228,6 +261,8 @@ def _nova_case(name: str, spec: dict, instances: Path) -> dict:
             case[key] = spec[key]
     if "corpus" in spec:
         case["corpus"] = corpus_libvirt(*spec["corpus"])
+    if "captured" in spec:
+        case["corpus"] = captured_libvirt(spec["captured"])
     return case
 
 
@@ -253,6 +288,14 @@ def _arch_trait_without_guests(spec: dict, line: str) -> bool:
     if "corpus" not in spec or len(spec["corpus"]) > 2 or not line.endswith(": nova only"):
         return False
     return " trait COMPUTE_ARCH_" in line or " trait COMPUTE_VIOMMU_MODEL_" in line
+
+
+def _cpu_trait_beyond_nova_table(line: str) -> bool:
+    """A root CPU feature trait nova's table lacks, or SSE3 (``pni``)."""
+    match = re.search(r" trait (HW_CPU_X86_\w+): agent only$", line)
+    if not match:
+        return False
+    return match.group(1) not in NOVA_FEATURE_TRAITS or match.group(1) == "HW_CPU_X86_SSE3"
 
 
 def differences(nova: dict, agent: dict) -> list[str]:
@@ -319,6 +362,8 @@ def test_whole_driver_trees_are_nova_s(results):
                 observed.add("driver-child-owner-mark", f"{name}: {line}")
             elif _arch_trait_without_guests(CASES[name], line):
                 observed.add("driver-arch-traits-without-guests", f"{name}: {line}")
+            elif "captured" in CASES[name] and _cpu_trait_beyond_nova_table(line):
+                observed.add("driver-cpu-traits-beyond-nova-table", f"{name}: {line}")
             else:
                 observed.add(expected or UNCLASSIFIED, f"{name}: {line}")
     check(observed)
