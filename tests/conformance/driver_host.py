@@ -26,7 +26,7 @@ from node_agent.cycle.desired import desired_from
 from node_agent.errors import ConfigError, NodeAgentError
 from node_agent.host.discover import discover
 from node_agent.host.hypervisor import Hypervisor
-from tests.hostdata import HOSTDATA, copy_tree, follow_placeholder
+from tests.hostdata import copy_tree, follow_placeholder
 
 CAPTURED = Path(__file__).resolve().parents[1] / "data" / "virhostcpu-caps"
 
@@ -115,7 +115,8 @@ def corpus_libvirt(system_dir: Path, capabilities: Path, with_qemu: bool = False
 
 
 def captured_libvirt(name: str) -> dict:
-    """What a real libvirtd answered on the virhostcpudata tree ``name``,
+    """What a real libvirtd answered on the sysfs tree ``name`` (a
+    virhostcpudata tree, or ``this-machine``: tests/data/realhost/system),
     captured by ``tests/data/virhostcpu-caps/generate.py`` from the same
     copy of the tree the agent reads (:func:`corpus_sysfs`)."""
     answers = json.loads((CAPTURED / "answers.json").read_text())[name]
@@ -124,7 +125,7 @@ def captured_libvirt(name: str) -> dict:
     # connection can answer. They do not depend on the sysfs tree.
     xml = re.sub(r"\s*<guest>.*?</guest>", "", (CAPTURED / f"{name}.xml").read_text(), flags=re.S)
     return {
-        "system": str(HOSTDATA / "virhostcpudata" / name),
+        "system": str(CAPTURED.parent / answers["tree"]),
         "capabilities": xml,
         "arch": ET.fromstring(xml).findtext("host/cpu/arch"),
         "cpu_map": answers["getCPUMap"]["value"],
