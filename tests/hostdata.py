@@ -109,14 +109,19 @@ def copy_tree(system_dir: Path, dest: Path) -> Path:
     return dest
 
 
+def kernel_cpulist(text: str) -> list[int]:
+    """The CPUs of a kernel cpulist ("0-3,8"), read without the agent's parser."""
+    ids: list[int] = []
+    for part in filter(None, text.strip().split(",")):
+        first, _, last = part.partition("-")
+        ids += range(int(first), int(last or first) + 1)
+    return ids
+
+
 def _node_cpus(node: Path) -> set[int]:
     listed = node / "cpulist"
     if listed.exists():
-        cpus: set[int] = set()
-        for part in filter(None, listed.read_text().strip().split(",")):
-            first, _, last = part.partition("-")
-            cpus.update(range(int(first), int(last or first) + 1))
-        return cpus
+        return set(kernel_cpulist(listed.read_text()))
     return {int(p.name[3:]) for p in node.iterdir() if p.name[3:].isdigit() and p.name[:3] == "cpu"}
 
 

@@ -26,7 +26,7 @@ from node_agent.cycle.desired import desired_from
 from node_agent.errors import ConfigError, NodeAgentError
 from node_agent.host.discover import discover
 from node_agent.host.hypervisor import Hypervisor
-from tests.hostdata import copy_tree, follow_placeholder
+from tests.hostdata import copy_tree, follow_placeholder, kernel_cpulist
 
 CAPTURED = Path(__file__).resolve().parents[1] / "data" / "virhostcpu-caps"
 
@@ -71,14 +71,6 @@ def write_sysfs(root: Path, topology: list, memory_mb: int) -> Path:
 _CPU_DIR = re.compile(r"^cpu(\d+)$")
 
 
-def _kernel_cpulist(text: str) -> list[int]:
-    ids: list[int] = []
-    for part in filter(None, text.strip().split(",")):
-        first, _, last = part.partition("-")
-        ids += range(int(first), int(last or first) + 1)
-    return ids
-
-
 def _cell_memory_kb(capabilities: str) -> dict[int, int]:
     cells = ET.fromstring(capabilities).findall("host/topology/cells/cell")
     return {int(c.get("id")): int(c.findtext("memory")) for c in cells}
@@ -97,10 +89,10 @@ def corpus_libvirt(system_dir: Path, capabilities: Path, with_qemu: bool = False
     arch = ET.fromstring(xml).findtext("host/cpu/arch")
     cpu_dir = follow_placeholder(system_dir / "cpu")
     if (cpu_dir / "present").exists():
-        present = _kernel_cpulist((cpu_dir / "present").read_text())
+        present = kernel_cpulist((cpu_dir / "present").read_text())
     else:
         present = [int(m.group(1)) for p in cpu_dir.iterdir() if (m := _CPU_DIR.match(p.name))]
-    online = set(_kernel_cpulist((cpu_dir / "online").read_text()))
+    online = set(kernel_cpulist((cpu_dir / "online").read_text()))
     count = max(present) + 1
     memory_mb = sum(_cell_memory_kb(xml).values()) // 1024
     return {
