@@ -10,6 +10,7 @@
 #   make docs      regenerate docs/reference/ (configuration, CLI, exit codes) from the code
 #   make test-nova-cloud  nova 34's own services beside the agent, alone (tests/integration/test_nova_cloud.py)
 #   make nova-guests  regenerate tests/data/nova_guests (guest XML nova 34's libvirt driver writes)
+#   make virhostcpu-caps  (as root) recapture tests/data/virhostcpu-caps (a real libvirtd on each sysfs tree)
 #   make bench     benchmarks against nova's report client -> BENCHMARKS.md (not in test)
 #   make bench-candidates  only BENCHMARKS.md's allocation-candidates section (not in test)
 #   make soak      long reliability runs (not in test); see RELIABILITY.md
@@ -37,7 +38,7 @@ DEB_PACKAGES := libvirt-dev pkg-config gcc python3-dev rabbitmq-server redis-ser
 	libvirt-daemon libvirt-daemon-driver-qemu libvirt-clients $(QEMU_PACKAGE) qemu-utils
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: install system-packages nova-venv lint unit test test-nova-cloud test-as-user run stop config docs docs-design nova-guests install-service bench bench-candidates soak property clean
+.PHONY: install system-packages nova-venv lint unit test test-nova-cloud test-as-user run stop config docs docs-design nova-guests virhostcpu-caps install-service bench bench-candidates soak property clean
 
 install: $(STAMP)
 
@@ -205,6 +206,12 @@ $(NOVA_VENV)/.installed: bench/requirements-nova.txt
 # tests/conformance/test_nova_guests.py fails when the committed files differ.
 nova-guests: $(NOVA_VENV)/.installed
 	PYTHONPATH= $(NOVA_VENV)/bin/python tests/data/nova_guests/generate.py
+
+# What a real libvirtd answers reading each virhostcpudata tree as its
+# /sys/devices/system (tests/data/virhostcpu-caps/README.md); root, libvirtd
+# and QEMU needed, the suite only reads the files.
+virhostcpu-caps: install
+	$(PY) tests/data/virhostcpu-caps/generate.py
 
 # PostgreSQL's programs (sections 4, 6 and 7) and GNU time (peak RSS of a
 # process, section 3).

@@ -3,7 +3,8 @@
 nova's side (``nova_side.whole_driver``) runs nova 34's ``LibvirtDriver``
 on nova's fake libvirt and keeps that fake connection. The agent then runs
 on the same host: a sysfs tree written from the fake host's cells
-(:func:`write_sysfs`), the same libvirt answers (:class:`NovaConnection`
+(:func:`write_sysfs`), or for a host of the corpus its own captured tree
+(:func:`corpus_sysfs`), the same libvirt answers (:class:`NovaConnection`
 hands every libvirt call of the agent's real ``Hypervisor`` gateway to the
 fake connection nova used), the same instances filesystem, the same
 nova.conf, read by the agent's own config loader as an operator's file is.
@@ -11,6 +12,9 @@ nova.conf, read by the agent's own config loader as an operator's file is.
 
 from __future__ import annotations
 
+import json
+import re
+import xml.etree.ElementTree as ET
 from pathlib import Path
 from typing import Mapping, Optional
 
@@ -22,6 +26,9 @@ from node_agent.cycle.desired import desired_from
 from node_agent.errors import ConfigError, NodeAgentError
 from node_agent.host.discover import discover
 from node_agent.host.hypervisor import Hypervisor
+from tests.hostdata import copy_tree, follow_placeholder, kernel_cpulist
+
+CAPTURED = Path(__file__).resolve().parents[1] / "data" / "virhostcpu-caps"
 
 ROOT = "fixture"
 
@@ -58,6 +65,84 @@ def write_sysfs(root: Path, topology: list, memory_mb: int) -> Path:
             (topo / "core_id").write_text(f"{cpu['core']}\n")
             (topo / "thread_siblings_list").write_text(_cpulist(cpu["siblings"]) + "\n")
             (topo / "core_cpus_list").write_text(_cpulist(cpu["siblings"]) + "\n")
+    return root
+
+
+_CPU_DIR = re.compile(r"^cpu(\d+)$")
+
+
+def _cell_memory_kb(capabilities: str) -> dict[int, int]:
+    cells = ET.fromstring(capabilities).findall("host/topology/cells/cell")
+    return {int(c.get("id")): int(c.findtext("memory")) for c in cells}
+
+
+def corpus_libvirt(system_dir: Path, capabilities: Path, with_qemu: bool = False) -> dict:
+    """What libvirt answers on a host of the corpus: ``getCapabilities`` is
+    the XML libvirt produced from ``system_dir`` (verbatim); ``getCPUMap``
+    is the tree's ``cpu/present`` (or its cpuN directories) and
+    ``cpu/online``, as virHostCPUGetMap reads them; ``getInfo``'s memory
+    (virNodeGetInfo, MiB) is the XML's cells added up, the memory both
+    sides see (:func:`corpus_sysfs`). nova reads no other getInfo field
+    into its tree; the topology fields are libvirt's fallback (1 node, 1
+    socket, a core per online CPU), which nova ignores."""
+    xml = capabilities.read_text()
+    arch = ET.fromstring(xml).findtext("host/cpu/arch")
+    cpu_dir = follow_placeholder(system_dir / "cpu")
+    if (cpu_dir / "present").exists():
+        present = kernel_cpulist((cpu_dir / "present").read_text())
+    else:
+        present = [int(m.group(1)) for p in cpu_dir.iterdir() if (m := _CPU_DIR.match(p.name))]
+    online = set(kernel_cpulist((cpu_dir / "online").read_text()))
+    count = max(present) + 1
+    memory_mb = sum(_cell_memory_kb(xml).values()) // 1024
+    return {
+        "system": str(system_dir),
+        "capabilities": xml,
+        "arch": arch,
+        "cpu_map": [count, [cpu in online for cpu in range(count)], len(online)],
+        "info": [arch, memory_mb, len(online), 0, 1, 1, len(online), 1],
+        "with_qemu": with_qemu,
+        "mocked_cells": True,
+    }
+
+
+def captured_libvirt(name: str) -> dict:
+    """What a real libvirtd answered on the sysfs tree ``name`` (a
+    virhostcpudata tree, or ``this-machine``: tests/data/realhost/system),
+    captured by ``tests/data/virhostcpu-caps/generate.py`` from the same
+    copy of the tree the agent reads (:func:`corpus_sysfs`)."""
+    answers = json.loads((CAPTURED / "answers.json").read_text())[name]
+    # Its <host> as captured; its <guest> elements give way to nova's fake
+    # ones (``with_qemu``), the only ones whose domain capabilities the fake
+    # connection can answer. They do not depend on the sysfs tree.
+    xml = re.sub(r"\s*<guest>.*?</guest>", "", (CAPTURED / f"{name}.xml").read_text(), flags=re.S)
+    return {
+        "system": str(CAPTURED.parent / answers["tree"]),
+        "capabilities": xml,
+        "arch": ET.fromstring(xml).findtext("host/cpu/arch"),
+        "cpu_map": answers["getCPUMap"]["value"],
+        "info": answers["getInfo"]["value"],
+        "baseline": answers["baselineCPU"]["value"],
+        "with_qemu": True,
+        "mocked_cells": False,
+    }
+
+
+def corpus_sysfs(root: Path, corpus: Mapping) -> Path:
+    """A sysfs root whose ``devices/system`` is a copy of the corpus tree
+    (:func:`tests.hostdata.copy_tree`). When libvirt's test mocked the
+    cells' memory ((cell+1) GiB, hostdata README), each NUMA node's
+    ``MemTotal`` is set to its cell's memory in the capabilities XML: on a
+    real host libvirt takes a cell's memory from that very file, so both
+    sides see one figure. Nothing else of the tree changes."""
+    system = copy_tree(Path(corpus["system"]), root / "devices" / "system")
+    if not corpus["mocked_cells"]:
+        return root
+    for cell, kb in _cell_memory_kb(corpus["capabilities"]).items():
+        meminfo = system / "node" / f"node{cell}" / "meminfo"
+        old = meminfo.read_text().splitlines() if meminfo.exists() else []
+        kept = [line for line in old if " MemTotal:" not in line]
+        meminfo.write_text("\n".join([f"Node {cell} MemTotal:  {kb} kB", *kept]) + "\n")
     return root
 
 
@@ -201,7 +286,10 @@ def nova_conf_text(conf: Mapping[str, Mapping], instances_path: str) -> str:
 def agent_tree(nova, case: Mapping, nova_answer: Mapping, work: Path) -> dict:
     """The agent's answer on the same host: ``{"value": {providers,
     warnings}}`` or ``{"refused": "ErrorClass(exit N): message"}``."""
-    sysfs = write_sysfs(work / "sys", nova_answer["topology"], nova_answer["memory_kb"])
+    if "corpus" in case:
+        sysfs = corpus_sysfs(work / "sys", case["corpus"])
+    else:
+        sysfs = write_sysfs(work / "sys", nova_answer["topology"], nova_answer["memory_kb"])
     connection = NovaConnection(nova, case["name"])
     write_pci(
         sysfs, [connection.ask("nodeDeviceXMLDesc", n) for n in connection.listDevices("pci", 0)]

@@ -695,6 +695,22 @@ def _fake_host(fakelibvirt, case):
         pci_info=pci_info,
         mdev_info=mdev_info,
     )
+    corpus = case.get("corpus")
+    if corpus:
+        # A host of the corpus: libvirt's own capabilities for its sysfs
+        # tree, and the CPU map and memory of that tree (driver_host).
+        # ``with_qemu``: libvirt's test formats the host part only; a
+        # libvirtd with QEMU installed adds its <guest> elements (nova's).
+        info.arch = corpus["arch"]
+        xml = corpus["capabilities"]
+        if corpus.get("with_qemu"):
+            guests = "".join(fakelibvirt.fake_libvirt_data.CAPABILITIES_GUEST.values())
+            xml = xml.replace("</capabilities>", guests + "</capabilities>")
+        conn.getCapabilities = lambda: xml
+        if corpus.get("baseline"):
+            conn.baselineCPU = _captured_baseline(conn.baselineCPU, xml, corpus["baseline"])
+        conn.getCPUMap = lambda: tuple(corpus["cpu_map"])
+        conn.getInfo = lambda: list(corpus["info"])
     for method in case.get("refuse", ()):
         # A libvirt without this call (VIR_ERR_NO_SUPPORT), as older ones.
         def refuse(*_a, _m=method, **_k):
@@ -706,6 +722,20 @@ def _fake_host(fakelibvirt, case):
 
         setattr(conn, method, refuse)
     return info, conn
+
+
+def _captured_baseline(fake, capabilities, expanded):
+    """baselineCPU answering for the host's own CPU model what the real
+    libvirtd answered (``expanded``); any other model as the fake does."""
+    import xml.etree.ElementTree as ET
+
+    host_model = ET.fromstring(capabilities).findtext("host/cpu/model")
+
+    def baseline(cpus, flags=0):
+        models = {ET.fromstring(cpu).findtext("model") for cpu in cpus}
+        return expanded if models == {host_model} else fake(cpus, flags)
+
+    return baseline
 
 
 def _complete_host_template(fakelibvirt, arch):
@@ -803,11 +833,9 @@ def whole_driver(cases):
         CONF.set_override("enabled_mdev_types", types, group="devices")
         nova.conf.devices.register_dynamic_opts(CONF)
         undo = _set_conf(case["conf"])
-        online = set(range(info.cpus))
         try:
             with (
                 mock.patch("nova.virt.libvirt.host.Host.get_connection", return_value=conn),
-                mock.patch("nova.virt.libvirt.host.Host.get_online_cpus", return_value=online),
                 mock.patch(
                     "nova.virt.libvirt.host.Host._has_cgroupsv1_cpu_controller",
                     return_value=True,

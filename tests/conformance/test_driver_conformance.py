@@ -2,7 +2,8 @@
 ``whole_driver``).
 
 Each case is a fake host (nova's fakelibvirt ``HostInfo``, PCI and mdev
-fixtures) and a nova.conf. nova runs ``LibvirtDriver.init_host`` and
+fixtures, or a real host of the corpus: ``CORPUS`` and ``CAPTURED_TREES``)
+and a nova.conf. nova runs ``LibvirtDriver.init_host`` and
 ``update_provider_tree`` on it, plus the traits its resource tracker adds on
 the root; the agent runs discovery and its tree builder on the same sysfs,
 the same libvirt answers and the same nova.conf
@@ -14,13 +15,17 @@ Many cases port what nova's own tests assert
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
+from node_agent.tree.cpu_traits import NOVA_FEATURE_TRAITS
 from tests.conformance.differences import UNCLASSIFIED, Observed, check
-from tests.conformance.driver_host import agent_tree
+from tests.conformance.driver_host import CAPTURED, agent_tree, captured_libvirt, corpus_libvirt
+from tests.hostdata import HOSTDATA
 
 # The resource tracker marks nova's root OWNER_NOVA; the agent never does
 # (issue 27: two writers of one root). Every other root trait is compared.
@@ -176,6 +181,74 @@ CASES.update(
 )
 
 
+# Hosts of the corpus (tests/data/hostdata, libvirt's test suite) with both
+# halves of one genuine pair: the sysfs tree libvirt read and the
+# capabilities XML it produced from it (vircaps2xmltest). nova's fake
+# connection answers getCapabilities with that XML, getCPUMap with the
+# tree's present and online CPUs, getInfo with the memory the XML's cells
+# add up to; the agent reads the tree itself. libvirt's test mocks the
+# cells' memory ((cell+1) GiB each, hostdata README), so the agent's copy of
+# the tree has each node's MemTotal set to its cell's memory: on a real host
+# libvirt reads a cell's memory from that very file, and both sides count
+# the same memory (driver_host.corpus_libvirt, corpus_sysfs). The tree's
+# huge pages stay as captured: no provider of a flat tree counts them.
+# ``with_qemu``: the host's XML plus the <guest> elements a libvirtd with
+# QEMU adds (vircaps2xmltest formats the host part only).
+VIRCAPS = HOSTDATA / "vircaps2xmldata"
+SPLIT = {"compute": {"cpu_dedicated_set": "4-7", "cpu_shared_set": "0-3"}}
+CORPUS = {
+    "corpus-basic": ("linux-basic", "x86_64-basic", {}),
+    "corpus-aarch64-basic": ("linux-basic", "aarch64-basic", {}),
+    "corpus-basic-dies": ("linux-basic-dies", "x86_64-basic-dies", {}),
+    "corpus-caches": ("linux-caches", "x86_64-caches", {}),
+    "corpus-caches-split": ("linux-caches", "x86_64-caches", SPLIT),
+    "corpus-caches-with-qemu": ("linux-caches", "x86_64-caches", {}, True),
+    "corpus-hmat": ("linux-hmat", "x86_64-hmat", {}),
+    "corpus-hmat-split": ("linux-hmat", "x86_64-hmat", SPLIT),
+    "corpus-resctrl": ("linux-resctrl", "x86_64-resctrl", {}),
+    "corpus-resctrl-with-qemu": ("linux-resctrl", "x86_64-resctrl", {}, True),
+}
+CASES.update(
+    {
+        name: dict(
+            host=FLAT,
+            conf=conf,
+            corpus=(VIRCAPS / tree / "system", VIRCAPS / f"vircaps-{caps}.xml", *qemu),
+        )
+        for name, (tree, caps, conf, *qemu) in CORPUS.items()
+    }
+)
+
+# The virhostcpudata trees (real hosts' sysfs, libvirt's test suite) with
+# what a real libvirtd answered reading each of them
+# (tests/data/virhostcpu-caps: getCapabilities, getInfo, getCPUMap,
+# captured by its generate.py, `make virhostcpu-caps`). The agent reads the
+# same copy of the tree the daemon read (tests.hostdata.copy_tree).
+CAPTURED_TREES = sorted(json.loads((CAPTURED / "answers.json").read_text()))
+CASES.update(
+    {f"libvirtd-{name}": dict(host=FLAT, conf={}, captured=name) for name in CAPTURED_TREES}
+)
+CASES.update(
+    {
+        # Interleaved NUMA numbering (node0 = 0,4,8...).
+        "libvirtd-linux-test3-split": dict(
+            host=FLAT,
+            conf={"compute": {"cpu_dedicated_set": "0-23", "cpu_shared_set": "24-47"}},
+            captured="linux-test3",
+        ),
+        # CPUs 5 and 7 offline: nova refuses a dedicated set naming them.
+        "libvirtd-linux-test6-offline-dedicated": dict(
+            host=FLAT, conf={"compute": {"cpu_dedicated_set": "4-7"}}, captured="linux-test6"
+        ),
+        "libvirtd-linux-test6-online-split": dict(
+            host=FLAT,
+            conf={"compute": {"cpu_dedicated_set": "4,6", "cpu_shared_set": "0-3"}},
+            captured="linux-test6",
+        ),
+    }
+)
+
+
 def _nova_case(name: str, spec: dict, instances: Path) -> dict:
     case = {
         "name": name,
@@ -186,6 +259,10 @@ def _nova_case(name: str, spec: dict, instances: Path) -> dict:
     for key in ("pci", "mdevs", "refuse", "pmem"):
         if key in spec:
             case[key] = spec[key]
+    if "corpus" in spec:
+        case["corpus"] = corpus_libvirt(*spec["corpus"])
+    if "captured" in spec:
+        case["corpus"] = captured_libvirt(spec["captured"])
     return case
 
 
@@ -204,6 +281,21 @@ def _child_owner_mark(line: str) -> bool:
     return line.endswith(
         ("trait OWNER_NOVA: nova only", "trait CUSTOM_NODE_AGENT_CHILD: agent only")
     )
+
+
+def _arch_trait_without_guests(spec: dict, line: str) -> bool:
+    """nova's emulated-arch and vIOMMU traits on a host with no <guest>."""
+    if "corpus" not in spec or len(spec["corpus"]) > 2 or not line.endswith(": nova only"):
+        return False
+    return " trait COMPUTE_ARCH_" in line or " trait COMPUTE_VIOMMU_MODEL_" in line
+
+
+def _cpu_trait_beyond_nova_table(line: str) -> bool:
+    """A root CPU feature trait nova's table lacks, or SSE3 (``pni``)."""
+    match = re.search(r" trait (HW_CPU_X86_\w+): agent only$", line)
+    if not match:
+        return False
+    return match.group(1) not in NOVA_FEATURE_TRAITS or match.group(1) == "HW_CPU_X86_SSE3"
 
 
 def differences(nova: dict, agent: dict) -> list[str]:
@@ -268,6 +360,10 @@ def test_whole_driver_trees_are_nova_s(results):
         for line in lines:
             if _child_owner_mark(line):
                 observed.add("driver-child-owner-mark", f"{name}: {line}")
+            elif _arch_trait_without_guests(CASES[name], line):
+                observed.add("driver-arch-traits-without-guests", f"{name}: {line}")
+            elif "captured" in CASES[name] and _cpu_trait_beyond_nova_table(line):
+                observed.add("driver-cpu-traits-beyond-nova-table", f"{name}: {line}")
             else:
                 observed.add(expected or UNCLASSIFIED, f"{name}: {line}")
     check(observed)

@@ -199,8 +199,11 @@ class Libvirtd:
     namespace.
     """
 
-    def __init__(self, base: Path):
+    def __init__(self, base: Path, binds: tuple[tuple[Path, str], ...] = ()):
+        """``binds``: more (directory, mount point) pairs for the namespace,
+        e.g. a sysfs tree over ``/sys/devices/system``."""
         self.base = base
+        self.binds = binds
         self.run_dir = base / "run/libvirt"
         self.log_dir = base / "log"
         self.ro_uri = f"qemu+unix:///system?socket={self.run_dir}/libvirt-sock-ro"
@@ -275,10 +278,13 @@ class Libvirtd:
             return self
         if self._holder is None:
             self._write_config()
-            mounts = [(rel, f"/{rel}") for rel in _PRIVATE] + self._accounts()
+            mounts = [(self.base / rel, f"/{rel}") for rel in _PRIVATE] + [
+                (self.base / rel, target) for rel, target in self._accounts()
+            ]
+            mounts += [(Path(source), target) for source, target in self.binds]
             binds = " && ".join(
-                f"mount --bind {shlex.quote(str(self.base / rel))} {target}"
-                for rel, target in mounts
+                f"mount --bind {shlex.quote(str(source))} {shlex.quote(target)}"
+                for source, target in mounts
             )
             # Optional: without it only the hugepage-backed guest is skipped.
             huge = shlex.quote(str(self.base / "hugepages"))
