@@ -173,6 +173,11 @@ install-service:
 	@echo "  the virtualenv $(SERVICE_PREFIX), links in /usr/local/bin, the unit in /etc/systemd/system."
 	$(MAKE) system-packages DEB_PACKAGES="$(SERVICE_DEB_PACKAGES)" NO_UPGRADES=yes
 	id node-agent >/dev/null 2>&1 || $(SUDO) useradd --system --home-dir /var/lib/node-agent --shell /usr/sbin/nologin node-agent
+	@getent group libvirt >/dev/null || { \
+	  echo "WARNING: there is no group libvirt here (Debian's libvirt-daemon-system makes it, with libvirtd's"; \
+	  echo "  read-only socket): systemd will refuse to start the unit (status=216/GROUP, SupplementaryGroups=libvirt)."; \
+	  echo "  Install libvirt-daemon-system, or give the unit the group of your libvirt socket"; \
+	  echo "  (systemctl edit node-agent: [Service] SupplementaryGroups= then SupplementaryGroups=GROUP)."; }
 	$(SUDO) install -d -m 0750 -o root -g node-agent /etc/node-agent
 	[ -e /etc/node-agent/node-agent.conf ] || $(SUDO) install -m 0640 -o root -g node-agent etc/node-agent.conf.sample /etc/node-agent/node-agent.conf
 	[ -x $(SERVICE_PREFIX)/bin/python ] || $(SUDO) $(SERVICE_PYTHON) -m venv $(SERVICE_PREFIX)

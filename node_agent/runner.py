@@ -256,6 +256,10 @@ class DirectRunner:
             desired = self._noted(desired)
         syncer = self.syncer
         since = self.client.stats.writes
+        if self.keeps_state:
+            from node_agent.cycle import provider_cache
+
+            provider_cache.follow(syncer)
         verified_at = syncer.verified_at
         desired = self.reconciler.maintained(desired)
         kw = {"before_post": before_post} if before_post is not None else {}

@@ -11,13 +11,46 @@ Placement's generations decide what is read again.
 
 from __future__ import annotations
 
+import json
+import logging
+
 from node_agent.state import PROVIDER_CACHE as CACHE_KEY
+
+LOG = logging.getLogger(__name__)
 
 
 def restore(syncer) -> bool:
     """Give ``syncer`` the cache the last run kept; its first read verifies
     it. False (the tree is read) when there is none."""
     return syncer.import_cache(syncer.state.get(CACHE_KEY), verify_now=True)
+
+
+def follow(syncer) -> bool:
+    """Take the state file's state and cache when another run of this host
+    kept a cache there since ``syncer`` kept its own (``sudo node-agent
+    --once`` beside the service, which changed Placement behind this
+    syncer's cache); the first read verifies it. True when followed.
+
+    Between full verifications a cycle believes its cache: without this, a
+    maintenance the command ended kept the service closing the tree and
+    refusing reshapes until its next verify. A missing file is not
+    followed: this syncer's next write makes it again."""
+    saved = syncer.store.load_or_empty(LOG)
+    if not saved or _same(saved.get(CACHE_KEY), syncer.state.get(CACHE_KEY)):
+        return False
+    LOG.info(
+        "another run of this host wrote Placement and %s since this process's "
+        "last cycle; this cycle reads Placement's changes first",
+        getattr(syncer.store, "path", "the state file"),
+    )
+    syncer.follow_state(saved)
+    syncer.import_cache(saved.get(CACHE_KEY), verify_now=True)
+    return True
+
+
+def _same(a, b) -> bool:
+    # The file's copy went through JSON; ours may hold tuples.
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
 
 
 def carry_over(old, new) -> bool:

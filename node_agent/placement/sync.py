@@ -583,6 +583,12 @@ class TreeSyncer:
     def state(self) -> dict:
         return dict(self._state)
 
+    def follow_state(self, saved: dict) -> None:
+        """The state file as another run of this host left it
+        (:func:`node_agent.cycle.provider_cache.follow`): the root, the
+        providers and children it found replace what this syncer kept."""
+        self._state = dict(saved)
+
     def _adopted(self, name: str, uuid: str, is_root: bool) -> None:
         """The writer adopted an existing provider: the next plan uses its uuid."""
         if is_root:

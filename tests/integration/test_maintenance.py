@@ -433,3 +433,56 @@ def test_maintenance_closes_a_class_the_new_sets_remove_but_usage_keeps(
     assert host.scheduler.get(f"/allocations/{stranger}")["allocations"][host.root][
         "resources"
     ] == {"VCPU": 3, "MEMORY_MB": 512}
+
+
+def test_a_running_service_follows_maintenance_ended_by_the_command_and_once(
+    tmp_path, placement_server, host_name
+):
+    """The operator ends maintenance with ``node-agent maintenance off`` and
+    ``node-agent --once`` (what the command advises) between two cycles of
+    the running service, which has no control RPC to be told. The service's
+    next cycle knows the root is open. It used to go on from its cache of
+    Placement, where the root was still disabled, until its next full
+    verify (300 s): maintenance on in its metrics and status, and a reshape
+    due meanwhile refused as one onto a closed inventory (seen under
+    systemd). The cycles are 30 s apart so the two commands fit between
+    them; were the machine too slow for that, the service would end the
+    maintenance itself and the test would pass on either code."""
+    from node_agent.placement.client import PlacementClient
+    from tests.integration.agent_process import AgentProcess
+    from tests.integration.rabbit import free_port
+    from tests.integration.test_metrics import samples, scrape
+
+    client = PlacementClient.for_endpoint(placement_server.url)
+
+    def traits() -> set:
+        found = client.get(f"/resource_providers?name={host_name}")["resource_providers"]
+        return set(client.get(f"/resource_providers/{found[0]['uuid']}/traits")["traits"])
+
+    port = free_port()
+    agent = AgentProcess(
+        tmp_path,
+        placement_server.url,
+        host_name,
+        agent_options=f"report_interval = 30\nmetrics_port = {port}\n",
+    )
+    config = str(agent.config)
+    assert maintenance(config, "on", "--reason", "bios").code == 0
+    assert once(config).code == 0
+    assert TRAIT in traits()
+    agent.start()
+    try:
+        agent.status_after(lambda s: s.startswith("ok:"), 60)  # its cache: closed
+        assert samples(scrape(port))[("node_agent_maintenance", ())] == 1
+
+        assert maintenance(config, "off").code == 0
+        result = once(config)
+        assert result.code == 0, result.stderr
+        assert TRAIT not in traits()
+        agent.new_status(lambda s: True, 90)  # the service's next cycle
+
+        assert samples(scrape(port))[("node_agent_maintenance", ())] == 0
+        assert TRAIT not in traits()
+    finally:
+        agent.stop()
+        agent.notify.close()

@@ -65,3 +65,21 @@ def test_systemd_analyze_verify_accepts_the_unit(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "node-agent.service" not in result.stderr, result.stderr
+
+
+def test_the_config_directory_mode_is_the_one_make_install_service_gives_it():
+    """systemd logs "ConfigurationDirectory 'node-agent' already exists but
+    the mode is different" at every start and reload when the unit's mode
+    (0755 by default) is not the one the install made (seen under systemd)."""
+    import re
+
+    makefile = (UNIT.parents[1] / "Makefile").read_text()
+    made = re.search(r"install -d -m (\d+) -o root -g node-agent /etc/node-agent", makefile)
+    assert made is not None
+    for unit in (UNIT, UNIT.with_name("node-agent-applier.service")):
+        parser = configparser.RawConfigParser(strict=False)
+        parser.optionxform = str
+        parser.read(unit)
+        service = parser["Service"]
+        assert service["ConfigurationDirectory"] == "node-agent"
+        assert service.get("ConfigurationDirectoryMode") == made.group(1), unit.name
