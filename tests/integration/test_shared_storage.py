@@ -8,6 +8,7 @@ moves to it in one ``POST /reshaper`` per host; without it again, each
 host's DISK_GB moves back to its root."""
 
 import logging
+import shutil
 import threading
 import uuid
 from dataclasses import replace
@@ -301,3 +302,100 @@ def test_a_running_agent_brings_an_overstated_or_deleted_sharing_provider_back_e
     cycle()  # checks the reshape again: recreated
     assert disk(placement, share) == filesystem
     assert "MISC_SHARES_VIA_AGGREGATE" in placement.traits(share)["traits"]
+
+
+def shared_pair(hosts, placement_server, aggregate):
+    """Hosts a and b on one sharing provider, a guest on each (a: 3 GiB,
+    b: 4 GiB); returns the client, the filesystem's size, the roots."""
+    (a, b), shared = hosts
+    placement = PlacementClient.for_endpoint(placement_server.url)
+    for host in (a, b):
+        assert once(configure(host, shared)).code == 0
+    filesystem = disk(placement, a.root)
+    a.boot(a.unpinned[0], vcpu=1, memory=512, disk=3)
+    b.boot(b.unpinned[0], vcpu=1, memory=512, disk=4)
+    for host in (a, b):
+        assert once(configure(host, shared, aggregate)).code == 0
+    assert disk_of(placement, a.unpinned[0]) == {provider_uuid(aggregate): 3}
+    return placement, filesystem, a.root, b.root
+
+
+def offered_disk(placement, root) -> list:
+    """Where allocation candidates take DISK_GB for a guest on ``root``."""
+    found = candidates(placement, "resources=VCPU:1,DISK_GB:1")
+    return sorted(
+        rp
+        for r in found
+        if root in r["allocations"]
+        for rp, a in r["allocations"].items()
+        if "DISK_GB" in a["resources"]
+    )
+
+
+def test_the_way_back_after_a_lost_state_file_finds_the_sharing_provider_in_placement(
+    hosts, placement_server
+):
+    """The state file is deleted, then the option removed: the sharing
+    provider is found from the root's aggregates (its derived uuid, its
+    trait), the host's guest has its DISK_GB moved back whole in one reshape,
+    and the root leaves the aggregate: the filesystem is offered to this host
+    once, by its root, not by the sharing provider too."""
+    (a, b), shared = hosts
+    aggregate = str(uuid.uuid4())
+    share = provider_uuid(aggregate)
+    placement, filesystem, root_a, root_b = shared_pair(hosts, placement_server, aggregate)
+    shutil.rmtree(a.state_dir)
+
+    back = once(configure(a, shared), "--output", "json")
+
+    assert back.code == 0, back.stderr
+    assert back.json()["reshape"]["request_id"]
+    assert disk_of(placement, a.unpinned[0]) == {root_a: 3}
+    assert disk_of(placement, b.unpinned[0]) == {share: 4}
+    assert disk(placement, root_a) == filesystem
+    assert aggregate not in placement.aggregates(root_a)["aggregates"]
+    assert offered_disk(placement, root_a) == [root_a]
+    assert offered_disk(placement, root_b) == [share]
+    assert back.json()["shared_storage"]["moved_from"] == [
+        {"aggregate": aggregate, "provider": f"shared_storage_{aggregate}", "uuid": share}
+    ]
+    again = once(configure(a, shared), "--output", "json")
+    assert again.code == 0 and again.json()["reshape"] is None
+    assert again.json()["shared_storage"] is None
+
+
+@pytest.mark.parametrize("lose_state", [False, True], ids=["state-kept", "state-lost"])
+def test_changing_the_aggregate_moves_this_hosts_disk_to_the_new_sharing_provider(
+    hosts, placement_server, lose_state
+):
+    """Aggregate A to B on host a: its guest's DISK_GB goes from A's sharing
+    provider to B's in one reshape, b's stays on A's, a's root leaves A and
+    joins B; nothing is offered twice."""
+    (a, b), shared = hosts
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    share_a, share_b = provider_uuid(first), provider_uuid(second)
+    placement, filesystem, root_a, root_b = shared_pair(hosts, placement_server, first)
+    if lose_state:
+        shutil.rmtree(a.state_dir)
+
+    moved = once(configure(a, shared, second), "--output", "json")
+
+    assert moved.code == 0, moved.stderr
+    assert moved.json()["reshape"]["request_id"]
+    assert disk_of(placement, a.unpinned[0]) == {share_b: 3}
+    assert disk_of(placement, b.unpinned[0]) == {share_a: 4}
+    assert disk(placement, root_a) == 0
+    assert disk(placement, share_b) == disk(placement, share_a) == filesystem
+    assert placement.aggregates(root_a)["aggregates"] == [second]
+    assert offered_disk(placement, root_a) == [share_b]
+    assert offered_disk(placement, root_b) == [share_a]
+    report = moved.json()["shared_storage"]
+    assert (report["aggregate"], report["uuid"], report["moved"]) == (second, share_b, True)
+    assert [f["uuid"] for f in report["moved_from"]] == [share_a]
+    assert StateStore(Path(a.state_dir)).load()[SHARED_STORAGE] == {
+        "aggregate": second,
+        "uuid": share_b,
+    }
+    steady = once(configure(a, shared, second), "--output", "json")
+    assert steady.code == 0 and steady.json()["reshape"] is None
+    assert steady.json()["shared_storage"]["moved_from"] == []
