@@ -264,6 +264,7 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
             audit=report.audit,
             companion=None if companion is None else companion.as_dict(),
             blocked=report.blocked,
+            shared_storage=report.shared_storage,
         )
     desired = report.desired
     shown = render.report_dict(

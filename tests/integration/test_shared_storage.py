@@ -38,7 +38,7 @@ def once(config, *args):
 
 
 def configure(host: Host, shared_dir, aggregate=None, extra="") -> str:
-    extra += f"shared_storage_aggregate = {aggregate}\n" if aggregate else ""
+    extra = (f"shared_storage_aggregate = {aggregate}\n" if aggregate else "") + extra
     path = write_config(host, extra)
     with open(path) as f:
         text = f.read()
@@ -399,3 +399,87 @@ def test_changing_the_aggregate_moves_this_hosts_disk_to_the_new_sharing_provide
     steady = once(configure(a, shared, second), "--output", "json")
     assert steady.code == 0 and steady.json()["reshape"] is None
     assert steady.json()["shared_storage"]["moved_from"] == []
+
+
+def test_the_running_service_shows_shared_storage_in_its_status_and_metrics(
+    tmp_path, placement_server, host_name, rabbitmq
+):
+    """ctl status names the aggregate, the sharing provider, its DISK_GB
+    and whether this host's DISK_GB moved; the metrics (promtool-clean)
+    say the same."""
+    from tests import promlint
+    from tests.integration.agent_process import AgentProcess
+    from tests.integration.rabbit import free_port
+    from tests.integration.test_messaging import ctl
+    from tests.integration.test_metrics import samples, scrape
+
+    aggregate = str(uuid.uuid4())
+    share = provider_uuid(aggregate)
+    port = free_port()
+    agent = AgentProcess(
+        tmp_path,
+        placement_server.url,
+        host_name,
+        agent_options=f"report_interval = 3600\nmetrics_port = {port}\n"
+        f"[compute]\nshared_storage_aggregate = {aggregate}\n",
+        extra=f"transport_url = {rabbitmq}\n",
+    ).start()
+    try:
+        agent.status_after(lambda s: s.startswith("ok:"))
+        status = ctl(rabbitmq, host_name, "status")["shared_storage"]
+        text = scrape(port)
+    finally:
+        agent.stop()
+        agent.notify.close()
+    filesystem = disk(PlacementClient.for_endpoint(placement_server.url), share)
+    assert filesystem > 0
+    assert (status["aggregate"], status["uuid"], status["provider"]) == (
+        aggregate,
+        share,
+        f"shared_storage_{aggregate}",
+    )
+    assert (status["disk_gb"], status["moved"], status["moved_from"]) == (filesystem, True, [])
+    assert promlint.problems(text) == []
+    assert promlint.promtool_problems(text) in (None, [])
+    scraped = samples(text)
+    labels = (("aggregate", aggregate), ("provider", f"shared_storage_{aggregate}"))
+    assert scraped[("node_agent_shared_storage_moved", labels)] == 1
+    disk_gb = (("provider", f"shared_storage_{aggregate}"), ("resource_class", "DISK_GB"))
+    assert scraped[("node_agent_inventory", disk_gb)] == filesystem
+
+
+def test_once_and_dry_run_show_shared_storage_in_text_json_and_the_textfile(
+    hosts, placement_server, tmp_path
+):
+    from tests import promlint
+    from tests.integration.test_metrics import samples
+
+    (a, _b), shared = hosts
+    aggregate = str(uuid.uuid4())
+    placement = PlacementClient.for_endpoint(placement_server.url)
+    assert once(configure(a, shared)).code == 0
+    a.boot(a.unpinned[0], vcpu=1, memory=512, disk=3)
+    textfile = tmp_path / "node_agent.prom"
+    config = configure(a, shared, aggregate, extra=f"[agent]\nmetrics_textfile = {textfile}\n")
+
+    plan = once(config, "--dry-run", "--output", "json")
+    assert plan.code == 0, plan.stderr
+    planned = plan.json()["shared_storage"]
+    assert (planned["aggregate"], planned["moved"]) == (aggregate, False)
+    text = once(config, "--dry-run").stdout
+    assert "Shared storage:" in text
+    assert f"this host's DISK_GB is not on shared_storage_{aggregate} yet" in text
+    assert not textfile.exists()  # a dry run writes nothing
+
+    done = once(config, "--output", "json")
+    assert done.code == 0, done.stderr
+    filesystem = disk(placement, provider_uuid(aggregate))
+    report = done.json()["shared_storage"]
+    assert (report["moved"], report["disk_gb"]) == (True, filesystem)
+    written = textfile.read_text()
+    assert promlint.problems(written) == []
+    labels = (("aggregate", aggregate), ("provider", f"shared_storage_{aggregate}"))
+    assert samples(written)[("node_agent_shared_storage_moved", labels)] == 1
+    steady = once(config, "--dry-run")
+    assert f"this host's DISK_GB is on shared_storage_{aggregate}" in steady.stdout
+    assert f"DISK_GB {filesystem}" in steady.stdout
