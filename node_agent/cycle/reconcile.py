@@ -48,7 +48,7 @@ from node_agent.model.provider_tree import (
 )
 from node_agent.model.snapshot import Guest
 from node_agent.placement.errors import GenerationConflict, NotFound
-from node_agent.placement.planner import Change
+from node_agent.placement.planner import Change, aggregates_change
 from node_agent.placement.reshape_engine import Reshape, Rule, hold_inventories
 from node_agent.placement.reshape_host import HostReshape, host_reshape_inputs
 from node_agent.placement.reshape_reads import plan_reshape, read_inventories, uuid_of_root
@@ -676,10 +676,24 @@ class Reconciler:
         self.last_shared = self._planned_shared(desired, inputs, move, reshape)
         if not reshape.refusals:
             changes = changes + _retired_deletes(inputs, changes)
+            changes = self._released(tree, changes, move.left)
         flat = getattr(desired, "without_numa", None)
         if reshape.refusals and flat is not None and self._flat_now(desired):
             return self._plan_without_numa(desired, flat, reshape.as_dict())
         return tree, changes, (reshape.as_dict() if reshape.needed or reshape.refusals else None)
+
+    def _released(self, tree: PlacedTree, changes: list[Change], left: Mapping) -> list[Change]:
+        """The dry run's aggregates change of the root as the sync would send
+        it after the reshape: without the aggregates of the sharing
+        providers this host's DISK_GB leaves (:meth:`_shared_done`)."""
+        root = tree.root
+        state = (self.syncer.cached() or {}).get(str(root.uuid))
+        if not left or state is None or state.aggregates is None:
+            return changes
+        ours = self.syncer.aggregates_ours(state.uuid) | frozenset(left.values())
+        change = aggregates_change(root, state, state.generation, ours)
+        kept = [c for c in changes if not (c.kind == "aggregates" and c.target == state.uuid)]
+        return kept + ([change] if change is not None else [])
 
     def _planned_shared(
         self, desired: Desired, inputs: HostReshape, move: SharedMove, reshape

@@ -252,13 +252,17 @@ class TreeSyncer:
             return self._read_aggregates(held).aggregates or frozenset()
         return frozenset(self.client.aggregates(root_uuid)["aggregates"])
 
+    def aggregates_ours(self, root_uuid: str) -> frozenset:
+        """The root's aggregates the state file says the agent added."""
+        return self._aggregates_ours(root_uuid) or frozenset()
+
     def release_aggregates(self, root_uuid: str, aggregates: Iterable[str]) -> None:
         """Count ``aggregates`` as the agent's on the root: the next sync
         removes them unless the tree still wants them. For the aggregate of
         a sharing provider this host's DISK_GB left, whoever added it: a
         root in it would be offered the filesystem again on top of its own
         DISK_GB (:mod:`node_agent.policy.shared_storage`)."""
-        ours = (self._aggregates_ours(root_uuid) or frozenset()) | frozenset(aggregates)
+        ours = self.aggregates_ours(root_uuid) | frozenset(aggregates)
         record = {"root_uuid": root_uuid, "ours": sorted(ours)}
         if self._state.get(AGGREGATES) != record:
             self._state = self.store.put(AGGREGATES, record)

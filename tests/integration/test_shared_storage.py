@@ -346,6 +346,14 @@ def test_the_way_back_after_a_lost_state_file_finds_the_sharing_provider_in_plac
     placement, filesystem, root_a, root_b = shared_pair(hosts, placement_server, aggregate)
     shutil.rmtree(a.state_dir)
 
+    plan = once(configure(a, shared), "--dry-run", "--output", "json")
+    assert plan.code == 0, plan.stderr
+    assert [m["consumer"] for m in plan.json()["reshape"]["consumers"]] == [a.unpinned[0]]
+    assert any(f"-{aggregate}" in c["summary"] for c in plan.json()["changes"])
+    assert plan.json()["shared_storage"]["moved"] is False
+    assert disk_of(placement, a.unpinned[0]) == {share: 3}  # the dry run wrote nothing
+    shutil.rmtree(a.state_dir, ignore_errors=True)  # nor a state file that helps
+
     back = once(configure(a, shared), "--output", "json")
 
     assert back.code == 0, back.stderr
@@ -483,3 +491,38 @@ def test_once_and_dry_run_show_shared_storage_in_text_json_and_the_textfile(
     steady = once(config, "--dry-run")
     assert f"this host's DISK_GB is on shared_storage_{aggregate}" in steady.stdout
     assert f"DISK_GB {filesystem}" in steady.stdout
+
+
+def test_a_refused_change_of_aggregate_moves_nothing_and_keeps_the_way_to_the_former(
+    hosts, placement_server
+):
+    """B's sharing provider (ratio 1) cannot hold what a's guests use on
+    A's (ratio 2): the reshape is refused, nothing moves, the root offers no
+    DISK_GB and stays in A, so the next cycle (state file lost or not) still
+    finds where the guests' DISK_GB is."""
+    (a, _b), shared = hosts
+    first, second = str(uuid.uuid4()), str(uuid.uuid4())
+    share_a, share_b = provider_uuid(first), provider_uuid(second)
+    placement = PlacementClient.for_endpoint(placement_server.url)
+    assert once(configure(a, shared, extra="disk_allocation_ratio = 2.0\n")).code == 0
+    filesystem = disk(placement, a.root)
+    a.boot(a.unpinned[0], vcpu=1, memory=512, disk=filesystem)  # max_unit: the total
+    a.boot(a.unpinned[1], vcpu=1, memory=512, disk=1)
+    assert once(configure(a, shared, first, extra="disk_allocation_ratio = 2.0\n")).code == 0
+    assert disk_of(placement, a.unpinned[0]) == {share_a: filesystem}
+    root = a.root
+
+    for lose_state in (False, True):
+        if lose_state:
+            shutil.rmtree(a.state_dir)
+        refused = once(configure(a, shared, second), "--output", "json")
+
+        assert refused.code != 0
+        assert disk_of(placement, a.unpinned[0]) == {share_a: filesystem}
+        assert disk_of(placement, a.unpinned[1]) == {share_a: 1}
+        assert disk(placement, root) == 0
+        assert sorted(placement.aggregates(root)["aggregates"]) == sorted([first, second])
+        report = refused.json()["shared_storage"]
+        assert report["moved"] is False
+        assert [f["uuid"] for f in report["moved_from"]] == [share_a]
+        assert disk(placement, share_b) == 0  # B's offers nothing while refused
