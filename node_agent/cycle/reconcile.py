@@ -262,7 +262,8 @@ class Reconciler:
         state file loses no way back. The root's aggregates are read when
         the option is set (the sync reads them then anyway) or when the root
         offers no DISK_GB in Placement while this host has some to offer;
-        the listing only when one of them could name a sharing provider."""
+        then one listing when the root is in an aggregate other than the
+        option's."""
         wanted = None if desired.shared is None else str(desired.shared.uuid)
         record = self.syncer.state.get(SHARED_STORAGE)
         found = {}
@@ -600,6 +601,8 @@ class Reconciler:
         elif desired.shared is not None:
             with self.client.deadline("the sharing provider"):
                 shared_held = self._refresh_shared(desired.shared)
+        else:
+            self.last_shared = None  # checked with the shape: nothing left to move back
         with self.client.deadline("the tree sync"):
             report = self.syncer.sync(tree, limits_of(desired), guest_names(desired.host.guests))
         result = CycleOutcome(report, outcome, refusal)
@@ -630,6 +633,8 @@ class Reconciler:
         :attr:`TreeSyncer.last_capacity` then holds the capacity verdict.
         Guests that do not fit: no request would be sent, the refusal is the plan."""
         desired = self._undecided_kept(desired)
+        aggregate = _aggregate_of(desired.shared)
+        self.last_shared = shared_storage.report(aggregate, None, False)
         refused = guests_refused(desired)
         if refused is not None:
             desired = replace(desired, tree=self._cpu_held(desired))
@@ -657,8 +662,6 @@ class Reconciler:
                     ],
                 },
             )
-        aggregate = _aggregate_of(desired.shared)
-        self.last_shared = shared_storage.report(aggregate, None, False)
         inputs = self._inputs(desired)
         if inputs is None:
             return tree, changes, None

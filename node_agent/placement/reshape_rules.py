@@ -540,7 +540,7 @@ class disk_to_sharing_provider(RuleBase):
     """DISK_GB on the root moves to the sharing provider of a shared
     ``instances_path`` (:mod:`node_agent.policy.shared_storage`): every
     consumer's, the root offers no DISK_GB any more. The way back is
-    :class:`disk_to_root`."""
+    :class:`local_disk_moved`."""
 
     classes = frozenset({"DISK_GB"})
 
@@ -577,11 +577,6 @@ class local_disk_moved(RuleBase):
         if provider == self.source and rc == "DISK_GB" and consumer in self.local:
             return [(self.target, rc, amount)]
         return [(provider, rc, amount)]
-
-
-def disk_to_root(root_uuid: str, sharing_uuid: str, local: Iterable[str]) -> local_disk_moved:
-    """The way back from :class:`disk_to_sharing_provider`."""
-    return local_disk_moved(sharing_uuid, root_uuid, local)
 
 
 def host_rule(

@@ -15,7 +15,6 @@ from node_agent.cycle.desired import root_joined
 from node_agent.errors import ConfigError
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
 from node_agent.placement.reshape_rules import (
-    disk_to_root,
     disk_to_sharing_provider,
     local_disk_moved,
 )
@@ -119,7 +118,7 @@ def test_disk_moves_from_the_root_to_the_sharing_provider_and_nothing_else_does(
 
 
 def test_the_way_back_moves_only_this_hosts_consumers():
-    rule = disk_to_root(ROOT, SHARE, {"mine"})
+    rule = local_disk_moved(SHARE, ROOT, {"mine"})
     assert rule("mine", SHARE, "DISK_GB", 10) == [(ROOT, "DISK_GB", 10)]
     assert rule("theirs", SHARE, "DISK_GB", 10) == [(SHARE, "DISK_GB", 10)]
     assert (rule.sources, rule.targets) == ({SHARE}, {ROOT})
