@@ -358,7 +358,10 @@ def test_the_way_back_after_a_lost_state_file_finds_the_sharing_provider_in_plac
 
     assert back.code == 0, back.stderr
     assert back.json()["reshape"]["request_id"]
-    assert disk_of(placement, a.unpinned[0]) == {root_a: 3}
+    whole = placement.get(f"/allocations/{a.unpinned[0]}")["allocations"]
+    assert {rp: x["resources"] for rp, x in whole.items()} == {
+        root_a: {"VCPU": 1, "MEMORY_MB": 512, "DISK_GB": 3}
+    }
     assert disk_of(placement, b.unpinned[0]) == {share: 4}
     assert disk(placement, root_a) == filesystem
     assert aggregate not in placement.aggregates(root_a)["aggregates"]
