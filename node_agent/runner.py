@@ -134,6 +134,9 @@ class CycleReport:
     drift_changed: Callable[[], bool] = _never
     audit_changed: Callable[[], bool] = _never
     blocked: Optional[Blocked] = None  # what a run left refused
+    # Shared storage as the cycle left it (or would):
+    # node_agent.policy.shared_storage.report; None without it.
+    shared_storage: Optional[dict] = None
 
 
 class CycleRunner(Protocol):
@@ -302,6 +305,7 @@ class DirectRunner:
             applied=report.applied,
             audit_changed=lambda: changed,
             blocked=_blocked(outcome),
+            shared_storage=self.reconciler.last_shared,
         )
 
     def _audit(self, desired: Desired) -> tuple[Optional[dict], bool]:
@@ -363,6 +367,7 @@ class DirectRunner:
             audit=audit,
             client=self.client,
             below_usage=self.syncer.last_cuts,
+            shared_storage=self.reconciler.last_shared,
         )
 
     def close(self) -> None:

@@ -57,7 +57,8 @@ APPLIER = "applier"  # node-agent-applier: its per-host record
 PROVIDER_CACHE = "provider_cache"  # the service and --once: the syncer's cache
 AGGREGATES = "aggregates"  # the syncer: {"root_uuid", "ours"}, the aggregates it added
 # A cycle: {"aggregate", "uuid"} of the sharing provider this host's DISK_GB
-# moved to; kept until the reverse reshape moved it back (None then).
+# moved to; kept until the reverse reshape moved it back (None then). A
+# cache: the root's aggregates in Placement name it too.
 SHARED_STORAGE = "shared_storage"
 
 

@@ -264,6 +264,7 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
             audit=report.audit,
             companion=None if companion is None else companion.as_dict(),
             blocked=report.blocked,
+            shared_storage=report.shared_storage,
         )
     desired = report.desired
     shown = render.report_dict(
@@ -282,6 +283,7 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
     )
     shown = render.with_guests(shown, desired.host.guests)
     shown = render.with_stranded(shown, desired.stranded)
+    shown = render.with_shared_storage(shown, report.shared_storage)
     print(render.as_json(shown) if output == "json" else render.as_text(shown), end="")
     if desired.refused_files:
         refused = ConfigError(list(desired.refused_files))

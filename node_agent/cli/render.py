@@ -25,6 +25,11 @@ companion``) ``changes`` is always empty (nothing is ever written) and
 ``found``), ``drift`` (``provider``, ``subject``, ``placement``, ``host``,
 ``explained_by``) and ``next_restart`` (``reshape``, ``blocking``,
 ``lines``): :meth:`node_agent.cycle.companion.CompanionReport.as_dict`.
+``shared_storage`` (null unless ``[compute] shared_storage_aggregate`` is
+set or this host's DISK_GB is to move back from a sharing provider):
+``aggregate``, the sharing ``provider`` and its ``uuid``, its ``disk_gb``,
+``moved`` (this host's DISK_GB is where the option says and offered once)
+and ``moved_from`` (the sharing providers it leaves this cycle).
 """
 
 from __future__ import annotations
@@ -138,6 +143,20 @@ def with_stranded(report: dict, stranded: Optional[Mapping]) -> dict:
     return {**report, "numa_stranded": stranded}
 
 
+def with_shared_storage(report: dict, shared: Optional[Mapping]) -> dict:
+    """``report`` with shared storage (:func:`node_agent.policy.shared_storage.report`:
+    ``aggregate``, ``provider``, ``uuid``, ``disk_gb``, ``moved``,
+    ``moved_from``); null without ``[compute] shared_storage_aggregate`` and
+    nothing to move back."""
+    return {**report, "shared_storage": shared}
+
+
+def shared_storage_lines(shared: Optional[Mapping]) -> list[str]:
+    if not shared:
+        return []
+    return ["", "Shared storage:"] + [f"  {line}" for line in shared["lines"]]
+
+
 def stranded_lines(stranded: Optional[Mapping]) -> list[str]:
     if not stranded:
         return []
@@ -239,6 +258,7 @@ def as_text(report: dict) -> str:
     if report["reshape"]:
         lines += ["", "Reshape:"] + [f"  {line}" for line in report["reshape"].get("lines", [])]
     lines += _capacity_lines(report.get("capacity"))
+    lines += shared_storage_lines(report.get("shared_storage"))
     lines += stranded_lines(report.get("numa_stranded"))
     lines += _below_usage_lines(report.get("below_usage"))
     if report.get("audit"):

@@ -341,8 +341,10 @@ COMPUTE_OPTS = [
         "every host names the same one) holds the filesystem's DISK_GB; "
         "when hosts measure different sizes the smaller is kept. Setting it "
         "moves the DISK_GB allocations of this host's guests to the sharing "
-        "provider in one reshape; unsetting it moves them back to the root. "
-        "Set the same value on every host of the aggregate. Refused with "
+        "provider in one reshape; changing it moves them to the new "
+        "aggregate's sharing provider, unsetting it back to the root (the "
+        "sharing provider is found in Placement, a lost state file "
+        "included). Set the same value on every host of the aggregate. Refused with "
         "[agent] mode = companion (nova writes the root) and upstream = "
         "messaging (the applier does not write a sharing provider).",
     ),

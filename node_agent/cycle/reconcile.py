@@ -30,7 +30,7 @@ double-book the host.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Generic, Iterable, Mapping, Optional, Protocol, TypeVar
 
 from node_agent.cycle.desired import (
@@ -48,15 +48,15 @@ from node_agent.model.provider_tree import (
 )
 from node_agent.model.snapshot import Guest
 from node_agent.placement.errors import GenerationConflict, NotFound
-from node_agent.placement.planner import Change
+from node_agent.placement.planner import Change, aggregates_change
 from node_agent.placement.reshape_engine import Reshape, Rule, hold_inventories
 from node_agent.placement.reshape_host import HostReshape, host_reshape_inputs
 from node_agent.placement.reshape_reads import plan_reshape, read_inventories, uuid_of_root
 from node_agent.placement.reshape_rules import (
     chain,
-    disk_to_root,
     disk_to_sharing_provider,
     guest_names,
+    local_disk_moved,
 )
 from node_agent.placement.reshaper import ReshapeOutcome, ensure_reshaped
 from node_agent.placement.shared_storage import (
@@ -211,18 +211,28 @@ class Reconciler:
         self.syncer = syncer
         self._applied_shape = applied_shape
         self._guests_now = guests_now
+        # Shared storage as the last cycle (or plan) left it
+        # (policy/shared_storage.py: report); None without it.
+        self.last_shared: Optional[dict] = None
 
     def _known_uuids(self) -> Mapping[str, str]:
         return self.syncer.state.get(PROVIDERS, {})
 
-    def _held_tree(self, inputs: HostReshape, apart: frozenset = frozenset()) -> ProviderTree:
+    def _held_tree(
+        self, inputs: HostReshape, apart: frozenset = frozenset(), keep: frozenset = frozenset()
+    ) -> ProviderTree:
         """The tree the sync writes after a refused reshape; ``apart``: the
         sharing providers, no part of the host's tree (the sync must never
-        take one for a child of its own)."""
+        take one for a child of its own); ``keep``: aggregates the root
+        stays in (those of sharing providers its DISK_GB has not left)."""
         rule = inputs.rule
         held = sorted(set(getattr(rule, "providers", ())) - inputs.absent - apart)
         current = read_inventories(self.client, held)
-        tree = ProviderTree(tuple(p for p in inputs.tree.providers if p.uuid not in apart))
+        providers = tuple(p for p in inputs.tree.providers if p.uuid not in apart)
+        if keep:
+            root = providers[0]
+            providers = (replace(root, aggregates=root.aggregates | keep),) + providers[1:]
+        tree = ProviderTree(providers)
         return hold_inventories(
             tree, current, getattr(rule, "classes", ()), getattr(rule, "providers", None)
         )
@@ -244,22 +254,65 @@ class Reconciler:
             self.client, desired, known, self.syncer.owned_children, self.syncer.cached_tree()
         )
 
+    def _former_shares(self, desired: Desired, root: str) -> dict[str, str]:
+        """uuid -> aggregate of the sharing providers, other than the one the
+        option names, that may hold this host's DISK_GB: the state file's
+        record, and those Placement shows (:func:`~node_agent.policy.shared_storage.former_providers`:
+        the root's aggregates, the derived uuid, the trait), so a lost
+        state file loses no way back. The root's aggregates are read when
+        the option is set (the sync reads them then anyway) or when the root
+        offers no DISK_GB in Placement while this host has some to offer;
+        then one listing when the root is in an aggregate other than the
+        option's."""
+        wanted = None if desired.shared is None else str(desired.shared.uuid)
+        record = self.syncer.state.get(SHARED_STORAGE)
+        found = {}
+        if record and record["uuid"] != wanted:
+            found[record["uuid"]] = record["aggregate"]
+        if wanted is None and not self._disk_missing_on_root(desired, root):
+            return found
+        candidates = shared_storage.former_providers(self.syncer.root_aggregates(root), wanted)
+        candidates = {u: a for u, a in candidates.items() if u not in found}
+        if candidates:
+            listed = self.client.sharing_providers(candidates.values(), shared_storage.TRAIT)
+            found.update(
+                {rp["uuid"]: candidates[rp["uuid"]] for rp in listed if rp["uuid"] in candidates}
+            )
+        return found
+
+    def _disk_missing_on_root(self, desired: Desired, root: str) -> bool:
+        """This host has DISK_GB to offer and Placement's root offers none:
+        what a host whose DISK_GB went to a sharing provider looks like."""
+        if shared_storage.DISK_GB not in desired.tree.root.inventories:
+            return False
+        return not self._root_offers_disk(root)
+
+    def _root_offers_disk(self, root: str) -> bool:
+        """Placement's root has DISK_GB (the syncer's cache; one GET without)."""
+        held = (self.syncer.cached() or {}).get(root)
+        inventories = None if held is None else held.inventories
+        if inventories is None:
+            inventories = self.client.inventories(root)["inventories"]
+        return shared_storage.DISK_GB in inventories
+
     def _with_shared(
-        self, desired: Desired, inputs: HostReshape, write: bool = True
-    ) -> tuple[HostReshape, frozenset]:
+        self, desired: Desired, inputs: HostReshape, former: Mapping[str, str], write: bool = True
+    ) -> tuple[HostReshape, SharedMove]:
         """The reshape inputs with the sharing provider of a shared
         ``instances_path`` (:mod:`node_agent.placement.shared_storage`),
         made to hold the filesystem first, and the rule that moves the root's
-        DISK_GB to it; with the option gone, the rule that moves this host's
-        DISK_GB back from the one the state file names. Also the uuids of
-        the sharing providers: the capacity guard checks them apart.
+        DISK_GB to it; and with the ``former`` sharing providers
+        (:meth:`_former_shares`), the rule that moves this host's DISK_GB
+        from them to the one the option names, or back to the root.
         ``write`` False (``--dry-run``): reads only; a sharing provider not
         there yet is planned as one to create, with this host's measure."""
         root = uuid_of_root(inputs.tree)
-        record = self.syncer.state.get(SHARED_STORAGE)
-        rule: Rule
-        if desired.shared is not None and not write:
-            share, absent = desired.shared, frozenset[str]()
+        providers: list[Provider] = []
+        rules: list[Rule] = [inputs.rule]
+        absent = inputs.absent
+        wanted = desired.shared
+        if wanted is not None and not write:
+            share = wanted
             try:
                 held = self.client.inventories(str(share.uuid))["inventories"]
                 if shared_storage.DISK_GB in held:
@@ -268,48 +321,55 @@ class Reconciler:
                         inventories={rc: Inventory.from_placement(r) for rc, r in held.items()},
                     )
             except NotFound:
-                absent = frozenset({str(share.uuid)})
-            tree = ProviderTree(inputs.tree.providers + (share,))
-            rule = disk_to_sharing_provider(root, str(share.uuid))
-            planned = replace(
-                inputs, tree=tree, rule=chain(inputs.rule, rule), absent=inputs.absent | absent
-            )
-            return planned, frozenset({str(share.uuid)})
-        if desired.shared is not None:
+                absent = absent | {str(share.uuid)}
+            providers.append(share)
+        elif wanted is not None:
             classes = {rc for p in desired.tree.providers for rc in p.inventories}
-            held = join_sharing_provider(self.client, desired.shared, classes, desired.host.disk_gb)
+            held = join_sharing_provider(self.client, wanted, classes, desired.host.disk_gb)
             # The record this host would leave: the reshape body writes it
             # with the moves (write_disk after, when nothing moves).
-            measured = desired.shared.inventories[shared_storage.DISK_GB].as_placement()
+            measured = wanted.inventories[shared_storage.DISK_GB].as_placement()
             merged = shared_storage.record_to_write(measured, held.get(shared_storage.DISK_GB))
-            share = replace(
-                desired.shared,
-                inventories={
-                    **{rc: Inventory.from_placement(r) for rc, r in held.items()},
-                    shared_storage.DISK_GB: Inventory.from_placement(merged),
-                },
+            providers.append(
+                replace(
+                    wanted,
+                    inventories={
+                        **{rc: Inventory.from_placement(r) for rc, r in held.items()},
+                        shared_storage.DISK_GB: Inventory.from_placement(merged),
+                    },
+                )
             )
-            rule = disk_to_sharing_provider(root, str(share.uuid))
-            self._remember_shared(desired.shared)
-        elif record:
+            if not former:
+                self._remember_shared(wanted)
+        if wanted is not None:
+            rules.append(disk_to_sharing_provider(root, str(wanted.uuid)))
+        target = root if wanted is None else str(wanted.uuid)
+        left: dict[str, str] = {}
+        local: Optional[set[str]] = None
+        for uuid, aggregate in sorted(former.items()):
             try:
-                held = self.client.inventories(record["uuid"])["inventories"]
+                held = self.client.inventories(uuid)["inventories"]
             except NotFound:
-                if write:
-                    self.syncer.remember(SHARED_STORAGE, None)  # gone: nothing to move back
-                return inputs, frozenset()
-            share = Provider(
-                shared_storage.provider_name(record["aggregate"]),
-                uuid=record["uuid"],
-                inventories={rc: Inventory.from_placement(r) for rc, r in held.items()},
+                continue  # gone: nothing to move from it
+            if local is None:
+                local = set(self.client.provider_allocations(root)["allocations"])
+                local |= {g.uuid for g in desired.host.guests}
+            providers.append(
+                Provider(
+                    shared_storage.provider_name(aggregate),
+                    uuid=uuid,
+                    inventories={rc: Inventory.from_placement(r) for rc, r in held.items()},
+                )
             )
-            local = set(self.client.provider_allocations(root)["allocations"])
-            local |= {g.uuid for g in desired.host.guests}
-            rule = disk_to_root(root, record["uuid"], local)
-        else:
-            return inputs, frozenset()
-        tree = ProviderTree(inputs.tree.providers + (share,))
-        return replace(inputs, tree=tree, rule=chain(inputs.rule, rule)), frozenset({share.uuid})
+            rules.append(local_disk_moved(uuid, target, local))
+            left[uuid] = aggregate
+        if not providers:
+            if write and self.syncer.state.get(SHARED_STORAGE):
+                self.syncer.remember(SHARED_STORAGE, None)  # gone: nothing to move back
+            return inputs, SharedMove()
+        tree = ProviderTree(inputs.tree.providers + tuple(providers))
+        planned = replace(inputs, tree=tree, rule=chain(*rules), absent=absent)
+        return planned, SharedMove(frozenset(str(p.uuid) for p in providers), left)
 
     def _remember_shared(self, shared: Provider) -> None:
         """Which sharing provider this host's DISK_GB goes to: the way back
@@ -317,45 +377,70 @@ class Reconciler:
         aggregate = sorted(shared.aggregates)[0]
         self.syncer.remember(SHARED_STORAGE, {"aggregate": aggregate, "uuid": shared.uuid})
 
+    def _shared_done(self, desired: Desired, root: str, move: SharedMove) -> None:
+        """After the reshape went through: the root leaves the aggregates of
+        the sharing providers its DISK_GB left, and the state file names the
+        one it is on now (none without the option)."""
+        if move.left:
+            self.syncer.release_aggregates(root, move.left.values())
+        if desired.shared is not None:
+            self._remember_shared(desired.shared)
+        elif move.apart:
+            self.syncer.remember(SHARED_STORAGE, None)  # moved back: done
+
     def _refresh_shared(self, shared: Provider) -> bool:
         """Each cycle the reshape check skips: the sharing provider's DISK_GB
         as this host measures it now, merged (one GET; a PUT when another
         writer or a smaller measure moved it). Gone (an operator deleted
         it): the next cycle checks the reshape again, which recreates it."""
+        aggregate = _aggregate_of(shared)
         try:
-            write_disk(self.client, shared)
+            held = write_disk(self.client, shared)
         except NotFound:
             LOG.warning("shared storage: sharing provider %s is gone", shared.name)
+            self.last_shared = shared_storage.report(aggregate, None, False)
             return False
+        self.last_shared = shared_storage.report(aggregate, _disk_total(held), True)
         return True
 
     def _reshape(
         self, desired: Desired, before_post=None
     ) -> tuple[Optional[ReshapeOutcome], Optional[ReshapeRefused], ProviderTree]:
+        aggregate = _aggregate_of(desired.shared)
         inputs = self._inputs(desired)
         if inputs is None:
             if desired.shared is not None:
                 # A new host: nothing to move, the sharing provider to join.
                 try:
                     classes = {rc for p in desired.tree.providers for rc in p.inventories}
-                    ensure_sharing_provider(
+                    held = ensure_sharing_provider(
                         self.client, desired.shared, classes, desired.host.disk_gb
                     )
                 except ReshapeError as exc:
+                    self.last_shared = shared_storage.report(aggregate, None, False)
                     return None, ReshapeRefused(str(exc)), desired.tree
                 self._remember_shared(desired.shared)
+                self.last_shared = shared_storage.report(aggregate, _disk_total(held), True)
             return ReshapeOutcome(False, Reshape(None)), None, desired.tree
+        root = uuid_of_root(inputs.tree)
+        former = self._former_shares(desired, root)
+        # Until the move is done the root stays in the aggregates its DISK_GB
+        # is to leave: Placement keeps the way there, state file or not.
+        keep = frozenset(former.values())
+        not_moved = shared_storage.report(aggregate, None, False, former)
         try:
             self.syncer.mark_before_reshape(desired.tree)
         except GenerationConflict as exc:
             refused = ReshapeRefused(f"reshape not sent this cycle: {exc}", busy=True)
-            return None, refused, self._held_tree(inputs)
+            self.last_shared = not_moved
+            return None, refused, self._held_tree(inputs, keep=keep)
         try:
-            inputs, apart = self._with_shared(desired, inputs)
+            inputs, move = self._with_shared(desired, inputs, former)
         except ReshapeError as exc:
             LOG.debug("shared storage refused: %s", exc)
-            return None, ReshapeRefused(str(exc)), self._held_tree(inputs)
-        guard = self._capacity_guard(desired, inputs.tree, apart)
+            self.last_shared = not_moved
+            return None, ReshapeRefused(str(exc)), self._held_tree(inputs, keep=keep)
+        guard = self._capacity_guard(desired, inputs.tree, move.apart)
         kw = {"before_post": _chain(guard, before_post)} if guard or before_post else {}
         try:
             outcome = ensure_reshaped(
@@ -372,21 +457,24 @@ class Reconciler:
             # Logged at DEBUG: the caller reports it (the service once while
             # it stays the same, --once on stderr, the applier per message).
             LOG.debug("reshape refused, the inventory it would move is kept as it is: %s", exc)
+            self.last_shared = shared_storage.report(aggregate, None, False, move.left)
             return (
                 None,
                 ReshapeRefused(str(exc), busy=isinstance(exc, HostBusy)),
-                self._held_tree(inputs, apart),
+                self._held_tree(inputs, move.apart, keep),
             )
         if outcome.created:
             self.syncer.invalidate()  # the sync re-reads the tree and adopts them
         elif outcome.reshaped:
             self.syncer.note_inventories(outcome.inventories)
+        disk = None
         if desired.shared is not None:
-            write_disk(self.client, desired.shared)  # one GET when the body wrote it
+            # One GET when the body wrote it.
+            disk = _disk_total(write_disk(self.client, desired.shared))
         # Emptied (or empty already): the sync deletes them, state file or not.
         self.syncer.claim_children(inputs.retired)
-        if desired.shared is None and apart:
-            self.syncer.remember(SHARED_STORAGE, None)  # moved back: done
+        self._shared_done(desired, root, move)
+        self.last_shared = shared_storage.report(aggregate, disk, True, move.left)
         return outcome, None, desired.tree
 
     def _flat_now(self, desired: Desired) -> bool:
@@ -513,6 +601,8 @@ class Reconciler:
         elif desired.shared is not None:
             with self.client.deadline("the sharing provider"):
                 shared_held = self._refresh_shared(desired.shared)
+        else:
+            self.last_shared = None  # checked with the shape: nothing left to move back
         with self.client.deadline("the tree sync"):
             report = self.syncer.sync(tree, limits_of(desired), guest_names(desired.host.guests))
         result = CycleOutcome(report, outcome, refusal)
@@ -543,6 +633,8 @@ class Reconciler:
         :attr:`TreeSyncer.last_capacity` then holds the capacity verdict.
         Guests that do not fit: no request would be sent, the refusal is the plan."""
         desired = self._undecided_kept(desired)
+        aggregate = _aggregate_of(desired.shared)
+        self.last_shared = shared_storage.report(aggregate, None, False)
         refused = guests_refused(desired)
         if refused is not None:
             desired = replace(desired, tree=self._cpu_held(desired))
@@ -573,7 +665,9 @@ class Reconciler:
         inputs = self._inputs(desired)
         if inputs is None:
             return tree, changes, None
-        inputs, _apart = self._with_shared(desired, inputs, write=False)
+        root = uuid_of_root(inputs.tree)
+        former = self._former_shares(desired, root)
+        inputs, move = self._with_shared(desired, inputs, former, write=False)
         reshape = plan_reshape(
             self.client,
             inputs.tree,
@@ -582,12 +676,46 @@ class Reconciler:
             inputs.absent,
             self.syncer.known_inventories(),
         )
+        self.last_shared = self._planned_shared(desired, inputs, move, reshape)
         if not reshape.refusals:
             changes = changes + _retired_deletes(inputs, changes)
+            changes = self._released(tree, changes, move.left)
         flat = getattr(desired, "without_numa", None)
         if reshape.refusals and flat is not None and self._flat_now(desired):
             return self._plan_without_numa(desired, flat, reshape.as_dict())
         return tree, changes, (reshape.as_dict() if reshape.needed or reshape.refusals else None)
+
+    def _released(self, tree: PlacedTree, changes: list[Change], left: Mapping) -> list[Change]:
+        """The dry run's aggregates change of the root as the sync would send
+        it after the reshape: without the aggregates of the sharing
+        providers this host's DISK_GB leaves (:meth:`_shared_done`)."""
+        root = tree.root
+        state = (self.syncer.cached() or {}).get(str(root.uuid))
+        if not left or state is None or state.aggregates is None:
+            return changes
+        ours = self.syncer.aggregates_ours(state.uuid) | frozenset(left.values())
+        change = aggregates_change(root, state, state.generation, ours)
+        kept = [c for c in changes if not (c.kind == "aggregates" and c.target == state.uuid)]
+        return kept + ([change] if change is not None else [])
+
+    def _planned_shared(
+        self, desired: Desired, inputs: HostReshape, move: SharedMove, reshape
+    ) -> Optional[dict]:
+        """The dry run's shared-storage report: moved when nothing is left
+        to move, the sharing provider exists and the root offers no DISK_GB."""
+        aggregate = _aggregate_of(desired.shared)
+        share = desired.shared
+        disk = None
+        if share is not None:
+            planned = next(p for p in inputs.tree.providers if p.uuid == share.uuid)
+            record = planned.inventories.get(shared_storage.DISK_GB)
+            disk = None if record is None else record.total
+        moved = not (reshape.needed or reshape.refusals or move.left)
+        if share is not None:
+            root = uuid_of_root(inputs.tree)
+            moved = moved and share.uuid not in inputs.absent
+            moved = moved and not self._root_offers_disk(root)
+        return shared_storage.report(aggregate, disk, moved, move.left)
 
     def _plan_without_numa(
         self, desired: Desired, flat: ProviderTree, refused: dict
@@ -612,6 +740,25 @@ class Reconciler:
                 "lines": [f"REFUSED: {r}" for r in refused["refused"]] + [note] + after["lines"],
             },
         )
+
+
+@dataclass(frozen=True)
+class SharedMove:
+    """The sharing providers a reshape works on (``apart``: the capacity
+    guard checks them apart from the host's tree) and, of those, the ones
+    this host's DISK_GB leaves (``left``: uuid -> aggregate)."""
+
+    apart: frozenset[str] = frozenset()
+    left: Mapping[str, str] = field(default_factory=dict)
+
+
+def _aggregate_of(shared: Optional[Provider]) -> Optional[str]:
+    return None if shared is None else sorted(shared.aggregates)[0]
+
+
+def _disk_total(inventories: Mapping) -> Optional[int]:
+    record = inventories.get(shared_storage.DISK_GB)
+    return None if record is None else int(record["total"])
 
 
 def _retired_deletes(inputs: HostReshape, planned: list[Change]) -> list[Change]:

@@ -181,6 +181,11 @@ class PlacementReads:
     def providers_with_trait(self, trait: str) -> list[dict]:
         return self._read(routes.providers_with_trait(trait), _PROVIDERS)[_PROVIDERS]
 
+    def sharing_providers(self, aggregates, trait: str) -> list[dict]:
+        """The providers in any of ``aggregates`` carrying ``trait``: one GET."""
+        path = routes.sharing_providers(sorted(aggregates), trait)
+        return self._read(path, _PROVIDERS)[_PROVIDERS]
+
     def providers_in_tree(self, root_uuid: str) -> list[dict]:
         return self._read(routes.providers_in_tree(root_uuid), _PROVIDERS)[_PROVIDERS]
 

@@ -14,8 +14,9 @@ Rules compose with :class:`chain`. Seven are provided:
   NUMA or GPU children that are going away moves to the root.
 * :class:`mem_encryption_to_child` -- MEM_ENCRYPTION_CONTEXT on the root
   (nova's layout before 2025.2) moves to the ``<host>_amd_sev`` child.
-* :class:`disk_to_sharing_provider` and :class:`disk_to_root` -- DISK_GB
-  between the root and the sharing provider of a shared ``instances_path``.
+* :class:`disk_to_sharing_provider` and :class:`local_disk_moved` -- DISK_GB
+  between the root and the sharing provider of a shared ``instances_path``,
+  or between two sharing providers.
 
 :func:`host_rule` chains them to fit a host's desired tree.
 
@@ -539,7 +540,7 @@ class disk_to_sharing_provider(RuleBase):
     """DISK_GB on the root moves to the sharing provider of a shared
     ``instances_path`` (:mod:`node_agent.policy.shared_storage`): every
     consumer's, the root offers no DISK_GB any more. The way back is
-    :class:`disk_to_root`."""
+    :class:`local_disk_moved`."""
 
     classes = frozenset({"DISK_GB"})
 
@@ -555,24 +556,26 @@ class disk_to_sharing_provider(RuleBase):
         return [(provider, rc, amount)]
 
 
-class disk_to_root(RuleBase):
-    """The way back from :class:`disk_to_sharing_provider`: the DISK_GB that
-    this host's consumers (``local``: those with allocations in this host's
-    tree, or a guest on it) hold on the sharing provider moves to the root.
-    The other hosts' consumers stay: the sharing provider stays theirs."""
+class local_disk_moved(RuleBase):
+    """The DISK_GB that this host's consumers (``local``: those with
+    allocations in this host's tree, or a guest on it) hold on the sharing
+    provider ``source`` moves to ``target``: the root (the way back from
+    :class:`disk_to_sharing_provider`) or the sharing provider of another
+    aggregate. The other hosts' consumers stay: the sharing provider stays
+    theirs."""
 
     classes = frozenset({"DISK_GB"})
 
-    def __init__(self, root_uuid: str, sharing_uuid: str, local: Iterable[str]):
-        self.root_uuid = root_uuid
-        self.sharing_uuid = sharing_uuid
+    def __init__(self, source: str, target: str, local: Iterable[str]):
+        self.source = source
+        self.target = target
         self.local = frozenset(local)
-        self.sources = frozenset({sharing_uuid})
-        self.targets = frozenset({root_uuid})
+        self.sources = frozenset({source})
+        self.targets = frozenset({target})
 
     def __call__(self, consumer: str, provider: str, rc: str, amount: int) -> list[Place]:
-        if provider == self.sharing_uuid and rc == "DISK_GB" and consumer in self.local:
-            return [(self.root_uuid, rc, amount)]
+        if provider == self.source and rc == "DISK_GB" and consumer in self.local:
+            return [(self.target, rc, amount)]
         return [(provider, rc, amount)]
 
 

@@ -48,6 +48,12 @@ def providers_with_trait(trait: str) -> str:
     return f"{PROVIDERS}?required={quote(trait)}"
 
 
+def sharing_providers(aggregates, trait: str) -> str:
+    """Providers in any of ``aggregates`` carrying ``trait`` (``member_of=in:``:
+    1.3; ``required``: 1.18)."""
+    return f"{PROVIDERS}?member_of=in:{','.join(aggregates)}&required={quote(trait)}"
+
+
 def providers_in_tree(root_uuid: str) -> str:
     return f"{PROVIDERS}?in_tree={root_uuid}"
 

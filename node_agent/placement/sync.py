@@ -241,6 +241,32 @@ class TreeSyncer:
             held[state.uuid] = replace(held[state.uuid], aggregates=state.aggregates)
         return state
 
+    def root_aggregates(self, root_uuid: str) -> frozenset:
+        """The root's aggregates as Placement holds them: from the cache, or
+        one GET kept in the cache (the sync that follows, which reads them
+        when it has aggregates to keep, then reads them no more)."""
+        held = (self._cache.providers or {}).get(root_uuid)
+        if held is not None and held.aggregates is not None:
+            return held.aggregates
+        if held is not None:
+            return self._read_aggregates(held).aggregates or frozenset()
+        return frozenset(self.client.aggregates(root_uuid)["aggregates"])
+
+    def aggregates_ours(self, root_uuid: str) -> frozenset:
+        """The root's aggregates the state file says the agent added."""
+        return self._aggregates_ours(root_uuid) or frozenset()
+
+    def release_aggregates(self, root_uuid: str, aggregates: Iterable[str]) -> None:
+        """Count ``aggregates`` as the agent's on the root: the next sync
+        removes them unless the tree still wants them. For the aggregate of
+        a sharing provider this host's DISK_GB left, whoever added it: a
+        root in it would be offered the filesystem again on top of its own
+        DISK_GB (:mod:`node_agent.policy.shared_storage`)."""
+        ours = self.aggregates_ours(root_uuid) | frozenset(aggregates)
+        record = {"root_uuid": root_uuid, "ours": sorted(ours)}
+        if self._state.get(AGGREGATES) != record:
+            self._state = self.store.put(AGGREGATES, record)
+
     def _aggregates_ours(self, root_uuid: Optional[str]) -> Optional[frozenset]:
         """The root's aggregates the agent added (the state file's record);
         None when it has no record for this root."""

@@ -22,12 +22,18 @@ two hosts never overstate the filesystem, never undo each other's write in
 turn, and a host never grows it past what another host saw. A filesystem
 that grew is published larger once an operator sets the sharing provider's
 inventory by hand (or deletes it while nothing is allocated).
+
+Where this host's DISK_GB is, Placement says, not the state file: a root
+that joined an aggregate whose sharing provider (the derived uuid, with the
+trait) exists while the option names another aggregate, or none, has its
+consumers' DISK_GB moved from there (:func:`former_providers`): to the
+sharing provider the option names now, or back to the root.
 """
 
 from __future__ import annotations
 
 import uuid as uuidlib
-from typing import Mapping, Optional
+from typing import Iterable, Mapping, Optional
 
 from node_agent.model.provider_tree import Inventory, Provider
 
@@ -85,3 +91,71 @@ def held_disk(inventories: dict) -> Optional[int]:
     """The DISK_GB total Placement holds on the sharing provider."""
     record = inventories.get(DISK_GB)
     return None if record is None else int(record["total"])
+
+
+def former_providers(root_aggregates: Iterable[str], wanted: Optional[str]) -> dict[str, str]:
+    """uuid -> aggregate of the sharing providers the root's aggregates
+    (as Placement holds them) may name, other than ``wanted`` (the uuid of
+    the one the option names; None without the option). Which of them exist
+    and carry :data:`TRAIT` is Placement's to say."""
+    found = {provider_uuid(a): str(uuidlib.UUID(a)) for a in root_aggregates if _is_uuid(a)}
+    found.pop(wanted or "", None)
+    return found
+
+
+def _is_uuid(value: str) -> bool:
+    try:
+        uuidlib.UUID(value)
+    except ValueError:
+        return False
+    return True
+
+
+def report(
+    aggregate: Optional[str],
+    disk_gb: Optional[int],
+    moved: bool,
+    moved_from: Optional[Mapping[str, str]] = None,
+) -> Optional[dict]:
+    """What ``--once``, ``--dry-run``, ``status`` and the metrics show of
+    shared storage; None without the option and nothing to move back.
+    ``aggregate``: the option's (None: removed); ``disk_gb``: the sharing
+    provider's DISK_GB total as Placement holds it after the cycle (or would);
+    ``moved``: this host's DISK_GB is where the option says (the sharing
+    provider, or the root without the option) and the root offers it once;
+    ``moved_from``: uuid -> aggregate of the sharing providers this cycle
+    moves (or would move) this host's consumers from."""
+    moved_from = moved_from or {}
+    if aggregate is None and not moved_from:
+        return None
+    former = [
+        {"aggregate": a, "provider": provider_name(a), "uuid": u}
+        for u, a in sorted(moved_from.items(), key=lambda item: item[1])
+    ]
+    where = "the root" if aggregate is None else provider_name(aggregate)
+    lines = []
+    if aggregate is not None:
+        size = "no DISK_GB yet" if disk_gb is None else f"DISK_GB {disk_gb}"
+        lines.append(
+            f"aggregate {aggregate}: sharing provider {provider_name(aggregate)} "
+            f"[{provider_uuid(aggregate)}], {size}"
+        )
+    for f in former:
+        lines.append(
+            f"this host's DISK_GB {'moved' if moved else 'to move'} from {f['provider']} "
+            f"[{f['uuid']}] to {where}"
+        )
+    lines.append(
+        f"this host's DISK_GB is on {where}"
+        if moved
+        else f"this host's DISK_GB is not on {where} yet (see Reshape and Errors)"
+    )
+    return {
+        "aggregate": aggregate,
+        "provider": None if aggregate is None else provider_name(aggregate),
+        "uuid": None if aggregate is None else provider_uuid(aggregate),
+        "disk_gb": disk_gb,
+        "moved": moved,
+        "moved_from": former,
+        "lines": lines,
+    }

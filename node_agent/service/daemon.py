@@ -92,6 +92,8 @@ class Agent:
         self.last_desired: Optional[Desired] = None
         self.last_sync: Optional[dict] = None  # last sync that ran
         self.last_error: Optional[dict] = None  # last cycle that raised
+        # Shared storage as the last cycle left it (policy/shared_storage.py: report).
+        self.last_shared: Optional[dict] = None
         self.reshapes = 0
         self.reshape_errors = 0
         self._runner: Optional[CycleRunner] = None  # one per loaded config
@@ -165,6 +167,7 @@ class Agent:
         with self._lock:
             self.last_desired = desired
             self.last_error = None
+            self.last_shared = report.shared_storage
             self.last_sync = {
                 "time": started,
                 "ok": report.ok,
@@ -309,6 +312,7 @@ class Agent:
                     desired
                 ),
                 "tree": tree_summary(desired),
+                "shared_storage": self.last_shared,
                 "warnings": list(desired.warnings) if desired else [],
             }
 

@@ -196,6 +196,7 @@ class AgentCollector:
             devices.add_metric([name], 1)
         yield devices
         yield self._inventories()
+        yield self._shared_storage()
         yield self._requests()
         yield self._audit()
         yield self._drift()
@@ -244,6 +245,24 @@ class AgentCollector:
         for provider in desired.tree.providers if desired else ():
             for rc, inventory in sorted(provider.inventories.items()):
                 family.add_metric([provider.name, rc], inventory.total)
+        # The sharing provider, as Placement holds it after the cycle.
+        shared = getattr(self.agent, "last_shared", None)
+        if shared and shared.get("provider") and shared.get("disk_gb") is not None:
+            family.add_metric([shared["provider"], "DISK_GB"], shared["disk_gb"])
+        return family
+
+    def _shared_storage(self):
+        """Absent without [compute] shared_storage_aggregate."""
+        family = _gauge(
+            "shared_storage_moved",
+            "1 when this host's DISK_GB is on the sharing provider of its "
+            "[compute] shared_storage_aggregate and its root offers none, 0 "
+            "while the move is pending or refused; per aggregate and provider.",
+            labels=["aggregate", "provider"],
+        )
+        shared = getattr(self.agent, "last_shared", None)
+        if shared and shared.get("aggregate"):
+            family.add_metric([shared["aggregate"], shared["provider"]], int(bool(shared["moved"])))
         return family
 
     def _requests(self):
@@ -364,12 +383,14 @@ def write_once(
     companion: Optional[dict] = None,
     audit: Optional[dict] = None,
     blocked=None,
+    shared_storage: Optional[dict] = None,
 ) -> None:
     """``--once``: the service's metrics for this one cycle, written to
     ``[agent] metrics_textfile`` when it is set, so node_exporter's textfile
     collector shows hosts synced by a timer too. ``companion`` and ``audit``:
     companion mode's check, for the drift and audit gauges; ``blocked``: what
-    the cycle left refused (:class:`node_agent.runner.Blocked`), the problem."""
+    the cycle left refused (:class:`node_agent.runner.Blocked`), the problem;
+    ``shared_storage``: the cycle's shared-storage report."""
 
     if not conf.agent.metrics_textfile:
         return
@@ -389,6 +410,7 @@ def write_once(
         last_companion=companion,
         last_audit=audit,
         blocked=blocked,
+        last_shared=shared_storage,
     )
     metrics.start(agent, service)
     metrics.cycle_done()

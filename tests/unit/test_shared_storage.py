@@ -8,12 +8,16 @@ import uuid
 
 import pytest
 
+from node_agent.cli import render
 from node_agent.config.files import load_conf
 from node_agent.config.settings import load_settings
 from node_agent.cycle.desired import root_joined
 from node_agent.errors import ConfigError
 from node_agent.model.provider_tree import Inventory, Provider, ProviderTree
-from node_agent.placement.reshape_rules import disk_to_root, disk_to_sharing_provider
+from node_agent.placement.reshape_rules import (
+    disk_to_sharing_provider,
+    local_disk_moved,
+)
 from node_agent.policy import shared_storage
 from node_agent.policy.capacity import shared_disk_problems
 
@@ -114,10 +118,68 @@ def test_disk_moves_from_the_root_to_the_sharing_provider_and_nothing_else_does(
 
 
 def test_the_way_back_moves_only_this_hosts_consumers():
-    rule = disk_to_root(ROOT, SHARE, {"mine"})
+    rule = local_disk_moved(SHARE, ROOT, {"mine"})
     assert rule("mine", SHARE, "DISK_GB", 10) == [(ROOT, "DISK_GB", 10)]
     assert rule("theirs", SHARE, "DISK_GB", 10) == [(SHARE, "DISK_GB", 10)]
     assert (rule.sources, rule.targets) == ({SHARE}, {ROOT})
+
+
+def test_changing_the_aggregate_moves_only_this_hosts_consumers_between_sharing_providers():
+    rule = local_disk_moved(SHARE, OTHER, {"mine"})
+    assert rule("mine", SHARE, "DISK_GB", 10) == [(OTHER, "DISK_GB", 10)]
+    assert rule("theirs", SHARE, "DISK_GB", 10) == [(SHARE, "DISK_GB", 10)]
+    assert rule("mine", SHARE, "VCPU", 1) == [(SHARE, "VCPU", 1)]
+    assert (rule.sources, rule.targets) == ({SHARE}, {OTHER})
+
+
+OTHER_AGG = "0d6a3c9e-52b1-4f0e-8b7d-93c2a4e61f08"
+
+
+@pytest.mark.parametrize(
+    "root_aggregates, wanted, expected",
+    [
+        ([], None, {}),
+        ([AGG], None, {shared_storage.provider_uuid(AGG): AGG}),
+        ([AGG], shared_storage.provider_uuid(AGG), {}),  # the one the option names
+        (
+            [AGG, OTHER_AGG.upper(), "not-a-uuid"],
+            shared_storage.provider_uuid(AGG),
+            {shared_storage.provider_uuid(OTHER_AGG): OTHER_AGG},
+        ),
+    ],
+)
+def test_former_sharing_providers_are_named_by_the_roots_aggregates(
+    root_aggregates, wanted, expected
+):
+    assert shared_storage.former_providers(root_aggregates, wanted) == expected
+
+
+def test_no_shared_storage_report_without_the_option_and_nothing_to_move_back():
+    assert shared_storage.report(None, None, True) is None
+
+
+def test_the_shared_storage_report_names_the_provider_and_where_the_disk_is():
+    former = {shared_storage.provider_uuid(OTHER_AGG): OTHER_AGG}
+    report = shared_storage.report(AGG, 251, True, former)
+    assert report is not None
+    assert (report["aggregate"], report["provider"], report["uuid"]) == (
+        AGG,
+        f"shared_storage_{AGG}",
+        shared_storage.provider_uuid(AGG),
+    )
+    assert (report["disk_gb"], report["moved"]) == (251, True)
+    assert [f["aggregate"] for f in report["moved_from"]] == [OTHER_AGG]
+    text = render.as_text(
+        render.with_shared_storage(render.report_dict(ProviderTree((Provider("cn1"),)), []), report)
+    )
+    assert (
+        f"sharing provider shared_storage_{AGG} [{shared_storage.provider_uuid(AGG)}], DISK_GB 251"
+        in text
+    )
+    assert f"moved from shared_storage_{OTHER_AGG}" in text
+    back = shared_storage.report(None, None, False, {shared_storage.provider_uuid(AGG): AGG})
+    assert back is not None and back["aggregate"] is None and not back["moved"]
+    assert back["lines"][-1].startswith("this host's DISK_GB is not on the root yet")
 
 
 @pytest.mark.parametrize(
