@@ -48,9 +48,11 @@ def test_dry_run_json_has_the_stable_keys(tmp_path):
         "numa_stranded",
         "providers",
         "reshape",
+        "shared_storage",
         "warnings",
     ]
-    assert report["capacity"]["ok"] is True and report["errors"] == []
+    assert report["capacity"]["ok"] is True and report["shared_storage"] is None
+    assert report["errors"] == []
     root = report["providers"][0]
     assert sorted(root) == ["inventories", "name", "parent", "traits", "uuid"]
     assert root["parent"] is None and root["uuid"] is None
