@@ -128,7 +128,7 @@ def _check_config(valid, output: str) -> int:
     """The partition per node; with libvirt, the guests judged against it
     (:mod:`node_agent.policy.guest_fit`, nova's counting): a guest the CPU
     sets leave without CPUs is a ConfigError (78), as the cycle refuses them."""
-    from node_agent.policy.guest_fit import misfits
+    from node_agent.policy.guest_fit import misfits, pinned_misfit
 
     if valid.desired is not None:
         desired, skipped = valid.desired, None
@@ -143,11 +143,20 @@ def _check_config(valid, output: str) -> int:
         )
         if refused:
             raise ConfigError(refused)
-    guests = (
-        {"checked": False, "skipped": skipped}
-        if skipped
-        else {"checked": True, "count": len(desired.host.guests)}
-    )
+    if skipped:
+        guests: dict = {"checked": False, "skipped": skipped}
+    else:
+        shared = getattr(partition, "shared", None)
+        outside = sorted(
+            g.name
+            for g in desired.host.guests
+            if pinned_misfit(g, partition.dedicated, shared) is not None
+        )
+        guests = {
+            "checked": True,
+            "count": len(desired.host.guests),
+            "pinned_outside_dedicated": outside,
+        }
     split = node_split(partition, desired.host)
     if output == "json":
         print(
@@ -174,6 +183,12 @@ def _check_config(valid, output: str) -> int:
         print(f"Guest checks skipped: {skipped}.")
     else:
         print(f"Guests: the {guests['count']} on this host have CPUs under these sets.")
+        outside = guests["pinned_outside_dedicated"]
+        if outside:
+            print(
+                f"  but {len(outside)} with dedicated vCPUs run outside cpu_dedicated_set "
+                f"({', '.join(outside)}): see the warnings below."
+            )
     for line in render.stranded_lines(desired.stranded)[1:]:
         print(line)
     for warning in desired.warnings:

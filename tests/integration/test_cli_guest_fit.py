@@ -50,6 +50,18 @@ def test_pinned_guest_on_shared_cpus_is_a_warning_by_name_and_is_reshaped(host):
     assert "CPUs 10-11 are in cpu_shared_set = '0-1,10-15'" in warned[0]
     assert "dedicated guest instance-00000002 (" in warned[1] and "CPUs 12 are in" in warned[1]
 
+    checked = run_agent("--config-file", stale, "--check-config")
+    assert checked.code == 0, checked.stderr
+    assert (
+        "but 2 with dedicated vCPUs run outside cpu_dedicated_set "
+        "(instance-00000001, instance-00000002)" in checked.stdout
+    )
+    as_json = run_agent("--config-file", stale, "--check-config", "--output", "json").json()
+    assert as_json["guests"]["pinned_outside_dedicated"] == [
+        "instance-00000001",
+        "instance-00000002",
+    ]
+
     result = once(stale)
     assert result.code == 0 and "Traceback" not in result.stderr
     assert f"dedicated guest instance-00000001 ({host.pinned})" in result.stdout
