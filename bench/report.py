@@ -508,7 +508,9 @@ def _memory(m: dict) -> list[str]:
         lines += [
             "",
             f"`python -c pass` itself (measured): {fmt_stat(base['baseline_cpu'], sec)}"
-            f" s CPU, {fmt_stat(base['baseline_rss_mib'], mib)} MiB.",
+            f" s CPU, {fmt_stat(base['baseline_rss_mib'], mib)} MiB. Absolute CPU seconds "
+            "scale with the machine's load and `python -c pass`'s with them: compare the "
+            "ratios, each taken within one repetition.",
         ]
     if base and "floor_cpu" in base:
         lines += ["", *_dry_run_floors(base, synthetic, sec)]
