@@ -312,7 +312,7 @@ def _run_once(conf, settings, dry_run: bool, output: str, client=None) -> int:
 
 
 def _guests(settings):
-    from node_agent.host.discover import read_guests
+    from node_agent.host.libvirt_facts import read_guests
 
     return read_guests(settings)
 

@@ -14,7 +14,6 @@ import logging
 import math
 import os
 import re
-import uuid
 from typing import Optional
 
 import os_resource_classes as orc
@@ -314,6 +313,10 @@ def _aggregates(conf, get: "_Reader", mode: CycleMode, problems: list) -> tuple[
     if conf_mod.PLACEMENT_GROUP not in conf:
         return ()
     written = [a.strip() for a in get(conf_mod.PLACEMENT_GROUP, "aggregates") or () if a.strip()]
+    if not written:
+        return ()
+    import uuid  # loaded where a value is one: start-up cost, test_start_cost.py
+
     found: set[str] = set()
     for value in written:
         try:
@@ -342,6 +345,8 @@ def _shared_storage(value, mode: CycleMode, problems: list) -> Optional[str]:
     if value is None or not str(value).strip():
         return None
     value = str(value).strip()
+    import uuid  # loaded where a value is one: start-up cost, test_start_cost.py
+
     try:
         found = str(uuid.UUID(value))
     except ValueError:

@@ -18,7 +18,7 @@ from node_agent.model.provider_tree import Provider, ProviderTree
 from node_agent.model.settings import Settings
 from node_agent.model.snapshot import HostSnapshot
 from node_agent.policy import device_maintenance as devmaint
-from node_agent.policy import guest_fit, shared_storage, stranded
+from node_agent.policy import guest_fit, stranded
 from node_agent.policy import maintenance as maint
 from node_agent.policy.partition import CpuPartition, partition_cpus
 from node_agent.policy.provider_config import (
@@ -155,6 +155,10 @@ def root_joined(settings: Settings, tree: ProviderTree) -> tuple[ProviderTree, O
     shared = None
     inventories = tree.root.inventories
     if settings.shared_storage_aggregate:
+        # Loaded with the option only (it loads uuid): start-up cost,
+        # tests/cli/test_start_cost.py.
+        from node_agent.policy import shared_storage
+
         aggregate = settings.shared_storage_aggregate
         aggregates |= {aggregate}
         disk = inventories.get(shared_storage.DISK_GB)

@@ -2,7 +2,7 @@
 versions, the domain capabilities (when ``[libvirt] domain_capabilities``
 opens the read-write connection they need), kvm_amd's SEV parameters and
 the misc cgroup's Intel TDX capacity.
-Read by :func:`node_agent.host.discover.discover`; the traits themselves are
+Read by :func:`node_agent.host.libvirt_facts.read_libvirt`; the traits themselves are
 :mod:`node_agent.tree.hypervisor_traits`'s."""
 
 from __future__ import annotations

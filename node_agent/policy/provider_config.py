@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import math
 import re
-import uuid as uuid_mod
 from dataclasses import dataclass, field, replace
 from typing import AbstractSet, Any, Mapping, Optional, Sequence, Set
 
@@ -155,8 +154,12 @@ def _config(entry: dict, source: str) -> ProviderConfig:
         # nova accepts the sentinel under name too (its own
         # example_provider.yaml writes name: $COMPUTE_NODE).
         ident: dict[str, Any] = {"compute_node": True}
+    elif key == "name":
+        ident = {"name": text}
     else:
-        ident = {key: text if key == "name" else str(uuid_mod.UUID(text))}
+        import uuid  # loaded where a value is one: start-up cost, test_start_cost.py
+
+        ident = {"uuid": str(uuid.UUID(text))}
     inventories = {}
     for item in entry.get("inventories", {}).get("additional", []):
         ((rc, data),) = item.items()

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Optional, Sequence, cast
 
 from node_agent.cycle.desired import Desired, compute_desired
 from node_agent.errors import NodeAgentError, PlacementError
-from node_agent.host.discover import read_guests
+from node_agent.host.libvirt_facts import read_guests
 from node_agent.model.settings import Settings
 from node_agent.remote import messaging
 from node_agent.runner import Blocked, CycleReport, CycleRunner, runner_for

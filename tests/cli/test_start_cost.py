@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from bench.memory import DRY_RUN_LIBRARIES
 from tests.cli.runner import write_config
 from tests.hostdata import HOSTDATA
 
@@ -33,20 +34,30 @@ ENGINE_UNUSED_BY_A_DRY_RUN = (
     "hmac",
     "oslo_log.log",
 )
+# What only libvirt or an option holding a uuid needs (issue 28): libvirt's XML
+# parsers with xml.etree, and uuid (it loads platform); together about 10 ms
+# CPU and 1 MiB a run, 0.4x `python -c pass` (BENCHMARKS.md, start-up).
+UNUSED_WITHOUT_LIBVIRT = (
+    "xml.etree.ElementTree",
+    "node_agent.host.libvirt_facts",
+    "node_agent.host.capabilities",
+    "node_agent.host.domain",
+    "node_agent.host.domain_capabilities",
+    "node_agent.host.hypervisor_info",
+    "node_agent.host.libvirt_xml",
+    "node_agent.policy.shared_storage",
+    "uuid",
+    "platform",
+)
 
 
 def imported_by(config: Path, *args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
+    return _importtime("-m", "node_agent.cli.main", "--config-file", str(config), *args)
+
+
+def _importtime(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-X",
-            "importtime",
-            "-m",
-            "node_agent.cli.main",
-            "--config-file",
-            str(config),
-            *args,
-        ],
+        [sys.executable, "-X", "importtime", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -65,6 +76,29 @@ def test_dry_run_without_placement_imports_no_http_auth_or_messaging_library(tmp
     assert "node_agent.host.discover" in modules  # the report is read
     assert not {m for m in modules if m.split(".")[0] in UNUSED_BY_A_DRY_RUN}
     assert not modules & set(ENGINE_UNUSED_BY_A_DRY_RUN)
+
+
+def test_dry_run_without_libvirt_loads_no_xml_parser_nor_uuid(tmp_path):
+    proc, modules = imported_by(write_config(tmp_path, TEST6), "--once", "--dry-run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "connection_uri is empty" in proc.stdout  # libvirt was not read
+    loaded = modules & set(UNUSED_WITHOUT_LIBVIRT)
+    assert not loaded
+
+
+def test_the_benchmarks_library_floor_holds_every_library_the_dry_run_loads(tmp_path):
+    """BENCHMARKS.md (start-up) calls DRY_RUN_LIBRARIES every third-party
+    module a dry run loads: the floor under its ratio."""
+    proc, modules = imported_by(write_config(tmp_path, TEST6), "--once", "--dry-run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    floor, libraries = _importtime("-c", DRY_RUN_LIBRARIES)
+    assert floor.returncode == 0, floor.stderr[-2000:]
+    outside = {
+        m
+        for m in modules - libraries
+        if m.split(".")[0] not in sys.stdlib_module_names and not m.startswith("node_agent")
+    }
+    assert not outside
 
 
 def test_a_placement_section_is_checked_with_keystoneauth(tmp_path):

@@ -19,10 +19,10 @@ import pytest
 from node_agent.config.settings import load_settings
 from node_agent.errors import ConfigError
 from node_agent.host.capabilities import parse_cpu_model_xml
-from node_agent.host.discover import cpu_model_xml, guest_cpu_models
 from node_agent.host.domain_capabilities import parse_domain_capabilities
 from node_agent.host.hypervisor import Hypervisor
 from node_agent.host.hypervisor_info import tdx_capacity
+from node_agent.host.libvirt_facts import cpu_model_xml, guest_cpu_models
 from node_agent.host.sysfs import SysFS
 from node_agent.model.snapshot import HostCpuModel, HypervisorInfo
 from node_agent.policy.child_owner import AGENT_CHILD_TRAIT

@@ -21,7 +21,7 @@ from pathlib import Path
 from node_agent.config.settings import Settings
 from node_agent.cycle.desired import compute_desired
 from node_agent.cycle.reconcile import Reconciler
-from node_agent.host.discover import read_guests
+from node_agent.host.libvirt_facts import read_guests
 from node_agent.model.cpuset import parse_cpu_spec
 from node_agent.placement.client import PlacementClient
 from node_agent.placement.sync import TreeSyncer

@@ -251,7 +251,7 @@ def test_a_pinned_guest_claimed_as_vcpu_after_the_upgrade_moves_at_the_next_cycl
 
     from node_agent.cycle.desired import compute_desired
     from node_agent.cycle.reconcile import Reconciler
-    from node_agent.host.discover import read_guests
+    from node_agent.host.libvirt_facts import read_guests
     from node_agent.placement.sync import TreeSyncer
     from node_agent.state import StateStore
 

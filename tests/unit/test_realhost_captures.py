@@ -8,8 +8,8 @@ siblings. A live domain carries what libvirt adds to the defined one.
 from pathlib import Path
 
 from node_agent.host.capabilities import parse_capabilities
-from node_agent.host.discover import topology_differences
 from node_agent.host.domain import parse_domain
+from node_agent.host.libvirt_facts import topology_differences
 from node_agent.host.sysfs_topology import SysfsTopology
 from node_agent.model.cpuset import CpuSet
 from node_agent.model.snapshot import NumaNode
