@@ -52,7 +52,7 @@ from node_agent.errors import ConfigError, NodeAgentError, StateError
 from node_agent.model.provider_tree import ProviderTree
 from node_agent.model.settings import CycleMode, Settings
 from node_agent.model.snapshot import Guest
-from node_agent.state import APPLIED, StateStore
+from node_agent.state import APPLIED, FILE_INVENTORIES, StateStore
 
 if TYPE_CHECKING:
     from node_agent.cycle.companion import CompanionReport
@@ -279,6 +279,8 @@ class DirectRunner:
                         desired, syncer.state.get(APPLIED), before, clean=outcome.ok
                     ),
                 )
+                if desired.applied_inventories or syncer.state.get(FILE_INVENTORIES):
+                    syncer.remember(FILE_INVENTORIES, dict(desired.applied_inventories))
         except StateError as exc:
             raise StateError(f"{exc} {written(self.client, since)}", exc.cause) from None
         audit, changed = None, False

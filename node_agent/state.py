@@ -50,6 +50,9 @@ ROOT_UUID = "root_uuid"  # the syncer: the root provider's uuid
 PROVIDERS = "providers"  # the syncer (or the upstream sender): name -> uuid
 OWNED_CHILDREN = "owned_children"  # the syncer: children it created, uuids
 APPLIED = "provider_config_applied"  # a cycle: provider -> operator traits applied
+# A cycle: provider -> class -> the inventory the operator's files gave it,
+# held while a file is refused (the refused file may be the one giving it).
+FILE_INVENTORIES = "provider_config_inventories"
 MAINTENANCE = "maintenance"  # the maintenance command / control RPC: the request
 DEVICE_MAINTENANCE = "device_maintenance"  # maintenance --provider: name -> request
 AUDIT = "audit"  # the allocation audit: its history
@@ -165,6 +168,20 @@ _SHAPES: dict[str, tuple[str, Callable[[Any], bool]]] = {
         lambda v: (
             isinstance(v, dict)
             and all(isinstance(t, list) and all(isinstance(x, str) for x in t) for t in v.values())
+        ),
+    ),
+    FILE_INVENTORIES: (
+        "an object of provider name -> class -> inventory",
+        lambda v: (
+            isinstance(v, dict)
+            and all(
+                isinstance(by_class, dict)
+                and all(
+                    isinstance(inv, dict) and type(inv.get("total")) is int
+                    for inv in by_class.values()
+                )
+                for by_class in v.values()
+            )
         ),
     ),
     MAINTENANCE: (

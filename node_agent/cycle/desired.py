@@ -23,12 +23,20 @@ from node_agent.policy import maintenance as maint
 from node_agent.policy.partition import CpuPartition, partition_cpus
 from node_agent.policy.provider_config import (
     ProviderConfig,
+    applied_inventories,
     applied_traits,
     apply_provider_configs,
     file_added_traits,
+    held_inventories,
     unmatched,
 )
-from node_agent.state import APPLIED, DEVICE_MAINTENANCE, MAINTENANCE, PROVIDERS
+from node_agent.state import (
+    APPLIED,
+    DEVICE_MAINTENANCE,
+    FILE_INVENTORIES,
+    MAINTENANCE,
+    PROVIDERS,
+)
 from node_agent.tree.build import build_tree, mem_encryption
 from node_agent.tree.pci import unmatched_device_options
 from node_agent.tree.pci_placement import unmatched_specs
@@ -64,6 +72,9 @@ class Desired:
     # [compute] shared_storage_aggregate: the sharing provider holding the
     # filesystem's DISK_GB (policy/shared_storage.py); None otherwise.
     shared: Optional[Provider] = None
+    # Operator-file inventories applied this cycle, provider -> class ->
+    # record (held ones included): kept while a file is refused.
+    applied_inventories: Mapping[str, Mapping[str, Mapping]] = field(default_factory=dict)
 
     @property
     def warnings(self) -> tuple[str, ...]:
@@ -79,18 +90,26 @@ def desired_from(
     known_uuids: Optional[Mapping[str, str]] = None,
     refused_files: Sequence[str] = (),
     device_maintenance: Optional[Mapping] = None,
+    previous_inventories: Optional[Mapping[str, Mapping[str, Mapping]]] = None,
 ) -> Desired:
     """Pure: the tree this host should have under these settings.
 
     ``known_uuids`` (provider name -> uuid, from the state file) lets
     operator files identify providers by uuid. With ``refused_files`` (a
     provider file could not be used) no trait a file added before is
-    removed: the refused file may be the one that added it.
+    removed, and the inventories the files gave at the last cycle
+    (``previous_inventories``) are kept, for the same reason.
     """
     partition = partition_cpus(settings, host)
     previous = {name: set(traits) for name, traits in (previously_applied or {}).items()}
     tree = build_tree(settings, host, partition).with_uuids(known_uuids or {})
     tree = apply_provider_configs(tree, configs, {} if refused_files else previous)
+    inventories = applied_inventories(configs, tree)
+    if refused_files:
+        tree = held_inventories(tree, previous_inventories or {})
+        for name, records in (previous_inventories or {}).items():
+            kept = {rc: dict(record) for rc, record in records.items()}
+            inventories[name] = {**kept, **inventories.get(name, {})}
     tree, shared = root_joined(settings, tree)
     notes = [
         f"provider file entry {c.source} names a provider that is not on this host: {c.identity}"
@@ -129,6 +148,7 @@ def desired_from(
         numa_stranded(settings, host, partition),
         _without_numa(settings, host, partition, configs, known_uuids or {}),
         shared,
+        inventories,
     )
 
 
@@ -297,6 +317,7 @@ def compute_desired(
         state.get(PROVIDERS),
         refused,
         state.get(DEVICE_MAINTENANCE),
+        state.get(FILE_INVENTORIES),
     )
 
 

@@ -376,6 +376,41 @@ def file_added_traits(
     return out
 
 
+def applied_inventories(
+    configs: Sequence[ProviderConfig], tree: ProviderTree
+) -> dict[str, dict[str, dict]]:
+    """The inventories :func:`apply_provider_configs` adds, by provider name
+    and class, as Placement spells them: what :func:`held_inventories` keeps
+    while a file is refused."""
+    return {
+        p.name: {rc: inv.as_placement() for rc, inv in config.inventories.items()}
+        for i, p in enumerate(tree.providers)
+        for config in [config_for(p, i == 0, configs)]
+        if config and config.inventories
+    }
+
+
+def held_inventories(
+    tree: ProviderTree, previous: Mapping[str, Mapping[str, Mapping]]
+) -> ProviderTree:
+    """The tree with the inventories the files gave at the last cycle
+    (``previous``, from :func:`applied_inventories`) kept where no file
+    gives them now: while one file is refused, it may be the one that gave
+    them, and its typo must not take its classes out of Placement. A class
+    the tree itself reports is the tree's."""
+    if not previous:
+        return tree
+    providers = []
+    for p in tree.providers:
+        held = {
+            rc: Inventory.from_placement(record)
+            for rc, record in previous.get(p.name, {}).items()
+            if rc not in p.inventories
+        }
+        providers.append(replace(p, inventories={**p.inventories, **held}) if held else p)
+    return ProviderTree(tuple(providers))
+
+
 def applied_traits(configs: Sequence[ProviderConfig], tree: ProviderTree) -> dict[str, set[str]]:
     """What :func:`apply_provider_configs` adds, by provider name: the value to
     remember and pass as ``previously_applied`` next cycle."""

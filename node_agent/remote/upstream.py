@@ -54,7 +54,7 @@ from node_agent.remote.wire import (
     full_message,
     heartbeat,
 )
-from node_agent.state import APPLIED, PROVIDERS
+from node_agent.state import APPLIED, FILE_INVENTORIES, PROVIDERS
 
 LOG = logging.getLogger(__name__)
 
@@ -137,13 +137,15 @@ def report_from_reply(reply: Mapping, messages: int) -> UpstreamReport:
 
 def remember(store, report: UpstreamReport, desired) -> None:
     """Keep in the agent's state file what the direct mode's syncer keeps
-    for the cycle: the operator-file traits applied (once applied cleanly)
-    and the providers' uuids, so provider files may name them by uuid.
+    for the cycle: the operator-file traits applied (once applied cleanly),
+    the operator-file inventories and the providers' uuids, so provider files may name them by uuid.
     Written only when something changed."""
 
     def note(state: dict) -> None:
         if report.ok:
             state[APPLIED] = {k: list(v) for k, v in desired.applied.items()}
+        if desired.applied_inventories or state.get(FILE_INVENTORIES):
+            state[FILE_INVENTORIES] = dict(desired.applied_inventories)
         if report.uuids:
             state[PROVIDERS] = dict(report.uuids)
 

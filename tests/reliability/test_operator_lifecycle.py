@@ -881,6 +881,60 @@ def test_once_with_a_bad_provider_file_syncs_the_rest_then_exits_78(
     assert "CUSTOM_GOOD" in root_traits(placement, host_name)
 
 
+def licence_file(total: int) -> str:
+    return (
+        "meta:\n  schema_version: '1.0'\nproviders:\n"
+        "  - identification:\n      uuid: $COMPUTE_NODE\n"
+        "    inventories:\n      additional:\n"
+        f"        - CUSTOM_LICENCE:\n            total: {total}\n"
+        "    traits:\n      additional:\n        - CUSTOM_LICENSED\n"
+    )
+
+
+def test_a_provider_file_refused_after_a_typo_keeps_the_inventory_it_gave(
+    tmp_path, placement_server, placement, host_name
+):
+    """Found under systemd: a typo in the file that gave the root
+    CUSTOM_LICENCE took the class out of Placement at the next cycle (its
+    trait stayed), and with the class in use the service went on failing to
+    remove it, advising to delete the instances using it. While a file is
+    refused, what the files gave at the last cycle is kept; fixed, the file
+    decides again; removed, its class goes."""
+    files = tmp_path / "provider_config"
+    files.mkdir()
+    config = write_config(
+        tmp_path,
+        TEST6,
+        host=host_name,
+        extra=f"provider_config_location = {files}\n" + placement_section(placement_server.url),
+    )
+
+    def licences():
+        found = placement.get(f"/resource_providers?name={host_name}")["resource_providers"]
+        uuid = found[0]["uuid"]
+        inventory = placement.get(f"/resource_providers/{uuid}/inventories")["inventories"]
+        return inventory.get("CUSTOM_LICENCE", {}).get("total")
+
+    (files / "licence.yaml").write_text(licence_file(4))
+    assert run_agent("--config-file", str(config), "--once").code == 0
+    assert licences() == 4
+
+    (files / "licence.yaml").write_text(licence_file(4).replace("total: 4", "total: [4"))
+    for _run in range(2):  # the refusal, then the cycle after it
+        result = run_agent("--config-file", str(config), "--once")
+        assert_one_clear_line(result, 78, str(files / "licence.yaml"), "not valid YAML")
+        assert licences() == 4
+        assert "CUSTOM_LICENSED" in root_traits(placement, host_name)
+
+    (files / "licence.yaml").write_text(licence_file(2))
+    assert run_agent("--config-file", str(config), "--once").code == 0
+    assert licences() == 2
+
+    (files / "licence.yaml").unlink()
+    assert run_agent("--config-file", str(config), "--once").code == 0
+    assert licences() is None
+
+
 def file_with_traits(*traits: str) -> str:
     listed = "".join(f"        - {t}\n" for t in traits)
     return (
