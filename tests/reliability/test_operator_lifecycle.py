@@ -881,6 +881,19 @@ def test_once_with_a_bad_provider_file_syncs_the_rest_then_exits_78(
     assert "CUSTOM_GOOD" in root_traits(placement, host_name)
 
 
+def with_provider_files(tmp_path: Path, placement_url: str, host: str) -> tuple[Path, Path]:
+    """An empty provider-file directory and a TEST6 config reading it."""
+    files = tmp_path / "provider_config"
+    files.mkdir()
+    config = write_config(
+        tmp_path,
+        TEST6,
+        host=host,
+        extra=f"provider_config_location = {files}\n" + placement_section(placement_url),
+    )
+    return files, config
+
+
 def licence_file(total: int) -> str:
     return (
         "meta:\n  schema_version: '1.0'\nproviders:\n"
@@ -900,14 +913,7 @@ def test_a_provider_file_refused_after_a_typo_keeps_the_inventory_it_gave(
     remove it, advising to delete the instances using it. While a file is
     refused, what the files gave at the last cycle is kept; fixed, the file
     decides again; removed, its class goes."""
-    files = tmp_path / "provider_config"
-    files.mkdir()
-    config = write_config(
-        tmp_path,
-        TEST6,
-        host=host_name,
-        extra=f"provider_config_location = {files}\n" + placement_section(placement_server.url),
-    )
+    files, config = with_provider_files(tmp_path, placement_server.url, host_name)
 
     def licences():
         found = placement.get(f"/resource_providers?name={host_name}")["resource_providers"]
@@ -947,14 +953,7 @@ def file_with_traits(*traits: str) -> str:
 def test_a_provider_file_removes_only_the_traits_it_added(
     tmp_path, placement_server, placement, host_name
 ):
-    files = tmp_path / "provider_config"
-    files.mkdir()
-    config = write_config(
-        tmp_path,
-        TEST6,
-        host=host_name,
-        extra=f"provider_config_location = {files}\n" + placement_section(placement_server.url),
-    )
+    files, config = with_provider_files(tmp_path, placement_server.url, host_name)
     once = ("--config-file", str(config), "--once")
     assert run_agent(*once).code == 0
     root = placement.get(f"/resource_providers?name={host_name}")["resource_providers"][0]
