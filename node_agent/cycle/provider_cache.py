@@ -22,6 +22,7 @@ LOG = logging.getLogger(__name__)
 def restore(syncer) -> bool:
     """Give ``syncer`` the cache the last run kept; its first read verifies
     it. False (the tree is read) when there is none."""
+    syncer.cache_seen = _text(syncer.state.get(CACHE_KEY))
     return syncer.import_cache(syncer.state.get(CACHE_KEY), verify_now=True)
 
 
@@ -36,7 +37,11 @@ def follow(syncer) -> bool:
     refusing reshapes until its next verify. A missing file is not
     followed: this syncer's next write makes it again."""
     saved = syncer.store.load_or_empty(LOG)
-    if not saved or _same(saved.get(CACHE_KEY), syncer.state.get(CACHE_KEY)):
+    # Against the cache this syncer (or the one it carries over from) last
+    # kept or took, not the state it read when it was made: a reload's
+    # syncer reads the file then, after the other run.
+    found = _text(saved.get(CACHE_KEY))
+    if not saved or found == syncer.cache_seen:
         return False
     LOG.info(
         "another run of this host wrote Placement and %s since this process's "
@@ -44,22 +49,26 @@ def follow(syncer) -> bool:
         getattr(syncer.store, "path", "the state file"),
     )
     syncer.follow_state(saved)
+    syncer.cache_seen = found
     syncer.import_cache(saved.get(CACHE_KEY), verify_now=True)
     return True
 
 
-def _same(a, b) -> bool:
-    # The file's copy went through JSON; ours may hold tuples.
-    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+def _text(cache) -> str:
+    # As the file holds it: through JSON (ours may hold tuples), keys sorted.
+    return json.dumps(cache, sort_keys=True)
 
 
 def carry_over(old, new) -> bool:
     """``new`` (a reload's syncer, same host and state file) takes ``old``'s
     cache as it is, full-verify schedule included: same process, same clock."""
+    new.cache_seen = old.cache_seen
     return new.import_cache(old.export_cache())
 
 
 def keep(syncer) -> None:
     """Save the syncer's cache in its state file when it changed (a write or
     a full verify); a cache left suspect by a failed sync is saved as none."""
-    syncer.remember(CACHE_KEY, syncer.export_cache())
+    cache = syncer.export_cache()
+    syncer.remember(CACHE_KEY, cache)
+    syncer.cache_seen = _text(cache)

@@ -101,6 +101,10 @@ class TreeSyncer:
         self.clock = clock
         self.spread = spread
         self._state = store.load_or_empty(LOG)
+        # The provider cache as this syncer last kept or took it from the
+        # state file (JSON text; node_agent.cycle.provider_cache), so a cycle
+        # can tell another run of the host wrote the file since.
+        self.cache_seen: Optional[str] = None
         self._cache = TreeCache()
         self._guard = UsageGuard(client)
         self._gate = CapacityGate(client, self._guard)

@@ -488,3 +488,33 @@ def test_provider_deleted_behind_the_cache_is_recreated_in_the_same_cycle(
     assert ("PUT", f"/resource_providers/{numa0}/inventories", 404) in client.stats.log
     assert tree_in_placement(other, root)[f"{host_name}_NUMA0"]["uuid"] == numa0
     assert inventories(other, numa0)["VCPU"]["total"] == 24
+
+
+def test_a_reloaded_syncer_follows_what_another_run_wrote_before_the_reload(
+    client, other, store, host_name
+):
+    """The service reloads (SIGHUP) after ``sudo node-agent --once`` wrote
+    Placement and the state file: the new syncer reads the file when it is
+    made, but carries the old one's cache, which the other run left stale.
+    Its first cycle follows the file (tried under systemd: the refusal of a
+    reshape then lasted until the next full verify)."""
+    from node_agent.cycle import provider_cache
+
+    TRAIT = "COMPUTE_STATUS_DISABLED"
+    service = synced(client, store, host_tree(host_name))
+    provider_cache.keep(service)
+    closed = host_tree(host_name, root_traits={"HW_CPU_X86_AVX2": True, TRAIT: True})
+    once = TreeSyncer(PlacementClient.for_endpoint(client.endpoint), store)
+    provider_cache.restore(once)
+    assert once.sync(closed).ok
+    provider_cache.keep(once)
+
+    reloaded = TreeSyncer(client, store)
+    provider_cache.carry_over(service, reloaded)
+    assert TRAIT not in reloaded.root_traits(closed)  # the stale cache, believed
+
+    assert provider_cache.follow(reloaded) is True
+    assert TRAIT in reloaded.root_traits(closed)
+    assert reloaded.sync(closed).ok
+    provider_cache.keep(reloaded)
+    assert provider_cache.follow(reloaded) is False  # its own cache kept: in step
