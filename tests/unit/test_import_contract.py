@@ -393,7 +393,8 @@ def test_runtime_probe_sees_a_gateway_loaded_through_any_spelling():
 # a package above it ("remote.applier" before "remote"); the package itself,
 # node_agent/__init__.py, is below everything.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("errors", "version"),  # the error hierarchy; the --version action
+    # the error hierarchy; the --version action; libraries loaded on first use
+    ("errors", "version", "deferred_imports"),
     ("model", "state"),  # frozen data; the crash-safe state file
     ("policy",),  # pure decisions on data
     ("tree",),  # snapshot + partition + settings -> desired tree
