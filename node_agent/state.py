@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import re
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Protocol
@@ -437,6 +436,10 @@ class StateStore(Store):
                 )
 
     def _write(self, text: str) -> None:
+        # Here, not at the top: tempfile loads shutil, random, bz2 and lzma
+        # (3 ms), which a dry run, which never writes, need not pay.
+        import tempfile
+
         self.directory.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".state-", suffix=".tmp", dir=self.directory)
         try:
