@@ -40,7 +40,13 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: install system-packages nova-venv lint unit test test-nova-cloud test-as-user run stop config docs docs-design nova-guests virhostcpu-caps install-service bench bench-candidates soak property clean
 
+# compileall: where PYTHONDONTWRITEBYTECODE is set (as on these machines),
+# no import writes bytecode, and every node-agent process would compile the
+# package from source again: a dry run then costs twice its CPU (BENCHMARKS.md,
+# start-up). pip writes bytecode when it installs a copy (install-service);
+# an editable install does not. Up to date, this takes a fraction of a second.
 install: $(STAMP)
+	$(PY) -m compileall -q node_agent
 
 # NO_UPGRADES=yes (make install-service): stop, listing them, when installing
 # the missing packages would upgrade installed ones (a -dev package pins its

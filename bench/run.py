@@ -13,6 +13,7 @@ of an existing output file.
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import logging
 import os
@@ -76,6 +77,9 @@ def _section(results: dict, name: str, fn) -> None:
 
 
 def _memory(work: Path, nova_python: Path) -> dict:
+    # As an installed copy has: without bytecode (PYTHONDONTWRITEBYTECODE),
+    # every process would compile the package again (Makefile, install).
+    compileall.compile_dir(str(REPO / "node_agent"), quiet=1)
     fixture = sysfs_root_for(HOSTDATA / memory.FIXTURE, work / "memory-fixture")
     synthetic = synthetic_host.build(work / "memory-synthetic", synthetic_host.Shape())
     server = start_subprocess(work / "placement-soak")
