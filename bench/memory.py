@@ -43,11 +43,29 @@ NODE_AGENT_IMPORTS = (
 )
 NOVA_IMPORTS = "import nova.scheduler.client.report, nova.compute.provider_tree"
 # Every third-party module a dry run without libvirt or Placement loads
-# (tests/cli/test_start_cost.py keeps the rest off its path): the floor no
-# node-agent change can go under without dropping one of these libraries.
+# (tests/cli/test_start_cost.py keeps the rest off its path), loaded as
+# node-agent loads them: `import node_agent` first defers what oslo.config
+# imports and the run never uses (node_agent/deferred_imports.py). The floor
+# no node-agent change can go under without dropping one of these libraries.
 DRY_RUN_LIBRARIES = (
-    "import oslo_config.cfg, oslo_log._options, os_traits, os_resource_classes, psutil"
+    "import node_agent, oslo_config.cfg, oslo_log._options, os_traits, os_resource_classes, psutil"
 )
+# Seconds spent building the frozen dataclasses of DRY_RUN_MODULES (their
+# generated methods are compiled in every process), and how many.
+_DATACLASS_PROBE = """
+import dataclasses, time
+spent, count, build = [0.0], [0], dataclasses._process_class
+def timed(*args):
+    start = time.perf_counter()
+    try:
+        return build(*args)
+    finally:
+        spent[0] += time.perf_counter() - start
+        count[0] += 1
+dataclasses._process_class = timed
+{imports}
+print(spent[0], count[0])
+"""
 # Every node-agent module the dry run loads, its own code not run.
 DRY_RUN_MODULES = "import node_agent.cli.main, node_agent.runner, node_agent.policy.capacity"
 FIXTURE = "virhostcpudata/linux-test8"
@@ -148,8 +166,10 @@ def dry_run(work: Path, sysfs_root: Path, label: str) -> dict:
         ],
         "baseline": [sys.executable, "-c", "pass"],
         # What reading a config file costs before any node-agent code: the
-        # floor of the dry run's ratio (issue 28).
+        # floor of the dry run's ratio (issue 28), in any process, then as
+        # node-agent loads it.
         "floor": [sys.executable, "-c", "import oslo_config.cfg"],
+        "floor_deferred": [sys.executable, "-c", "import node_agent, oslo_config.cfg"],
         "libraries": [sys.executable, "-c", DRY_RUN_LIBRARIES],
         "modules": [sys.executable, "-c", DRY_RUN_MODULES],
     }
@@ -164,12 +184,27 @@ def dry_run(work: Path, sysfs_root: Path, label: str) -> dict:
         result[f"ratio_{key}"] = common.summary(
             [a[index] / b[index] for a, b in zip(runs["agent"], runs["baseline"])]
         )
-    for name in ("floor", "libraries", "modules"):
+    for name in ("floor", "floor_deferred", "libraries", "modules"):
         result[f"{name}_cpu"] = common.summary([r[1] for r in runs[name]])
         result[f"ratio_{name}_cpu"] = common.summary(
             [a[1] / b[1] for a, b in zip(runs[name], runs["baseline"])]
         )
     return result
+
+
+def dataclass_cost() -> dict:
+    """In-process seconds of building DRY_RUN_MODULES' dataclasses (median
+    of IMPORT_REPEATS fresh interpreters), and their number."""
+    runs = []
+    for _ in range(IMPORT_REPEATS):
+        out = subprocess.run(
+            [sys.executable, "-c", _DATACLASS_PROBE.format(imports=DRY_RUN_MODULES)],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+        runs.append((float(out[0]), int(out[1])))
+    return {"seconds": common.summary([s for s, _ in runs]), "classes": runs[-1][1]}
 
 
 def soak(url: str, sysfs_root: str, work: str, cycles: int) -> dict:
@@ -228,6 +263,7 @@ def run(work: Path, nova_python: Path, fixture_root: Path, synthetic_root: Path,
     work.mkdir(parents=True, exist_ok=True)
     return {
         **import_probes(nova_python),
+        "dataclasses": dataclass_cost(),
         "dry_run": [
             dry_run(work / "dry-fixture", fixture_root, FIXTURE.split("/")[-1]),
             dry_run(work / "dry-synthetic", synthetic_root, "synthetic 384 CPUs"),
