@@ -331,15 +331,29 @@ class TreeSyncer:
     def _pci_at_usage(self, desired: ProviderTree, actual, root_uuid) -> ProviderTree:
         """The PCI children as their usage requires
         (:func:`node_agent.tree.pci_placement.at_usage`): usages are read only
-        for children that vanish, shrink or are one-time-use and unreserved."""
-        if not root_uuid:
+        for children that vanish, shrink or are one-time-use and unreserved.
+        Then the devices running guests hold without an allocation are
+        reserved (:func:`~node_agent.tree.pci_placement.at_guest_holds`):
+        the allocations are read only for children a guest holds."""
+        held = [
+            s for s in actual.values() if root_uuid and pci_placement.is_pci_child(s, root_uuid)
+        ]
+        if held:
+            need = [s for s in held if pci_placement.needs_usage(desired, s)]
+            usages = {s.name: self._guard.usages(s.uuid) for s in need}
+            desired = pci_placement.at_usage(desired, held, usages)
+        holding = pci_placement.held_by_guests(desired)
+        if not holding:
             return desired
-        held = [s for s in actual.values() if pci_placement.is_pci_child(s, root_uuid)]
-        if not held:
-            return desired
-        need = [s for s in held if pci_placement.needs_usage(desired, s)]
-        usages = {s.name: self._guard.usages(s.uuid) for s in need}
-        return pci_placement.at_usage(desired, held, usages)
+        uuids = {s.name: s.uuid for s in held}
+        # A child Placement does not hold yet has no allocation: all its
+        # devices guests hold are reserved from its first write.
+        allocations = {
+            name: pci_placement.allocated_by_consumer(self.client.provider_allocations(uuids[name]))
+            for name in holding
+            if name in uuids
+        }
+        return pci_placement.at_guest_holds(desired, allocations)
 
     def held_uuids(self, desired: ProviderTree) -> dict[str, str]:
         """Name -> uuid of the desired providers Placement holds, found as

@@ -15,6 +15,7 @@ import json
 import logging
 import shutil
 import uuid
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import os_traits as ot
@@ -30,6 +31,7 @@ from node_agent.state import StateStore
 from tests.hostdata import HOSTDATA, sysfs_root_for
 from tests.integration.placement_tree import tree_by_name
 from tests.integration.reshape_driver import allocate, make_settings
+from tests.integration.test_nested_reshape import host_xml
 from tests.unit.test_pci import add_device, write
 
 pytestmark = pytest.mark.integration
@@ -214,3 +216,71 @@ def test_regex_address_spec_publishes_exactly_the_devices_it_matches(client, hos
     tree = tree_by_name(client, host_name)
     assert set(tree) == {host_name, vfs} | pgpus
     assert tree[vfs]["inventories"]["CUSTOM_VF"]["total"] == 2
+
+
+# The <hostdev> elements nova 34's libvirt driver writes (tests/data/nova_hostdevs).
+NOVA_HOSTDEVS = (
+    Path(__file__).resolve().parents[1] / "data" / "nova_hostdevs" / "pci-passthrough.xml"
+)
+
+
+def _nova_hostdevs(*addresses: str) -> str:
+    found = {}
+    for hostdev in ET.parse(NOVA_HOSTDEVS).getroot().iter("hostdev"):
+        a = hostdev.find("source/address")
+        address = "{:04x}:{:02x}:{:02x}.{:x}".format(
+            *(int(a.get(k), 16) for k in ("domain", "bus", "slot", "function"))
+        )
+        found[address] = ET.tostring(hostdev, encoding="unicode")
+    return "".join(found[a] for a in addresses)
+
+
+def test_device_a_guest_holds_without_allocation_stays_reserved_until_the_guest_goes(
+    client, host_name, tmp_path
+):
+    # A guest nova did not place (or whose PCI allocation was never healed)
+    # passes the GPU and one VF through: neither may be offered again.
+    root = _host(tmp_path)
+    guest = {
+        "name": "outside-nova",
+        "uuid": str(uuid.uuid4()),
+        "memory": 1024,
+        "vcpus": 1,
+        "hostdevs": _nova_hostdevs(GPU, VFS[1]),
+    }
+    base = _settings(root, tmp_path, host_name)
+    with_guest = dataclasses.replace(base, libvirt_uri=host_xml(tmp_path / "with.xml", [guest]))
+    gpu, vfs = f"{host_name}_{GPU.upper()}", f"{host_name}_{PF.upper()}"
+
+    def reserved():
+        tree = tree_by_name(client, host_name)
+        return (
+            tree[gpu]["inventories"][GPU_RC]["reserved"],
+            tree[vfs]["inventories"][VF_RC]["reserved"],
+        )
+
+    report = _cycle(client, with_guest)
+    assert report.ok, report.errors
+    assert reserved() == (1, 1)  # from the children's first write
+
+    # The guest goes: so does the reservation.
+    without = dataclasses.replace(base, libvirt_uri=host_xml(tmp_path / "without.xml", []))
+    assert _cycle(client, without).ok
+    assert reserved() == (0, 0)
+
+    # As nova runs it: the devices allocated to the consumer, then the guest
+    # started. They count as used, not also reserved.
+    tree = tree_by_name(client, host_name)
+    allocate(client, guest["uuid"], {tree[gpu]["uuid"]: {GPU_RC: 1}, tree[vfs]["uuid"]: {VF_RC: 1}})
+    assert _cycle(client, with_guest).ok
+    assert reserved() == (0, 0)
+
+    # The allocation goes while the guest still runs: reserved again.
+    client.delete(f"/allocations/{guest['uuid']}")
+    assert _cycle(client, with_guest).ok
+    assert reserved() == (1, 1)
+
+    # The guest goes: so does the reservation.
+    without = dataclasses.replace(base, libvirt_uri=host_xml(tmp_path / "without.xml", []))
+    assert _cycle(client, without).ok
+    assert reserved() == (0, 0)
