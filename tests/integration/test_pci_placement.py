@@ -235,12 +235,9 @@ def _nova_hostdevs(*addresses: str) -> str:
     return "".join(found[a] for a in addresses)
 
 
-def test_device_a_guest_holds_without_allocation_stays_reserved_until_the_guest_goes(
-    client, host_name, tmp_path
-):
-    # A guest nova did not place (or whose PCI allocation was never healed)
-    # passes the GPU and one VF through: neither may be offered again.
-    root = _host(tmp_path)
+def holding_guest(tmp_path: Path, host_name: str):
+    """(the guest, the host's settings with it running, without it): a guest
+    nova did not place passing the GPU and one VF through."""
     guest = {
         "name": "outside-nova",
         "uuid": str(uuid.uuid4()),
@@ -248,23 +245,37 @@ def test_device_a_guest_holds_without_allocation_stays_reserved_until_the_guest_
         "vcpus": 1,
         "hostdevs": _nova_hostdevs(GPU, VFS[1]),
     }
-    base = _settings(root, tmp_path, host_name)
+    base = _settings(_host(tmp_path), tmp_path, host_name)
     with_guest = dataclasses.replace(base, libvirt_uri=host_xml(tmp_path / "with.xml", [guest]))
+    without = dataclasses.replace(base, libvirt_uri=host_xml(tmp_path / "without.xml", []))
+    return guest, with_guest, without
+
+
+def reserved_of(client, host_name: str) -> tuple[int, int]:
+    """(GPU child's reserved, VFs child's reserved) as Placement holds them."""
+    tree = tree_by_name(client, host_name)
+    return (
+        tree[f"{host_name}_{GPU.upper()}"]["inventories"][GPU_RC]["reserved"],
+        tree[f"{host_name}_{PF.upper()}"]["inventories"][VF_RC]["reserved"],
+    )
+
+
+def test_device_a_guest_holds_without_allocation_stays_reserved_until_the_guest_goes(
+    client, host_name, tmp_path
+):
+    # A guest nova did not place (or whose PCI allocation was never healed)
+    # passes the GPU and one VF through: neither may be offered again.
+    guest, with_guest, without = holding_guest(tmp_path, host_name)
     gpu, vfs = f"{host_name}_{GPU.upper()}", f"{host_name}_{PF.upper()}"
 
     def reserved():
-        tree = tree_by_name(client, host_name)
-        return (
-            tree[gpu]["inventories"][GPU_RC]["reserved"],
-            tree[vfs]["inventories"][VF_RC]["reserved"],
-        )
+        return reserved_of(client, host_name)
 
     report = _cycle(client, with_guest)
     assert report.ok, report.errors
     assert reserved() == (1, 1)  # from the children's first write
 
     # The guest goes: so does the reservation.
-    without = dataclasses.replace(base, libvirt_uri=host_xml(tmp_path / "without.xml", []))
     assert _cycle(client, without).ok
     assert reserved() == (0, 0)
 
@@ -281,6 +292,5 @@ def test_device_a_guest_holds_without_allocation_stays_reserved_until_the_guest_
     assert reserved() == (1, 1)
 
     # The guest goes: so does the reservation.
-    without = dataclasses.replace(base, libvirt_uri=host_xml(tmp_path / "without.xml", []))
     assert _cycle(client, without).ok
     assert reserved() == (0, 0)
