@@ -9,7 +9,7 @@
 #   make docs-design  render docs/design/nova-differences.md from its YAML (never edit the .md)
 #   make docs      regenerate docs/reference/ (configuration, CLI, exit codes) from the code
 #   make test-nova-cloud  nova 34's own services beside the agent, alone (tests/integration/test_nova_cloud.py)
-#   make nova-guests  regenerate tests/data/nova_guests (guest XML nova 34's libvirt driver writes)
+#   make nova-guests  regenerate tests/data/nova_guests and nova_hostdevs (XML nova 34's libvirt driver writes)
 #   make virhostcpu-caps  (as root) recapture tests/data/virhostcpu-caps (a real libvirtd on each sysfs tree)
 #   make bench     benchmarks against nova's report client -> BENCHMARKS.md (not in test)
 #   make bench-candidates  only BENCHMARKS.md's allocation-candidates section (not in test)
@@ -217,6 +217,7 @@ $(NOVA_VENV)/.installed: bench/requirements-nova.txt
 # tests/conformance/test_nova_guests.py fails when the committed files differ.
 nova-guests: $(NOVA_VENV)/.installed
 	PYTHONPATH= $(NOVA_VENV)/bin/python tests/data/nova_guests/generate.py
+	PYTHONPATH= $(NOVA_VENV)/bin/python tests/data/nova_hostdevs/generate.py
 
 # What a real libvirtd answers reading each virhostcpudata tree as its
 # /sys/devices/system (tests/data/virhostcpu-caps/README.md); root, libvirtd

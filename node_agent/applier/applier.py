@@ -377,7 +377,15 @@ class Applier:
         if body is None:
             if record.get("digest") != message.digest or "body" not in record:
                 return {"status": wire.UNKNOWN_DIGEST, "seq": message.seq}
-            if record.get("ok") and not self._verify_due(record):
+            # Devices guests hold (wire 2.5 guest_held) are reserved by what
+            # Placement's allocations say now, which a heartbeat does not
+            # show: such a tree is applied again, as the direct mode's
+            # every cycle (its cost: one allocations read a held child).
+            if (
+                record.get("ok")
+                and not self._verify_due(record)
+                and not wire.has_guest_held(record["body"])
+            ):
                 LOG.debug("%s seq %d: heartbeat, no change", message.host, message.seq)
                 return {"status": wire.UNCHANGED, "seq": message.seq, "requests": 0}
             body = record["body"]  # again: its full verify is due, or it failed

@@ -22,6 +22,10 @@ Metadata keys emitted in ``Guest.metadata`` (sorted by key):
                       (``NODE_AGENT_NS``) inside ``<metadata>``, for guests
                       written by something other than nova
 
+PCI functions the guest passes through (``<hostdev mode='subsystem'
+type='pci'>``, as nova's ``LibvirtConfigGuestHostdevPCI`` writes them) are
+``Guest.pci_devices``, normalised to ``0000:81:00.1``.
+
 Nova's namespaces 1.0, 1.1 and 1.2 are all read. How these keys decide a
 guest's CPU policy is :mod:`node_agent.policy.guest_cpu`'s business.
 """
@@ -67,6 +71,7 @@ def parse_domain(xml: str, running: bool) -> Guest:
         numa_nodes=_numa_nodes(root, what),
         hugepages=root.find("memoryBacking/hugepages") is not None,
         mdevs=_mdevs(root, what),
+        pci_devices=_pci_devices(root, what),
         metadata=_metadata(root),
     )
 
@@ -125,6 +130,54 @@ def _mdevs(root: ET.Element, what: str) -> tuple[GuestMdev, ...]:
             raise ParseError(f"{what}: mdev <hostdev> without <source><address uuid>")
         mdevs.append(GuestMdev(uuid=uuid))
     return tuple(mdevs)
+
+
+# <source><address>'s fields of a PCI hostdev, with the bits each may use
+# (libvirt's virPCIDeviceAddress: domain 16, bus 8, slot 5, function 3).
+_PCI_FIELDS = (
+    ("domain", 0xFFFF, "{:04x}"),
+    ("bus", 0xFF, "{:02x}"),
+    ("slot", 0x1F, "{:02x}"),
+    ("function", 0x7, "{:x}"),
+)
+
+
+def _pci_devices(root: ET.Element, what: str) -> tuple[str, ...]:
+    """The host PCI functions passed through, as ``dddd:bb:ss.f``. libvirt
+    writes ``0x``-prefixed hex (nova does too); it reads numbers as C's
+    strtoul with base 0, so ``0x81``, ``129`` and ``0201`` are one bus."""
+    found = set()
+    for hostdev in root.findall("devices/hostdev"):
+        if hostdev.get("mode") != "subsystem" or hostdev.get("type") != "pci":
+            continue
+        address = hostdev.find("source/address")
+        if address is None:
+            raise ParseError(f"{what}: PCI <hostdev> without <source><address>")
+        parts = [
+            form.format(_pci_field(address.get(name), top, name, what))
+            for name, top, form in _PCI_FIELDS
+        ]
+        found.add("{}:{}:{}.{}".format(*parts))
+    return tuple(sorted(found))
+
+
+def _pci_field(text: Optional[str], top: int, name: str, what: str) -> int:
+    where = f"{what} PCI <hostdev> <source><address {name}>"
+    if text is None:
+        raise ParseError(f"{where}: missing")
+    value = text.strip().lower()
+    try:
+        if value.startswith("0x"):
+            number = int(value[2:], 16)
+        elif value.startswith("0") and len(value) > 1:
+            number = int(value[1:], 8)
+        else:
+            number = int(value, 10)
+    except ValueError:
+        raise ParseError(f"{where}: {text!r} is not a number") from None
+    if not 0 <= number <= top:
+        raise ParseError(f"{where}: {text!r} is out of range (at most {top:#x})")
+    return number
 
 
 def _emulatorpin(root: ET.Element) -> dict[str, str]:

@@ -24,6 +24,11 @@ class Inventory:
     # when the class is new on the provider; once Placement has the class,
     # its ratio is kept, because operators manage ratios through the API.
     keep_placement_ratio: bool = False
+    # (consumer uuid, units) that running guests hold on the host itself,
+    # whether or not Placement has an allocation for them (a PCI device
+    # passed through): the sync reserves what no allocation of this class
+    # to that consumer covers (node_agent.tree.pci_placement.at_guest_holds).
+    guest_held: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def from_placement(cls, record) -> "Inventory":

@@ -129,6 +129,9 @@ class Guest:
     numa_nodes: frozenset[int] = frozenset()
     hugepages: bool = False
     mdevs: tuple[GuestMdev, ...] = ()
+    # Host PCI functions passed through (<hostdev mode='subsystem'
+    # type='pci'>), as ``0000:81:00.1``, sorted.
+    pci_devices: tuple[str, ...] = ()
     # nova-style metadata: flavor extra specs, image properties, the owner,
     # the instance name (keys: host/domain.py; read by policy/guest_cpu.py).
     metadata: tuple[tuple[str, str], ...] = ()

@@ -31,7 +31,7 @@ from typing import Callable, Iterable, Mapping, Optional
 
 from node_agent.errors import ProviderOwned
 from node_agent.model.provider_state import ProviderState
-from node_agent.model.provider_tree import PlacedTree, ProviderTree
+from node_agent.model.provider_tree import PlacedTree, Provider, ProviderTree
 from node_agent.placement.capacity_gate import CapacityGate, as_left
 from node_agent.placement.errors import PlacementError
 from node_agent.placement.planner import Change, plan_changes
@@ -106,6 +106,10 @@ class TreeSyncer:
         # can tell another run of the host wrote the file since.
         self.cache_seen: Optional[str] = None
         self._cache = TreeCache()
+        # The allocations of PCI children guests hold, read once per sync
+        # (every plan, check and sync of a cycle prepares the tree): child
+        # uuid -> (its generation and the guests holding it, allocations).
+        self._holds_read: dict[str, tuple[tuple, dict]] = {}
         self._guard = UsageGuard(client)
         self._gate = CapacityGate(client, self._guard)
         self._writer = TreeWriter(
@@ -331,15 +335,42 @@ class TreeSyncer:
     def _pci_at_usage(self, desired: ProviderTree, actual, root_uuid) -> ProviderTree:
         """The PCI children as their usage requires
         (:func:`node_agent.tree.pci_placement.at_usage`): usages are read only
-        for children that vanish, shrink or are one-time-use and unreserved."""
-        if not root_uuid:
+        for children that vanish, shrink or are one-time-use and unreserved.
+        Then the devices running guests hold without an allocation are
+        reserved (:func:`~node_agent.tree.pci_placement.at_guest_holds`):
+        the allocations are read only for children a guest holds."""
+        held = [
+            s for s in actual.values() if root_uuid and pci_placement.is_pci_child(s, root_uuid)
+        ]
+        if held:
+            need = [s for s in held if pci_placement.needs_usage(desired, s)]
+            usages = {s.name: self._guard.usages(s.uuid) for s in need}
+            desired = pci_placement.at_usage(desired, held, usages)
+        holding = pci_placement.held_by_guests(desired)
+        if not holding:
             return desired
-        held = [s for s in actual.values() if pci_placement.is_pci_child(s, root_uuid)]
-        if not held:
-            return desired
-        need = [s for s in held if pci_placement.needs_usage(desired, s)]
-        usages = {s.name: self._guard.usages(s.uuid) for s in need}
-        return pci_placement.at_usage(desired, held, usages)
+        # A child Placement does not hold yet has no allocation: all its
+        # devices guests hold are reserved from its first write.
+        states = {s.name: s for s in held}
+        allocations = {
+            p.name: self._allocations_held(states[p.name], p)
+            for p in desired.providers
+            if p.name in holding and p.name in states
+        }
+        return pci_placement.at_guest_holds(desired, allocations)
+
+    def _allocations_held(self, state: ProviderState, wanted: Provider) -> dict:
+        """A held PCI child's allocations by consumer: read at the first
+        prepare after a sync, again only when the child's generation or the
+        guests holding it change before the next sync."""
+        holders = sorted((rc, inv.guest_held) for rc, inv in wanted.inventories.items())
+        key = (state.generation, tuple(holders))
+        memo = self._holds_read.get(state.uuid)
+        if memo is not None and memo[0] == key:
+            return memo[1]
+        got = pci_placement.allocated_by_consumer(self.client.provider_allocations(state.uuid))
+        self._holds_read[state.uuid] = (key, got)
+        return got
 
     def held_uuids(self, desired: ProviderTree) -> dict[str, str]:
         """Name -> uuid of the desired providers Placement holds, found as
@@ -501,6 +532,7 @@ class TreeSyncer:
         finally:
             report.reads = self.client.stats.reads - start_reads
             report.writes = self.client.stats.writes - start_writes
+            self._holds_read.clear()  # the next cycle reads them again
         # A refusal that stays (a guest blocks a change for days) is logged
         # as a WARNING when it appears or changes, then once per cycle at INFO;
         # a steady cycle (nothing to change) is DEBUG: silent at INFO.

@@ -53,6 +53,13 @@ per host what it lacks (:func:`lacking`). The stranded-flavor report
 (:mod:`node_agent.policy.stranded`) is the agent's own, in both modes:
 ``--dry-run`` and ``--check-config`` compute it from the host.
 
+An inventory's ``guest_held`` (since 2.5, only when set): ``[[consumer
+uuid, units], ...]``, the units of that class running guests hold on the
+host (a PCI child's devices they pass through,
+:attr:`~node_agent.model.provider_tree.Inventory.guest_held`); the
+applier's syncer reserves those no allocation of that consumer covers, as
+the direct mode does. An applier before 2.5 ignores it.
+
 ``body.limits`` (since 2.1, optional): the host's
 :class:`~node_agent.policy.capacity.HostLimits` (``cpus``, ``memory_mb``,
 ``disk_gb``, ``hugepages`` as class -> pages, ``vgpus``, ``vfs``,
@@ -102,7 +109,7 @@ from node_agent.tree.child_names import is_child_name
 from node_agent.tree.numa import numa_provider_name
 from node_agent.tree.pci import gpu_provider_name
 
-WIRE_VERSION = "2.4"  # bump the minor for an added optional key, the major otherwise
+WIRE_VERSION = "2.5"  # bump the minor for an added optional key, the major otherwise
 RPC_VERSION = "1.0"
 METHOD = "apply"
 DEFAULT_TOPIC = "node-agent-applier"
@@ -148,7 +155,7 @@ class Malformed(ValueError):
 
 
 def inventory_to_wire(inv: Inventory) -> dict:
-    wire = {
+    wire: dict[str, Any] = {
         "total": inv.total,
         "reserved": inv.reserved,
         "min_unit": inv.min_unit,
@@ -158,6 +165,8 @@ def inventory_to_wire(inv: Inventory) -> dict:
     }
     if inv.keep_placement_ratio:  # only when set: older appliers never see it
         wire["keep_placement_ratio"] = True
+    if inv.guest_held:  # since 2.5, only when set: a tree without any keeps its digest
+        wire["guest_held"] = [[consumer, n] for consumer, n in inv.guest_held]
     return wire
 
 
@@ -351,7 +360,24 @@ def inventory_from_wire(data: dict, where: str) -> Inventory:
         step_size=data["step_size"],
         allocation_ratio=float(data["allocation_ratio"]),
         keep_placement_ratio=data.get("keep_placement_ratio", False),
+        guest_held=_guest_held(data.get("guest_held") or (), where),
     )
+
+
+def has_guest_held(body: Mapping) -> bool:
+    """Whether a body's tree carries units guests hold (2.5 ``guest_held``)."""
+    return any(
+        inv.get("guest_held")
+        for provider in body.get("tree") or ()
+        for inv in (provider.get("inventories") or {}).values()
+    )
+
+
+def _guest_held(data, where: str) -> tuple[tuple[str, int], ...]:
+    held = tuple((str(uuidlib.UUID(consumer)), n) for consumer, n in data)
+    consumers = [consumer for consumer, _ in held]
+    _need(len(consumers) == len(set(consumers)), f"{where} guest_held", "a guest appears twice")
+    return tuple(sorted(held))
 
 
 def inventories_from_wire(data: dict, where: str) -> dict[str, Inventory]:

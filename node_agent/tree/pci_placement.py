@@ -32,6 +32,15 @@ matched) while allocated keeps its usage as total, never less and never more
 use is published fully reserved (reserved = total), and its reserved is
 otherwise left as Placement holds it, since only an operator unreserves it;
 traits the specs no longer give are removed, as nova replaces them.
+
+A device a running guest passes through (``<hostdev type='pci'>``,
+:attr:`~node_agent.model.snapshot.Guest.pci_devices`) is in use whether or
+not Placement knows it: a guest started outside nova, or by a nova that did
+not heal its PCI allocation. Each child's inventory carries who holds how
+many of its devices (``Inventory.guest_held``, a VF on its PF's child), and
+:func:`at_guest_holds`, applied by the syncer with the child's allocations,
+reserves the devices no allocation of that guest covers, so the child is
+never offered above what the host has free.
 """
 
 from __future__ import annotations
@@ -254,11 +263,36 @@ def pci_children(settings: Settings, host: HostSnapshot) -> tuple[Provider, ...]
     return pci_tree(settings, host)[0]
 
 
+def _guest_holds(children: Mapping[str, _Child], host: HostSnapshot) -> dict[str, dict[str, int]]:
+    """Child name -> guest uuid -> how many of the child's devices that
+    running guest passes through (a VF counts on its PF's child)."""
+    child_of: dict[str, str] = {}
+    for name, child in children.items():
+        for dev in [child.parent] if child.parent else child.vfs:
+            child_of[dev.address] = name
+    holds: dict[str, dict[str, int]] = {}
+    for guest in host.guests:
+        if not guest.running:
+            continue
+        for address in guest.pci_devices:
+            if address in child_of:
+                by_guest = holds.setdefault(child_of[address], {})
+                by_guest[guest.uuid] = by_guest.get(guest.uuid, 0) + 1
+    return holds
+
+
+def guest_holds(settings: Settings, host: HostSnapshot) -> dict[str, dict[str, int]]:
+    """PCI child name -> guest uuid -> how many of that child's devices the
+    running guest passes through; only children that have such a guest."""
+    return _guest_holds(_assemble(settings, host), host)
+
+
 def pci_tree(
     settings: Settings, host: HostSnapshot
 ) -> tuple[tuple[Provider, ...], dict[str, Optional[int]]]:
     """:func:`pci_children` and :func:`claimed_vfs` from one pass."""
     children = _assemble(settings, host)
+    holds = _guest_holds(children, host)
     claimed: dict[str, Optional[int]] = {}
     providers = []
     for name in sorted(children):
@@ -276,7 +310,13 @@ def pci_tree(
             Provider(
                 name=name,
                 parent=settings.host,
-                inventories={str(child.rc): Inventory(total=total, max_unit=total)},
+                inventories={
+                    str(child.rc): Inventory(
+                        total=total,
+                        max_unit=total,
+                        guest_held=tuple(sorted(holds.get(name, {}).items())),
+                    )
+                },
                 traits=traits,
             )
         )
@@ -402,4 +442,55 @@ def at_usage(
         for trait in state.traits - set(traits):
             traits[trait] = False
         providers[index[state.name]] = replace(wanted, inventories=inventories, traits=traits)
+    return ProviderTree(tuple(providers))
+
+
+# -- what guests hold on the host (applied by the syncer)
+
+
+def held_by_guests(tree: ProviderTree) -> list[str]:
+    """The providers of ``tree`` some of whose units running guests hold
+    (:attr:`Inventory.guest_held`): :func:`at_guest_holds` needs their
+    allocations. Empty when no guest holds a PCI device: nothing to read."""
+    return [p.name for p in tree.providers if any(i.guest_held for i in p.inventories.values())]
+
+
+def allocated_by_consumer(body: Mapping) -> dict[str, dict[str, int]]:
+    """``GET /resource_providers/{uuid}/allocations`` as consumer -> class -> amount."""
+    return {
+        consumer: dict((alloc or {}).get("resources") or {})
+        for consumer, alloc in (body.get("allocations") or {}).items()
+    }
+
+
+def held_without_allocation(
+    held: Iterable[tuple[str, int]], rc: str, allocations: Mapping[str, Mapping[str, int]]
+) -> int:
+    """How many of the units guests hold (consumer, units) no allocation of
+    ``rc`` to that consumer covers."""
+    return sum(max(0, n - allocations.get(consumer, {}).get(rc, 0)) for consumer, n in held)
+
+
+def at_guest_holds(
+    tree: ProviderTree, allocations: Mapping[str, Mapping[str, Mapping[str, int]]]
+) -> ProviderTree:
+    """``tree`` with the units guests hold without an allocation reserved.
+
+    ``allocations``: provider name -> consumer -> class -> amount, as
+    Placement holds them (a provider absent from it, e.g. one not created
+    yet, has none). Each class's reserved becomes the larger of what the
+    other rules gave and the units held without allocation, never above
+    its total: a device a guest passes through outside Placement is never
+    offered to a second guest."""
+    providers = []
+    for p in tree.providers:
+        inventories = dict(p.inventories)
+        for rc, inv in p.inventories.items():
+            if not inv.guest_held:
+                continue
+            unallocated = held_without_allocation(inv.guest_held, rc, allocations.get(p.name, {}))
+            reserved = min(inv.total, max(inv.reserved, unallocated))
+            if reserved != inv.reserved:
+                inventories[rc] = replace(inv, reserved=reserved)
+        providers.append(replace(p, inventories=inventories) if inventories != p.inventories else p)
     return ProviderTree(tuple(providers))

@@ -47,7 +47,8 @@ TEST_NS = "http://libvirt.org/schemas/domain/test/1.0"
 
 def domain_xml(guest: dict) -> str:
     """A test-driver domain: ``pins`` (host CPU per vCPU), ``nodes``
-    (numatune memory nodeset), ``mdevs`` (mdev uuids)."""
+    (numatune memory nodeset), ``mdevs`` (mdev uuids), ``hostdevs`` (more
+    ``<hostdev>`` elements, as XML text)."""
     pins = "".join(
         f'<vcpupin vcpu="{n}" cpuset="{cpu}"/>' for n, cpu in enumerate(guest.get("pins", ()))
     )
@@ -60,7 +61,7 @@ def domain_xml(guest: dict) -> str:
         '<hostdev mode="subsystem" type="mdev" managed="no" model="vfio-pci">'
         f'<source><address uuid="{m}"/></source></hostdev>'
         for m in guest.get("mdevs", ())
-    )
+    ) + guest.get("hostdevs", "")
     return (
         f'<domain type="test" xmlns:test="{TEST_NS}"><name>{guest["name"]}</name>'
         f'<uuid>{guest["uuid"]}</uuid><memory unit="MiB">{guest["memory"]}</memory>'

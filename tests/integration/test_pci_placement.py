@@ -15,6 +15,7 @@ import json
 import logging
 import shutil
 import uuid
+import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import os_traits as ot
@@ -30,6 +31,7 @@ from node_agent.state import StateStore
 from tests.hostdata import HOSTDATA, sysfs_root_for
 from tests.integration.placement_tree import tree_by_name
 from tests.integration.reshape_driver import allocate, make_settings
+from tests.integration.test_nested_reshape import host_xml
 from tests.unit.test_pci import add_device, write
 
 pytestmark = pytest.mark.integration
@@ -214,3 +216,104 @@ def test_regex_address_spec_publishes_exactly_the_devices_it_matches(client, hos
     tree = tree_by_name(client, host_name)
     assert set(tree) == {host_name, vfs} | pgpus
     assert tree[vfs]["inventories"]["CUSTOM_VF"]["total"] == 2
+
+
+# The <hostdev> elements nova 34's libvirt driver writes (tests/data/nova_hostdevs).
+NOVA_HOSTDEVS = (
+    Path(__file__).resolve().parents[1] / "data" / "nova_hostdevs" / "pci-passthrough.xml"
+)
+
+
+def _nova_hostdevs(*addresses: str) -> str:
+    found = {}
+    for hostdev in ET.parse(NOVA_HOSTDEVS).getroot().iter("hostdev"):
+        a = hostdev.find("source/address")
+        address = "{:04x}:{:02x}:{:02x}.{:x}".format(
+            *(int(a.get(k), 16) for k in ("domain", "bus", "slot", "function"))
+        )
+        found[address] = ET.tostring(hostdev, encoding="unicode")
+    return "".join(found[a] for a in addresses)
+
+
+def holding_guest(tmp_path: Path, host_name: str):
+    """(the guest, the host's settings with it running, without it): a guest
+    nova did not place passing the GPU and one VF through."""
+    guest = {
+        "name": "outside-nova",
+        "uuid": str(uuid.uuid4()),
+        "memory": 1024,
+        "vcpus": 1,
+        "hostdevs": _nova_hostdevs(GPU, VFS[1]),
+    }
+    base = _settings(_host(tmp_path), tmp_path, host_name)
+    with_guest = dataclasses.replace(base, libvirt_uri=host_xml(tmp_path / "with.xml", [guest]))
+    without = dataclasses.replace(base, libvirt_uri=host_xml(tmp_path / "without.xml", []))
+    return guest, with_guest, without
+
+
+def reserved_of(client, host_name: str) -> tuple[int, int]:
+    """(GPU child's reserved, VFs child's reserved) as Placement holds them."""
+    tree = tree_by_name(client, host_name)
+    return (
+        tree[f"{host_name}_{GPU.upper()}"]["inventories"][GPU_RC]["reserved"],
+        tree[f"{host_name}_{PF.upper()}"]["inventories"][VF_RC]["reserved"],
+    )
+
+
+def test_device_a_guest_holds_without_allocation_stays_reserved_until_the_guest_goes(
+    client, host_name, tmp_path
+):
+    # A guest nova did not place (or whose PCI allocation was never healed)
+    # passes the GPU and one VF through: neither may be offered again.
+    guest, with_guest, without = holding_guest(tmp_path, host_name)
+    gpu, vfs = f"{host_name}_{GPU.upper()}", f"{host_name}_{PF.upper()}"
+
+    def reserved():
+        return reserved_of(client, host_name)
+
+    report = _cycle(client, with_guest)
+    assert report.ok, report.errors
+    assert reserved() == (1, 1)  # from the children's first write
+
+    # The guest goes: so does the reservation.
+    assert _cycle(client, without).ok
+    assert reserved() == (0, 0)
+
+    # As nova runs it: the devices allocated to the consumer, then the guest
+    # started. They count as used, not also reserved.
+    tree = tree_by_name(client, host_name)
+    allocate(client, guest["uuid"], {tree[gpu]["uuid"]: {GPU_RC: 1}, tree[vfs]["uuid"]: {VF_RC: 1}})
+    assert _cycle(client, with_guest).ok
+    assert reserved() == (0, 0)
+
+    # The allocation goes while the guest still runs: reserved again.
+    client.delete(f"/allocations/{guest['uuid']}")
+    assert _cycle(client, with_guest).ok
+    assert reserved() == (1, 1)
+
+    # The guest goes: so does the reservation.
+    assert _cycle(client, without).ok
+    assert reserved() == (0, 0)
+
+
+def test_a_steady_cycle_reads_each_held_childs_allocations_once(client, host_name, tmp_path):
+    """Every plan, check and sync of a cycle prepares the tree; the held
+    children's allocations are read by the first of them only, and again by
+    the next cycle, which must see an allocation made or deleted since."""
+    _guest, with_guest, _without = holding_guest(tmp_path, host_name)
+    store = StateStore(Path(with_guest.state_path))
+    reconciler = Reconciler(client, TreeSyncer(client, store))
+
+    def cycle():
+        desired = compute_desired(with_guest, None, store.load_or_empty(LOG))
+        client.stats.reset()
+        assert reconciler.apply(desired).report.ok
+        return [p for m, p, _s in client.stats.log if m == "GET" and p.endswith("/allocations")]
+
+    cycle()
+    tree = tree_by_name(client, host_name)
+    held = {tree[f"{host_name}_{a.upper()}"]["uuid"] for a in (GPU, PF)}
+    for _ in range(2):
+        reads = cycle()
+        assert sorted(reads) == sorted(f"/resource_providers/{u}/allocations" for u in held)
+    assert reserved_of(client, host_name) == (1, 1)

@@ -1,5 +1,6 @@
 """parse_domain: libvirt domain XML to Guest, including nova metadata."""
 
+import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from node_agent.policy.guest_cpu import BY_AGENT_METADATA, BY_NO_PINS, BY_PINNIN
 from tests.hostdata import HOSTDATA
 
 HOST_XML = Path(__file__).resolve().parents[1] / "data" / "libvirt" / "host.xml"
+NOVA_HOSTDEVS = Path(__file__).resolve().parents[1] / "data" / "nova_hostdevs"
 
 
 def domain(body: str, name="vm1", uuid="5f1e2d3c-4b5a-4968-8776-a5b4c3d2e133") -> str:
@@ -150,6 +152,76 @@ def test_mdev_hostdevs_give_uuids_without_parent():
     assert parse_domain(xml, True).mdevs == (
         GuestMdev(uuid="c2177883-f1bb-47f0-914d-32a22e3a8804", parent=None),
     )
+
+
+def test_pci_hostdevs_nova_writes_give_the_host_addresses_sorted():
+    # nova 34's LibvirtDriver._get_guest_pci_device (tests/data/nova_hostdevs).
+    guest = parse_domain((NOVA_HOSTDEVS / "pci-passthrough.xml").read_text(), True)
+    assert guest.pci_devices == ("0000:3b:02.1", "0000:81:00.0", "0001:0a:1f.7")
+    assert guest.mdevs == ()
+
+
+def pci_hostdev(domain_="0x0000", bus="0x81", slot="0x00", function="0x1", extra="") -> str:
+    fields = {"domain": domain_, "bus": bus, "slot": slot, "function": function}
+    attributes = " ".join(f"{k}='{v}'" for k, v in fields.items() if v is not None)
+    return (
+        f"<hostdev mode='subsystem' type='pci' managed='yes'><source><address {attributes}/>"
+        f"</source>{extra}</hostdev>"
+    )
+
+
+def test_pci_hostdev_numbers_are_read_as_libvirt_reads_them():
+    # libvirt reads them with strtoul base 0: decimal, 0x hex, leading-0 octal.
+    xml = domain(
+        MINIMAL
+        + "<devices>"
+        + pci_hostdev("0", "129", "0x1f", "07")
+        + pci_hostdev("0x0000", "0201", "037", "0x7")
+        + pci_hostdev("0", "2", "16", "0")
+        + "</devices>"
+    )
+    assert parse_domain(xml, True).pci_devices == ("0000:02:10.0", "0000:81:1f.7")
+
+
+def test_guest_side_address_and_other_hostdevs_are_not_host_devices():
+    # libvirt adds the guest's own PCI address beside <source> when it runs.
+    guest_side = "<address type='pci' domain='0x0000' bus='0x05' slot='0x00' function='0x0'/>"
+    xml = domain(
+        MINIMAL
+        + "<devices>"
+        + pci_hostdev(extra=guest_side)
+        + "<hostdev mode='subsystem' type='usb'><source><vendor id='0x1234'/></source></hostdev>"
+        + "<hostdev mode='capabilities' type='net'><source><interface>eth0</interface></source>"
+        "</hostdev></devices>"
+    )
+    assert parse_domain(xml, True).pci_devices == ("0000:81:00.1",)
+
+
+def test_guest_without_hostdevs_holds_no_pci_device():
+    assert parse_domain(domain(MINIMAL), True).pci_devices == ()
+
+
+@pytest.mark.parametrize(
+    "hostdev, message",
+    [
+        (pci_hostdev(bus="0x1g1"), "<address bus>: '0x1g1' is not a number"),
+        (pci_hostdev(bus="0x100"), "<address bus>: '0x100' is out of range"),
+        (pci_hostdev(slot="0x20"), "<address slot>: '0x20' is out of range"),
+        (pci_hostdev(function="8"), "<address function>: '8' is out of range"),
+        (pci_hostdev(domain_="-1"), "<address domain>: '-1' is out of range"),
+        (pci_hostdev(domain_="08"), "<address domain>: '08' is not a number"),
+        (pci_hostdev(function=None), "<address function>: missing"),
+        (
+            "<hostdev mode='subsystem' type='pci'><source/></hostdev>",
+            "PCI <hostdev> without <source><address>",
+        ),
+    ],
+)
+def test_malformed_pci_hostdev_address_is_a_parse_error_naming_the_domain(hostdev, message):
+    xml = domain(MINIMAL + "<devices>" + hostdev + "</devices>")
+    with pytest.raises(ParseError, match=re.escape(message)) as raised:
+        parse_domain(xml, True)
+    assert str(raised.value).startswith("domain 'vm1'")
 
 
 def test_older_nova_namespace_is_read_too():

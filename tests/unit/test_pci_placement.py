@@ -464,3 +464,113 @@ def test_spec_matching_no_device_is_warned_under_report_in_placement():
     settings = make_settings(host="compute1", pci_in_placement=True, pci_device_specs=specs)
     [warning] = unmatched_specs(settings, bare_host(fake_host_devices(num_pci=1)))
     assert "0000:99:00.0" in warning and "matches no PCI device" in warning
+
+
+# -- devices running guests pass through, with or without an allocation
+
+GUEST_A, GUEST_B = "a1b2c3d4-0000-4000-8000-00000000000a", "a1b2c3d4-0000-4000-8000-00000000000b"
+HOLD_SPECS = [
+    {"vendor_id": VEND, "product_id": PCI_PROD},
+    {"vendor_id": VEND, "product_id": VF_PROD, "resource_class": "CUSTOM_VF"},
+]
+
+
+def host_with_guests(devices, *guests):
+    from node_agent.model.snapshot import Guest
+
+    made = tuple(
+        Guest(uuid, uuid[-1], vcpus=1, running=running, memory_kb=1024, pci_devices=addresses)
+        for uuid, addresses, running in guests
+    )
+    return dataclasses.replace(bare_host(devices), guests=made)
+
+
+def holds(host, specs=HOLD_SPECS):
+    from node_agent.tree.pci_placement import guest_holds
+
+    parsed = tuple(parse_spec(json.dumps(s)) for s in specs)
+    settings = make_settings(host="compute1", pci_in_placement=True, pci_device_specs=parsed)
+    return guest_holds(settings, host), pci_children(settings, host)
+
+
+def test_running_guests_holding_devices_are_counted_per_child_vfs_on_their_pf():
+    devices = fake_host_devices(num_pci=2, num_pfs=1, num_vfs=3)  # VFs 0000:81:02.1-3
+    host = host_with_guests(
+        devices,
+        (GUEST_A, ("0000:81:00.0", "0000:81:02.1", "0000:81:02.3"), True),
+        (GUEST_B, ("0000:81:02.2", "0000:99:00.0"), True),  # 99: not a device we publish
+    )
+    found, providers = holds(host)
+    assert found == {
+        "compute1_0000:81:00.0": {GUEST_A: 1},
+        "compute1_0000:81:02.0": {GUEST_A: 2, GUEST_B: 1},
+    }
+    by_name = {p.name: p for p in providers}
+    assert by_name["compute1_0000:81:02.0"].inventories["CUSTOM_VF"].guest_held == (
+        (GUEST_A, 2),
+        (GUEST_B, 1),
+    )
+    assert (
+        by_name["compute1_0000:81:01.0"].inventories[f"CUSTOM_PCI_{VEND}_{PCI_PROD}"].guest_held
+        == ()
+    )
+
+
+def test_a_stopped_guest_holds_no_device():
+    host = host_with_guests(fake_host_devices(num_pci=1), (GUEST_A, ("0000:81:00.0",), False))
+    assert holds(host)[0] == {}
+
+
+def held_child(total, guest_held, reserved=0):
+    inv = Inventory(total, reserved=reserved, max_unit=total, guest_held=guest_held)
+    return Provider("compute1_0000:81:00.0", "compute1", inventories={RC: inv})
+
+
+@pytest.mark.parametrize(
+    "total, reserved, guest_held, allocations, expected",
+    [
+        # Held, no allocation at all: reserved.
+        (1, 0, ((GUEST_A, 1),), {}, 1),
+        # Held and allocated to that consumer: nothing extra.
+        (1, 0, ((GUEST_A, 1),), {GUEST_A: {RC: 1}}, 0),
+        # An allocation of another class, or to another consumer, covers nothing.
+        (2, 0, ((GUEST_A, 1),), {GUEST_A: {"VCPU": 1}, GUEST_B: {RC: 1}}, 1),
+        # Too small an allocation: the rest is reserved.
+        (4, 0, ((GUEST_A, 3),), {GUEST_A: {RC: 1}}, 2),
+        # Two guests, one allocated, one not.
+        (4, 0, ((GUEST_A, 2), (GUEST_B, 1)), {GUEST_B: {RC: 1}}, 2),
+        # The larger of the other rules' reserved and the held, never above total.
+        (4, 3, ((GUEST_A, 1),), {}, 3),
+        (2, 1, ((GUEST_A, 3),), {}, 2),
+        # An allocation above what is held gives nothing back.
+        (2, 0, ((GUEST_A, 1), (GUEST_B, 1)), {GUEST_A: {RC: 2}}, 1),
+    ],
+)
+def test_devices_held_without_allocation_are_reserved(
+    total, reserved, guest_held, allocations, expected
+):
+    from node_agent.tree.pci_placement import at_guest_holds
+
+    tree = ProviderTree((ROOT, held_child(total, guest_held, reserved)))
+    got = at_guest_holds(tree, {"compute1_0000:81:00.0": allocations})
+    assert got.by_name("compute1_0000:81:00.0").inventories[RC].reserved == expected
+
+
+def test_only_children_guests_hold_need_their_allocations_read():
+    from node_agent.tree.pci_placement import at_guest_holds, held_by_guests
+
+    tree = ProviderTree((ROOT, child("compute1_0000:81:00.0", 1)))
+    assert held_by_guests(tree) == []
+    assert at_guest_holds(tree, {}) == tree
+    held = ProviderTree((ROOT, held_child(1, ((GUEST_A, 1),))))
+    assert held_by_guests(held) == ["compute1_0000:81:00.0"]
+
+
+def test_allocations_body_is_read_by_consumer():
+    from node_agent.tree.pci_placement import allocated_by_consumer
+
+    body = {
+        "resource_provider_generation": 3,
+        "allocations": {GUEST_A: {"resources": {RC: 1}}, GUEST_B: {"resources": {}}},
+    }
+    assert allocated_by_consumer(body) == {GUEST_A: {RC: 1}, GUEST_B: {}}

@@ -11,7 +11,7 @@ invariant against; 2.2 the ``signature``, required from 2.2 on, see
 :mod:`node_agent.remote.signing`; 2.3 ``body.limits.mem_encryption``, the
 SEV guests the host's firmware has keys for; 2.4 each guest's
 ``memory_mb``, required from 2.4 on, ``body.without_numa`` and the root's
-``aggregates``). Another major is refused before the schema is read (see
+``aggregates``; 2.5 an inventory's ``guest_held``). Another major is refused before the schema is read (see
 :func:`node_agent.remote.wire.parse_message`), with a reason that says
 which side to upgrade.
 
@@ -37,7 +37,16 @@ from jsonschema.exceptions import ValidationError, best_match
 from node_agent.model.json_schema import opened
 
 # major -> the schema files of that major this release ships, oldest first
-FILES = {2: ("wire-2.0.json", "wire-2.1.json", "wire-2.2.json", "wire-2.3.json", "wire-2.4.json")}
+FILES = {
+    2: (
+        "wire-2.0.json",
+        "wire-2.1.json",
+        "wire-2.2.json",
+        "wire-2.3.json",
+        "wire-2.4.json",
+        "wire-2.5.json",
+    )
+}
 # major -> the newest of them
 SCHEMAS = {major: files[-1] for major, files in FILES.items()}
 
