@@ -110,6 +110,7 @@ class TreeSyncer:
         # (every plan, check and sync of a cycle prepares the tree): child
         # uuid -> (its generation and the guests holding it, allocations).
         self._holds_read: dict[str, tuple[tuple, dict]] = {}
+        self._holds_told: tuple = ()
         self._guard = UsageGuard(client)
         self._gate = CapacityGate(client, self._guard)
         self._writer = TreeWriter(
@@ -348,6 +349,7 @@ class TreeSyncer:
             desired = pci_placement.at_usage(desired, held, usages)
         holding = pci_placement.held_by_guests(desired)
         if not holding:
+            self._tell_holds(())
             return desired
         # A child Placement does not hold yet has no allocation: all its
         # devices guests hold are reserved from its first write.
@@ -357,7 +359,19 @@ class TreeSyncer:
             for p in desired.providers
             if p.name in holding and p.name in states
         }
+        self._tell_holds(pci_placement.holds_without_allocation(desired, allocations))
         return pci_placement.at_guest_holds(desired, allocations)
+
+    def _tell_holds(self, holds: tuple) -> None:
+        """A WARNING when the devices held without an allocation appear or
+        change; an INFO when none are left."""
+        if holds == self._holds_told:
+            return
+        if holds:
+            LOG.warning("%s", pci_placement.holds_message(holds))
+        else:
+            LOG.info("no PCI device is held by a guest without a Placement allocation any more")
+        self._holds_told = holds
 
     def _allocations_held(self, state: ProviderState, wanted: Provider) -> dict:
         """A held PCI child's allocations by consumer: read at the first

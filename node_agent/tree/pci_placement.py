@@ -471,6 +471,31 @@ def held_without_allocation(
     return sum(max(0, n - allocations.get(consumer, {}).get(rc, 0)) for consumer, n in held)
 
 
+def holds_without_allocation(
+    tree: ProviderTree, allocations: Mapping[str, Mapping[str, Mapping[str, int]]]
+) -> tuple[tuple[str, str, str, int], ...]:
+    """(provider, class, consumer, units) of every unit a running guest
+    holds that no allocation of that consumer covers (``allocations`` as
+    :func:`at_guest_holds` takes them): what the operator is told."""
+    found = []
+    for p in tree.providers:
+        for rc, inv in sorted(p.inventories.items()):
+            for consumer, n in inv.guest_held:
+                missing = held_without_allocation([(consumer, n)], rc, allocations.get(p.name, {}))
+                if missing:
+                    found.append((p.name, rc, consumer, missing))
+    return tuple(found)
+
+
+def holds_message(holds: Iterable[tuple[str, str, str, int]]) -> str:
+    """One line for :func:`holds_without_allocation`'s rows."""
+    parts = [f"{name} {rc}: {n} by guest {consumer}" for name, rc, consumer, n in holds]
+    return (
+        "PCI devices running guests pass through without a Placement allocation are "
+        "published reserved, so no second guest is placed on them: " + "; ".join(parts)
+    )
+
+
 def at_guest_holds(
     tree: ProviderTree, allocations: Mapping[str, Mapping[str, Mapping[str, int]]]
 ) -> ProviderTree:

@@ -296,11 +296,14 @@ def test_device_a_guest_holds_without_allocation_stays_reserved_until_the_guest_
     assert reserved() == (0, 0)
 
 
-def test_a_steady_cycle_reads_each_held_childs_allocations_once(client, host_name, tmp_path):
+def test_a_steady_cycle_reads_each_held_childs_allocations_once(
+    client, host_name, tmp_path, caplog
+):
     """Every plan, check and sync of a cycle prepares the tree; the held
     children's allocations are read by the first of them only, and again by
-    the next cycle, which must see an allocation made or deleted since."""
-    _guest, with_guest, _without = holding_guest(tmp_path, host_name)
+    the next cycle, which must see an allocation made or deleted since. The
+    operator is warned once, naming the guest, not every cycle."""
+    guest, with_guest, _without = holding_guest(tmp_path, host_name)
     store = StateStore(Path(with_guest.state_path))
     reconciler = Reconciler(client, TreeSyncer(client, store))
 
@@ -310,10 +313,16 @@ def test_a_steady_cycle_reads_each_held_childs_allocations_once(client, host_nam
         assert reconciler.apply(desired).report.ok
         return [p for m, p, _s in client.stats.log if m == "GET" and p.endswith("/allocations")]
 
+    caplog.set_level(logging.INFO, logger="node_agent.placement.sync")
     cycle()
+    warned = [r for r in caplog.records if "without a Placement allocation" in r.getMessage()]
+    assert len(warned) == 1 and warned[0].levelno == logging.WARNING
+    assert guest["uuid"] in warned[0].getMessage()
     tree = tree_by_name(client, host_name)
     held = {tree[f"{host_name}_{a.upper()}"]["uuid"] for a in (GPU, PF)}
+    caplog.clear()
     for _ in range(2):
         reads = cycle()
         assert sorted(reads) == sorted(f"/resource_providers/{u}/allocations" for u in held)
     assert reserved_of(client, host_name) == (1, 1)
+    assert not [r for r in caplog.records if "without a Placement allocation" in r.getMessage()]

@@ -574,3 +574,15 @@ def test_allocations_body_is_read_by_consumer():
         "allocations": {GUEST_A: {"resources": {RC: 1}}, GUEST_B: {"resources": {}}},
     }
     assert allocated_by_consumer(body) == {GUEST_A: {RC: 1}, GUEST_B: {}}
+
+
+def test_the_operator_is_told_which_guest_holds_what_without_allocation():
+    from node_agent.tree.pci_placement import holds_message, holds_without_allocation
+
+    tree = ProviderTree((ROOT, held_child(4, ((GUEST_A, 2), (GUEST_B, 1)))))
+    allocations = {"compute1_0000:81:00.0": {GUEST_B: {RC: 1}, GUEST_A: {RC: 1}}}
+    found = holds_without_allocation(tree, allocations)
+    assert found == (("compute1_0000:81:00.0", RC, GUEST_A, 1),)
+    assert f"compute1_0000:81:00.0 {RC}: 1 by guest {GUEST_A}" in holds_message(found)
+    covered = {"compute1_0000:81:00.0": {GUEST_A: {RC: 2}, GUEST_B: {RC: 1}}}
+    assert holds_without_allocation(tree, covered) == ()
