@@ -106,10 +106,9 @@ class TreeSyncer:
         # can tell another run of the host wrote the file since.
         self.cache_seen: Optional[str] = None
         self._cache = TreeCache()
-        # The allocations of PCI children guests hold, read once per sync
-        # (every plan, check and sync of a cycle prepares the tree): child
-        # uuid -> (its generation and the guests holding it, allocations).
-        self._holds_read: dict[str, tuple[tuple, dict]] = {}
+        # What _pci_at_usage read of PCI children since the last sync
+        # (_read_once): (what, uuid) -> ((generation, holders), the answer).
+        self._pci_reads: dict[tuple[str, str], tuple[tuple, dict]] = {}
         self._holds_told: tuple = ()
         self._guard = UsageGuard(client)
         self._gate = CapacityGate(client, self._guard)
@@ -345,7 +344,7 @@ class TreeSyncer:
         ]
         if held:
             need = [s for s in held if pci_placement.needs_usage(desired, s)]
-            usages = {s.name: self._guard.usages(s.uuid) for s in need}
+            usages = {s.name: self._read_once("usages", s, (), self._guard.usages) for s in need}
             desired = pci_placement.at_usage(desired, held, usages)
         holding = pci_placement.held_by_guests(desired)
         if not holding:
@@ -374,16 +373,27 @@ class TreeSyncer:
         self._holds_told = holds
 
     def _allocations_held(self, state: ProviderState, wanted: Provider) -> dict:
-        """A held PCI child's allocations by consumer: read at the first
-        prepare after a sync, again only when the child's generation or the
-        guests holding it change before the next sync."""
+        """A held PCI child's allocations by consumer (:meth:`_read_once`)."""
         holders = sorted((rc, inv.guest_held) for rc, inv in wanted.inventories.items())
-        key = (state.generation, tuple(holders))
-        memo = self._holds_read.get(state.uuid)
-        if memo is not None and memo[0] == key:
+        return self._read_once(
+            "allocations",
+            state,
+            tuple(holders),
+            lambda uuid: pci_placement.allocated_by_consumer(
+                self.client.provider_allocations(uuid)
+            ),
+        )
+
+    def _read_once(self, what: str, state: ProviderState, holders: tuple, read):
+        """``read(uuid)`` of a PCI child, once per sync: every plan, check and
+        sync of a cycle prepares the tree, and says the same. Read again
+        sooner only when the child's generation (or ``holders``) changes."""
+        key = (what, state.uuid)
+        memo = self._pci_reads.get(key)
+        if memo is not None and memo[0] == (state.generation, holders):
             return memo[1]
-        got = pci_placement.allocated_by_consumer(self.client.provider_allocations(state.uuid))
-        self._holds_read[state.uuid] = (key, got)
+        got = read(state.uuid)
+        self._pci_reads[key] = ((state.generation, holders), got)
         return got
 
     def held_uuids(self, desired: ProviderTree) -> dict[str, str]:
@@ -546,7 +556,7 @@ class TreeSyncer:
         finally:
             report.reads = self.client.stats.reads - start_reads
             report.writes = self.client.stats.writes - start_writes
-            self._holds_read.clear()  # the next cycle reads them again
+            self._pci_reads.clear()  # the next cycle reads them again
         # A refusal that stays (a guest blocks a change for days) is logged
         # as a WARNING when it appears or changes, then once per cycle at INFO;
         # a steady cycle (nothing to change) is DEBUG: silent at INFO.
