@@ -258,6 +258,7 @@ class DirectRunner:
         if self._announce_on_run:
             desired = self._noted(desired)
         syncer = self.syncer
+        syncer.begin_cycle()
         since = self.client.stats.writes
         if self.keeps_state:
             from node_agent.cycle import provider_cache

@@ -106,8 +106,8 @@ class TreeSyncer:
         # can tell another run of the host wrote the file since.
         self.cache_seen: Optional[str] = None
         self._cache = TreeCache()
-        # What _pci_at_usage read of PCI children since the last sync
-        # (_read_once): (what, uuid) -> ((generation, holders), the answer).
+        # What _pci_at_usage read of PCI children this cycle (_read_once):
+        # (what, uuid) -> ((generation, holders), the answer).
         self._pci_reads: dict[tuple[str, str], tuple[tuple, dict]] = {}
         self._holds_told: tuple = ()
         self._guard = UsageGuard(client)
@@ -385,9 +385,11 @@ class TreeSyncer:
         )
 
     def _read_once(self, what: str, state: ProviderState, holders: tuple, read):
-        """``read(uuid)`` of a PCI child, once per sync: every plan, check and
+        """``read(uuid)`` of a PCI child, once a cycle: every plan, check and
         sync of a cycle prepares the tree, and says the same. Read again
-        sooner only when the child's generation (or ``holders``) changes."""
+        sooner only when the child's generation (or ``holders``) changes;
+        forgotten when a sync ends and when a cycle begins
+        (:meth:`begin_cycle`)."""
         key = (what, state.uuid)
         memo = self._pci_reads.get(key)
         if memo is not None and memo[0] == (state.generation, holders):
@@ -635,6 +637,12 @@ class TreeSyncer:
         """Someone else (the reshape) set these providers' inventories:
         :meth:`TreeCache.note_inventories`."""
         self._cache.note_inventories(inventories_by_uuid)
+
+    def begin_cycle(self) -> None:
+        """Forget what this syncer read of PCI children for the last cycle,
+        even one that ended before its sync (an error, a refusal): a cycle
+        never writes from another cycle's allocations or usages."""
+        self._pci_reads.clear()
 
     @property
     def verified_at(self) -> Optional[float]:

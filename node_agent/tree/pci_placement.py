@@ -178,9 +178,11 @@ class _Child:
     traits: Optional[frozenset] = None
     one_time_use: bool = False
 
+    def devices(self) -> list:
+        return [self.parent] if self.parent else self.vfs
+
     def addresses(self) -> str:
-        devs = [self.parent] if self.parent else self.vfs
-        return ",".join(d.address for d in devs)
+        return ",".join(d.address for d in self.devices())
 
 
 def _add_parent(child: _Child, dev: PciDevice, spec: PciDeviceSpec) -> None:
@@ -268,7 +270,7 @@ def _guest_holds(children: Mapping[str, _Child], host: HostSnapshot) -> dict[str
     running guest passes through (a VF counts on its PF's child)."""
     child_of: dict[str, str] = {}
     for name, child in children.items():
-        for dev in [child.parent] if child.parent else child.vfs:
+        for dev in child.devices():
             child_of[dev.address] = name
     holds: dict[str, dict[str, int]] = {}
     for guest in host.guests:

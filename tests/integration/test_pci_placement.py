@@ -331,3 +331,35 @@ def test_a_steady_cycle_reads_each_held_childs_allocations_once(
         assert sorted(reads) == sorted(f"/resource_providers/{u}/allocations" for u in held)
     assert reserved_of(client, host_name) == (1, 1)
     assert not [r for r in caplog.records if "without a Placement allocation" in r.getMessage()]
+
+
+def test_a_cycle_that_ended_before_its_sync_leaves_no_allocations_for_the_next(
+    client, host_name, tmp_path
+):
+    """The cycle before read that the guest's devices were allocated, then
+    stopped before its sync; the allocation went since. The next cycle
+    must read it again, not reserve from the old answer: the devices would
+    be offered while the guest holds them."""
+    from node_agent.runner import DirectRunner
+
+    guest, with_guest, without = holding_guest(tmp_path, host_name)
+    store = StateStore(Path(with_guest.state_path))
+    syncer = TreeSyncer(client, store)
+    runner = DirectRunner(syncer, Reconciler(client, syncer), with_guest, check_version=False)
+
+    def desired():
+        return compute_desired(with_guest, None, store.load_or_empty(LOG))
+
+    assert runner.run(desired()).ok
+    tree = tree_by_name(client, host_name)
+    gpu, vfs = f"{host_name}_{GPU.upper()}", f"{host_name}_{PF.upper()}"
+    # Allocated as nova does, while nothing is reserved (the guest stopped).
+    assert runner.run(compute_desired(without, None, store.load_or_empty(LOG))).ok
+    allocate(client, guest["uuid"], {tree[gpu]["uuid"]: {GPU_RC: 1}, tree[vfs]["uuid"]: {VF_RC: 1}})
+    assert runner.run(desired()).ok
+    assert reserved_of(client, host_name) == (0, 0)
+
+    syncer.check_owner(desired().tree)  # a cycle's first read; it ends there
+    client.delete(f"/allocations/{guest['uuid']}")
+    assert runner.run(desired()).ok
+    assert reserved_of(client, host_name) == (1, 1)
